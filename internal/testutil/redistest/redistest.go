@@ -1,0 +1,141 @@
+// Package redistest starts real redis-server processes on loopback ports for tests.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is one redis-server process on a loopback port. Stop and Start keep the port, so
+// clients reconnect to the same address after a restart.
+type Server struct {
+	Port int
+	dir  string
+	cmd  *exec.Cmd
+	args []string
+}
+
+// Addr is host:port of the server.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port)) }
+
+// URL is the redis:// URL of the server.
+func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+// FreePort asks the kernel for a free loopback TCP port.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Binary returns the path of redis-server, or an error that says how to install it.
+func Binary() (string, error) {
+	if p := os.Getenv("REDIS_SERVER"); p != "" {
+		return p, nil
+	}
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", errors.New("redis-server not found on PATH: install it (apt-get install redis-server) or set REDIS_SERVER; .ci/run does this")
+	}
+	return p, nil
+}
+
+// Start launches a redis-server on a free loopback port with no persistence. Extra arguments
+// are passed as config directives (e.g. "--cluster-enabled", "yes").
+func Start(extra ...string) (*Server, error) {
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Port: port, dir: dir}
+	s.args = append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
+	}, extra...)
+	if err := s.Start(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// Start (re)starts the process on the same port and waits until it answers PING.
+func (s *Server) Start() error {
+	if s.cmd != nil {
+		return errors.New("redis-server already running")
+	}
+	bin, err := Binary()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, s.args...)
+	logf, err := os.OpenFile(filepath.Join(s.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("starting redis-server: %w", err)
+	}
+	s.cmd = cmd
+	go func() { _ = cmd.Wait(); logf.Close() }()
+
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err = c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = s.Stop()
+	log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	return fmt.Errorf("redis-server on %s did not answer PING within 10s: %v\n%s", s.Addr(), err, log)
+}
+
+// Stop kills the process (SIGKILL: a crash, not a clean shutdown) and waits until the port is free.
+func (s *Server) Stop() error {
+	if s.cmd == nil {
+		return nil
+	}
+	_ = s.cmd.Process.Kill()
+	s.cmd = nil
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", s.Addr(), 100*time.Millisecond)
+		if err != nil {
+			return nil
+		}
+		c.Close()
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("redis-server on %s still accepting after kill", s.Addr())
+}
+
+// Close stops the server and removes its directory.
+func (s *Server) Close() error {
+	err := s.Stop()
+	_ = os.RemoveAll(s.dir)
+	return err
+}
