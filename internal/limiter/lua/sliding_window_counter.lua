@@ -1,17 +1,68 @@
--- Fixed window counter. First version; see the limiter package for the full contract.
--- KEYS[1] counter key. ARGV[1] limit, ARGV[2] window in ms, ARGV[3] cost.
+-- Sliding window counter: the previous fixed window's count, weighted by how much of it still
+-- overlaps the sliding window, plus the current window's count.
+-- KEYS[1] hash with fields s (current window start, ms), c (its count), p (previous window count).
+-- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost.
+-- Returns {allowed, remaining, retry_after_ms, reset_after_ms}; retry_after_ms is -1 when the
+-- cost can never fit in the limit.
+--
+-- Both windows live in one hash so the script touches exactly one declared key. Windows are
+-- aligned on Redis's clock. The hash lives until the end of the next window, when the current
+-- count stops mattering.
+local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local start = now - (now % window)
-local key = KEYS[1] .. ':' .. start
-local current = tonumber(redis.call('GET', key) or '0')
-local reset = start + window - now
-if current + cost > limit then
-  return {0, limit - current, reset, reset}
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local elapsed = now % window
+local start = now - elapsed
+
+local h = redis.call('HMGET', key, 's', 'c', 'p')
+local cur, prev = 0, 0
+local s = tonumber(h[1])
+if s == start then
+  cur = tonumber(h[2]) or 0
+  prev = tonumber(h[3]) or 0
+elseif s == start - window then
+  prev = tonumber(h[2]) or 0
 end
-current = redis.call('INCRBY', key, cost)
-redis.call('PEXPIRE', key, reset)
-return {1, limit - current, 0, reset}
+
+local weight = (window - elapsed) / window
+local estimate = prev * weight + cur
+
+local function reset_after(c)
+  if c > 0 then
+    return 2 * window - elapsed
+  end
+  return window - elapsed
+end
+
+local function remaining(est)
+  return math.max(math.floor(limit - est), 0)
+end
+
+if cost > limit then
+  return {0, remaining(estimate), -1, reset_after(cur)}
+end
+if estimate + cost > limit then
+  local retry
+  local room = limit - cost - cur
+  if room >= 0 and prev > 0 then
+    -- Wait in this window until prev * (window - e) / window <= room.
+    retry = math.ceil(window - room * window / prev) - elapsed
+  else
+    -- Wait for the next window, where cur becomes the weighted previous count.
+    local need = 0
+    if cur > 0 then
+      need = math.ceil(window * (1 - (limit - cost) / cur))
+    end
+    retry = (window - elapsed) + math.max(need, 0)
+  end
+  return {0, remaining(estimate), math.max(retry, 1), reset_after(cur)}
+end
+
+cur = cur + cost
+redis.call('HSET', key, 's', start, 'c', cur, 'p', prev)
+redis.call('PEXPIRE', key, 2 * window - elapsed)
+return {1, remaining(estimate + cost), 0, reset_after(cur)}

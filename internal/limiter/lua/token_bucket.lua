@@ -1,17 +1,50 @@
--- Fixed window counter. First version; see the limiter package for the full contract.
--- KEYS[1] counter key. ARGV[1] limit, ARGV[2] window in ms, ARGV[3] cost.
+-- Token bucket as GCRA (generic cell rate algorithm): one key holds the theoretical arrival time
+-- (TAT, microseconds on Redis's clock) of the next request.
+-- KEYS[1] TAT key. ARGV[1] requests per window, ARGV[2] window (ms), ARGV[3] cost,
+-- ARGV[4] burst (bucket capacity).
+-- Returns {allowed, remaining, retry_after_ms, reset_after_ms}; retry_after_ms is -1 when the
+-- cost can never fit in the bucket.
+--
+-- One token drips in every window/limit; the bucket holds at most burst tokens. The key expires
+-- when the bucket is full again, which is when it carries no information. Arithmetic is done
+-- relative to now: absolute microsecond timestamps are too large for exact float subtraction.
+local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local burst = tonumber(ARGV[4])
+
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local start = now - (now % window)
-local key = KEYS[1] .. ':' .. start
-local current = tonumber(redis.call('GET', key) or '0')
-local reset = start + window - now
-if current + cost > limit then
-  return {0, limit - current, reset, reset}
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local interval = window * 1000 / limit -- microseconds per token
+local tolerance = interval * burst     -- how far TAT may run ahead of now
+local eps = 1e-6
+
+-- ahead: how far the stored TAT is in the future, in microseconds (0 for an empty bucket).
+local ahead = 0
+local stored = tonumber(redis.call('GET', key))
+if stored ~= nil and stored > now then
+  ahead = stored - now
 end
-current = redis.call('INCRBY', key, cost)
-redis.call('PEXPIRE', key, reset)
-return {1, limit - current, 0, reset}
+
+local function ms(us)
+  return math.ceil(us / 1000 - eps)
+end
+
+local function tokens(a)
+  return math.max(math.floor((tolerance - a) / interval + eps), 0)
+end
+
+if cost > burst then
+  return {0, tokens(ahead), -1, ms(ahead)}
+end
+
+local new_ahead = ahead + interval * cost
+if new_ahead > tolerance + eps then
+  return {0, tokens(ahead), math.max(ms(new_ahead - tolerance), 1), ms(ahead)}
+end
+
+local reset = math.max(ms(new_ahead), 1)
+redis.call('SET', key, string.format('%.0f', now + math.ceil(new_ahead)), 'PX', reset)
+return {1, tokens(new_ahead), 0, reset}

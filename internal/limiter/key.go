@@ -1,0 +1,69 @@
+package limiter
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"strings"
+)
+
+// keyHashBytes is how much of the SHA-256 of the key material goes into a key: 128 bits keep
+// accidental collisions out of reach for any realistic number of clients.
+const keyHashBytes = 16
+
+// Key returns the Redis key prefix of one limited key:
+//
+//	rl:{<namespace>/<policy>/<rule>/<hash>}
+//
+// The braces are a Redis Cluster hash tag, so every key of one limit lives in one slot. parts is
+// the user-supplied key material (header values, addresses, ...); it enters the key only as a
+// fixed-length hash, so no client can choose key bytes, make keys long, or break out of the tag.
+// Namespace, policy and rule are escaped so that '{', '}', '/' and non-printable bytes cannot
+// appear raw. The algorithm appends its own suffix (":fw", ":tb", ...) when it calls Redis.
+func Key(namespace, policy, rule string, parts ...string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, p := range parts {
+		// Length-prefix every part so ("ab","c") and ("a","bc") hash differently.
+		_, _ = h.Write(n[:binary.PutUvarint(n[:], uint64(len(p)))])
+		_, _ = h.Write([]byte(p))
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+
+	var b strings.Builder
+	b.Grow(len("rl:{///}") + len(namespace) + len(policy) + len(rule) + 2*keyHashBytes)
+	b.WriteString("rl:{")
+	writeEscaped(&b, namespace)
+	b.WriteByte('/')
+	writeEscaped(&b, policy)
+	b.WriteByte('/')
+	writeEscaped(&b, rule)
+	b.WriteByte('/')
+	var hx [2 * keyHashBytes]byte
+	hex.Encode(hx[:], sum[:keyHashBytes])
+	b.Write(hx[:])
+	b.WriteByte('}')
+	return b.String()
+}
+
+// writeEscaped writes s with every byte outside [A-Za-z0-9._-] as %XX. Kubernetes names pass
+// unchanged.
+func writeEscaped(b *strings.Builder, s string) {
+	const hexDigits = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hexDigits[c>>4])
+		b.WriteByte(hexDigits[c&0xF])
+	}
+}
+
+// stateKey is the Redis key of an algorithm's state for a key built by Key.
+func stateKey(key string, a Algorithm) string {
+	return key + ":" + a.suffix()
+}

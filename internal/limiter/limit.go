@@ -1,0 +1,188 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Limit is one rate limit: at most Requests per Window, shaped by Algorithm.
+type Limit struct {
+	// Algorithm picks the script that decides.
+	Algorithm Algorithm
+	// Requests is how many units of cost fit in one Window.
+	Requests int64
+	// Window is the period Requests applies to. Whole milliseconds; at least 1ms.
+	Window time.Duration
+	// Burst is the bucket capacity of TokenBucket (0 means Requests). Other algorithms ignore it.
+	Burst int64
+	// FailureMode says what to decide while Redis cannot be asked. Empty means LocalFallback.
+	FailureMode FailureMode
+	// Shadow computes and counts the decision but always admits.
+	Shadow bool
+}
+
+// FailureMode says how a limit decides while Redis is unreachable. The values match the API's enum.
+type FailureMode string
+
+// The failure modes.
+const (
+	// FailOpen admits every request.
+	FailOpen FailureMode = "Open"
+	// FailClosed refuses every request, with a retry-after of the breaker's open period.
+	FailClosed FailureMode = "Closed"
+	// FailLocal enforces Requests / live replicas per key in this process.
+	FailLocal FailureMode = "LocalFallback"
+)
+
+// Source says where a decision came from.
+type Source uint8
+
+// The sources of a decision.
+const (
+	// SourceRedis is a decision by the shared counter in Redis.
+	SourceRedis Source = iota + 1
+	// SourcePrecheck is a refusal from the local cache of refused keys, made without Redis.
+	SourcePrecheck
+	// SourceFallback is a decision by the local per-replica limiter while Redis is unreachable.
+	SourceFallback
+	// SourceFailOpen is an admission because Redis is unreachable and the limit fails open.
+	SourceFailOpen
+	// SourceFailClosed is a refusal because Redis is unreachable and the limit fails closed.
+	SourceFailClosed
+)
+
+var sourceNames = [...]string{"unknown", "redis", "precheck", "fallback", "failopen", "failclosed"}
+
+// String returns the lower-case name used in metrics labels.
+func (s Source) String() string {
+	if int(s) < len(sourceNames) {
+		return sourceNames[s]
+	}
+	return "unknown"
+}
+
+// Result is one decision.
+type Result struct {
+	// Allowed says whether to let the request through. Always true in shadow mode.
+	Allowed bool
+	// OverLimit says the limit refused the request (also in shadow mode, where it is let through).
+	OverLimit bool
+	// Remaining is how much cost the limit would still admit now.
+	Remaining int64
+	// RetryAfter is how long until the refused cost would be admitted: 0 when admitted, -1 when
+	// the cost exceeds what the limit can ever admit.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the limit is back to its full capacity.
+	ResetAfter time.Duration
+	// Source says where the decision came from.
+	Source Source
+	// Err is why Redis was not asked or did not answer, for logs and metrics, when Source is one
+	// of the failure sources. The decision is still valid.
+	Err error
+}
+
+// ErrInvalidLimit is wrapped by errors about a Limit or cost that cannot be enforced.
+var ErrInvalidLimit = errors.New("invalid limit")
+
+// burst is the TokenBucket capacity.
+func (l Limit) burst() int64 {
+	if l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Requests
+}
+
+// capacity is the largest cost the limit can ever admit at once.
+func (l Limit) capacity() int64 {
+	if l.Algorithm == TokenBucket {
+		return l.burst()
+	}
+	return l.Requests
+}
+
+// Validate reports whether the limit can be enforced.
+func (l Limit) Validate() error {
+	if _, ok := scriptFiles[l.Algorithm]; !ok {
+		return fmt.Errorf("%w: unknown algorithm %q", ErrInvalidLimit, l.Algorithm)
+	}
+	if l.Requests < 1 {
+		return fmt.Errorf("%w: requests must be at least 1, got %d", ErrInvalidLimit, l.Requests)
+	}
+	if l.Window < time.Millisecond {
+		return fmt.Errorf("%w: window must be at least 1ms, got %s", ErrInvalidLimit, l.Window)
+	}
+	if l.Burst < 0 {
+		return fmt.Errorf("%w: burst must not be negative, got %d", ErrInvalidLimit, l.Burst)
+	}
+	switch l.FailureMode {
+	case "", FailOpen, FailClosed, FailLocal:
+	default:
+		return fmt.Errorf("%w: unknown failure mode %q", ErrInvalidLimit, l.FailureMode)
+	}
+	return nil
+}
+
+// scriptArgs appends the script's ARGV for this limit and cost to dst.
+func (l Limit) scriptArgs(dst []any, cost int64) []any {
+	dst = append(dst, l.Requests, l.Window.Milliseconds(), cost)
+	if l.Algorithm == TokenBucket {
+		dst = append(dst, l.burst())
+	}
+	return dst
+}
+
+// suffix is the key suffix of the algorithm's state, so that two algorithms never share a key.
+func (a Algorithm) suffix() string {
+	switch a {
+	case FixedWindow:
+		return "fw"
+	case SlidingWindowLog:
+		return "swl"
+	case SlidingWindowCounter:
+		return "swc"
+	case TokenBucket:
+		return "tb"
+	}
+	return "x"
+}
+
+// errBadReply is wrapped by errors about a script reply of an unexpected shape.
+var errBadReply = errors.New("unexpected script reply")
+
+// decodeReply turns a script's {allowed, remaining, retry_after_ms, reset_after_ms} into a Result.
+func decodeReply(n []int64) (Result, error) {
+	if len(n) != 4 {
+		return Result{}, fmt.Errorf("%w: want 4 integers, got %d", errBadReply, len(n))
+	}
+	if n[0] != 0 && n[0] != 1 {
+		return Result{}, fmt.Errorf("%w: allowed flag %d", errBadReply, n[0])
+	}
+	if n[1] < 0 || n[2] < -1 || n[3] < 0 {
+		return Result{}, fmt.Errorf("%w: negative value in %v", errBadReply, n)
+	}
+	if n[0] == 1 && n[2] != 0 {
+		return Result{}, fmt.Errorf("%w: admitted with retry-after %dms", errBadReply, n[2])
+	}
+	r := Result{
+		Allowed:    n[0] == 1,
+		Remaining:  n[1],
+		RetryAfter: msDuration(n[2]),
+		ResetAfter: msDuration(n[3]),
+		Source:     SourceRedis,
+	}
+	r.OverLimit = !r.Allowed
+	return r, nil
+}
+
+// msDuration converts milliseconds to a Duration, keeping -1 as -1 and saturating on overflow.
+func msDuration(ms int64) time.Duration {
+	if ms < 0 {
+		return -1
+	}
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}

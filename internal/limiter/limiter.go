@@ -1,0 +1,235 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+)
+
+// Options tune a Limiter. The zero value gives working defaults.
+type Options struct {
+	// MaxBatch is the most decisions sent in one pipeline (default 128). 1 disables batching.
+	MaxBatch int
+	// Flushers is how many pipelines may be in flight at once (default 4). While they are all
+	// busy, new decisions queue up and leave together in the next pipeline, so round trips per
+	// decision fall as concurrency rises.
+	Flushers int
+	// PrecheckSize bounds the local cache of refused keys (default 65536 keys; negative disables).
+	PrecheckSize int
+	// FallbackSize bounds the local limiters kept for LocalFallback (default 65536 keys).
+	FallbackSize int
+	// BreakerFailures is how many consecutive failed Redis round trips open the circuit
+	// breaker (default 5).
+	BreakerFailures uint32
+	// BreakerOpenFor is how long the breaker stays open before it lets one probe through
+	// (default 1s). FailClosed refusals carry it as their retry-after.
+	BreakerOpenFor time.Duration
+	// Replicas is the replica count LocalFallback divides by until a heartbeat has seen one
+	// (default 1).
+	Replicas int
+	// Heartbeat, when its Group is set, lets RunHeartbeat learn the live replica count.
+	Heartbeat HeartbeatOptions
+	// Now is the local clock, used only for the pre-check and the fallback limiters; decisions
+	// in Redis use Redis's clock (default time.Now).
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 128
+	}
+	if o.Flushers <= 0 {
+		o.Flushers = 4
+	}
+	if o.PrecheckSize == 0 {
+		o.PrecheckSize = 65536
+	}
+	if o.FallbackSize <= 0 {
+		o.FallbackSize = 65536
+	}
+	if o.BreakerFailures == 0 {
+		o.BreakerFailures = 5
+	}
+	if o.BreakerOpenFor <= 0 {
+		o.BreakerOpenFor = time.Second
+	}
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	o.Heartbeat = o.Heartbeat.withDefaults()
+	return o
+}
+
+// Errors a Result.Err or Allow can carry.
+var (
+	// ErrCircuitOpen is the Result.Err of decisions made while the circuit breaker was open.
+	ErrCircuitOpen = errors.New("redis circuit breaker open")
+	// ErrClosed is returned by Allow after Close.
+	ErrClosed = errors.New("limiter closed")
+)
+
+// Limiter decides rate limits shared by every instance that talks to the same Redis.
+// It is safe for concurrent use.
+type Limiter struct {
+	client   redis.UniversalClient
+	opts     Options
+	queue    chan *call
+	quit     chan struct{}
+	wg       sync.WaitGroup
+	closed   atomic.Bool
+	breaker  *gobreaker.CircuitBreaker[struct{}]
+	precheck *precheck
+	fallback *fallback
+	replicas atomic.Int64
+	stats    counters
+	calls    sync.Pool
+}
+
+// New returns a Limiter over client. The client stays the caller's to close.
+func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
+	if client == nil {
+		return nil, errors.New("creating limiter: nil redis client")
+	}
+	o := opts.withDefaults()
+	l := &Limiter{
+		client: client,
+		opts:   o,
+		queue:  make(chan *call, o.MaxBatch*o.Flushers),
+		quit:   make(chan struct{}),
+	}
+	l.replicas.Store(int64(o.Replicas))
+	var err error
+	if l.precheck, err = newPrecheck(o.PrecheckSize); err != nil {
+		return nil, fmt.Errorf("creating pre-check cache: %w", err)
+	}
+	if l.fallback, err = newFallback(o.FallbackSize); err != nil {
+		return nil, fmt.Errorf("creating fallback cache: %w", err)
+	}
+	l.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        "redis",
+		MaxRequests: 1,
+		Timeout:     o.BreakerOpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= o.BreakerFailures },
+	})
+	l.calls.New = func() any { return &call{done: make(chan struct{}, 1), args: make([]any, 0, 9)} }
+	for range o.Flushers {
+		l.wg.Add(1)
+		go l.flusher()
+	}
+	return l, nil
+}
+
+// Close stops the limiter's goroutines. Decisions in flight end with a failure-mode result.
+func (l *Limiter) Close() {
+	if l.closed.CompareAndSwap(false, true) {
+		close(l.quit)
+		l.wg.Wait()
+	}
+}
+
+// Allow decides whether cost units of key may pass under limit. key comes from Key.
+// A Redis failure does not make Allow fail: the limit's failure mode decides, and Result.Err
+// says why. Allow returns an error only for an invalid limit or cost, or after Close.
+func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64) (Result, error) {
+	if err := limit.Validate(); err != nil {
+		return Result{}, err
+	}
+	if cost < 1 {
+		return Result{}, fmt.Errorf("%w: cost must be at least 1, got %d", ErrInvalidLimit, cost)
+	}
+	if l.closed.Load() {
+		return Result{}, ErrClosed
+	}
+	sk := stateKey(key, limit.Algorithm)
+	now := l.opts.Now()
+	if r, ok := l.precheck.check(sk, limit, cost, now); ok {
+		l.stats.precheck.Add(1)
+		return finish(r, limit), nil
+	}
+	if l.breaker.State() == gobreaker.StateOpen {
+		return finish(l.degraded(sk, limit, cost, now, ErrCircuitOpen), limit), nil
+	}
+
+	c := l.calls.Get().(*call)
+	c.prepare(sk, limit, cost)
+	select {
+	case l.queue <- c:
+	case <-l.quit:
+		return Result{}, ErrClosed
+	case <-ctx.Done():
+		l.calls.Put(c)
+		return finish(l.degraded(sk, limit, cost, now, ctx.Err()), limit), nil
+	}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		// The flusher still owns c; leave it to the garbage collector.
+		return finish(l.degraded(sk, limit, cost, now, ctx.Err()), limit), nil
+	}
+	res, err := c.res, c.err
+	c.reset()
+	l.calls.Put(c)
+	if err != nil {
+		return finish(l.degraded(sk, limit, cost, now, err), limit), nil
+	}
+	l.stats.redis.Add(1)
+	if res.OverLimit && res.RetryAfter > 0 {
+		l.precheck.refuse(sk, limit, cost, res, now)
+	}
+	return finish(res, limit), nil
+}
+
+// finish applies shadow mode: the decision stands in OverLimit, the request passes.
+func finish(r Result, limit Limit) Result {
+	if limit.Shadow {
+		r.Allowed = true
+	}
+	return r
+}
+
+// Client returns the Redis client the limiter uses.
+func (l *Limiter) Client() redis.UniversalClient { return l.client }
+
+// Stats are counters since the limiter was created, for metrics.
+type Stats struct {
+	// RedisDecisions were answered by a script in Redis.
+	RedisDecisions uint64
+	// PrecheckRefusals were refused locally without a Redis call.
+	PrecheckRefusals uint64
+	// DegradedDecisions were made by a failure mode (open, closed or local fallback).
+	DegradedDecisions uint64
+	// Pipelines is the number of Redis round trips made for decisions, NOSCRIPT retries included.
+	Pipelines uint64
+	// ScriptLoads counts SCRIPT LOADs after NOSCRIPT.
+	ScriptLoads uint64
+	// BreakerOpen says the circuit breaker is open now.
+	BreakerOpen bool
+	// Replicas is the replica count LocalFallback divides by.
+	Replicas int
+}
+
+type counters struct {
+	redis, precheck, degraded, pipelines, scriptLoads atomic.Uint64
+}
+
+// Stats returns the limiter's counters.
+func (l *Limiter) Stats() Stats {
+	return Stats{
+		RedisDecisions:    l.stats.redis.Load(),
+		PrecheckRefusals:  l.stats.precheck.Load(),
+		DegradedDecisions: l.stats.degraded.Load(),
+		Pipelines:         l.stats.pipelines.Load(),
+		ScriptLoads:       l.stats.scriptLoads.Load(),
+		BreakerOpen:       l.breaker.State() == gobreaker.StateOpen,
+		Replicas:          int(l.replicas.Load()),
+	}
+}

@@ -1,0 +1,66 @@
+package limiter
+
+import (
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+)
+
+// precheck remembers keys Redis refused and until when, so that a client hammering a refused
+// key costs no Redis call until its retry-after has passed. It is never the source of truth:
+// it only repeats a refusal Redis made, and only for the same limit and at least the same cost.
+// The LRU bounds its memory whatever the number of distinct keys.
+type precheck struct {
+	cache *lru.Cache[string, refusal]
+}
+
+type refusal struct {
+	until time.Time
+	limit Limit
+	cost  int64
+	res   Result
+}
+
+func newPrecheck(size int) (*precheck, error) {
+	if size < 0 {
+		return &precheck{}, nil
+	}
+	c, err := lru.New[string, refusal](size)
+	if err != nil {
+		return nil, err
+	}
+	return &precheck{cache: c}, nil
+}
+
+// check returns a local refusal if Redis refused this key, limit and no larger cost, and its
+// retry-after has not passed.
+func (p *precheck) check(key string, limit Limit, cost int64, now time.Time) (Result, bool) {
+	if p.cache == nil {
+		return Result{}, false
+	}
+	r, ok := p.cache.Get(key)
+	if !ok {
+		return Result{}, false
+	}
+	if !now.Before(r.until) || r.limit != limit {
+		p.cache.Remove(key)
+		return Result{}, false
+	}
+	if cost < r.cost {
+		return Result{}, false
+	}
+	left := r.until.Sub(now)
+	res := r.res
+	res.RetryAfter = left
+	res.ResetAfter = max(res.ResetAfter-r.res.RetryAfter+left, left)
+	res.Source = SourcePrecheck
+	return res, true
+}
+
+// refuse records a refusal from Redis.
+func (p *precheck) refuse(key string, limit Limit, cost int64, res Result, now time.Time) {
+	if p.cache == nil {
+		return
+	}
+	p.cache.Add(key, refusal{until: now.Add(res.RetryAfter), limit: limit, cost: cost, res: res})
+}
