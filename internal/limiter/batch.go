@@ -120,6 +120,7 @@ func (l *Limiter) pipeline(batch, retry []*call) ([]*call, error) {
 			}
 		} else {
 			l.exec(ctx, retry)
+			l.evalLeftovers(ctx, retry)
 		}
 	}
 	var trip error
@@ -156,6 +157,32 @@ func (l *Limiter) exec(ctx context.Context, calls []*call) {
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	l.stats.pipelines.Add(1)
+}
+
+// evalLeftovers sends the script body with EVAL for calls that met NOSCRIPT even after SCRIPT
+// LOAD, which only happens when scripts are flushed again between the load and the retry. It is
+// the last resort that keeps a decision from failing; EVAL also caches the script again.
+func (l *Limiter) evalLeftovers(ctx context.Context, calls []*call) {
+	var pipe redis.Pipeliner
+	for _, c := range calls {
+		if !isNoScript(c.cmd.Err()) {
+			continue
+		}
+		if pipe == nil {
+			pipe = l.client.Pipeline()
+		}
+		s, _ := ScriptFor(c.alg)
+		args := make([]any, len(c.args))
+		copy(args, c.args)
+		args[0], args[1] = "eval", s.Source
+		c.cmd = redis.NewIntSliceCmd(ctx, args...)
+		c.cmd.SetFirstKeyPos(3)
+		_ = pipe.Process(ctx, c.cmd)
+	}
+	if pipe != nil {
+		_, _ = pipe.Exec(ctx)
+		l.stats.pipelines.Add(1)
+	}
 }
 
 // loadScripts loads the scripts of calls that met NOSCRIPT; SCRIPT LOAD reaches every master

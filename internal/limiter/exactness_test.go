@@ -1,0 +1,155 @@
+package limiter_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/redline-dev/redline/internal/limiter"
+)
+
+// exactLimit is a limit whose window outlasts any test run, so that "admitted == Requests" is
+// the exact expectation for every algorithm.
+func exactLimit(alg limiter.Algorithm, requests int64) limiter.Limit {
+	return limiter.Limit{Algorithm: alg, Requests: requests, Window: 24 * time.Hour}
+}
+
+// hammer runs goroutines per limiter, each making attempts decisions on every key, and returns
+// how many each key admitted. Every decision must come from Redis or the pre-check.
+func hammer(t *testing.T, ls []*limiter.Limiter, keys []string, lim limiter.Limit, goroutines, attempts int) []int64 {
+	t.Helper()
+	admitted := make([]atomic.Int64, len(keys))
+	var bad atomic.Value
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		for g := range goroutines {
+			wg.Go(func() {
+				for a := range attempts {
+					k := (g + a) % len(keys)
+					r, err := l.Allow(context.Background(), keys[k], lim, 1)
+					if err != nil {
+						bad.Store(err.Error())
+						return
+					}
+					if r.Source != limiter.SourceRedis && r.Source != limiter.SourcePrecheck {
+						bad.Store(fmt.Sprintf("decision from %s: %v", r.Source, r.Err))
+						return
+					}
+					if r.Allowed {
+						admitted[k].Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if b := bad.Load(); b != nil {
+		t.Fatalf("a decision failed: %s", b)
+	}
+	out := make([]int64, len(keys))
+	for i := range admitted {
+		out[i] = admitted[i].Load()
+	}
+	return out
+}
+
+// instances returns n limiters, each with its own client and pool.
+func instances(t *testing.T, url string, n int, o limiter.Options) []*limiter.Limiter {
+	ls := make([]*limiter.Limiter, n)
+	for i := range ls {
+		ls[i] = newLimiter(t, newClient(t, url), o)
+	}
+	return ls
+}
+
+func TestExactUnderConcurrency(t *testing.T) {
+	for _, n := range []int{3, 10} {
+		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
+			ls := instances(t, shared.URL(), n, limiter.Options{})
+			allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
+				g := NewWithT(t)
+				const limit = 150
+				key := uniqueKey(t)
+				got := hammer(t, ls, []string{key}, exactLimit(alg, limit), 64, 4)
+				g.Expect(got[0]).To(Equal(int64(limit)), "%d instances x 64 goroutines on one key", n)
+			})
+		})
+	}
+}
+
+// Instances whose local clocks disagree by minutes make the same decisions: only Redis's clock
+// enters a decision, and the pre-check only measures durations on the local one.
+func TestClockSkewDoesNotChangeDecisions(t *testing.T) {
+	skews := []time.Duration{-7 * time.Minute, 0, 90 * time.Second, 3 * time.Hour}
+	var ls []*limiter.Limiter
+	for _, s := range skews {
+		ls = append(ls, newLimiter(t, newClient(t, shared.URL()), limiter.Options{
+			Now: func() time.Time { return time.Now().Add(s) },
+		}))
+	}
+	allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
+		g := NewWithT(t)
+		lim := exactLimit(alg, 10)
+		key := uniqueKey(t)
+		for i := range 3 * lim.Requests {
+			l := ls[int(i)%len(ls)]
+			r, err := l.Allow(context.Background(), key, lim, 1)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(r.Allowed).To(Equal(i < lim.Requests), "decision %d by the instance skewed %s", i, skews[int(i)%len(ls)])
+			if !r.Allowed {
+				g.Expect(r.RetryAfter).To(BeNumerically(">", time.Second), "retry-after from the instance skewed %s", skews[int(i)%len(ls)])
+				g.Expect(r.RetryAfter).To(BeNumerically("<=", lim.Window))
+			}
+		}
+	})
+}
+
+// SCRIPT FLUSH while decisions run: every decision still succeeds (NOSCRIPT -> load -> retry
+// once), and the limit stays exact.
+func TestScriptFlushMidRun(t *testing.T) {
+	g := NewWithT(t)
+	ls := instances(t, shared.URL(), 3, limiter.Options{})
+	admin := newClient(t, shared.URL())
+	stop := make(chan struct{})
+	var flushes atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := admin.ScriptFlush(context.Background()).Err(); err == nil {
+				flushes.Add(1)
+			}
+			time.Sleep(3 * time.Millisecond)
+		}
+	})
+	const limit = 300
+	var got [][]int64
+	allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
+		got = append(got, hammer(t, ls, []string{uniqueKey(t), uniqueKey(t)}, exactLimit(alg, limit), 16, 40))
+	})
+	close(stop)
+	wg.Wait()
+	for i, counts := range got {
+		g.Expect(counts).To(HaveEach(int64(limit)), "algorithm %s", limiter.Algorithms[i])
+	}
+	g.Expect(flushes.Load()).To(BeNumerically(">", 0))
+	var loads uint64
+	for _, l := range ls {
+		loads += l.Stats().ScriptLoads
+	}
+	g.Expect(loads).To(BeNumerically(">", 0), "scripts were reloaded after NOSCRIPT")
+	for _, alg := range limiter.Algorithms {
+		_, err := ls[0].Allow(context.Background(), uniqueKey(t), exactLimit(alg, 1), 1)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	g.Expect(limiter.MissingScripts(context.Background(), admin)).To(BeEmpty(), "one decision per algorithm after the last flush reloads every script")
+}

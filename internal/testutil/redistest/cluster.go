@@ -1,0 +1,110 @@
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Cluster is a Redis Cluster of masters only, each a redis-server on a loopback port.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// StartCluster starts n (at least 3) cluster-enabled redis-servers, joins them with
+// `redis-cli --cluster create`, and waits until every node reports cluster_state:ok.
+func StartCluster(n int) (*Cluster, error) {
+	if n < 3 {
+		return nil, fmt.Errorf("starting redis cluster: need at least 3 masters, got %d", n)
+	}
+	cli, err := CLIBinary()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{}
+	for i := range n {
+		s, err := Start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "2000")
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("starting cluster node %d: %w", i, err)
+		}
+		c.Nodes = append(c.Nodes, s)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.Command(cli, args...).CombinedOutput()
+	if err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("creating cluster with redis-cli: %w\n%s", err, out)
+	}
+	if err := c.waitOK(20 * time.Second); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Addrs returns host:port of every node.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Nodes))
+	for i, s := range c.Nodes {
+		out[i] = s.Addr()
+	}
+	return out
+}
+
+// URL is a redis:// URL listing every node as a seed, comma-separated.
+func (c *Cluster) URL() string { return "redis://" + strings.Join(c.Addrs(), ",") }
+
+// Close stops every node and removes their directories.
+func (c *Cluster) Close() error {
+	var errs []error
+	for _, s := range c.Nodes {
+		errs = append(errs, s.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Cluster) waitOK(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		ok := true
+		for _, s := range c.Nodes {
+			rc := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			info, err := rc.ClusterInfo(ctx).Result()
+			cancel()
+			_ = rc.Close()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				ok, last = false, fmt.Sprintf("%s: %v %s", s.Addr(), err, firstLine(info))
+				break
+			}
+		}
+		if ok {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("redis cluster not ok after %s: %s", timeout, last)
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return strings.TrimSpace(l)
+}
+
+// CLIBinary returns the path of redis-cli, or an error that says how to install it.
+func CLIBinary() (string, error) {
+	p, err := exec.LookPath("redis-cli")
+	if err != nil {
+		return "", errors.New("redis-cli not found on PATH: install it (apt-get install redis-tools or redis-server)")
+	}
+	return p, nil
+}
