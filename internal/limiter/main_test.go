@@ -18,7 +18,12 @@ import (
 // shared is the redis-server most tests use. Tests that kill Redis start their own.
 var shared *redistest.Server
 
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
 func TestMain(m *testing.M) {
+	redis.SetLogger(quietLogger{}) // tests kill Redis on purpose; dial errors are expected
 	os.Exit(run(m))
 }
 

@@ -1,0 +1,57 @@
+package limiter_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// The same exactness on a 3-master Redis Cluster, with keys spread over the masters so that
+// every batch splits into one pipeline per node.
+func TestClusterExactUnderConcurrency(t *testing.T) {
+	g := NewWithT(t)
+	cl, err := redistest.StartCluster(3)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = cl.Close() })
+
+	admin := newClient(t, cl.URL())
+	_, isCluster := admin.(*redis.ClusterClient)
+	g.Expect(isCluster).To(BeTrue(), "a comma-separated seed list makes a cluster client")
+	_, err = limiter.LoadScripts(context.Background(), admin)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(limiter.MissingScripts(context.Background(), admin)).To(BeEmpty())
+
+	keys := make([]string, 6)
+	for i := range keys {
+		keys[i] = limiter.Key("shop", "checkout", "per-key", fmt.Sprint("client-", i))
+	}
+	nodes := map[string]bool{}
+	for _, k := range keys {
+		addr, err := admin.(*redis.ClusterClient).MasterForKey(context.Background(), k+":fw")
+		g.Expect(err).NotTo(HaveOccurred())
+		nodes[addr.Options().Addr] = true
+	}
+	g.Expect(len(nodes)).To(BeNumerically(">=", 2), "the keys land on more than one master")
+
+	for _, n := range []int{3, 10} {
+		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
+			ls := instances(t, cl.URL(), n, limiter.Options{})
+			allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
+				const limit = 60
+				ks := make([]string, len(keys))
+				for i, k := range keys {
+					ks[i] = k + fmt.Sprint(n) // fresh state per subtest, same slot spread
+				}
+				got := hammer(t, ls, ks, exactLimit(alg, limit), 64, 6)
+				NewWithT(t).Expect(got).To(HaveEach(int64(limit)))
+			})
+		})
+	}
+	g.Expect(keysWithoutTTL(cl.URL())).To(BeEmpty())
+}
