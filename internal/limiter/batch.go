@@ -19,6 +19,7 @@ type call struct {
 	res  Result
 	err  error
 	done chan struct{}
+	self [1]*call // a batch of one, for deciding inline without allocating
 }
 
 // shaArgs holds each script's SHA already boxed, so that building a command does not allocate it.
@@ -39,7 +40,7 @@ func (c *call) prepare(stateKey string, limit Limit, cost int64) {
 func (c *call) reset() {
 	clear(c.args)
 	c.args = c.args[:0]
-	c.cmd, c.res, c.err = nil, Result{}, nil
+	c.cmd, c.res, c.err, c.self[0] = nil, Result{}, nil, nil
 }
 
 // flusher sends queued decisions to Redis. It takes whatever has queued up while the previous
@@ -56,6 +57,7 @@ func (l *Limiter) flusher() {
 			return
 		case c := <-l.queue:
 			batch = append(batch[:0], c)
+			l.slots <- struct{}{}
 		fill:
 			for len(batch) < l.opts.MaxBatch {
 				select {
@@ -66,6 +68,7 @@ func (l *Limiter) flusher() {
 				}
 			}
 			retry = l.run(batch, retry[:0])
+			<-l.slots
 			clear(batch)
 		}
 	}
@@ -147,8 +150,17 @@ func (l *Limiter) pipeline(batch, retry []*call) ([]*call, error) {
 	return retry[:0], trip
 }
 
-// exec sends calls as one pipeline.
+// exec sends calls as one pipeline, or as a plain command when there is only one: a lone
+// caller should not pay for pipeline bookkeeping.
 func (l *Limiter) exec(ctx context.Context, calls []*call) {
+	if len(calls) == 1 {
+		c := calls[0]
+		c.cmd = redis.NewIntSliceCmd(ctx, c.args...)
+		c.cmd.SetFirstKeyPos(3)
+		_ = l.client.Process(ctx, c.cmd) // the error is read from the command
+		l.stats.pipelines.Add(1)
+		return
+	}
 	pipe := l.client.Pipeline()
 	for _, c := range calls {
 		c.cmd = redis.NewIntSliceCmd(ctx, c.args...)

@@ -83,6 +83,7 @@ type Limiter struct {
 	client   redis.UniversalClient
 	opts     Options
 	queue    chan *call
+	slots    chan struct{} // one per pipeline in flight, held by flushers and inline callers
 	quit     chan struct{}
 	wg       sync.WaitGroup
 	closed   atomic.Bool
@@ -104,6 +105,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		client: client,
 		opts:   o,
 		queue:  make(chan *call, o.MaxBatch*o.Flushers),
+		slots:  make(chan struct{}, o.Flushers),
 		quit:   make(chan struct{}),
 	}
 	l.replicas.Store(int64(o.Replicas))
@@ -161,6 +163,9 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 
 	c := l.calls.Get().(*call)
 	c.prepare(sk, limit, cost)
+	if l.tryInline(c) {
+		return l.settle(c, sk, limit, cost, now)
+	}
 	select {
 	case l.queue <- c:
 	case <-l.quit:
@@ -175,6 +180,29 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 		// The flusher still owns c; leave it to the garbage collector.
 		return finish(l.degraded(sk, limit, cost, now, ctx.Err()), limit), nil
 	}
+	return l.settle(c, sk, limit, cost, now)
+}
+
+// tryInline decides c on the caller's goroutine when nothing is queued and a pipeline slot is
+// free: at low concurrency a hand-off to a flusher would only add latency.
+func (l *Limiter) tryInline(c *call) bool {
+	if len(l.queue) > 0 {
+		return false
+	}
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		return false
+	}
+	c.self[0] = c
+	l.run(c.self[:], nil)
+	<-l.slots
+	<-c.done
+	return true
+}
+
+// settle turns a finished call into the caller's Result and recycles it.
+func (l *Limiter) settle(c *call, sk string, limit Limit, cost int64, now time.Time) (Result, error) {
 	res, err := c.res, c.err
 	c.reset()
 	l.calls.Put(c)
