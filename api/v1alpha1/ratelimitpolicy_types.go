@@ -1,0 +1,293 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Algorithm is the counting algorithm of a rule.
+// +kubebuilder:validation:Enum=FixedWindow;SlidingWindowLog;SlidingWindowCounter;TokenBucket
+type Algorithm string
+
+// The algorithms a rule can use.
+const (
+	// FixedWindow counts requests per aligned window. Cheapest; admits up to twice the limit
+	// across a window boundary.
+	FixedWindow Algorithm = "FixedWindow"
+	// SlidingWindowLog keeps one entry per admitted request. Exact; memory grows with the limit.
+	SlidingWindowLog Algorithm = "SlidingWindowLog"
+	// SlidingWindowCounter weights the previous window by the part of it still inside the
+	// sliding window. Close to exact at the cost of two counters.
+	SlidingWindowCounter Algorithm = "SlidingWindowCounter"
+	// TokenBucket refills requests/window tokens continuously up to burst.
+	TokenBucket Algorithm = "TokenBucket"
+)
+
+// FailureMode says what a sidecar does when Redis cannot answer.
+// +kubebuilder:validation:Enum=Open;Closed;LocalFallback
+type FailureMode string
+
+// The failure modes.
+const (
+	// FailOpen admits every request while Redis is unavailable.
+	FailOpen FailureMode = "Open"
+	// FailClosed refuses every request while Redis is unavailable.
+	FailClosed FailureMode = "Closed"
+	// LocalFallback enforces limit / live replicas in each sidecar while Redis is unavailable.
+	LocalFallback FailureMode = "LocalFallback"
+)
+
+// Mode says whether a rule's decisions are applied.
+// +kubebuilder:validation:Enum=Enforce;Shadow
+type Mode string
+
+// The rule modes.
+const (
+	// Enforce refuses requests over the limit.
+	Enforce Mode = "Enforce"
+	// Shadow decides and counts, but always admits: for trying a limit on live traffic.
+	Shadow Mode = "Shadow"
+)
+
+// Attribute is a request attribute that can be part of a rate limit key.
+// +kubebuilder:validation:Enum=RemoteAddress;ForwardedFor;Path;Method
+type Attribute string
+
+// The request attributes usable in keys.
+const (
+	// RemoteAddress is the client IP of the connection.
+	RemoteAddress Attribute = "RemoteAddress"
+	// ForwardedFor is the client IP taken from X-Forwarded-For behind the sidecar's trusted hops.
+	ForwardedFor Attribute = "ForwardedFor"
+	// Path is the request path, without the query.
+	Path Attribute = "Path"
+	// Method is the HTTP method.
+	Method Attribute = "Method"
+)
+
+// HTTPMethod is an HTTP request method.
+// +kubebuilder:validation:Enum=GET;HEAD;POST;PUT;PATCH;DELETE;OPTIONS;CONNECT;TRACE
+type HTTPMethod string
+
+// RateLimitPolicySpec is the desired limiting of the pods a policy targets.
+type RateLimitPolicySpec struct {
+	// targetSelector selects, by label, the pods of this namespace whose sidecars enforce this
+	// policy. An empty selector selects every injected pod of the namespace.
+	// +required
+	TargetSelector metav1.LabelSelector `json:"targetSelector"`
+
+	// failureMode says what sidecars do while Redis is unavailable: Open admits, Closed refuses,
+	// LocalFallback enforces limit / live replicas in each pod.
+	// +kubebuilder:default=LocalFallback
+	// +optional
+	FailureMode FailureMode `json:"failureMode,omitempty"`
+
+	// rules are checked in order for every request; a request is refused when any matching
+	// rule in Enforce mode refuses it. Rule names are unique within a policy.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:XValidation:rule="self.all(r, self.exists_one(o, o.name == r.name))",message="rule names must be unique within a policy"
+	// +listType=atomic
+	// +required
+	Rules []Rule `json:"rules"`
+}
+
+// Rule is one limit: which requests it counts, how it keys them and how much it admits.
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.burst) || self.algorithm == 'TokenBucket'",message="limit.burst is only valid with algorithm TokenBucket"
+type Rule struct {
+	// name identifies the rule in the policy, in metrics, in Redis keys and in refusals.
+	// A lowercase DNS label.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +required
+	Name string `json:"name"`
+
+	// match restricts the rule to some requests. Without it the rule counts every request.
+	// +optional
+	Match *RuleMatch `json:"match,omitempty"`
+
+	// key lists the request parts that together name the counter, e.g. [{header: X-API-Key}]
+	// for one counter per API key, or [{constant: all}] for one counter shared by everyone.
+	// User-supplied values are hashed before they reach Redis.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	// +required
+	Key []KeyPart `json:"key"`
+
+	// algorithm is the counting algorithm.
+	// +kubebuilder:default=SlidingWindowCounter
+	// +optional
+	Algorithm Algorithm `json:"algorithm,omitempty"`
+
+	// limit is how many requests the rule admits per window.
+	// +required
+	Limit Limit `json:"limit"`
+
+	// mode is Enforce (refuse over the limit) or Shadow (count and report, always admit).
+	// +kubebuilder:default=Enforce
+	// +optional
+	Mode Mode `json:"mode,omitempty"`
+}
+
+// RuleMatch selects requests. Every field given must match.
+type RuleMatch struct {
+	// pathPrefix matches request paths that start with it.
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="match.pathPrefix must start with '/'"
+	// +optional
+	PathPrefix string `json:"pathPrefix,omitempty"`
+
+	// methods matches requests with any of these HTTP methods.
+	// +kubebuilder:validation:MaxItems=9
+	// +listType=set
+	// +optional
+	Methods []HTTPMethod `json:"methods,omitempty"`
+
+	// headers matches requests carrying every one of these headers.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	Headers []HeaderMatch `json:"headers,omitempty"`
+}
+
+// HeaderMatch matches a request header by name and, optionally, exact value.
+type HeaderMatch struct {
+	// name is the header name, case-insensitive.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`
+	// +required
+	Name string `json:"name"`
+
+	// value, when set, must equal the header's value. Without it the header only has to be present.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	Value *string `json:"value,omitempty"`
+}
+
+// KeyPart is one part of a rate limit key: exactly one of header, attribute or constant.
+// +kubebuilder:validation:XValidation:rule="(has(self.header) ? 1 : 0) + (has(self.attribute) ? 1 : 0) + (has(self.constant) ? 1 : 0) == 1",message="a key part sets exactly one of header, attribute or constant"
+type KeyPart struct {
+	// header takes the value of this request header. A request without it is keyed by an
+	// empty value, so all such requests share one counter.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`
+	// +optional
+	Header string `json:"header,omitempty"`
+
+	// attribute takes a request attribute: RemoteAddress, ForwardedFor, Path or Method.
+	// +optional
+	Attribute Attribute `json:"attribute,omitempty"`
+
+	// constant is a fixed value, for a counter every request shares.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	Constant string `json:"constant,omitempty"`
+}
+
+// Limit is a number of requests per window.
+// +kubebuilder:validation:XValidation:rule="duration(self.window) >= duration('1s') && duration(self.window) <= duration('24h')",message="limit.window must be between 1s and 24h"
+type Limit struct {
+	// requests admitted per window. For TokenBucket, the refill: requests tokens per window.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000
+	// +required
+	Requests int64 `json:"requests"`
+
+	// window is the length of the window, a duration such as 1s, 1m or 1h, between 1s and 24h.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Format=duration
+	// +required
+	Window metav1.Duration `json:"window"`
+
+	// burst is the bucket size of a TokenBucket: how many requests may pass at once after a
+	// quiet period. Defaults to requests. Only valid with TokenBucket.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000
+	// +optional
+	Burst *int64 `json:"burst,omitempty"`
+}
+
+// ScriptStatus records the Redis script an algorithm runs.
+type ScriptStatus struct {
+	// algorithm the script implements.
+	// +required
+	Algorithm Algorithm `json:"algorithm"`
+	// sha is the SHA1 under which Redis stores the script (the EVALSHA argument).
+	// +required
+	SHA string `json:"sha"`
+}
+
+// Condition types of a RateLimitPolicy.
+const (
+	// ConditionAccepted is True when the spec compiled.
+	ConditionAccepted = "Accepted"
+	// ConditionProgrammed is True when the policy is in the namespace's ConfigMap and its
+	// scripts are loaded in Redis.
+	ConditionProgrammed = "Programmed"
+	// ConditionEnforced is True when sidecars report applying the current configuration.
+	ConditionEnforced = "Enforced"
+)
+
+// RateLimitPolicyStatus is what the controller observed about a policy.
+type RateLimitPolicyStatus struct {
+	// observedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Accepted, Programmed and Enforced.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// configHash is the content hash of the namespace's compiled configuration that holds
+	// this policy.
+	// +optional
+	ConfigHash string `json:"configHash,omitempty"`
+
+	// scripts are the Redis scripts this policy's rules run.
+	// +listType=map
+	// +listMapKey=algorithm
+	// +optional
+	Scripts []ScriptStatus `json:"scripts,omitempty"`
+}
+
+// RateLimitPolicy limits requests to the pods it targets, across all their replicas, with
+// counters shared in Redis.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=rlp,categories=redline
+// +kubebuilder:printcolumn:name="Requests",type=integer,JSONPath=`.spec.rules[0].limit.requests`,description="Requests per window of the first rule"
+// +kubebuilder:printcolumn:name="Window",type=string,JSONPath=`.spec.rules[0].limit.window`,description="Window of the first rule"
+// +kubebuilder:printcolumn:name="Algorithm",type=string,JSONPath=`.spec.rules[0].algorithm`,description="Algorithm of the first rule"
+// +kubebuilder:printcolumn:name="Programmed",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type RateLimitPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired limiting.
+	// +required
+	Spec RateLimitPolicySpec `json:"spec"`
+
+	// status is what the controller observed.
+	// +optional
+	Status RateLimitPolicyStatus `json:"status,omitempty"`
+}
+
+// RateLimitPolicyList is a list of RateLimitPolicy.
+// +kubebuilder:object:root=true
+type RateLimitPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []RateLimitPolicy `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&RateLimitPolicy{}, &RateLimitPolicyList{})
+}

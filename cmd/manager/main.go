@@ -1,0 +1,132 @@
+// Command manager runs Redline's controller: it compiles RateLimitPolicies into per-namespace
+// ConfigMaps and keeps the limiter's scripts loaded in Redis.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/limiter"
+)
+
+func main() {
+	if err := run(); err != nil {
+		ctrl.Log.WithName("setup").Error(err, "manager stopped")
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		metricsAddr, probeAddr      string
+		leaderElect                 bool
+		leaderElectionNamespace     string
+		redisURL, redisPasswordFile string
+		redisTimeout, checkInterval time.Duration
+		maxBackoff                  time.Duration
+	)
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 turns it off.")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader, so that only one of several replicas writes.")
+	flag.StringVar(&leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's).")
+	flag.StringVar(&redisURL, "redis-url", envOr("REDLINE_REDIS_URL", "redis://127.0.0.1:6379"),
+		"Redis to load scripts into: redis://host:port, rediss://host:port (TLS), redis://h1:p,h2:p,h3:p (cluster) "+
+			"or redis+sentinel://s1:p,s2:p/master. Env REDLINE_REDIS_URL. Put no password here: use --redis-password-file.")
+	flag.StringVar(&redisPasswordFile, "redis-password-file", "", "File holding the Redis password (e.g. a mounted Secret). Env REDLINE_REDIS_PASSWORD is read otherwise.")
+	flag.DurationVar(&redisTimeout, "redis-timeout", 5*time.Second, "Bound on the script check of one reconcile.")
+	flag.DurationVar(&checkInterval, "script-check-interval", 10*time.Second, "How often the scripts are re-checked in Redis (after restarts, failovers, SCRIPT FLUSH).")
+	flag.DurationVar(&maxBackoff, "max-backoff", 30*time.Second, "Longest retry delay while Redis is unavailable.")
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	log := ctrl.Log.WithName("setup")
+
+	password, err := redisPassword(redisPasswordFile)
+	if err != nil {
+		return err
+	}
+	// The manager's calls are not on a request path: timeouts of seconds, a small pool.
+	rdb, err := limiter.NewClient(redisURL, limiter.ClientOptions{
+		PoolSize: 4, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+		PoolTimeout: 3 * time.Second, Password: password, ClientName: "redline-manager",
+	})
+	if err != nil {
+		return fmt.Errorf("configuring redis: %w", err)
+	}
+	defer func() { _ = rdb.Close() }()
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress:  probeAddr,
+		LeaderElection:          leaderElect,
+		LeaderElectionID:        "redline-manager.redline.dev",
+		LeaderElectionNamespace: leaderElectionNamespace,
+		// Stepping down at once on shutdown lets the next replica take over without waiting
+		// for the lease to expire.
+		LeaderElectionReleaseOnCancel: true,
+		Cache:                         controller.CacheOptions(cache.Options{}),
+	})
+	if err != nil {
+		return fmt.Errorf("creating manager: %w", err)
+	}
+	if err := controller.Setup(mgr, controller.Config{
+		Redis: rdb, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
+	}); err != nil {
+		return fmt.Errorf("setting up controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("starting manager", "redis", limiter.RedactURL(redisURL), "leaderElection", leaderElect)
+	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// redisPassword reads the password from a file (trailing newline dropped) or from the
+// environment. It is never accepted as a flag value, which would show in process listings.
+func redisPassword(file string) (string, error) {
+	if file == "" {
+		return os.Getenv("REDLINE_REDIS_PASSWORD"), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("reading redis password file: %w", err)
+	}
+	pw := strings.TrimRight(string(data), "\r\n")
+	if pw == "" {
+		return "", errors.New("redis password file is empty")
+	}
+	return pw, nil
+}

@@ -1,0 +1,281 @@
+// Package controller reconciles RateLimitPolicies into the per-namespace ConfigMap that sidecars
+// read, and keeps the limiter's scripts loaded in Redis.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/limiter"
+)
+
+// Labels on the ConfigMaps the controller owns. The manager's cache only holds ConfigMaps that
+// carry ManagedByLabel, so it never caches the cluster's other ConfigMaps.
+const (
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedByValue = "redline"
+	// HashAnnotation on the ConfigMap repeats the document's content hash for humans and tools.
+	HashAnnotation = "redline.dev/config-hash"
+)
+
+// Condition reasons.
+const (
+	ReasonAccepted         = "Accepted"
+	ReasonInvalid          = "Invalid"
+	ReasonProgrammed       = "Programmed"
+	ReasonRedisUnavailable = "RedisUnavailable"
+	ReasonConfigMapError   = "ConfigMapError"
+	ReasonAwaitingSidecars = "AwaitingSidecars"
+)
+
+// RateLimitPolicyReconciler compiles all the policies of a namespace into ConfigMap
+// redline-policies and records in each policy's status what is enforced. Its requests are keyed
+// by namespace (Name is the ConfigMap's), so one namespace is only ever written by one worker.
+type RateLimitPolicyReconciler struct {
+	client.Client
+	Scripts  ScriptStore
+	Recorder events.EventRecorder
+	// RedisTimeout bounds the script check of one reconcile.
+	RedisTimeout time.Duration
+	// ScriptEvents, if set, triggers a reconcile of every namespace (see ScriptWatcher).
+	ScriptEvents <-chan event.GenericEvent
+	// MaxBackoff caps the retry delay while Redis is down (default 30s).
+	MaxBackoff time.Duration
+}
+
+// +kubebuilder:rbac:groups=redline.dev,resources=ratelimitpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=redline.dev,resources=ratelimitpolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile brings the ConfigMap and the status of every policy of req.Namespace up to date.
+func (r *RateLimitPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	logger := log.FromContext(ctx)
+	ns := req.Namespace
+
+	var list v1alpha1.RateLimitPolicyList
+	if err := r.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing policies of %s: %w", ns, err)
+	}
+	live := make([]*v1alpha1.RateLimitPolicy, 0, len(list.Items))
+	for i := range list.Items {
+		if list.Items[i].DeletionTimestamp.IsZero() {
+			live = append(live, &list.Items[i])
+		}
+	}
+
+	current, err := r.currentConfigMap(ctx, ns)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(live) == 0 {
+		return ctrl.Result{}, r.deleteConfigMap(ctx, current)
+	}
+
+	// Compile each policy on its own: one invalid policy never takes the others down. An
+	// invalid update keeps the last accepted version of that policy enforced.
+	previous := previousPolicies(current)
+	outcomes := make([]outcome, len(live))
+	var compiledPolicies []compiled.Policy
+	for i, p := range live {
+		cp, err := compiled.CompilePolicy(p)
+		outcomes[i] = outcome{policy: p, compileErr: err}
+		if err == nil {
+			compiledPolicies = append(compiledPolicies, cp)
+			continue
+		}
+		if old, ok := previous[p.Name]; ok {
+			compiledPolicies = append(compiledPolicies, old)
+			outcomes[i].keptGeneration = old.Generation
+		}
+	}
+
+	shas := map[string]string{}
+	for alg, sha := range limiter.ScriptSHAs() {
+		shas[string(alg)] = sha
+	}
+	doc, data, err := compiled.Build(ns, compiledPolicies, shas)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	cmErr := r.writeConfigMap(ctx, ns, current, doc, data)
+
+	sctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
+	_, scriptErr := r.Scripts.Ensure(sctx)
+	cancel()
+
+	var statusErrs []error
+	for _, o := range outcomes {
+		o.configErr, o.scriptErr = cmErr, scriptErr
+		if err := r.updateStatus(ctx, o, doc); err != nil {
+			statusErrs = append(statusErrs, err)
+		}
+	}
+	if scriptErr != nil {
+		logger.Info("redis unavailable; policies written but not programmed, retrying", "error", scriptErr.Error())
+	}
+	return ctrl.Result{}, errors.Join(append(statusErrs, cmErr, wrapRedis(scriptErr))...)
+}
+
+func wrapRedis(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("loading scripts into redis: %w", err)
+}
+
+func (r *RateLimitPolicyReconciler) redisTimeout() time.Duration {
+	if r.RedisTimeout > 0 {
+		return r.RedisTimeout
+	}
+	return 5 * time.Second
+}
+
+// outcome is what one reconcile found for one policy.
+type outcome struct {
+	policy         *v1alpha1.RateLimitPolicy
+	compileErr     error
+	keptGeneration int64 // generation still enforced although the current spec is invalid
+	configErr      error
+	scriptErr      error
+}
+
+func (r *RateLimitPolicyReconciler) currentConfigMap(ctx context.Context, ns string) (*corev1.ConfigMap, error) {
+	var cm corev1.ConfigMap
+	err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: compiled.ConfigMapName}, &cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading configmap %s/%s: %w", ns, compiled.ConfigMapName, err)
+	}
+	return &cm, nil
+}
+
+// previousPolicies indexes the policies of the ConfigMap now in place. A document that does not
+// parse contributes nothing.
+func previousPolicies(cm *corev1.ConfigMap) map[string]compiled.Policy {
+	out := map[string]compiled.Policy{}
+	if cm == nil {
+		return out
+	}
+	doc, err := compiled.Parse([]byte(cm.Data[compiled.DataKey]))
+	if err != nil {
+		return out
+	}
+	for _, p := range doc.Policies {
+		out[p.Name] = p
+	}
+	return out
+}
+
+func (r *RateLimitPolicyReconciler) writeConfigMap(ctx context.Context, ns string, current *corev1.ConfigMap, doc *compiled.Document, data []byte) error {
+	if current == nil {
+		cm := &corev1.ConfigMap{}
+		cm.Namespace, cm.Name = ns, compiled.ConfigMapName
+		cm.Labels = map[string]string{ManagedByLabel: ManagedByValue}
+		cm.Annotations = map[string]string{HashAnnotation: doc.Hash}
+		cm.Data = map[string]string{compiled.DataKey: string(data)}
+		if err := r.Create(ctx, cm); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("configmap %s/%s exists but is not managed by redline (label %s=%s missing): %w",
+					ns, compiled.ConfigMapName, ManagedByLabel, ManagedByValue, err)
+			}
+			return fmt.Errorf("creating configmap %s/%s: %w", ns, compiled.ConfigMapName, err)
+		}
+		return nil
+	}
+	if current.Data[compiled.DataKey] == string(data) && current.Annotations[HashAnnotation] == doc.Hash && len(current.Data) == 1 {
+		return nil
+	}
+	updated := current.DeepCopy()
+	if updated.Annotations == nil {
+		updated.Annotations = map[string]string{}
+	}
+	updated.Annotations[HashAnnotation] = doc.Hash
+	updated.Data = map[string]string{compiled.DataKey: string(data)}
+	// Update, not patch: the resourceVersion makes a concurrent writer fail instead of being
+	// overwritten silently.
+	if err := r.Update(ctx, updated); err != nil {
+		return fmt.Errorf("updating configmap %s/%s: %w", ns, compiled.ConfigMapName, err)
+	}
+	return nil
+}
+
+func (r *RateLimitPolicyReconciler) deleteConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
+	if cm == nil {
+		return nil
+	}
+	err := r.Delete(ctx, cm, client.Preconditions{UID: &cm.UID, ResourceVersion: &cm.ResourceVersion})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting configmap %s/%s: %w", cm.Namespace, cm.Name, err)
+	}
+	return nil
+}
+
+// SetupWithManager registers the reconciler. Policy events, events on the managed ConfigMaps
+// (someone edited or deleted one) and script health changes all map to a namespace request.
+func (r *RateLimitPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	maxBackoff := r.MaxBackoff
+	if maxBackoff == 0 {
+		maxBackoff = 30 * time.Second
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
+		Named("ratelimitpolicy").
+		Watches(&v1alpha1.RateLimitPolicy{},
+			handler.EnqueueRequestsFromMapFunc(namespaceRequest),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.ConfigMap{},
+			handler.EnqueueRequestsFromMapFunc(namespaceRequest),
+			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+				return o.GetName() == compiled.ConfigMapName
+			}))).
+		WithOptions(controller.Options{
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, maxBackoff),
+		})
+	if r.ScriptEvents != nil {
+		b = b.WatchesRawSource(source.Channel(r.ScriptEvents, handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
+	}
+	return b.Complete(r)
+}
+
+func namespaceRequest(_ context.Context, o client.Object) []reconcile.Request {
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: compiled.ConfigMapName}}}
+}
+
+func (r *RateLimitPolicyReconciler) allNamespaces(ctx context.Context, _ client.Object) []reconcile.Request {
+	var list v1alpha1.RateLimitPolicyList
+	if err := r.List(ctx, &list); err != nil {
+		log.FromContext(ctx).Error(err, "listing policies to recheck after a redis change")
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []reconcile.Request
+	for _, p := range list.Items {
+		if !seen[p.Namespace] {
+			seen[p.Namespace] = true
+			out = append(out, namespaceRequest(ctx, &p)...)
+		}
+	}
+	return out
+}

@@ -1,0 +1,62 @@
+package controller
+
+import (
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+)
+
+// Config wires the controller to Redis.
+type Config struct {
+	// Redis is the client used for SCRIPT LOAD / SCRIPT EXISTS (standalone or cluster).
+	Redis redis.UniversalClient
+	// RedisTimeout bounds the script check of one reconcile (default 5s).
+	RedisTimeout time.Duration
+	// CheckInterval is how often the scripts are re-checked in Redis (default 10s).
+	CheckInterval time.Duration
+	// MaxBackoff caps the retry delay while Redis is down (default 30s).
+	MaxBackoff time.Duration
+}
+
+// CacheOptions restricts the manager's ConfigMap cache to the ConfigMaps Redline manages, so
+// the operator does not hold every ConfigMap of the cluster in memory.
+func CacheOptions(opts cache.Options) cache.Options {
+	if opts.ByObject == nil {
+		opts.ByObject = map[client.Object]cache.ByObject{}
+	}
+	opts.ByObject[&corev1.ConfigMap{}] = cache.ByObject{
+		Label: labels.SelectorFromSet(labels.Set{ManagedByLabel: ManagedByValue}),
+	}
+	return opts
+}
+
+// Setup adds the policy reconciler and the script watcher to mgr.
+func Setup(mgr ctrl.Manager, cfg Config) error {
+	if cfg.CheckInterval == 0 {
+		cfg.CheckInterval = 10 * time.Second
+	}
+	store := &RedisScripts{Client: cfg.Redis}
+	events := make(chan event.GenericEvent, 1)
+	if err := mgr.Add(&ScriptWatcher{
+		Scripts:  store,
+		Interval: cfg.CheckInterval,
+		Log:      mgr.GetLogger().WithName("scripts"),
+		Events:   events,
+	}); err != nil {
+		return err
+	}
+	return (&RateLimitPolicyReconciler{
+		Client:       mgr.GetClient(),
+		Scripts:      store,
+		Recorder:     mgr.GetEventRecorder("redline-controller"),
+		RedisTimeout: cfg.RedisTimeout,
+		ScriptEvents: events,
+		MaxBackoff:   cfg.MaxBackoff,
+	}).SetupWithManager(mgr)
+}

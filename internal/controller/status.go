@@ -1,0 +1,138 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/limiter"
+)
+
+// desiredStatus is the status a policy should carry after this reconcile.
+func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicyStatus {
+	p := o.policy
+	st := *p.Status.DeepCopy()
+	st.ObservedGeneration = p.Generation
+	gen := p.Generation
+	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen,
+		})
+	}
+
+	if o.compileErr != nil {
+		set(v1alpha1.ConditionAccepted, metav1.ConditionFalse, ReasonInvalid, truncate(o.compileErr.Error()))
+	} else {
+		set(v1alpha1.ConditionAccepted, metav1.ConditionTrue, ReasonAccepted,
+			fmt.Sprintf("%d rule(s) compiled", len(p.Spec.Rules)))
+	}
+
+	enforcedGen := p.Generation
+	switch {
+	case o.compileErr != nil && o.keptGeneration > 0:
+		enforcedGen = o.keptGeneration
+		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonInvalid,
+			fmt.Sprintf("spec generation %d is invalid; generation %d stays in ConfigMap %s", p.Generation, o.keptGeneration, compiled.ConfigMapName))
+	case o.compileErr != nil:
+		enforcedGen = 0
+		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonInvalid,
+			"spec is invalid; the policy is not enforced")
+	case o.configErr != nil:
+		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonConfigMapError, truncate(o.configErr.Error()))
+	case o.scriptErr != nil:
+		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonRedisUnavailable,
+			truncate("scripts cannot be loaded into Redis; sidecars apply the policy's failureMode: "+o.scriptErr.Error()))
+	default:
+		set(v1alpha1.ConditionProgrammed, metav1.ConditionTrue, ReasonProgrammed,
+			fmt.Sprintf("in ConfigMap %s (hash %.12s) with its scripts loaded in Redis", compiled.ConfigMapName, doc.Hash))
+	}
+	// Sidecars do not report yet what they apply, so Enforced stays Unknown rather than claim
+	// what nobody has observed.
+	set(v1alpha1.ConditionEnforced, metav1.ConditionUnknown, ReasonAwaitingSidecars,
+		"no sidecar has reported applying this configuration yet")
+
+	if enforcedGen > 0 && o.configErr == nil {
+		st.ConfigHash = doc.Hash
+		st.Scripts = scriptsOf(doc, p.Name)
+	} else if enforcedGen == 0 {
+		st.ConfigHash, st.Scripts = "", nil
+	}
+	return st
+}
+
+// scriptsOf lists the scripts the policy's compiled rules run.
+func scriptsOf(doc *compiled.Document, name string) []v1alpha1.ScriptStatus {
+	var out []v1alpha1.ScriptStatus
+	for _, p := range doc.Policies {
+		if p.Name != name {
+			continue
+		}
+		for _, r := range p.Rules {
+			alg := v1alpha1.Algorithm(r.Algorithm)
+			if slices.ContainsFunc(out, func(s v1alpha1.ScriptStatus) bool { return s.Algorithm == alg }) {
+				continue
+			}
+			script, _ := limiter.ScriptFor(limiter.Algorithm(r.Algorithm))
+			out = append(out, v1alpha1.ScriptStatus{Algorithm: alg, SHA: script.SHA})
+		}
+	}
+	slices.SortFunc(out, func(a, b v1alpha1.ScriptStatus) int { return strings.Compare(string(a.Algorithm), string(b.Algorithm)) })
+	return out
+}
+
+// truncate keeps condition messages within the API's 32768 bytes with room to spare.
+func truncate(s string) string {
+	const max = 1024
+	if len(s) <= max {
+		return s
+	}
+	return s[:max-3] + "..."
+}
+
+// updateStatus writes the status only when it changed, and records an Event when Accepted or
+// Programmed changes, which is what a person wants to be told about.
+func (r *RateLimitPolicyReconciler) updateStatus(ctx context.Context, o outcome, doc *compiled.Document) error {
+	p := o.policy
+	want := desiredStatus(o, doc)
+	if apiequality.Semantic.DeepEqual(p.Status, want) {
+		return nil
+	}
+	before := p.DeepCopy()
+	p.Status = want
+	if err := r.Status().Patch(ctx, p, client.MergeFrom(before)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	r.recordChanges(before, p)
+	return nil
+}
+
+func (r *RateLimitPolicyReconciler) recordChanges(before, after *v1alpha1.RateLimitPolicy) {
+	if r.Recorder == nil {
+		return
+	}
+	for _, t := range []string{v1alpha1.ConditionAccepted, v1alpha1.ConditionProgrammed} {
+		old := meta.FindStatusCondition(before.Status.Conditions, t)
+		cur := meta.FindStatusCondition(after.Status.Conditions, t)
+		if cur == nil || old != nil && old.Status == cur.Status && old.Reason == cur.Reason {
+			continue
+		}
+		kind := corev1.EventTypeNormal
+		if cur.Status != metav1.ConditionTrue {
+			kind = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(after, nil, kind, cur.Reason, "Reconcile", "%s=%s: %s", t, cur.Status, cur.Message)
+	}
+}

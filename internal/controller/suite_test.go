@@ -1,0 +1,102 @@
+package controller_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+var (
+	cfg       *rest.Config
+	k8s       client.Client
+	testEnv   *envtest.Environment
+	redisSrv  *redistest.Server
+	rdb       *redis.Client
+	cancelMgr context.CancelFunc
+)
+
+func TestController(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Controller Suite")
+}
+
+var _ = BeforeSuite(func() {
+	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	Expect(os.Getenv("KUBEBUILDER_ASSETS")).NotTo(BeEmpty(),
+		"KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which installs etcd and kube-apiserver (hack/setup-envtest.sh)")
+
+	var err error
+	redisSrv, err = redistest.Start()
+	Expect(err).NotTo(HaveOccurred())
+	rdb = redis.NewClient(&redis.Options{Addr: redisSrv.Addr()})
+
+	testEnv = &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err = testEnv.Start()
+	Expect(err).NotTo(HaveOccurred())
+
+	scheme := runtime.NewScheme()
+	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
+	Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
+	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:  scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache:   controller.CacheOptions(cache.Options{}),
+	})
+	Expect(err).NotTo(HaveOccurred())
+
+	// Short timings, so that outages and recoveries show within seconds.
+	mgrRedis := redis.NewClient(&redis.Options{
+		Addr: redisSrv.Addr(), DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1,
+	})
+	Expect(controller.Setup(mgr, controller.Config{
+		Redis: mgrRedis, RedisTimeout: time.Second, CheckInterval: 300 * time.Millisecond, MaxBackoff: 2 * time.Second,
+	})).To(Succeed())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancelMgr = cancel
+	go func() {
+		defer GinkgoRecover()
+		Expect(mgr.Start(ctx)).To(Succeed())
+	}()
+})
+
+var _ = AfterSuite(func() {
+	if cancelMgr != nil {
+		cancelMgr()
+	}
+	if testEnv != nil {
+		Expect(testEnv.Stop()).To(Succeed())
+	}
+	if rdb != nil {
+		_ = rdb.Close()
+	}
+	if redisSrv != nil {
+		Expect(redisSrv.Close()).To(Succeed())
+	}
+})
