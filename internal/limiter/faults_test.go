@@ -199,3 +199,51 @@ func TestRedisDown(t *testing.T) {
 	g.Expect(got[0]).To(Equal(int64(100)), "shared counting resumes after the restart")
 	g.Expect(keysWithoutTTL(srv.URL())).To(BeEmpty())
 }
+
+// Redis frozen (SIGSTOP): decisions time out on the hot-path read timeout instead of hanging,
+// the breaker opens after a bounded number of them, and Redis's return closes it again.
+func TestRedisSlow(t *testing.T) {
+	g := NewWithT(t)
+	srv, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = srv.Close() })
+	c, err := limiter.NewClient(srv.URL(), limiter.ClientOptions{ReadTimeout: 100 * time.Millisecond})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = c.Close() })
+	const failures = 3
+	l := newLimiter(t, c, limiter.Options{BreakerFailures: failures, BreakerOpenFor: 200 * time.Millisecond})
+	lim := exactLimit(limiter.TokenBucket, 10)
+	lim.FailureMode = limiter.FailClosed
+	r, err := l.Allow(context.Background(), uniqueKey(t), lim, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(r.Source).To(Equal(limiter.SourceRedis))
+
+	g.Expect(srv.Pause()).To(Succeed())
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			_ = srv.Resume()
+		}
+	})
+	timeouts := 0
+	for {
+		r, err := l.Allow(context.Background(), uniqueKey(t), lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeFalse())
+		g.Expect(r.Source).To(Equal(limiter.SourceFailClosed))
+		if errors.Is(r.Err, limiter.ErrCircuitOpen) {
+			break
+		}
+		var nerr interface{ Timeout() bool }
+		g.Expect(errors.As(r.Err, &nerr) && nerr.Timeout()).To(BeTrue(), "a frozen Redis shows as a timeout, got %v", r.Err)
+		timeouts++
+		g.Expect(timeouts).To(BeNumerically("<=", failures))
+	}
+
+	g.Expect(srv.Resume()).To(Succeed())
+	resumed = true
+	g.Eventually(func() limiter.Source {
+		r, _ := l.Allow(context.Background(), uniqueKey(t), lim, 1)
+		return r.Source
+	}).WithTimeout(10 * time.Second).WithPolling(50 * time.Millisecond).Should(Equal(limiter.SourceRedis))
+}

@@ -179,6 +179,15 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 	case <-ctx.Done():
 		// The flusher still owns c; leave it to the garbage collector.
 		return finish(l.degraded(sk, limit, cost, now, ctx.Err()), limit), nil
+	case <-l.quit:
+		// c may have been queued after the flushers drained the queue; once they are gone,
+		// nobody else will answer it.
+		l.wg.Wait()
+		select {
+		case <-c.done:
+		default:
+			return finish(l.degraded(sk, limit, cost, now, ErrClosed), limit), nil
+		}
 	}
 	return l.settle(c, sk, limit, cost, now)
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -131,6 +132,23 @@ func (s *Server) Stop() error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("redis-server on %s still accepting after kill", s.Addr())
+}
+
+// Pause freezes the process (SIGSTOP): connections stay open but nothing answers, like a Redis
+// stuck in a long command or behind a dead network path.
+func (s *Server) Pause() error {
+	if s.cmd == nil {
+		return errors.New("redis-server not running")
+	}
+	return s.cmd.Process.Signal(syscall.SIGSTOP)
+}
+
+// Resume continues a paused process (SIGCONT).
+func (s *Server) Resume() error {
+	if s.cmd == nil {
+		return errors.New("redis-server not running")
+	}
+	return s.cmd.Process.Signal(syscall.SIGCONT)
 }
 
 // Close stops the server and removes its directory.
