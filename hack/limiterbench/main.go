@@ -68,7 +68,7 @@ var modes = []mode{
 		}, func() {}, nil
 	}},
 	{"limiter engine", func(c redis.UniversalClient) (decideFunc, func(), error) {
-		l, err := limiter.New(c, limiter.Options{})
+		l, err := limiter.New(c, engineOptions)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -82,6 +82,9 @@ var modes = []mode{
 	}},
 }
 
+// engineOptions are the engine's settings, from flags.
+var engineOptions limiter.Options
+
 type row struct {
 	mode            string
 	callers         int
@@ -94,6 +97,8 @@ func main() {
 	url := flag.String("url", "", "Redis URL (default: start a redis-server)")
 	duration := flag.Duration("duration", 2*time.Second, "how long each cell runs")
 	callersFlag := flag.String("callers", "1,16,256", "comma-separated concurrent callers")
+	flag.IntVar(&engineOptions.Flushers, "flushers", 0, "engine pipelines in flight (0: the default)")
+	flag.IntVar(&engineOptions.MaxBatch, "max-batch", 0, "engine decisions per pipeline (0: the default)")
 	flag.Parse()
 	if err := run(*url, *duration, *callersFlag); err != nil {
 		fmt.Fprintln(os.Stderr, "limiterbench:", err)

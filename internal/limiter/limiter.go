@@ -171,6 +171,7 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 	case <-l.quit:
 		return Result{}, ErrClosed
 	case <-ctx.Done():
+		c.reset()
 		l.calls.Put(c)
 		return finish(l.degraded(sk, limit, cost, now, ctx.Err()), limit), nil
 	}
@@ -220,6 +221,7 @@ func (l *Limiter) settle(c *call, sk string, limit Limit, cost int64, now time.T
 	}
 	l.stats.redis.Add(1)
 	if res.OverLimit && res.RetryAfter > 0 {
+		// now was taken before the call, so the local refusal ends no later than Redis's would.
 		l.precheck.refuse(sk, limit, cost, res, now)
 	}
 	return finish(res, limit), nil
