@@ -236,10 +236,14 @@ func parseURL(raw string) (parsedURL, error) {
 	return p, nil
 }
 
-// redact hides a password in a URL quoted in an error.
+// redact hides the credentials of a URL quoted in an error or a log, keeping its scheme.
 func redact(raw string) string {
-	if i := strings.LastIndexByte(raw, '@'); i >= 0 {
-		return "***" + raw[i:]
+	i := strings.LastIndexByte(raw, '@')
+	if i < 0 {
+		return raw
 	}
-	return raw
+	if scheme, _, ok := strings.Cut(raw[:i], "://"); ok && !strings.ContainsAny(scheme, "/@") {
+		return scheme + "://***" + raw[i:]
+	}
+	return "***" + raw[i:]
 }

@@ -36,3 +36,10 @@ func TestNewClientDefaultsFitTheHotPath(t *testing.T) {
 	_, err = NewClient("memcached://x", ClientOptions{})
 	g.Expect(err).To(MatchError(ErrInvalidURL))
 }
+
+func TestRedactURL(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(RedactURL("redis://user:hunter2@h:6379/0")).To(Equal("redis://***@h:6379/0"))
+	g.Expect(RedactURL("rediss://:p@ss@h")).To(Equal("rediss://***@h"))
+	g.Expect(RedactURL("redis://h:6379")).To(Equal("redis://h:6379"))
+}
