@@ -21,6 +21,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
 func main() {
@@ -50,11 +51,17 @@ func run() error {
 	flag.DurationVar(&redisTimeout, "redis-timeout", 5*time.Second, "Bound on the script check of one reconcile.")
 	flag.DurationVar(&checkInterval, "script-check-interval", 10*time.Second, "How often the scripts are re-checked in Redis (after restarts, failovers, SCRIPT FLUSH).")
 	flag.DurationVar(&maxBackoff, "max-backoff", 30*time.Second, "Longest retry delay while Redis is unavailable.")
+	// Pod injection webhook flags (--sidecar-*, --webhook-*, --native-sidecars).
+	webhookCfg := podinject.DefaultConfig()
+	webhookCfg.BindFlags(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	log := ctrl.Log.WithName("setup")
+	if webhookCfg.RedisURL == "" {
+		webhookCfg.RedisURL = redisURL
+	}
 
 	password, err := redisPassword(redisPasswordFile)
 	if err != nil {
@@ -88,6 +95,7 @@ func run() error {
 		// for the lease to expire.
 		LeaderElectionReleaseOnCancel: true,
 		Cache:                         controller.CacheOptions(cache.Options{}),
+		WebhookServer:                 podinject.NewServer(webhookCfg),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
@@ -96,6 +104,9 @@ func run() error {
 		Redis: rdb, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
+	}
+	if err := podinject.Setup(mgr, webhookCfg); err != nil {
+		return fmt.Errorf("setting up pod injection webhook: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

@@ -1,0 +1,106 @@
+// Package contract holds the names that the pod injector and the sidecar agree on: pod
+// annotations, the sidecar's flags, environment variables, mount paths and ports.
+//
+// It imports nothing, so the sidecar binary can use it without pulling in Kubernetes client
+// libraries. A change here is a change of the injector/sidecar interface: both sides move
+// together.
+package contract
+
+// Pod annotations read by the injector (users put them on a Deployment's pod template).
+const (
+	// AnnotationInject opts a pod in when its value is "true".
+	AnnotationInject = "redline.dev/inject"
+	// AnnotationUpstreamPort is the application's port the sidecar forwards to (1-65535).
+	// Required: without a valid one the pod is admitted unchanged, with a warning.
+	AnnotationUpstreamPort = "redline.dev/upstream-port"
+	// AnnotationListenPort is the port the sidecar's proxy listens on; the Service should target
+	// it. Defaults to DefaultListenPort; must differ from the upstream port.
+	AnnotationListenPort = "redline.dev/listen-port"
+	// AnnotationFailureMode overrides the policies' failure mode for this pod: one of
+	// FailureModes.
+	AnnotationFailureMode = "redline.dev/failure-mode"
+	// AnnotationSidecarCPU sets the sidecar's CPU request (a resource quantity such as "100m").
+	AnnotationSidecarCPU = "redline.dev/sidecar-cpu"
+	// AnnotationSidecarMemory sets the sidecar's memory request and limit (e.g. "48Mi").
+	AnnotationSidecarMemory = "redline.dev/sidecar-memory"
+	// AnnotationInjected is written by the injector and records what it injected. A pod that
+	// carries it is never injected again.
+	AnnotationInjected = "redline.dev/injected"
+)
+
+// Failure modes accepted by AnnotationFailureMode and the sidecar's --failure-mode flag.
+const (
+	FailureModeOpen          = "Open"
+	FailureModeClosed        = "Closed"
+	FailureModeLocalFallback = "LocalFallback"
+)
+
+// FailureModes lists the accepted failure modes.
+var FailureModes = []string{FailureModeOpen, FailureModeClosed, FailureModeLocalFallback}
+
+// The sidecar container.
+const (
+	// ContainerName is the name of the injected container.
+	ContainerName = "redline-sidecar"
+	// ListenPortName names the proxy's containerPort.
+	ListenPortName = "redline"
+	// AdminPortName names the admin port's containerPort (health and metrics).
+	AdminPortName = "redline-admin"
+	// DefaultListenPort is the proxy's port when the pod does not set AnnotationListenPort.
+	DefaultListenPort = 8000
+	// AdminPort serves HealthzPath, ReadyzPath and MetricsPath.
+	AdminPort = 9091
+	// HealthzPath answers the liveness probe.
+	HealthzPath = "/healthz"
+	// ReadyzPath answers the readiness probe.
+	ReadyzPath = "/readyz"
+	// MetricsPath serves Prometheus metrics.
+	MetricsPath = "/metrics"
+	// UpstreamHost is where the application is reached from the sidecar.
+	UpstreamHost = "127.0.0.1"
+	// RunAsUser is the sidecar's user and group id (non-root).
+	RunAsUser = 65532
+)
+
+// Command-line flags of the sidecar, as the injector passes them ("--name=value").
+const (
+	FlagListen      = "listen"       // ":<listen port>"
+	FlagUpstream    = "upstream"     // "127.0.0.1:<upstream port>"
+	FlagAdminListen = "admin-listen" // ":9091"
+	FlagConfigDir   = "config-dir"   // PoliciesDir
+	FlagPodLabels   = "pod-labels"   // PodLabelsFile
+	FlagFailureMode = "failure-mode" // only when AnnotationFailureMode is set
+)
+
+// Environment variables set on the sidecar.
+const (
+	// EnvRedisURL is the Redis URL (from the manager's --sidecar-redis-url).
+	EnvRedisURL = "REDLINE_REDIS_URL"
+	// EnvRedisPassword comes from key RedisSecretKey of a Secret in the pod's namespace; it is
+	// unset when that Secret does not exist.
+	EnvRedisPassword = "REDLINE_REDIS_PASSWORD"
+	// EnvPodName is the pod's name (downward API).
+	EnvPodName = "POD_NAME"
+	// EnvPodNamespace is the pod's namespace (downward API).
+	EnvPodNamespace = "POD_NAMESPACE"
+	// RedisSecretKey is the key of the Redis password in the credentials Secret.
+	RedisSecretKey = "password"
+)
+
+// Volumes and where the sidecar finds them.
+const (
+	// PoliciesVolume mounts the namespace's compiled policies ConfigMap (optional, so pods start
+	// before the first policy exists).
+	PoliciesVolume = "redline-policies"
+	// PoliciesDir is the mount path of PoliciesVolume; the document is the file policies.json
+	// in it.
+	PoliciesDir = "/etc/redline/policies"
+	// PodInfoVolume is a downward-API volume with the pod's labels.
+	PodInfoVolume = "redline-podinfo"
+	// PodInfoDir is the mount path of PodInfoVolume.
+	PodInfoDir = "/etc/redline/podinfo"
+	// PodLabelsFile holds the pod's labels, one key="value" a line (downward-API format).
+	PodLabelsFile = PodInfoDir + "/" + PodLabelsFileName
+	// PodLabelsFileName is PodLabelsFile's name inside PodInfoDir.
+	PodLabelsFileName = "labels"
+)

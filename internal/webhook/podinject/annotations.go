@@ -1,0 +1,140 @@
+package podinject
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/redline-dev/redline/internal/webhook/contract"
+)
+
+// params is what a pod's annotations ask for, checked.
+type params struct {
+	upstreamPort int32
+	listenPort   int32
+	// failureMode is empty unless the pod overrides it.
+	failureMode string
+	resources   corev1.ResourceRequirements
+}
+
+// wantsInjection reports whether the pod opted in.
+func wantsInjection(pod *corev1.Pod) bool {
+	return pod.Annotations[contract.AnnotationInject] == "true"
+}
+
+// parseParams reads the injection annotations of pod. The error says, for a person reading the
+// admission warning, why the pod is not injected.
+func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
+	ann := pod.Annotations
+	p := params{listenPort: contract.DefaultListenPort}
+
+	raw, ok := ann[contract.AnnotationUpstreamPort]
+	if !ok {
+		return p, fmt.Errorf("annotation %s is missing: it names the application port the sidecar forwards to", contract.AnnotationUpstreamPort)
+	}
+	port, err := parsePort(contract.AnnotationUpstreamPort, raw)
+	if err != nil {
+		return p, err
+	}
+	p.upstreamPort = port
+
+	if raw, ok := ann[contract.AnnotationListenPort]; ok {
+		if p.listenPort, err = parsePort(contract.AnnotationListenPort, raw); err != nil {
+			return p, err
+		}
+	}
+	if p.listenPort == p.upstreamPort {
+		return p, fmt.Errorf("annotation %s=%d equals %s: the sidecar and the application cannot listen on the same port",
+			contract.AnnotationListenPort, p.listenPort, contract.AnnotationUpstreamPort)
+	}
+	if p.listenPort == contract.AdminPort || p.upstreamPort == contract.AdminPort {
+		return p, fmt.Errorf("port %d is the sidecar's admin port: use another %s/%s", contract.AdminPort,
+			contract.AnnotationListenPort, contract.AnnotationUpstreamPort)
+	}
+	if owner := portOwner(pod, p.listenPort); owner != "" {
+		return p, fmt.Errorf("listen port %d is already declared by container %q: set %s to a free port",
+			p.listenPort, owner, contract.AnnotationListenPort)
+	}
+
+	if raw, ok := ann[contract.AnnotationFailureMode]; ok {
+		if !slices.Contains(contract.FailureModes, raw) {
+			return p, fmt.Errorf("annotation %s=%q: want one of %s", contract.AnnotationFailureMode, raw,
+				strings.Join(contract.FailureModes, ", "))
+		}
+		p.failureMode = raw
+	}
+
+	if p.resources, err = parseResources(ann, cfg); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+func parsePort(name, raw string) (int32, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(raw))
+	if err != nil || n < 1 || n > 65535 {
+		return 0, fmt.Errorf("annotation %s=%q: want a port number 1-65535", name, raw)
+	}
+	return int32(n), nil
+}
+
+// portOwner returns the name of a container (other than the sidecar) that declares port, or "".
+func portOwner(pod *corev1.Pod, port int32) string {
+	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for _, c := range list {
+			if c.Name == contract.ContainerName {
+				continue
+			}
+			for _, cp := range c.Ports {
+				if cp.ContainerPort == port {
+					return c.Name
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// parseResources applies the resource annotations to the configured defaults. The memory
+// annotation sets request and limit alike: a sidecar that exceeds what it asked for is better
+// restarted than left to push the application out of its node.
+func parseResources(ann map[string]string, cfg *Config) (corev1.ResourceRequirements, error) {
+	cpu, memReq, memLim := cfg.DefaultCPURequest, cfg.DefaultMemoryRequest, cfg.DefaultMemoryLimit
+	if raw, ok := ann[contract.AnnotationSidecarCPU]; ok {
+		q, err := parsePositive(contract.AnnotationSidecarCPU, raw)
+		if err != nil {
+			return corev1.ResourceRequirements{}, err
+		}
+		cpu = q
+	}
+	if raw, ok := ann[contract.AnnotationSidecarMemory]; ok {
+		q, err := parsePositive(contract.AnnotationSidecarMemory, raw)
+		if err != nil {
+			return corev1.ResourceRequirements{}, err
+		}
+		memReq, memLim = q, q
+	}
+	r := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	if !cpu.IsZero() {
+		r.Requests[corev1.ResourceCPU] = cpu
+	}
+	if !memReq.IsZero() {
+		r.Requests[corev1.ResourceMemory] = memReq
+	}
+	if !memLim.IsZero() {
+		r.Limits[corev1.ResourceMemory] = memLim
+	}
+	return r, nil
+}
+
+func parsePositive(name, raw string) (resource.Quantity, error) {
+	q, err := resource.ParseQuantity(strings.TrimSpace(raw))
+	if err != nil || q.Sign() <= 0 {
+		return resource.Quantity{}, fmt.Errorf("annotation %s=%q: want a positive resource quantity such as 100m or 64Mi", name, raw)
+	}
+	return q, nil
+}

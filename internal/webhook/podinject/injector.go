@@ -1,0 +1,61 @@
+package podinject
+
+import (
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/redline-dev/redline/internal/webhook/contract"
+)
+
+// Injector decides whether a pod gets the sidecar and applies the mutator chain.
+type Injector struct {
+	cfg      Config
+	native   bool
+	mutators []mutator
+}
+
+// NewInjector returns an Injector for cfg. native selects a native sidecar (an init container
+// with restartPolicy Always) over a regular container.
+func NewInjector(cfg Config, native bool) *Injector {
+	return &Injector{cfg: cfg, native: native, mutators: defaultMutators()}
+}
+
+// Native reports whether the Injector injects native sidecars.
+func (in *Injector) Native() bool { return in.native }
+
+// ErrSkipped is returned by Inject for a pod that is left alone with nothing to tell its owner:
+// it did not opt in, or it is already injected.
+var ErrSkipped = errors.New("not injected")
+
+// Inject returns the injected copy of pod, or pod itself when it is left unchanged; err then
+// says why, and is ErrSkipped when there is nothing to warn about.
+// pod is never modified.
+func (in *Injector) Inject(pod *corev1.Pod) (*corev1.Pod, error) {
+	if !wantsInjection(pod) {
+		return pod, ErrSkipped
+	}
+	if _, done := pod.Annotations[contract.AnnotationInjected]; done {
+		return pod, ErrSkipped
+	}
+	if in.cfg.SidecarImage == "" {
+		return pod, errors.New("the manager has no --sidecar-image, so injection is off")
+	}
+	p, err := parseParams(pod, &in.cfg)
+	if err != nil {
+		return pod, err
+	}
+	inj := &injection{
+		container: sidecarContainer(&in.cfg, p, in.native),
+		volumes:   sidecarVolumes(),
+		native:    in.native,
+	}
+	out := pod.DeepCopy()
+	for _, m := range in.mutators {
+		if err := m.mutate(out, inj); err != nil {
+			return pod, fmt.Errorf("applying the %s mutator: %w", m.name(), err)
+		}
+	}
+	return out, nil
+}

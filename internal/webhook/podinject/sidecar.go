@@ -1,0 +1,111 @@
+package podinject
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/webhook/contract"
+)
+
+// sidecarContainer renders the sidecar for the checked annotations p.
+func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
+	args := []string{
+		fmt.Sprintf("--%s=:%d", contract.FlagListen, p.listenPort),
+		fmt.Sprintf("--%s=%s:%d", contract.FlagUpstream, contract.UpstreamHost, p.upstreamPort),
+		fmt.Sprintf("--%s=:%d", contract.FlagAdminListen, contract.AdminPort),
+		fmt.Sprintf("--%s=%s", contract.FlagConfigDir, contract.PoliciesDir),
+		fmt.Sprintf("--%s=%s", contract.FlagPodLabels, contract.PodLabelsFile),
+	}
+	if p.failureMode != "" {
+		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagFailureMode, p.failureMode))
+	}
+
+	var env []corev1.EnvVar
+	if cfg.RedisURL != "" {
+		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: cfg.RedisURL})
+	}
+	if cfg.RedisSecret != "" {
+		env = append(env, corev1.EnvVar{Name: contract.EnvRedisPassword, ValueFrom: &corev1.EnvVarSource{
+			SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: cfg.RedisSecret},
+				Key:                  contract.RedisSecretKey,
+				// Redis without a password is common inside a cluster; the pod must start then too.
+				Optional: ptr.To(true),
+			},
+		}})
+	}
+	env = append(env,
+		fieldEnv(contract.EnvPodName, "metadata.name"),
+		fieldEnv(contract.EnvPodNamespace, "metadata.namespace"),
+	)
+
+	c := corev1.Container{
+		Name:  contract.ContainerName,
+		Image: cfg.SidecarImage,
+		Args:  args,
+		Ports: []corev1.ContainerPort{
+			{Name: contract.ListenPortName, ContainerPort: p.listenPort, Protocol: corev1.ProtocolTCP},
+			{Name: contract.AdminPortName, ContainerPort: contract.AdminPort, Protocol: corev1.ProtocolTCP},
+		},
+		Env:       env,
+		Resources: p.resources,
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: contract.PoliciesVolume, MountPath: contract.PoliciesDir, ReadOnly: true},
+			{Name: contract.PodInfoVolume, MountPath: contract.PodInfoDir, ReadOnly: true},
+		},
+		ReadinessProbe:           httpProbe(contract.ReadyzPath, 5, 3),
+		LivenessProbe:            httpProbe(contract.HealthzPath, 10, 3),
+		ImagePullPolicy:          corev1.PullPolicy(cfg.SidecarImagePullPolicy),
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		SecurityContext: &corev1.SecurityContext{
+			RunAsNonRoot:             ptr.To(true),
+			RunAsUser:                ptr.To[int64](contract.RunAsUser),
+			RunAsGroup:               ptr.To[int64](contract.RunAsUser),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			AllowPrivilegeEscalation: ptr.To(false),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+	}
+	if native {
+		c.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+	}
+	return c
+}
+
+func fieldEnv(name, path string) corev1.EnvVar {
+	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: path},
+	}}
+}
+
+func httpProbe(path string, period, failures int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path: path, Port: intstr.FromInt32(contract.AdminPort), Scheme: corev1.URISchemeHTTP,
+		}},
+		PeriodSeconds: period, TimeoutSeconds: 1, SuccessThreshold: 1, FailureThreshold: failures,
+	}
+}
+
+// sidecarVolumes are the policies ConfigMap and the downward-API labels.
+func sidecarVolumes() []corev1.Volume {
+	return []corev1.Volume{
+		{Name: contract.PoliciesVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: compiled.ConfigMapName},
+			// Pods start before the namespace's first policy; the sidecar sees the file appear.
+			Optional:    ptr.To(true),
+			DefaultMode: ptr.To[int32](0o444),
+		}}},
+		{Name: contract.PodInfoVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+			Items: []corev1.DownwardAPIVolumeFile{{
+				Path: contract.PodLabelsFileName, FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.labels"},
+			}},
+			DefaultMode: ptr.To[int32](0o444),
+		}}},
+	}
+}

@@ -1,0 +1,158 @@
+package podinject_test
+
+import (
+	"context"
+	"encoding/json"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/redline-dev/redline/internal/webhook/contract"
+	"github.com/redline-dev/redline/internal/webhook/podinject"
+)
+
+// createAndGet creates pod through the API server (recording its warnings) and returns what
+// was stored.
+func createAndGet(pod *corev1.Pod) (*corev1.Pod, []string) {
+	GinkgoHelper()
+	ctx := context.Background()
+	warnings.take()
+	Expect(warnK8s.Create(ctx, pod)).To(Succeed())
+	got := warnings.take()
+	stored := &corev1.Pod{}
+	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pod), stored)).To(Succeed())
+	return stored, got
+}
+
+func sidecarCount(pod *corev1.Pod) int {
+	n := 0
+	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		if c.Name == contract.ContainerName {
+			n++
+		}
+	}
+	return n
+}
+
+var _ = Describe("Pod injection through the API server", func() {
+	const ns = "shop"
+	BeforeEach(func() { createNamespace(ns) })
+
+	It("injects a native sidecar into an annotated pod", func() {
+		stored, warns := createAndGet(annotatedPod(ns, "checkout-1", contract.AnnotationFailureMode, contract.FailureModeClosed))
+		Expect(warns).To(BeEmpty())
+
+		Expect(stored.Spec.InitContainers).NotTo(BeEmpty())
+		sc := stored.Spec.InitContainers[0]
+		Expect(sc.Name).To(Equal(contract.ContainerName))
+		Expect(sc.RestartPolicy).To(Equal(ptr.To(corev1.ContainerRestartPolicyAlways)))
+		Expect(sc.Image).To(Equal("example.test/redline-sidecar:v0.1.0"))
+		Expect(sc.Args).To(ConsistOf(
+			"--listen=:8000", "--upstream=127.0.0.1:8080", "--admin-listen=:9091",
+			"--config-dir=/etc/redline/policies", "--pod-labels=/etc/redline/podinfo/labels",
+			"--failure-mode=Closed"))
+		Expect(sc.Ports).To(ContainElement(And(
+			HaveField("Name", contract.ListenPortName), HaveField("ContainerPort", int32(8000)))))
+		Expect(sc.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
+		Expect(sc.LivenessProbe.HTTPGet.Path).To(Equal("/healthz"))
+		Expect(sc.SecurityContext.ReadOnlyRootFilesystem).To(Equal(ptr.To(true)))
+		Expect(sc.SecurityContext.RunAsUser).To(Equal(ptr.To[int64](65532)))
+		Expect(stored.Spec.Containers).To(HaveLen(1), "the application container stays alone")
+		Expect(stored.Spec.Volumes).To(ContainElements(
+			HaveField("Name", contract.PoliciesVolume), HaveField("Name", contract.PodInfoVolume), HaveField("Name", "data")))
+
+		var status podinject.InjectedStatus
+		Expect(json.Unmarshal([]byte(stored.Annotations[contract.AnnotationInjected]), &status)).To(Succeed())
+		Expect(status.Native).To(BeTrue())
+		Expect(status.Version).To(Equal(podinject.InjectedVersion))
+		Expect(status.Hash).NotTo(BeEmpty())
+	})
+
+	It("injects pods created from a generateName, as a Deployment's are", func() {
+		pod := annotatedPod(ns, "")
+		pod.GenerateName = "checkout-"
+		stored, warns := createAndGet(pod)
+		Expect(warns).To(BeEmpty())
+		Expect(sidecarCount(stored)).To(Equal(1))
+	})
+
+	It("leaves a pod without the opt-in annotation untouched", func() {
+		pod := plainPod(ns, "plain-1")
+		pod.Annotations = map[string]string{contract.AnnotationUpstreamPort: "8080"}
+		stored, warns := createAndGet(pod)
+		Expect(warns).To(BeEmpty())
+		Expect(sidecarCount(stored)).To(BeZero())
+		Expect(stored.Spec.Volumes).To(HaveLen(1))
+		Expect(stored.Annotations).NotTo(HaveKey(contract.AnnotationInjected))
+
+		off, warns := createAndGet(annotatedPod(ns, "opted-out", contract.AnnotationInject, "false"))
+		Expect(warns).To(BeEmpty())
+		Expect(sidecarCount(off)).To(BeZero())
+	})
+
+	It("does not inject twice a pod that is already injected", func() {
+		first, _ := createAndGet(annotatedPod(ns, "twice-1"))
+		again := first.DeepCopy()
+		again.ObjectMeta = *again.ObjectMeta.DeepCopy()
+		again.Name, again.ResourceVersion, again.UID, again.CreationTimestamp = "twice-2", "", "", first.CreationTimestamp
+		again.ManagedFields = nil
+		stored, warns := createAndGet(again)
+		Expect(warns).To(BeEmpty())
+		Expect(sidecarCount(stored)).To(Equal(1))
+		Expect(stored.Spec.Volumes).To(HaveLen(len(first.Spec.Volumes)))
+		Expect(stored.Annotations[contract.AnnotationInjected]).To(Equal(first.Annotations[contract.AnnotationInjected]))
+	})
+
+	DescribeTable("admits a pod with bad annotations unchanged, with a warning saying why",
+		func(wantWarning string, kv ...string) {
+			stored, warns := createAndGet(annotatedPod(ns, "", kv...))
+			Expect(sidecarCount(stored)).To(BeZero())
+			Expect(stored.Spec.Volumes).To(HaveLen(1))
+			Expect(stored.Annotations).NotTo(HaveKey(contract.AnnotationInjected))
+			Expect(warns).To(ConsistOf(And(HavePrefix(podinject.WarningPrefix), ContainSubstring(wantWarning))))
+		},
+		Entry("missing upstream port", "redline.dev/upstream-port is missing",
+			contract.AnnotationUpstreamPort, ""),
+		Entry("non-numeric upstream port", `redline.dev/upstream-port="http"`,
+			contract.AnnotationUpstreamPort, "http"),
+		Entry("upstream port out of range", `redline.dev/upstream-port="70000"`,
+			contract.AnnotationUpstreamPort, "70000"),
+		Entry("zero upstream port", `redline.dev/upstream-port="0"`,
+			contract.AnnotationUpstreamPort, "0"),
+		Entry("listen port equal to upstream", "cannot listen on the same port",
+			contract.AnnotationListenPort, "8080"),
+		Entry("invalid listen port", `redline.dev/listen-port="-1"`,
+			contract.AnnotationListenPort, "-1"),
+		Entry("upstream on the admin port", "admin port",
+			contract.AnnotationUpstreamPort, "9091"),
+		Entry("bad failure mode", `redline.dev/failure-mode="open"`,
+			contract.AnnotationFailureMode, "open"),
+		Entry("bad cpu", `redline.dev/sidecar-cpu="lots"`,
+			contract.AnnotationSidecarCPU, "lots"),
+		Entry("negative memory", `redline.dev/sidecar-memory="-64Mi"`,
+			contract.AnnotationSidecarMemory, "-64Mi"),
+	)
+
+	It("warns when the listen port is taken by an application container", func() {
+		pod := annotatedPod(ns, "taken-1")
+		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: 8000})
+		stored, warns := createAndGet(pod)
+		Expect(sidecarCount(stored)).To(BeZero())
+		Expect(warns).To(ConsistOf(ContainSubstring(`already declared by container "app"`)))
+	})
+
+	DescribeTable("leaves excluded namespaces alone",
+		func(namespace string) {
+			createNamespace(namespace)
+			stored, warns := createAndGet(annotatedPod(namespace, "excluded-1"))
+			Expect(warns).To(BeEmpty())
+			Expect(sidecarCount(stored)).To(BeZero())
+			Expect(stored.Annotations).NotTo(HaveKey(contract.AnnotationInjected))
+		},
+		Entry("kube-system", "kube-system"),
+		Entry("the operator's namespace", "redline-system"),
+	)
+})
