@@ -2,27 +2,25 @@ package limiter
 
 import (
 	"math"
+	"sync"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
-	"golang.org/x/time/rate"
 )
 
 // fallback holds the local limiters LocalFallback enforces while Redis is unreachable: per key,
-// a token bucket of the limit's rate divided by the live replica count, so that all replicas
-// together admit about what the shared limit would. The LRU bounds its memory.
+// a sliding window counter that admits the limit divided by the live replica count, so that all
+// replicas together admit about what the shared limit would. The LRU bounds its memory.
+//
+// A sliding window rather than a token bucket: a bucket that starts full and refills admits up
+// to twice its share in the first window of an outage, which is exactly when the shared limit
+// is no longer watching.
 type fallback struct {
-	cache *lru.Cache[string, *localLimit]
-}
-
-type localLimit struct {
-	limit    Limit
-	replicas int64
-	lim      *rate.Limiter
+	cache *lru.Cache[string, *localWindow]
 }
 
 func newFallback(size int) (*fallback, error) {
-	c, err := lru.New[string, *localLimit](size)
+	c, err := lru.New[string, *localWindow](size)
 	if err != nil {
 		return nil, err
 	}
@@ -44,51 +42,86 @@ func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, c
 			Err:        cause,
 		}
 	}
-	return l.fallback.allow(key, limit, cost, l.replicas.Load(), now, cause)
+	replicas := l.replicas.Load()
+	if limit.Replicas > 0 {
+		replicas = limit.Replicas
+	}
+	return l.fallback.allow(key, limit, cost, replicas, now, cause)
 }
 
-// allow decides against the local share of the limit. Local limiters live on after Redis
-// returns, so a flapping Redis does not refill them on every outage.
+// allow decides against the local share of the limit. Local counters live on after Redis
+// returns, so a flapping Redis does not hand out a fresh share on every outage.
 func (f *fallback) allow(key string, limit Limit, cost, replicas int64, now time.Time, cause error) Result {
 	replicas = max(replicas, 1)
-	ll, ok := f.cache.Get(key)
-	if !ok || ll.limit != limit || ll.replicas != replicas {
-		share := float64(limit.Requests) / float64(replicas)
-		burst := int(math.Max(1, math.Floor(float64(limit.capacity())/float64(replicas))))
-		ll = &localLimit{
+	w, ok := f.cache.Get(key)
+	if !ok || w.limit != limit || w.replicas != replicas {
+		nw := &localWindow{
 			limit:    limit,
 			replicas: replicas,
-			lim:      rate.NewLimiter(rate.Limit(share/limit.Window.Seconds()), burst),
+			share:    max(1, limit.capacity()/replicas),
+			window:   limit.Window,
 		}
-		if prev, found, _ := f.cache.PeekOrAdd(key, ll); found && prev.limit == limit && prev.replicas == replicas {
-			ll = prev // another caller created it first
+		if prev, found, _ := f.cache.PeekOrAdd(key, nw); found && prev.limit == limit && prev.replicas == replicas {
+			nw = prev // another caller created it first
 		} else if found {
-			f.cache.Add(key, ll)
+			f.cache.Add(key, nw)
 		}
+		w = nw
 	}
 	res := Result{Source: SourceFallback, Err: cause}
-	if cost > int64(ll.lim.Burst()) {
-		res.OverLimit = true
-		res.RetryAfter = -1
-		return res
-	}
-	if ll.lim.AllowN(now, int(cost)) {
-		res.Allowed = true
-		res.Remaining = int64(ll.lim.TokensAt(now))
-		res.ResetAfter = tokenWait(ll.lim, float64(ll.lim.Burst()), now)
-		return res
-	}
-	res.OverLimit = true
-	res.RetryAfter = tokenWait(ll.lim, float64(cost), now)
-	res.ResetAfter = tokenWait(ll.lim, float64(ll.lim.Burst()), now)
+	res.Allowed, res.Remaining, res.RetryAfter, res.ResetAfter = w.allow(now, cost)
+	res.OverLimit = !res.Allowed
 	return res
 }
 
-// tokenWait is how long until lim holds n tokens.
-func tokenWait(lim *rate.Limiter, n float64, now time.Time) time.Duration {
-	missing := n - lim.TokensAt(now)
-	if missing <= 0 {
-		return 0
+// localWindow is an in-memory sliding window counter: the previous window's count weighted by
+// its overlap with the sliding window, plus the current window's count. It never admits more
+// than share in any window.
+type localWindow struct {
+	limit    Limit
+	replicas int64
+	share    int64
+	window   time.Duration
+
+	mu        sync.Mutex
+	start     time.Time // start of the current window
+	cur, prev int64
+}
+
+func (w *localWindow) allow(now time.Time, cost int64) (allowed bool, remaining int64, retry, reset time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch elapsed := now.Sub(w.start); {
+	case w.start.IsZero() || elapsed >= 2*w.window:
+		w.start, w.cur, w.prev = now, 0, 0
+	case elapsed >= w.window:
+		w.start, w.prev, w.cur = w.start.Add(w.window), w.cur, 0
 	}
-	return time.Duration(math.Ceil(missing / float64(lim.Limit()) * float64(time.Second)))
+	elapsed := now.Sub(w.start)
+	weight := float64(w.window-elapsed) / float64(w.window)
+	estimate := float64(w.prev)*weight + float64(w.cur)
+	reset = 2*w.window - elapsed
+	if cost > w.share {
+		return false, remainingOf(w.share, estimate), -1, reset
+	}
+	if estimate+float64(cost) > float64(w.share) {
+		room := float64(w.share - cost - w.cur)
+		if room >= 0 && w.prev > 0 {
+			// Wait in this window until prev's weight has shrunk enough.
+			retry = time.Duration(math.Ceil(float64(w.window)*(1-room/float64(w.prev)))) - elapsed
+		} else {
+			// Wait for the next window, where cur becomes the weighted previous count.
+			retry = w.window - elapsed
+			if w.cur > 0 {
+				retry += time.Duration(math.Ceil(float64(w.window) * (1 - float64(w.share-cost)/float64(w.cur))))
+			}
+		}
+		return false, remainingOf(w.share, estimate), max(retry, time.Millisecond), reset
+	}
+	w.cur += cost
+	return true, remainingOf(w.share, estimate+float64(cost)), 0, reset
+}
+
+func remainingOf(share int64, estimate float64) int64 {
+	return max(int64(math.Floor(float64(share)-estimate)), 0)
 }
