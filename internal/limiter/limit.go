@@ -21,6 +21,10 @@ type Limit struct {
 	FailureMode FailureMode
 	// Shadow computes and counts the decision but always admits.
 	Shadow bool
+	// Replicas, when positive, is the live replica count LocalFallback divides this limit by,
+	// instead of the limiter's own count. Callers whose limits apply to different sets of
+	// replicas (one heartbeat group per policy, see Announce) pass the count of the limit's group.
+	Replicas int64
 }
 
 // FailureMode says how a limit decides while Redis is unreachable. The values match the API's enum.
@@ -112,6 +116,9 @@ func (l Limit) Validate() error {
 	}
 	if l.Window < time.Millisecond {
 		return fmt.Errorf("%w: window must be at least 1ms, got %s", ErrInvalidLimit, l.Window)
+	}
+	if l.Replicas < 0 {
+		return fmt.Errorf("%w: replicas must not be negative, got %d", ErrInvalidLimit, l.Replicas)
 	}
 	if l.Burst < 0 {
 		return fmt.Errorf("%w: burst must not be negative, got %d", ErrInvalidLimit, l.Burst)

@@ -42,7 +42,7 @@ func (p *precheck) check(key string, limit Limit, cost int64, now time.Time) (Re
 	if !ok {
 		return Result{}, false
 	}
-	if !now.Before(r.until) || r.limit != limit {
+	if !now.Before(r.until) || r.limit != sharedPart(limit) {
 		p.cache.Remove(key)
 		return Result{}, false
 	}
@@ -62,5 +62,12 @@ func (p *precheck) refuse(key string, limit Limit, cost int64, res Result, now t
 	if p.cache == nil {
 		return
 	}
-	p.cache.Add(key, refusal{until: now.Add(res.RetryAfter), limit: limit, cost: cost, res: res})
+	p.cache.Add(key, refusal{until: now.Add(res.RetryAfter), limit: sharedPart(limit), cost: cost, res: res})
+}
+
+// sharedPart is what of a limit Redis decided by: a change of the local replica count does not
+// make a refusal from Redis stale.
+func sharedPart(l Limit) Limit {
+	l.Replicas = 0
+	return l
 }
