@@ -1,0 +1,208 @@
+// Package config turns the namespace's compiled policies document and the pod's labels into
+// the immutable rule set the sidecar enforces, and keeps it current as the mounted ConfigMap
+// changes.
+package config
+
+import (
+	"fmt"
+	"net/textproto"
+	"sync/atomic"
+	"time"
+
+	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/limiter"
+)
+
+// Attributes a key part can take from a request; the values of the API's enum.
+const (
+	AttrRemoteAddress = "RemoteAddress"
+	AttrForwardedFor  = "ForwardedFor"
+	AttrPath          = "Path"
+	AttrMethod        = "Method"
+)
+
+// Set is the rules one sidecar enforces: the policies of the document that select its pod.
+// A Set is never modified once built; a reload builds a new one and swaps it in whole.
+type Set struct {
+	// Namespace of the policies; part of every key.
+	Namespace string
+	// Hash is the content hash of the document the set was built from.
+	Hash string
+	// Policies that select this pod, in document order.
+	Policies []*Policy
+	// Rules of all Policies, in order.
+	Rules []*Rule
+	// NeedsForwardedFor says whether some rule keys on the ForwardedFor attribute.
+	NeedsForwardedFor bool
+	// Total is how many policies the document had, selected or not.
+	Total int
+}
+
+// Policy is one selected policy.
+type Policy struct {
+	Name        string
+	FailureMode limiter.FailureMode
+	Rules       []*Rule
+	// Replicas holds the live replica count of the policy's heartbeat group (0 until learnt).
+	// It outlives reloads: Sets built by the same Builder share it.
+	Replicas *atomic.Int64
+}
+
+// Rule is one rule ready to decide.
+type Rule struct {
+	Policy *Policy
+	Name   string
+	// ID is "<policy>/<rule>", the name the RateLimit header fields and logs use.
+	ID    string
+	Match *Match
+	Key   []KeyPart
+	// Limit is what the limiter enforces; Replicas is filled in per decision.
+	Limit limiter.Limit
+	// Shadow rules decide and count but never refuse.
+	Shadow bool
+	// WindowSeconds is the window rounded up to whole seconds, for the w parameter.
+	WindowSeconds int64
+}
+
+// Match restricts a rule to some requests.
+type Match struct {
+	PathPrefix string
+	Methods    []string
+	Headers    []HeaderMatch
+}
+
+// HeaderMatch requires a header, with an exact value when Value is not nil.
+type HeaderMatch struct {
+	// Name is in canonical MIME form, as http.Header stores it.
+	Name  string
+	Value *string
+}
+
+// KeyPart is one part of a rule's key: a header (canonical name), an attribute or a constant.
+type KeyPart struct {
+	Header    string
+	Attribute string
+	Constant  string
+}
+
+// Builder builds Sets and keeps the per-policy state that must survive reloads.
+type Builder struct {
+	// FailureMode, when set, replaces every policy's failure mode (the pod's override).
+	FailureMode limiter.FailureMode
+	replicas    map[string]*atomic.Int64
+}
+
+// NewBuilder returns a Builder that applies the failure mode override, if any.
+func NewBuilder(failureMode limiter.FailureMode) *Builder {
+	return &Builder{FailureMode: failureMode, replicas: map[string]*atomic.Int64{}}
+}
+
+// Build keeps the policies of doc that select podLabels and compiles their rules. Builds must
+// not run concurrently (the watcher runs them one at a time).
+func (b *Builder) Build(doc *compiled.Document, podLabels map[string]string) (*Set, error) {
+	s := &Set{Namespace: doc.Namespace, Hash: doc.Hash, Total: len(doc.Policies)}
+	for i := range doc.Policies {
+		cp := &doc.Policies[i]
+		if !cp.Selects(podLabels) {
+			continue
+		}
+		p := &Policy{Name: cp.Name, FailureMode: limiter.FailureMode(cp.FailureMode), Replicas: b.replicasOf(cp.Name)}
+		if b.FailureMode != "" {
+			p.FailureMode = b.FailureMode
+		}
+		for _, cr := range cp.Rules {
+			r, err := buildRule(p, cr)
+			if err != nil {
+				return nil, fmt.Errorf("policy %s rule %s: %w", cp.Name, cr.Name, err)
+			}
+			for _, k := range r.Key {
+				s.NeedsForwardedFor = s.NeedsForwardedFor || k.Attribute == AttrForwardedFor
+			}
+			p.Rules = append(p.Rules, r)
+			s.Rules = append(s.Rules, r)
+		}
+		s.Policies = append(s.Policies, p)
+	}
+	return s, nil
+}
+
+func (b *Builder) replicasOf(policy string) *atomic.Int64 {
+	if r, ok := b.replicas[policy]; ok {
+		return r
+	}
+	r := new(atomic.Int64)
+	b.replicas[policy] = r
+	return r
+}
+
+func buildRule(p *Policy, cr compiled.Rule) (*Rule, error) {
+	r := &Rule{
+		Policy: p,
+		Name:   cr.Name,
+		ID:     p.Name + "/" + cr.Name,
+		Shadow: cr.Mode == "Shadow",
+		Limit: limiter.Limit{
+			Algorithm:   limiter.Algorithm(cr.Algorithm),
+			Requests:    cr.Requests,
+			Window:      time.Duration(cr.WindowMS) * time.Millisecond,
+			Burst:       cr.Burst,
+			FailureMode: p.FailureMode,
+			Shadow:      cr.Mode == "Shadow",
+		},
+		WindowSeconds: (cr.WindowMS + 999) / 1000,
+	}
+	switch cr.Mode {
+	case "Enforce", "Shadow":
+	default:
+		return nil, fmt.Errorf("unknown mode %q", cr.Mode)
+	}
+	if err := r.Limit.Validate(); err != nil {
+		return nil, fmt.Errorf("checking limit: %w", err)
+	}
+	if m := cr.Match; m != nil {
+		r.Match = &Match{PathPrefix: m.PathPrefix, Methods: m.Methods}
+		for _, h := range m.Headers {
+			r.Match.Headers = append(r.Match.Headers, HeaderMatch{Name: textproto.CanonicalMIMEHeaderKey(h.Name), Value: h.Value})
+		}
+	}
+	for _, k := range cr.Key {
+		switch {
+		case k.Header != "":
+			r.Key = append(r.Key, KeyPart{Header: textproto.CanonicalMIMEHeaderKey(k.Header)})
+		case k.Attribute != "":
+			switch k.Attribute {
+			case AttrRemoteAddress, AttrForwardedFor, AttrPath, AttrMethod:
+			default:
+				return nil, fmt.Errorf("unknown key attribute %q", k.Attribute)
+			}
+			r.Key = append(r.Key, KeyPart{Attribute: k.Attribute})
+		default:
+			r.Key = append(r.Key, KeyPart{Constant: k.Constant})
+		}
+	}
+	return r, nil
+}
+
+// Find returns the rule named rule of the policy named policy, or nil.
+func (s *Set) Find(policy, rule string) *Rule {
+	for _, p := range s.Policies {
+		if p.Name != policy {
+			continue
+		}
+		for _, r := range p.Rules {
+			if r.Name == rule {
+				return r
+			}
+		}
+	}
+	return nil
+}
+
+// PolicyNames returns the names of the selected policies.
+func (s *Set) PolicyNames() []string {
+	out := make([]string, len(s.Policies))
+	for i, p := range s.Policies {
+		out[i] = p.Name
+	}
+	return out
+}

@@ -1,0 +1,305 @@
+// Package decide is the sidecar's decision core: which rules a request matches, the key each
+// rule counts it under, one limiter call per matching rule, and the verdict with its RateLimit
+// header fields. It does no I/O of its own; the limiter behind Allower does.
+package decide
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/config"
+)
+
+// Allower decides one limit; *limiter.Limiter is one.
+type Allower interface {
+	Allow(ctx context.Context, key string, limit limiter.Limit, cost int64) (limiter.Result, error)
+}
+
+// Request is what a decision looks at.
+type Request struct {
+	Method string
+	// Path is the request path, without the query.
+	Path string
+	// Header holds the request's header fields, names in canonical form (as net/http keeps them).
+	Header http.Header
+	// RemoteAddr is the peer's address, "ip" or "ip:port".
+	RemoteAddr string
+}
+
+// Hit names one rule and gives its key parts directly, for callers that built the key
+// themselves (the decision API, Envoy descriptors).
+type Hit struct {
+	Policy string
+	Rule   string
+	Key    []string
+}
+
+// Outcome is one rule's decision.
+type Outcome struct {
+	Rule   *config.Rule
+	Result limiter.Result
+}
+
+// Refuses says whether this outcome refuses the request: an Enforce rule over its limit.
+func (o *Outcome) Refuses() bool { return !o.Rule.Shadow && !o.Result.Allowed }
+
+// Decision is the verdict on one request.
+type Decision struct {
+	// Allowed is false when some Enforce rule refused.
+	Allowed bool
+	// Outcomes has one entry per matching rule, in rule order.
+	Outcomes []Outcome
+	// Refused is the refusing outcome with the longest retry-after, when not Allowed.
+	Refused *Outcome
+}
+
+// Engine decides requests against a rule set.
+type Engine struct {
+	Limiter Allower
+	// TrustedHops is how many proxies in front of the sidecar append to X-Forwarded-For and
+	// are trusted to; see ClientIP.
+	TrustedHops int
+	// Observe, if set, hears of every outcome (metrics).
+	Observe func(*config.Rule, limiter.Result)
+}
+
+// ErrUnknownRule is wrapped by errors about a Hit that names no rule of the set.
+var ErrUnknownRule = errors.New("unknown policy or rule")
+
+// Decide evaluates every rule of set that matches req, each under its own key, cost units each.
+// A nil set (no policies loaded) admits.
+func (e *Engine) Decide(ctx context.Context, set *config.Set, req *Request, cost int64) Decision {
+	if set == nil || len(set.Rules) == 0 {
+		return Decision{Allowed: true}
+	}
+	a := attrs{req: req, hops: e.TrustedHops}
+	var calls []call
+	for _, r := range set.Rules {
+		if !Matches(r.Match, req) {
+			continue
+		}
+		calls = append(calls, call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.Name, a.parts(r.Key)...)})
+	}
+	return e.run(ctx, calls, cost)
+}
+
+// DecideHits evaluates the named rules with the given key parts.
+func (e *Engine) DecideHits(ctx context.Context, set *config.Set, hits []Hit, cost int64) (Decision, error) {
+	if set == nil {
+		return Decision{}, errors.New("deciding hits: no policies loaded")
+	}
+	calls := make([]call, 0, len(hits))
+	for _, h := range hits {
+		r := set.Find(h.Policy, h.Rule)
+		if r == nil {
+			return Decision{}, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, h.Policy, h.Rule)
+		}
+		calls = append(calls, call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.Name, h.Key...)})
+	}
+	return e.run(ctx, calls, cost), nil
+}
+
+type call struct {
+	rule *config.Rule
+	key  string
+}
+
+// run makes one limiter call per rule; several rules are asked concurrently so that the
+// request waits for one round trip, not one per rule.
+func (e *Engine) run(ctx context.Context, calls []call, cost int64) Decision {
+	d := Decision{Allowed: true, Outcomes: make([]Outcome, len(calls))}
+	switch len(calls) {
+	case 0:
+		return d
+	case 1:
+		d.Outcomes[0] = e.one(ctx, calls[0], cost)
+	default:
+		var wg sync.WaitGroup
+		for i := 1; i < len(calls); i++ {
+			wg.Go(func() { d.Outcomes[i] = e.one(ctx, calls[i], cost) })
+		}
+		d.Outcomes[0] = e.one(ctx, calls[0], cost)
+		wg.Wait()
+	}
+	for i := range d.Outcomes {
+		o := &d.Outcomes[i]
+		if !o.Refuses() {
+			continue
+		}
+		d.Allowed = false
+		if d.Refused == nil || retryLonger(o.Result.RetryAfter, d.Refused.Result.RetryAfter) {
+			d.Refused = o
+		}
+	}
+	return d
+}
+
+// retryLonger orders retry-afters, -1 (never) being the longest.
+func retryLonger(a, b time.Duration) bool {
+	if a < 0 {
+		return b >= 0
+	}
+	return b >= 0 && a > b
+}
+
+func (e *Engine) one(ctx context.Context, c call, cost int64) Outcome {
+	lim := c.rule.Limit
+	lim.Replicas = c.rule.Policy.Replicas.Load()
+	res, err := e.Limiter.Allow(ctx, c.key, lim, cost)
+	if err != nil {
+		// Only a closed limiter or an invalid cost gets here; decide as Redis being down would.
+		res = failureResult(lim, cost, err)
+	}
+	if e.Observe != nil {
+		e.Observe(c.rule, res)
+	}
+	return Outcome{Rule: c.rule, Result: res}
+}
+
+// failureResult decides by the limit's failure mode without any limiter. LocalFallback admits:
+// without a limiter there is no local count to enforce.
+func failureResult(lim limiter.Limit, cost int64, err error) limiter.Result {
+	r := limiter.Result{Allowed: true, Remaining: max(lim.Requests-cost, 0), Source: limiter.SourceFailOpen, Err: err}
+	if lim.FailureMode == limiter.FailClosed {
+		r = limiter.Result{OverLimit: true, RetryAfter: time.Second, ResetAfter: time.Second, Source: limiter.SourceFailClosed, Err: err}
+		if lim.Shadow {
+			r.Allowed = true
+		}
+	}
+	return r
+}
+
+// Matches reports whether a rule's match admits the request. A nil match matches everything.
+func Matches(m *config.Match, req *Request) bool {
+	if m == nil {
+		return true
+	}
+	if m.PathPrefix != "" && !strings.HasPrefix(req.Path, m.PathPrefix) {
+		return false
+	}
+	if len(m.Methods) > 0 {
+		found := false
+		for _, meth := range m.Methods {
+			if meth == req.Method {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	for _, h := range m.Headers {
+		vals, ok := req.Header[h.Name]
+		if !ok || len(vals) == 0 {
+			return false
+		}
+		if h.Value != nil {
+			found := false
+			for _, v := range vals {
+				if v == *h.Value {
+					found = true
+					break
+				}
+			}
+			if !found {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// attrs resolves key parts of one request, computing the client IP at most once.
+type attrs struct {
+	req      *Request
+	hops     int
+	clientIP string
+	resolved bool
+}
+
+func (a *attrs) parts(key []config.KeyPart) []string {
+	out := make([]string, len(key))
+	for i, k := range key {
+		switch {
+		case k.Header != "":
+			vals := a.req.Header[k.Header]
+			switch len(vals) {
+			case 0:
+			case 1:
+				out[i] = vals[0]
+			default:
+				// All values count, so a second header field cannot be used to pick a new key.
+				out[i] = strings.Join(vals, ",")
+			}
+		case k.Attribute == config.AttrRemoteAddress:
+			out[i] = hostOnly(a.req.RemoteAddr)
+		case k.Attribute == config.AttrForwardedFor:
+			if !a.resolved {
+				a.clientIP, a.resolved = ClientIP(a.req.Header.Values("X-Forwarded-For"), hostOnly(a.req.RemoteAddr), a.hops), true
+			}
+			out[i] = a.clientIP
+		case k.Attribute == config.AttrPath:
+			out[i] = a.req.Path
+		case k.Attribute == config.AttrMethod:
+			out[i] = a.req.Method
+		default:
+			out[i] = k.Constant
+		}
+	}
+	return out
+}
+
+// hostOnly strips the port from an address, if it has one.
+func hostOnly(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
+
+// ClientIP returns the client address behind trustedHops proxies. Each trusted proxy appends
+// the address it received the request from to X-Forwarded-For, so the client is the
+// trustedHops-th entry from the right; entries further left were written by the client and
+// cannot be trusted. With 0 trusted hops, or no X-Forwarded-For, it is the connection's peer.
+// When the list is shorter than trustedHops, its leftmost entry (written by a trusted proxy) is
+// the best known.
+func ClientIP(xff []string, remote string, trustedHops int) string {
+	if trustedHops <= 0 || len(xff) == 0 {
+		return remote
+	}
+	// Walk the entries from the right across every X-Forwarded-For field.
+	n := 0
+	last := ""
+	for i := len(xff) - 1; i >= 0; i-- {
+		field := xff[i]
+		for field != "" {
+			var entry string
+			if j := strings.LastIndexByte(field, ','); j >= 0 {
+				entry, field = field[j+1:], field[:j]
+			} else {
+				entry, field = field, ""
+			}
+			entry = strings.TrimSpace(entry)
+			if entry == "" {
+				continue
+			}
+			n++
+			last = entry
+			if n == trustedHops {
+				return entry
+			}
+		}
+	}
+	if last == "" {
+		return remote
+	}
+	return last
+}

@@ -1,0 +1,209 @@
+package decide_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
+)
+
+// fakeLimiter counts per key in memory and admits Requests per key.
+type fakeLimiter struct {
+	mu    sync.Mutex
+	count map[string]int64
+	keys  []string
+	err   error
+}
+
+func (f *fakeLimiter) Allow(_ context.Context, key string, l limiter.Limit, cost int64) (limiter.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return limiter.Result{}, f.err
+	}
+	if f.count == nil {
+		f.count = map[string]int64{}
+	}
+	f.keys = append(f.keys, key)
+	r := limiter.Result{Source: limiter.SourceRedis, ResetAfter: l.Window}
+	if f.count[key]+cost <= l.Requests {
+		f.count[key] += cost
+		r.Allowed, r.Remaining = true, l.Requests-f.count[key]
+	} else {
+		r.OverLimit, r.RetryAfter = true, l.Window/2+time.Millisecond
+	}
+	if l.Shadow {
+		r.Allowed = true
+	}
+	return r, nil
+}
+
+func ptr(s string) *string { return &s }
+
+func testSet(t *testing.T, override limiter.FailureMode) *config.Set {
+	t.Helper()
+	pols := []compiled.Policy{
+		{
+			Name: "api", FailureMode: "LocalFallback",
+			Rules: []compiled.Rule{
+				{Name: "per-key", Match: &compiled.Match{PathPrefix: "/api/", Methods: []string{"POST"}},
+					Key: []compiled.KeyPart{{Header: "x-api-key"}}, Algorithm: "FixedWindow", Requests: 2, WindowMS: 60000, Mode: "Enforce"},
+				{Name: "per-ip", Key: []compiled.KeyPart{{Attribute: "ForwardedFor"}}, Algorithm: "SlidingWindowCounter",
+					Requests: 3, WindowMS: 1500, Mode: "Enforce"},
+				{Name: "trial", Match: &compiled.Match{Headers: []compiled.HeaderMatch{{Name: "x-tier", Value: ptr("free")}}},
+					Key: []compiled.KeyPart{{Constant: "all"}}, Algorithm: "TokenBucket", Requests: 1, WindowMS: 1000, Burst: 1, Mode: "Shadow"},
+			},
+		},
+		{Name: "other-app", Selector: metaSelector("app", "other"), FailureMode: "Open",
+			Rules: []compiled.Rule{{Name: "r", Key: []compiled.KeyPart{{Constant: "x"}}, Algorithm: "FixedWindow", Requests: 1, WindowMS: 1000, Mode: "Enforce"}}},
+	}
+	doc, _, err := compiled.Build("shop", pols, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := config.NewBuilder(override).Build(doc, map[string]string{"app": "checkout"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+func req(method, path, remote string, h ...string) *decide.Request {
+	r := &decide.Request{Method: method, Path: path, RemoteAddr: remote, Header: http.Header{}}
+	for i := 0; i+1 < len(h); i += 2 {
+		r.Header.Add(h[i], h[i+1])
+	}
+	return r
+}
+
+func TestDecideMatchesKeysAndRefuses(t *testing.T) {
+	g := NewWithT(t)
+	set := testSet(t, "")
+	g.Expect(set.PolicyNames()).To(Equal([]string{"api"}), "only policies selecting the pod's labels")
+	fl := &fakeLimiter{}
+	e := &decide.Engine{Limiter: fl, TrustedHops: 1}
+	ctx := context.Background()
+
+	// POST /api/ with a key: per-key and per-ip match; shadow rule only with x-tier: free.
+	d := e.Decide(ctx, set, req("POST", "/api/orders", "10.0.0.1:5555", "X-Api-Key", "k1", "X-Forwarded-For", "1.1.1.1, 2.2.2.2"), 1)
+	g.Expect(d.Allowed).To(BeTrue())
+	g.Expect(d.Outcomes).To(HaveLen(2))
+	g.Expect(fl.keys[0]).To(Equal(limiter.Key("shop", "api", "per-key", "k1")))
+	g.Expect(fl.keys[1]).To(Equal(limiter.Key("shop", "api", "per-ip", "2.2.2.2")), "one trusted hop: the rightmost entry")
+	f := d.Fields()
+	g.Expect(f.Policy).To(Equal(`"api/per-key";q=2;w=60, "api/per-ip";q=3;w=2`))
+	g.Expect(f.RateLimit).To(Equal(`"api/per-key";r=1;t=60, "api/per-ip";r=2;t=2`))
+	g.Expect(f.RetryAfter).To(BeEmpty())
+
+	// GET does not match per-key.
+	d = e.Decide(ctx, set, req("GET", "/api/orders", "10.0.0.9:1", "X-Api-Key", "k1"), 1)
+	g.Expect(d.Outcomes).To(HaveLen(1))
+	g.Expect(d.Outcomes[0].Rule.Name).To(Equal("per-ip"))
+
+	// Second POST with k1 admitted, third refused by per-key with Retry-After rounded up.
+	d = e.Decide(ctx, set, req("POST", "/api/x", "10.0.0.2:1", "X-Api-Key", "k1"), 1)
+	g.Expect(d.Allowed).To(BeTrue())
+	d = e.Decide(ctx, set, req("POST", "/api/x", "10.0.0.3:1", "X-Api-Key", "k1"), 1)
+	g.Expect(d.Allowed).To(BeFalse())
+	g.Expect(d.Refused.Rule.ID).To(Equal("api/per-key"))
+	g.Expect(d.RetryAfterSeconds()).To(Equal(int64(31)))
+	g.Expect(d.Fields().RetryAfter).To(Equal("31"))
+
+	// Shadow rule: refuses in the count but the request passes, and it stays out of the headers.
+	for i := range 3 {
+		d = e.Decide(ctx, set, req("GET", "/", "10.1.0.1:1", "X-Tier", "free"), 1)
+		g.Expect(d.Allowed).To(BeTrue(), "request %d", i)
+	}
+	g.Expect(d.Outcomes).To(HaveLen(2))
+	g.Expect(d.Outcomes[1].Result.OverLimit).To(BeTrue())
+	g.Expect(d.Fields().Policy).NotTo(ContainSubstring("trial"))
+	// A header match with the wrong value does not match.
+	d = e.Decide(ctx, set, req("GET", "/", "10.1.0.2:1", "X-Tier", "gold"), 1)
+	g.Expect(d.Outcomes).To(HaveLen(1))
+}
+
+func TestDecideHits(t *testing.T) {
+	g := NewWithT(t)
+	set := testSet(t, "")
+	fl := &fakeLimiter{}
+	e := &decide.Engine{Limiter: fl}
+	d, err := e.DecideHits(context.Background(), set, []decide.Hit{{Policy: "api", Rule: "per-key", Key: []string{"k9"}}}, 2)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(d.Allowed).To(BeTrue())
+	g.Expect(fl.keys).To(Equal([]string{limiter.Key("shop", "api", "per-key", "k9")}), "same key as the proxy computes for that header")
+	d, err = e.DecideHits(context.Background(), set, []decide.Hit{{Policy: "api", Rule: "per-key", Key: []string{"k9"}}}, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(d.Allowed).To(BeFalse())
+	_, err = e.DecideHits(context.Background(), set, []decide.Hit{{Policy: "other-app", Rule: "r"}}, 1)
+	g.Expect(err).To(MatchError(decide.ErrUnknownRule))
+}
+
+func TestFailureModeOverrideAndLimiterErrors(t *testing.T) {
+	g := NewWithT(t)
+	set := testSet(t, limiter.FailClosed)
+	for _, r := range set.Rules {
+		g.Expect(r.Limit.FailureMode).To(Equal(limiter.FailClosed))
+	}
+	e := &decide.Engine{Limiter: &fakeLimiter{err: limiter.ErrClosed}}
+	d := e.Decide(context.Background(), set, req("GET", "/", "1.2.3.4:1"), 1)
+	g.Expect(d.Allowed).To(BeFalse(), "Closed refuses when the limiter cannot answer")
+	g.Expect(d.Fields().RetryAfter).To(Equal("1"))
+
+	e = &decide.Engine{Limiter: &fakeLimiter{err: limiter.ErrClosed}}
+	d = e.Decide(context.Background(), testSet(t, limiter.FailOpen), req("GET", "/", "1.2.3.4:1"), 1)
+	g.Expect(d.Allowed).To(BeTrue())
+}
+
+func TestNoPoliciesAdmits(t *testing.T) {
+	g := NewWithT(t)
+	e := &decide.Engine{Limiter: &fakeLimiter{}}
+	d := e.Decide(context.Background(), nil, req("GET", "/", "1.2.3.4:1"), 1)
+	g.Expect(d.Allowed).To(BeTrue())
+	g.Expect(d.Fields()).To(Equal(decide.Fields{}))
+}
+
+func TestClientIP(t *testing.T) {
+	cases := []struct {
+		name string
+		xff  []string
+		hops int
+		want string
+	}{
+		{"no hops ignores the header", []string{"1.1.1.1"}, 0, "9.9.9.9"},
+		{"no header", nil, 2, "9.9.9.9"},
+		{"one hop", []string{"6.6.6.6, 1.1.1.1"}, 1, "1.1.1.1"},
+		{"two hops", []string{"6.6.6.6, 1.1.1.1, 2.2.2.2"}, 2, "1.1.1.1"},
+		{"across fields", []string{"6.6.6.6, 1.1.1.1", "2.2.2.2"}, 2, "1.1.1.1"},
+		{"shorter than hops", []string{"1.1.1.1"}, 3, "1.1.1.1"},
+		{"empty entries skipped", []string{" , 1.1.1.1 ,"}, 1, "1.1.1.1"},
+		{"only empties", []string{" , "}, 1, "9.9.9.9"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			NewWithT(t).Expect(decide.ClientIP(c.xff, "9.9.9.9", c.hops)).To(Equal(c.want))
+		})
+	}
+}
+
+func TestCeilSecondsAndQuoting(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(decide.CeilSeconds(0)).To(Equal(int64(0)))
+	g.Expect(decide.CeilSeconds(time.Millisecond)).To(Equal(int64(1)))
+	g.Expect(decide.CeilSeconds(time.Second)).To(Equal(int64(1)))
+	g.Expect(decide.CeilSeconds(1001 * time.Millisecond)).To(Equal(int64(2)))
+	g.Expect(decide.CeilSeconds(-1)).To(Equal(int64(0)))
+}
+
+func metaSelector(k, v string) metav1.LabelSelector {
+	return metav1.LabelSelector{MatchLabels: map[string]string{k: v}}
+}
