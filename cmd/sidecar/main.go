@@ -1,15 +1,20 @@
-// Command sidecar will enforce RateLimitPolicies next to each application container.
-//
-// Placeholder until the sidecar issue lands: it only reports that it is not implemented, so
-// nothing can mistake it for an enforcer.
+// Command sidecar enforces RateLimitPolicies next to an application container: a reverse proxy
+// in front of the application, a decision API (POST /v1/check and Envoy's rate limit service),
+// health and metrics. See internal/sidecar/app for the flags.
 package main
 
 import (
-	"fmt"
+	"context"
 	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/redline-dev/redline/internal/sidecar/app"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "redline sidecar: not implemented yet (see the sidecar issue); this binary enforces nothing")
-	os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	code := app.Run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	stop()
+	os.Exit(code)
 }

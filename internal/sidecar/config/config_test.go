@@ -107,7 +107,7 @@ func TestLoaderWatchesKubeletSwaps(t *testing.T) {
 
 	f.write(t, []byte(`{"version": 1, "hash": "bogus"}`))
 	g.Eventually(f.errors.Load).WithTimeout(5 * time.Second).Should(Equal(int64(1)))
-	g.Consistently(f.errors.Load).WithTimeout(300 * time.Millisecond).Should(Equal(int64(1)), "a refused document counts once")
+	g.Consistently(f.errors.Load).WithTimeout(300*time.Millisecond).Should(Equal(int64(1)), "a refused document counts once")
 	g.Expect(requestsInForce(f.store)).To(Equal(int64(20)))
 	g.Expect(f.logs.String()).To(ContainSubstring("keeping the set in force"))
 

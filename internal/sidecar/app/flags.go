@@ -1,0 +1,105 @@
+// Package app wires the sidecar together: flags and environment, the rule set loader, the
+// limiter, the proxy, the decision APIs, health, metrics, heartbeats and graceful shutdown.
+// cmd/sidecar is a thin main around Run.
+package app
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redline-dev/redline/internal/webhook/contract"
+)
+
+// Config is the sidecar's configuration, from flags and environment.
+type Config struct {
+	Listen            string
+	Upstream          string
+	AdminListen       string
+	GRPCListen        string
+	ConfigDir         string
+	PodLabels         string
+	FailureMode       string
+	TrustedHops       int
+	RateLimitHeaders  bool
+	RequestTimeout    time.Duration
+	ReadHeaderTimeout time.Duration
+	IdleTimeout       time.Duration
+	MaxHeaderBytes    int
+	ShutdownTimeout   time.Duration
+	ShutdownDelay     time.Duration
+	HeartbeatInterval time.Duration
+	Resync            time.Duration
+	RedisURL          string
+	RedisPassword     string
+	RedisPoolSize     int
+	RedisTimeout      time.Duration
+	LogLevel          slog.Level
+	PodName           string
+	PodNamespace      string
+}
+
+// ParseConfig reads flags from args and the environment through getenv.
+func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*Config, error) {
+	c := &Config{}
+	fs := flag.NewFlagSet("redline-sidecar", flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.StringVar(&c.Listen, contract.FlagListen, fmt.Sprintf(":%d", contract.DefaultListenPort), "address of the proxy face")
+	fs.StringVar(&c.Upstream, contract.FlagUpstream, "", "the application's host:port (required)")
+	fs.StringVar(&c.AdminListen, contract.FlagAdminListen, fmt.Sprintf(":%d", contract.AdminPort), "address of /healthz, /readyz, /metrics and POST /v1/check")
+	fs.StringVar(&c.GRPCListen, "grpc-listen", ":9092", "address of the Envoy rate limit service (gRPC); empty disables it")
+	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
+	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")
+	fs.StringVar(&c.FailureMode, contract.FlagFailureMode, "", "override every policy's failure mode: "+strings.Join(contract.FailureModes, ", "))
+	fs.IntVar(&c.TrustedHops, "trusted-hops", 0, "proxies in front of the sidecar trusted to append X-Forwarded-For (0: use the connection's address)")
+	fs.BoolVar(&c.RateLimitHeaders, "ratelimit-headers", true, "add RateLimit-Policy and RateLimit to admitted responses (refusals always carry them)")
+	fs.DurationVar(&c.RequestTimeout, "request-timeout", 60*time.Second, "longest wait for the application's response headers (0: none); bodies and upgraded connections are not cut")
+	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "longest time to read a client's request headers")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 120*time.Second, "how long an idle client keep-alive connection is kept")
+	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "longest wait for in-flight requests to finish on SIGTERM")
+	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep serving (unready) this long before closing listeners, while endpoints update")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", 5*time.Second, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
+	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")
+	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
+	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 16, "Redis connections kept per node")
+	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 50*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	c.RedisPassword = getenv(contract.EnvRedisPassword)
+	c.PodName = getenv(contract.EnvPodName)
+	c.PodNamespace = getenv(contract.EnvPodNamespace)
+	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	var errs []error
+	if c.Upstream == "" {
+		errs = append(errs, fmt.Errorf("--%s is required (the application's host:port)", contract.FlagUpstream))
+	}
+	if c.RedisURL == "" {
+		errs = append(errs, fmt.Errorf("no Redis URL: set $%s or --redis-url", contract.EnvRedisURL))
+	}
+	if c.FailureMode != "" && !slices.Contains(contract.FailureModes, c.FailureMode) {
+		errs = append(errs, fmt.Errorf("--%s=%q: want one of %s", contract.FlagFailureMode, c.FailureMode, strings.Join(contract.FailureModes, ", ")))
+	}
+	if c.TrustedHops < 0 {
+		errs = append(errs, errors.New("--trusted-hops must not be negative"))
+	}
+	if c.HeartbeatInterval <= 0 {
+		errs = append(errs, errors.New("--heartbeat-interval must be positive"))
+	}
+	if c.MaxHeaderBytes < 4096 {
+		errs = append(errs, errors.New("--max-header-bytes must be at least 4096"))
+	}
+	return c, errors.Join(errs...)
+}

@@ -1,0 +1,200 @@
+// Package checkapi serves the sidecar's HTTP decision API, POST /v1/check, for gateways and
+// applications that want a decision without routing traffic through the proxy.
+//
+// A request either describes an HTTP request (method, path, headers, remoteAddress), which is
+// decided like the proxy decides it, or names rules with their key parts (policy, rule, key, or
+// a list of hits), which skips matching. The answer is always 200 with the decision in the body;
+// 400 means the request could not be understood, 503 that no policies are loaded.
+package checkapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"time"
+
+	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
+)
+
+// Path is where the API is served.
+const Path = "/v1/check"
+
+// MaxBodyBytes bounds a request body.
+const MaxBodyBytes = 64 << 10
+
+// Request is the body of POST /v1/check.
+type Request struct {
+	// Method, Path, Headers and RemoteAddress describe an HTTP request to decide against every
+	// matching rule. Header names are case-insensitive; the path may carry a query, which is
+	// ignored. X-Forwarded-For in Headers is honoured behind the sidecar's trusted hops.
+	Method        string            `json:"method,omitempty"`
+	Path          string            `json:"path,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	RemoteAddress string            `json:"remoteAddress,omitempty"`
+	// Policy, Rule and Key name one rule and its key parts directly.
+	Policy string   `json:"policy,omitempty"`
+	Rule   string   `json:"rule,omitempty"`
+	Key    []string `json:"key,omitempty"`
+	// Hits names several rules at once.
+	Hits []Hit `json:"hits,omitempty"`
+	// Cost is how many units the request takes from each limit (default 1).
+	Cost int64 `json:"cost,omitempty"`
+}
+
+// Hit names one rule and its key parts.
+type Hit struct {
+	Policy string   `json:"policy"`
+	Rule   string   `json:"rule"`
+	Key    []string `json:"key"`
+}
+
+// Response is the decision.
+type Response struct {
+	Allowed bool `json:"allowed"`
+	// Policy and Rule name the refusing rule when not allowed.
+	Policy            string `json:"policy,omitempty"`
+	Rule              string `json:"rule,omitempty"`
+	RetryAfterSeconds int64  `json:"retryAfterSeconds,omitempty"`
+	// Results has one entry per rule that applied.
+	Results []Result `json:"results"`
+	// Headers are the RateLimit header fields (and Retry-After) to send to the client.
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// Result is one rule's decision.
+type Result struct {
+	Policy            string `json:"policy"`
+	Rule              string `json:"rule"`
+	Mode              string `json:"mode"`
+	Allowed           bool   `json:"allowed"`
+	OverLimit         bool   `json:"overLimit"`
+	Limit             int64  `json:"limit"`
+	WindowSeconds     int64  `json:"windowSeconds"`
+	Remaining         int64  `json:"remaining"`
+	ResetSeconds      int64  `json:"resetSeconds"`
+	RetryAfterSeconds int64  `json:"retryAfterSeconds,omitempty"`
+	Source            string `json:"source"`
+}
+
+// Handler serves POST /v1/check.
+type Handler struct {
+	Engine *decide.Engine
+	Store  *config.Store
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, "use POST")
+		return
+	}
+	var req Request
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("decoding check request: %v", err))
+		return
+	}
+	set := h.Store.Current()
+	if set == nil {
+		writeError(w, http.StatusServiceUnavailable, "no policies loaded")
+		return
+	}
+	d, err := h.decide(r, set, &req)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	body, err := json.Marshal(render(&d))
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, fmt.Sprintf("encoding decision: %v", err))
+		return
+	}
+	w.Header()["Content-Type"] = []string{"application/json"}
+	_, _ = w.Write(append(body, '\n'))
+}
+
+func (h *Handler) decide(r *http.Request, set *config.Set, req *Request) (decide.Decision, error) {
+	cost := req.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	if cost < 0 {
+		return decide.Decision{}, errors.New("cost must be positive")
+	}
+	hits := make([]decide.Hit, 0, len(req.Hits)+1)
+	if req.Policy != "" || req.Rule != "" {
+		hits = append(hits, decide.Hit{Policy: req.Policy, Rule: req.Rule, Key: req.Key})
+	}
+	for _, hit := range req.Hits {
+		hits = append(hits, decide.Hit(hit))
+	}
+	if len(hits) > 0 {
+		if req.Method != "" || req.Path != "" || len(req.Headers) > 0 || req.RemoteAddress != "" {
+			return decide.Decision{}, errors.New("give either request attributes or rule hits, not both")
+		}
+		return h.Engine.DecideHits(r.Context(), set, hits, cost)
+	}
+	if req.Method == "" || req.Path == "" {
+		return decide.Decision{}, errors.New("a check needs method and path, or policy and rule")
+	}
+	hdr := make(http.Header, len(req.Headers))
+	for k, v := range req.Headers {
+		hdr[textproto.CanonicalMIMEHeaderKey(k)] = []string{v}
+	}
+	path, _, _ := strings.Cut(req.Path, "?")
+	return h.Engine.Decide(r.Context(), set, &decide.Request{
+		Method: strings.ToUpper(req.Method), Path: path, Header: hdr, RemoteAddr: req.RemoteAddress,
+	}, cost), nil
+}
+
+func render(d *decide.Decision) *Response {
+	resp := &Response{Allowed: d.Allowed, Results: make([]Result, len(d.Outcomes))}
+	if d.Refused != nil {
+		resp.Policy, resp.Rule = d.Refused.Rule.Policy.Name, d.Refused.Rule.Name
+		resp.RetryAfterSeconds = d.RetryAfterSeconds()
+	}
+	for i, o := range d.Outcomes {
+		mode := "Enforce"
+		if o.Rule.Shadow {
+			mode = "Shadow"
+		}
+		res := Result{
+			Policy: o.Rule.Policy.Name, Rule: o.Rule.Name, Mode: mode,
+			Allowed: o.Result.Allowed, OverLimit: o.Result.OverLimit,
+			Limit: o.Rule.Limit.Requests, WindowSeconds: o.Rule.WindowSeconds,
+			Remaining: o.Result.Remaining, ResetSeconds: decide.CeilSeconds(o.Result.ResetAfter),
+			Source: o.Result.Source.String(),
+		}
+		if o.Result.OverLimit {
+			res.RetryAfterSeconds = decide.CeilSeconds(o.Result.RetryAfter)
+			if o.Result.RetryAfter == time.Duration(-1) {
+				res.RetryAfterSeconds = -1
+			}
+		}
+		resp.Results[i] = res
+	}
+	f := d.Fields()
+	if f.Policy != "" || f.RetryAfter != "" {
+		resp.Headers = map[string]string{}
+		if f.Policy != "" {
+			resp.Headers[decide.HeaderPolicy] = f.Policy
+			resp.Headers[decide.HeaderRateLimit] = f.RateLimit
+		}
+		if f.RetryAfter != "" {
+			resp.Headers[decide.HeaderRetryAfter] = f.RetryAfter
+		}
+	}
+	return resp
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	body, _ := json.Marshal(map[string]string{"error": msg})
+	w.Header()["Content-Type"] = []string{"application/json"}
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,164 @@
+// Package proxy is the sidecar's reverse proxy face: it decides each request against the rule
+// set in force and either answers 429 or forwards the request, streaming, to the application.
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
+)
+
+// Options configure a Handler.
+type Options struct {
+	// Upstream is the application's host:port.
+	Upstream string
+	Engine   *decide.Engine
+	Store    *config.Store
+	// Headers adds the RateLimit fields to admitted responses too (refusals always carry them).
+	Headers bool
+	// ResponseHeaderTimeout bounds the wait for the application's response headers (0: none).
+	// Bodies are not bounded, so streams and upgraded connections can last.
+	ResponseHeaderTimeout time.Duration
+	// DialTimeout bounds connecting to the application (default 5s).
+	DialTimeout time.Duration
+	// MaxIdleConns is how many idle keep-alive connections to the application are kept
+	// (default 1024): the sidecar talks to one host only.
+	MaxIdleConns int
+	Log          *slog.Logger
+}
+
+// Handler decides and forwards requests.
+type Handler struct {
+	opts Options
+	rp   *httputil.ReverseProxy
+}
+
+// New returns a Handler forwarding to opts.Upstream.
+func New(opts Options) (*Handler, error) {
+	if _, _, err := net.SplitHostPort(opts.Upstream); err != nil {
+		return nil, fmt.Errorf("parsing upstream address %q: %w", opts.Upstream, err)
+	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 5 * time.Second
+	}
+	if opts.MaxIdleConns <= 0 {
+		opts.MaxIdleConns = 1024
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	target := &url.URL{Scheme: "http", Host: opts.Upstream}
+	transport := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          opts.MaxIdleConns,
+		MaxIdleConnsPerHost:   opts.MaxIdleConns,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: opts.ResponseHeaderTimeout,
+		ExpectContinueTimeout: time.Second,
+		// Pass the client's encoding through untouched; the transport must not negotiate gzip
+		// on its own and decompress behind the application's back.
+		DisableCompression: true,
+	}
+	h := &Handler{opts: opts}
+	h.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = pr.In.Host // applications route and build links on the original Host
+			// Rewrite starts from a request without X-Forwarded-*; keep what proxies in front
+			// of the sidecar said and append this hop.
+			pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+			pr.SetXForwarded()
+			for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
+				if v := pr.In.Header[k]; len(v) > 0 {
+					pr.Out.Header[k] = v
+				}
+			}
+		},
+		Transport: transport,
+		// FlushInterval 0: ReverseProxy already flushes every write of a streaming response
+		// (text/event-stream or unknown length), and batches fixed-length bodies.
+		BufferPool:   bufferPool{},
+		ErrorHandler: h.upstreamError,
+		ErrorLog:     slog.NewLogLogger(opts.Log.Handler(), slog.LevelWarn),
+	}
+	return h, nil
+}
+
+// ServeHTTP decides the request, then refuses it or forwards it.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	set := h.opts.Store.Current()
+	if set != nil && len(set.Rules) > 0 {
+		d := h.opts.Engine.Decide(r.Context(), set, &decide.Request{
+			Method: r.Method, Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr,
+		}, 1)
+		if !d.Allowed {
+			refuse(w, &d)
+			return
+		}
+		if h.opts.Headers {
+			d.Fields().Write(w.Header())
+		}
+	}
+	h.rp.ServeHTTP(w, r)
+}
+
+// Refusal is the JSON body of a 429.
+type Refusal struct {
+	Error             string `json:"error"`
+	Policy            string `json:"policy"`
+	Rule              string `json:"rule"`
+	RetryAfterSeconds int64  `json:"retryAfterSeconds"`
+}
+
+func refuse(w http.ResponseWriter, d *decide.Decision) {
+	d.Fields().Write(w.Header())
+	body, _ := json.Marshal(Refusal{
+		Error:             "rate_limited",
+		Policy:            d.Refused.Rule.Policy.Name,
+		Rule:              d.Refused.Rule.Name,
+		RetryAfterSeconds: d.RetryAfterSeconds(),
+	})
+	body = append(body, '\n')
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{"application/json"}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
+	hdr["Cache-Control"] = []string{"no-store"}
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(body)
+}
+
+func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return // the client went away; nobody reads an answer
+	}
+	status := http.StatusBadGateway
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		status = http.StatusGatewayTimeout
+	}
+	h.opts.Log.Warn("upstream request failed", "error", err, "upstream", h.opts.Upstream,
+		"method", r.Method, "path", r.URL.Path, "status", status)
+	w.Header()["Content-Type"] = []string{"application/json"}
+	w.WriteHeader(status)
+	_, _ = fmt.Fprintf(w, "{\"error\":\"upstream_unavailable\",\"status\":%d}\n", status)
+}
+
+// bufferPool recycles the 32 KiB copy buffers ReverseProxy uses per response.
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 32*1024); return &b }}
+
+func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { buffers.Put(&b) }
