@@ -127,7 +127,6 @@ func (l latencyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	}
 }
 
-
 // limiterCollector reads the limiter's counters at scrape time, so the hot path pays nothing
 // for them.
 type limiterCollector struct {

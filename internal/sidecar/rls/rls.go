@@ -12,9 +12,9 @@
 //
 // For example, with Envoy actions
 //
-//	- generic_key: {descriptor_key: policy, descriptor_value: checkout-per-key}
-//	- generic_key: {descriptor_key: rule, descriptor_value: per-api-key}
-//	- request_headers: {header_name: x-api-key, descriptor_key: api_key}
+//   - generic_key: {descriptor_key: policy, descriptor_value: checkout-per-key}
+//   - generic_key: {descriptor_key: rule, descriptor_value: per-api-key}
+//   - request_headers: {header_name: x-api-key, descriptor_key: api_key}
 //
 // the counter is the one the proxy uses for a request with that X-API-Key. The domain is not
 // used: the sidecar enforces the policies of its own namespace. hits_addend (per descriptor, or

@@ -1,0 +1,226 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// These tests run the built binary, several processes against one real redis-server, as the
+// pods of a scaled Deployment would.
+
+var (
+	binary string
+	shared *redistest.Server
+)
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	if _, err := redistest.Binary(); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: the sidecar tests need a real redis-server:", err)
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "sidecar-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binary = filepath.Join(dir, "sidecar")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: building the sidecar:", err)
+		return 1
+	}
+	if shared, err = redistest.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: starting redis-server:", err)
+		return 1
+	}
+	defer shared.Close()
+	return m.Run()
+}
+
+// sidecar is one running sidecar process.
+type sidecar struct {
+	name        string
+	cmd         *exec.Cmd
+	proxy       string // base URL of the proxy face
+	admin       string // base URL of the admin port
+	grpc        string // host:port of the rate limit service
+	logs        *syncBuffer
+	exited      chan struct{}
+	exitErr     error
+	stopTimeout time.Duration
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// env is a namespace's mounted volumes: the policies directory and the labels file.
+type env struct {
+	configDir string
+	labels    string
+	namespace string
+}
+
+func newEnv(t *testing.T, app string) *env {
+	t.Helper()
+	e := &env{configDir: filepath.Join(t.TempDir(), "policies"), labels: filepath.Join(t.TempDir(), "podinfo", "labels"), namespace: "ns-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))}
+	if err := os.MkdirAll(e.configDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := sidecartest.WriteAtomic(filepath.Dir(e.labels), map[string][]byte{"labels": []byte(fmt.Sprintf("app=%q\npod-template-hash=\"abc\"\n", app))}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// write publishes a policies document the way kubelet updates a mounted ConfigMap.
+func (e *env) write(t *testing.T, doc []byte) {
+	t.Helper()
+	if err := sidecartest.WriteAtomic(e.configDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	p, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(p)
+}
+
+// start runs one sidecar and waits until it listens; waitReady also waits for /readyz.
+func start(t *testing.T, name string, e *env, redisURL, upstream string, waitReady bool, extra ...string) *sidecar {
+	t.Helper()
+	s := &sidecar{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), stopTimeout: 20 * time.Second}
+	listen, admin, grpcAddr := freePort(t), freePort(t), freePort(t)
+	s.proxy, s.admin, s.grpc = "http://"+listen, "http://"+admin, grpcAddr
+	args := append([]string{
+		"--listen=" + listen, "--upstream=" + upstream, "--admin-listen=" + admin, "--grpc-listen=" + grpcAddr,
+		"--config-dir=" + e.configDir, "--pod-labels=" + e.labels, "--heartbeat-interval=500ms",
+		// The test machine is shared and slow: a Redis answer late by scheduling is not an outage.
+		"--redis-timeout=2s", "--log-level=debug",
+	}, extra...)
+	s.cmd = exec.Command(binary, args...)
+	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+e.namespace, "REDLINE_REDIS_PASSWORD=")
+	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("starting sidecar %s: %v", name, err)
+	}
+	go func() { s.exitErr = s.cmd.Wait(); close(s.exited) }()
+	t.Cleanup(func() {
+		s.stop(t)
+		if t.Failed() {
+			t.Logf("logs of sidecar %s:\n%s", name, s.logs.String())
+		}
+	})
+	path := "/healthz"
+	if waitReady {
+		path = "/readyz"
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(s.admin + path)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return s
+			}
+		}
+		select {
+		case <-s.exited:
+			t.Fatalf("sidecar %s exited (%v):\n%s", name, s.exitErr, s.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sidecar %s not answering %s after 20s:\n%s", name, path, s.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (s *sidecar) stop(t *testing.T) {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+		if s.exitErr != nil {
+			t.Errorf("sidecar %s exited with %v after SIGTERM", s.name, s.exitErr)
+		}
+	case <-time.After(s.stopTimeout):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+		t.Errorf("sidecar %s did not stop within %s of SIGTERM", s.name, s.stopTimeout)
+	}
+}
+
+// metric returns the value of a sample line of /metrics (name with labels, as printed), or -1.
+func (s *sidecar) metric(t *testing.T, sample string) float64 {
+	t.Helper()
+	resp, err := http.Get(s.admin + "/metrics")
+	if err != nil {
+		t.Fatalf("scraping %s: %v", s.name, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if rest, ok := strings.CutPrefix(line, sample+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+var httpClient = &http.Client{
+	Timeout:   30 * time.Second,
+	Transport: &http.Transport{MaxIdleConnsPerHost: 64},
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
