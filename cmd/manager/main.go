@@ -39,6 +39,7 @@ func run() error {
 		redisURL, redisPasswordFile string
 		redisTimeout, checkInterval time.Duration
 		maxBackoff                  time.Duration
+		heartbeatTTL, resync        time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 turns it off.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
@@ -51,6 +52,8 @@ func run() error {
 	flag.DurationVar(&redisTimeout, "redis-timeout", 5*time.Second, "Bound on the script check of one reconcile.")
 	flag.DurationVar(&checkInterval, "script-check-interval", 10*time.Second, "How often the scripts are re-checked in Redis (after restarts, failovers, SCRIPT FLUSH).")
 	flag.DurationVar(&maxBackoff, "max-backoff", 30*time.Second, "Longest retry delay while Redis is unavailable.")
+	flag.DurationVar(&heartbeatTTL, "heartbeat-ttl", 15*time.Second, "How long a sidecar counts as live after its last heartbeat (match the sidecars').")
+	flag.DurationVar(&resync, "resync-interval", 15*time.Second, "How often each namespace is re-read to follow sidecar heartbeats into the Enforced condition.")
 	// Pod injection webhook flags (--sidecar-*, --webhook-*, --native-sidecars).
 	webhookCfg := podinject.DefaultConfig()
 	webhookCfg.BindFlags(flag.CommandLine)
@@ -102,6 +105,7 @@ func run() error {
 	}
 	if err := controller.Setup(mgr, controller.Config{
 		Redis: rdb, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
+		HeartbeatTTL: heartbeatTTL, ResyncInterval: resync,
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
 	}

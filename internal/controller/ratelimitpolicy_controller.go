@@ -45,7 +45,9 @@ const (
 	ReasonProgrammed       = "Programmed"
 	ReasonRedisUnavailable = "RedisUnavailable"
 	ReasonConfigMapError   = "ConfigMapError"
-	ReasonAwaitingSidecars = "AwaitingSidecars"
+	ReasonEnforced         = "Enforced"
+	ReasonPropagating      = "Propagating"
+	ReasonNoSidecars       = "NoSidecars"
 )
 
 // RateLimitPolicyReconciler compiles all the policies of a namespace into ConfigMap
@@ -61,6 +63,11 @@ type RateLimitPolicyReconciler struct {
 	ScriptEvents <-chan event.GenericEvent
 	// MaxBackoff caps the retry delay while Redis is down (default 30s).
 	MaxBackoff time.Duration
+	// Sidecars, if set, reports what the sidecars apply, for the Enforced condition.
+	Sidecars SidecarReports
+	// ResyncInterval is how often a namespace is reconciled without any event, to follow
+	// sidecar heartbeats into Enforced (default 15s).
+	ResyncInterval time.Duration
 }
 
 // +kubebuilder:rbac:groups=redline.dev,resources=ratelimitpolicies,verbs=get;list;watch
@@ -127,6 +134,7 @@ func (r *RateLimitPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	var statusErrs []error
 	for _, o := range outcomes {
 		o.configErr, o.scriptErr = cmErr, scriptErr
+		o.enforcement = r.enforcement(ctx, ns, o.policy.Name)
 		if err := r.updateStatus(ctx, o, doc); err != nil {
 			statusErrs = append(statusErrs, err)
 		}
@@ -134,7 +142,28 @@ func (r *RateLimitPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if scriptErr != nil {
 		logger.Info("redis unavailable; policies written but not programmed, retrying", "error", scriptErr.Error())
 	}
-	return ctrl.Result{}, errors.Join(append(statusErrs, cmErr, wrapRedis(scriptErr))...)
+	if err := errors.Join(append(statusErrs, cmErr, wrapRedis(scriptErr))...); err != nil {
+		return ctrl.Result{}, err
+	}
+	// Sidecar heartbeats change without any Kubernetes event; come back to follow them.
+	return ctrl.Result{RequeueAfter: r.resyncInterval()}, nil
+}
+
+func (r *RateLimitPolicyReconciler) resyncInterval() time.Duration {
+	if r.ResyncInterval > 0 {
+		return r.ResyncInterval
+	}
+	return 15 * time.Second
+}
+
+func (r *RateLimitPolicyReconciler) enforcement(ctx context.Context, ns, policy string) enforcement {
+	if r.Sidecars == nil {
+		return enforcement{err: errors.New("sidecar reports are not configured")}
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
+	defer cancel()
+	members, err := r.Sidecars.Members(ctx, ns, policy)
+	return enforcement{err: err, members: members}
 }
 
 func wrapRedis(err error) error {
@@ -158,6 +187,7 @@ type outcome struct {
 	keptGeneration int64 // generation still enforced although the current spec is invalid
 	configErr      error
 	scriptErr      error
+	enforcement    enforcement
 }
 
 func (r *RateLimitPolicyReconciler) currentConfigMap(ctx context.Context, ns string) (*corev1.ConfigMap, error) {

@@ -119,7 +119,37 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		for _, s := range limiter.Scripts() {
 			Expect(rdb.ScriptExists(ctx, s.SHA).Val()).To(Equal([]bool{true}), "script %s in redis", s.Algorithm)
 		}
-		Expect(condition(Default, ctx, ns, "checkout", v1alpha1.ConditionEnforced).Status).To(Equal(metav1.ConditionUnknown))
+		enforced := condition(Default, ctx, ns, "checkout", v1alpha1.ConditionEnforced)
+		Expect(enforced.Status).To(Equal(metav1.ConditionUnknown))
+		Expect(enforced.Reason).To(Equal("NoSidecars"))
+	})
+
+	It("reports Enforced from the sidecars' heartbeats", func() {
+		ns := newNamespace(ctx)
+		Expect(k8s.Create(ctx, policy(ns, "p", 100))).To(Succeed())
+		p := expectProgrammed(ctx, ns, "p")
+
+		// Sidecars announce themselves with limiter.Announce; two apply the current document.
+		for _, pod := range []string{"pod-a", "pod-b"} {
+			_, err := limiter.Announce(ctx, rdb, ns, pod, p.Status.ConfigHash, 10*time.Second, []string{"p"})
+			Expect(err).NotTo(HaveOccurred())
+		}
+		Eventually(func(g Gomega) {
+			c := condition(g, ctx, ns, "p", v1alpha1.ConditionEnforced)
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), c.Message)
+			g.Expect(c.Message).To(ContainSubstring("2 of 2 live sidecars"))
+		}, timeout, interval).Should(Succeed())
+
+		// A third still applies an older document.
+		_, err := limiter.Announce(ctx, rdb, ns, "pod-c", "0123456789abcdef", 10*time.Second, []string{"p"})
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(func(g Gomega) {
+			c := condition(g, ctx, ns, "p", v1alpha1.ConditionEnforced)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal("Propagating"))
+			g.Expect(c.Message).To(ContainSubstring("2 of 3"))
+			g.Expect(c.Message).To(ContainSubstring("pod-c"))
+		}, timeout, interval).Should(Succeed())
 	})
 
 	It("updates the ConfigMap and its hash when a policy changes, and deletes it with the last policy", func() {

@@ -22,6 +22,12 @@ type Config struct {
 	CheckInterval time.Duration
 	// MaxBackoff caps the retry delay while Redis is down (default 30s).
 	MaxBackoff time.Duration
+	// HeartbeatTTL is how long a sidecar counts as live after its last heartbeat (default 15s,
+	// the sidecars' default).
+	HeartbeatTTL time.Duration
+	// ResyncInterval is how often each namespace is re-read to follow sidecar heartbeats into
+	// the Enforced condition (default 15s).
+	ResyncInterval time.Duration
 }
 
 // CacheOptions restricts the manager's ConfigMap cache to the ConfigMaps Redline manages, so
@@ -41,6 +47,9 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	if cfg.CheckInterval == 0 {
 		cfg.CheckInterval = 10 * time.Second
 	}
+	if cfg.HeartbeatTTL == 0 {
+		cfg.HeartbeatTTL = 15 * time.Second
+	}
 	store := &RedisScripts{Client: cfg.Redis}
 	events := make(chan event.GenericEvent, 1)
 	if err := mgr.Add(&ScriptWatcher{
@@ -52,11 +61,13 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		return err
 	}
 	return (&RateLimitPolicyReconciler{
-		Client:       mgr.GetClient(),
-		Scripts:      store,
-		Recorder:     mgr.GetEventRecorder("redline-controller"),
-		RedisTimeout: cfg.RedisTimeout,
-		ScriptEvents: events,
-		MaxBackoff:   cfg.MaxBackoff,
+		Client:         mgr.GetClient(),
+		Scripts:        store,
+		Recorder:       mgr.GetEventRecorder("redline-controller"),
+		RedisTimeout:   cfg.RedisTimeout,
+		ScriptEvents:   events,
+		MaxBackoff:     cfg.MaxBackoff,
+		Sidecars:       &RedisSidecars{Client: cfg.Redis, TTL: cfg.HeartbeatTTL},
+		ResyncInterval: cfg.ResyncInterval,
 	}).SetupWithManager(mgr)
 }

@@ -56,10 +56,12 @@ func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicySt
 		set(v1alpha1.ConditionProgrammed, metav1.ConditionTrue, ReasonProgrammed,
 			fmt.Sprintf("in ConfigMap %s (hash %.12s) with its scripts loaded in Redis", compiled.ConfigMapName, doc.Hash))
 	}
-	// Sidecars do not report yet what they apply, so Enforced stays Unknown rather than claim
-	// what nobody has observed.
-	set(v1alpha1.ConditionEnforced, metav1.ConditionUnknown, ReasonAwaitingSidecars,
-		"no sidecar has reported applying this configuration yet")
+	if enforcedGen > 0 {
+		status, reason, msg := o.enforcement.condition(doc.Hash)
+		set(v1alpha1.ConditionEnforced, status, reason, msg)
+	} else {
+		set(v1alpha1.ConditionEnforced, metav1.ConditionFalse, ReasonInvalid, "the policy is not in the configuration")
+	}
 
 	if enforcedGen > 0 && o.configErr == nil {
 		st.ConfigHash = doc.Hash

@@ -76,6 +76,7 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(controller.Setup(mgr, controller.Config{
 		Redis: mgrRedis, RedisTimeout: time.Second, CheckInterval: 300 * time.Millisecond, MaxBackoff: 2 * time.Second,
+		HeartbeatTTL: 10 * time.Second, ResyncInterval: 300 * time.Millisecond,
 	})).To(Succeed())
 
 	ctx, cancel := context.WithCancel(context.Background())
