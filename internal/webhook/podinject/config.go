@@ -102,7 +102,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CertDir, "webhook-cert-dir", c.CertDir, "Directory with the webhook's tls.crt and tls.key.")
 	fs.StringVar(&c.CertMode, "webhook-cert-mode", c.CertMode, "Who provides the webhook's certificate: cert-manager (mounted Secret, cainjector) or self-signed (the manager creates and rotates it and patches the caBundle).")
 	fs.StringVar(&c.ServiceName, "webhook-service-name", c.ServiceName, "Service in front of the webhook (the certificate's DNS names).")
-	fs.StringVar(&c.Namespace, "webhook-namespace", c.Namespace, "Namespace of the webhook Service and of the self-signed certificate Secret (default: env POD_NAMESPACE).")
+	fs.StringVar(&c.Namespace, "webhook-namespace", c.Namespace, "Namespace of the webhook Service and of the self-signed certificate Secret (env POD_NAMESPACE when set).")
 	fs.StringVar(&c.CertSecret, "webhook-cert-secret", c.CertSecret, "Secret holding the self-signed CA and serving certificate (self-signed mode).")
 	fs.StringVar(&c.WebhookConfigName, "webhook-config-name", c.WebhookConfigName, "MutatingWebhookConfiguration whose caBundle is patched (self-signed mode).")
 }
