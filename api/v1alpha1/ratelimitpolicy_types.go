@@ -287,7 +287,3 @@ type RateLimitPolicyList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []RateLimitPolicy `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&RateLimitPolicy{}, &RateLimitPolicyList{})
-}
