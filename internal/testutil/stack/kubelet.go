@@ -1,0 +1,224 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// This file plays kubelet's part for the sidecar processes: volume contents laid out as
+// kubelet's atomic writer lays them out, downward-API values and environment variables.
+
+var payloadSeq atomic.Int64
+
+// writeAtomic makes dir hold exactly files, the way kubelet updates a ConfigMap or downward-API
+// volume: the files go into a new hidden timestamped directory, a "..data_tmp" symlink to it is
+// renamed over "..data" (one atomic step for readers), each visible name is a symlink through
+// "..data", names no longer in the payload are removed, and the old directory is deleted.
+func writeAtomic(dir string, files map[string][]byte) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating volume directory %s: %w", dir, err)
+	}
+	ts := fmt.Sprintf("..%s.%d", time.Now().UTC().Format("2006_01_02_15_04_05"), payloadSeq.Add(1))
+	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+		return fmt.Errorf("creating payload directory: %w", err)
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, ts, name), data, 0o644); err != nil {
+			return fmt.Errorf("writing %s: %w", name, err)
+		}
+	}
+	old, _ := os.Readlink(filepath.Join(dir, "..data"))
+	tmp := filepath.Join(dir, "..data_tmp")
+	_ = os.Remove(tmp)
+	if err := os.Symlink(ts, tmp); err != nil {
+		return fmt.Errorf("linking ..data_tmp: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		return fmt.Errorf("swapping ..data: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("listing volume directory: %w", err)
+	}
+	for _, e := range entries {
+		if _, keep := files[e.Name()]; !keep && !strings.HasPrefix(e.Name(), "..") {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+	for name := range files {
+		link := filepath.Join(dir, name)
+		if _, err := os.Lstat(link); err == nil {
+			continue
+		}
+		if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+			return fmt.Errorf("linking %s: %w", name, err)
+		}
+	}
+	if old != "" && old != ts {
+		_ = os.RemoveAll(filepath.Join(dir, old))
+	}
+	return nil
+}
+
+// formatMap renders labels or annotations as the downward API does: key="value" lines sorted
+// by key, the value quoted.
+func formatMap(m map[string]string) []byte {
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		fmt.Fprintf(&b, "%s=%q", k, m[k])
+	}
+	return []byte(b.String())
+}
+
+// fieldValue resolves a downward-API field path of pod.
+func fieldValue(pod *corev1.Pod, path string) ([]byte, error) {
+	switch path {
+	case "metadata.name":
+		return []byte(pod.Name), nil
+	case "metadata.namespace":
+		return []byte(pod.Namespace), nil
+	case "metadata.uid":
+		return []byte(pod.UID), nil
+	case "metadata.labels":
+		return formatMap(pod.Labels), nil
+	case "metadata.annotations":
+		return formatMap(pod.Annotations), nil
+	case "spec.nodeName":
+		return []byte(pod.Spec.NodeName), nil
+	case "spec.serviceAccountName":
+		return []byte(pod.Spec.ServiceAccountName), nil
+	case "status.podIP":
+		return []byte("127.0.0.1"), nil // every local sidecar lives on loopback
+	}
+	for _, prefix := range []string{"metadata.labels['", "metadata.annotations['"} {
+		if key, ok := strings.CutPrefix(path, prefix); ok && strings.HasSuffix(key, "']") {
+			key = strings.TrimSuffix(key, "']")
+			if prefix == "metadata.labels['" {
+				return []byte(pod.Labels[key]), nil
+			}
+			return []byte(pod.Annotations[key]), nil
+		}
+	}
+	return nil, fmt.Errorf("downward API field %q is not supported by the local stack", path)
+}
+
+// downwardFiles renders a downward-API volume of pod.
+func downwardFiles(pod *corev1.Pod, src *corev1.DownwardAPIVolumeSource) (map[string][]byte, error) {
+	files := map[string][]byte{}
+	for _, item := range src.Items {
+		if item.FieldRef == nil {
+			return nil, fmt.Errorf("downward API item %s: only fieldRef is supported by the local stack", item.Path)
+		}
+		v, err := fieldValue(pod, item.FieldRef.FieldPath)
+		if err != nil {
+			return nil, err
+		}
+		files[item.Path] = v
+	}
+	return files, nil
+}
+
+// configMapFiles reads a ConfigMap volume's payload: every key, or the listed items. A missing
+// optional ConfigMap is an empty volume, as kubelet has it.
+func configMapFiles(ctx context.Context, c client.Client, namespace string, src *corev1.ConfigMapVolumeSource) (map[string][]byte, string, error) {
+	var cm corev1.ConfigMap
+	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: src.Name}, &cm)
+	if apierrors.IsNotFound(err) && src.Optional != nil && *src.Optional {
+		return map[string][]byte{}, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("reading ConfigMap %s/%s for a volume: %w", namespace, src.Name, err)
+	}
+	all := map[string][]byte{}
+	for k, v := range cm.Data {
+		all[k] = []byte(v)
+	}
+	maps.Copy(all, cm.BinaryData)
+	if len(src.Items) == 0 {
+		return all, cm.ResourceVersion, nil
+	}
+	files := map[string][]byte{}
+	for _, item := range src.Items {
+		if v, ok := all[item.Key]; ok {
+			files[item.Path] = v
+		}
+	}
+	return files, cm.ResourceVersion, nil
+}
+
+// resolveEnv computes a container's environment as kubelet would: literal values, downward-API
+// fields, and keys of Secrets and ConfigMaps (optional ones may be absent).
+func resolveEnv(ctx context.Context, c client.Client, pod *corev1.Pod, ctr *corev1.Container) ([]string, error) {
+	var env []string
+	for _, e := range ctr.Env {
+		if e.ValueFrom == nil {
+			env = append(env, e.Name+"="+e.Value)
+			continue
+		}
+		v, ok, err := resolveEnvSource(ctx, c, pod, e.ValueFrom)
+		if err != nil {
+			return nil, fmt.Errorf("environment variable %s: %w", e.Name, err)
+		}
+		if ok {
+			env = append(env, e.Name+"="+v)
+		}
+	}
+	return env, nil
+}
+
+func resolveEnvSource(ctx context.Context, c client.Client, pod *corev1.Pod, src *corev1.EnvVarSource) (string, bool, error) {
+	key := func(name string) client.ObjectKey { return client.ObjectKey{Namespace: pod.Namespace, Name: name} }
+	switch {
+	case src.FieldRef != nil:
+		v, err := fieldValue(pod, src.FieldRef.FieldPath)
+		return string(v), err == nil, err
+	case src.SecretKeyRef != nil:
+		ref := src.SecretKeyRef
+		var s corev1.Secret
+		err := c.Get(ctx, key(ref.Name), &s)
+		if err == nil {
+			if v, ok := s.Data[ref.Key]; ok {
+				return string(v), true, nil
+			}
+		}
+		if (err == nil || apierrors.IsNotFound(err)) && ref.Optional != nil && *ref.Optional {
+			return "", false, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("secret %s has no key %s", ref.Name, ref.Key)
+		}
+		return "", false, err
+	case src.ConfigMapKeyRef != nil:
+		ref := src.ConfigMapKeyRef
+		var cm corev1.ConfigMap
+		err := c.Get(ctx, key(ref.Name), &cm)
+		if err == nil {
+			if v, ok := cm.Data[ref.Key]; ok {
+				return v, true, nil
+			}
+		}
+		if (err == nil || apierrors.IsNotFound(err)) && ref.Optional != nil && *ref.Optional {
+			return "", false, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("ConfigMap %s has no key %s", ref.Name, ref.Key)
+		}
+		return "", false, err
+	}
+	return "", false, errors.New("unsupported valueFrom (the local stack resolves fieldRef, secretKeyRef and configMapKeyRef)")
+}

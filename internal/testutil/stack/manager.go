@@ -1,0 +1,98 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// SidecarImage is the image the webhook writes into injected Pods. Nothing pulls it: the
+// stack runs the locally built sidecar binary in its place.
+const SidecarImage = "redline-sidecar:local"
+
+// managerNamespace is where the manager believes it runs (its own namespace is excluded from
+// injection by the webhook registration).
+const managerNamespace = "redline-system"
+
+// startManager runs the manager binary against the control plane and Redis, serving the
+// webhook on the port and certificate envtest registered, and waits until it is ready.
+func (s *Stack) startManager(ctx context.Context) error {
+	probePort, err := redistest.FreePort()
+	if err != nil {
+		return fmt.Errorf("choosing the manager's probe port: %w", err)
+	}
+	wio := &s.env.WebhookInstallOptions
+	s.probeURL = "http://127.0.0.1:" + strconv.Itoa(probePort)
+	s.mgrArgs = append([]string{
+		"--kubeconfig=" + s.Kubeconfig,
+		"--metrics-bind-address=0",
+		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(probePort),
+		"--redis-url=" + s.Redis.URL(),
+		"--script-check-interval=" + s.opts.ScriptCheckInterval.String(),
+		"--max-backoff=2s",
+		"--sidecar-image=" + SidecarImage,
+		"--webhook-port=" + strconv.Itoa(wio.LocalServingPort),
+		"--webhook-cert-dir=" + wio.LocalServingCertDir,
+		"--webhook-cert-mode=cert-manager", // the certificate is already in the cert dir
+		"--native-sidecars=auto",
+	}, s.opts.ManagerArgs...)
+	return s.runManager(ctx)
+}
+
+func (s *Stack) runManager(ctx context.Context) error {
+	s.progress("starting the manager (controller + webhook) on webhook port %d", s.env.WebhookInstallOptions.LocalServingPort)
+	env := append(os.Environ(), "KUBECONFIG="+s.Kubeconfig, "POD_NAMESPACE="+managerNamespace)
+	p, err := StartProcess(s.Dir, "manager", s.Bin.Manager, s.mgrArgs, env)
+	if err != nil {
+		return err
+	}
+	s.Manager = p
+	s.addCleanup(func() error { return p.Stop(10 * time.Second) })
+	if err := s.waitManagerReady(ctx, p); err != nil {
+		return err
+	}
+	s.progress("manager ready (log %s)", p.LogPath)
+	return nil
+}
+
+// waitManagerReady polls /readyz, which includes the webhook server having started.
+func (s *Stack) waitManagerReady(ctx context.Context, p *Process) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	hc := &http.Client{Timeout: time.Second}
+	for {
+		if done, _ := p.Exited(); done {
+			return p.errExited()
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.probeURL+"/readyz", nil)
+		if err != nil {
+			return fmt.Errorf("building readiness request: %w", err)
+		}
+		if resp, err := hc.Do(req); err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the manager to be ready at %s/readyz: %w; last lines of %s:\n%s",
+				s.probeURL, ctx.Err(), p.LogPath, p.LogTail(3000))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// RestartManager kills the manager (SIGKILL: no graceful shutdown, like a crashed or evicted
+// pod) and starts it again with the same flags, waiting until it is ready.
+func (s *Stack) RestartManager(ctx context.Context) error {
+	if err := s.Manager.Kill(); err != nil {
+		return fmt.Errorf("killing the manager: %w", err)
+	}
+	return s.runManager(ctx)
+}

@@ -1,0 +1,291 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/webhook/contract"
+)
+
+// implicitPortFlags are sidecar flags that open a port by default without the Pod spec
+// mentioning it. In a cluster every Pod has its own network namespace; here all sidecars share
+// loopback, so each gets a free port for them.
+var implicitPortFlags = []string{"grpc-listen"}
+
+// configMapSyncInterval is how often a ConfigMap volume is compared with the API (kubelet
+// takes up to a minute; the stack is quicker so tests wait for Redline, not for it).
+const configMapSyncInterval = 200 * time.Millisecond
+
+// Sidecar is a sidecar process standing in for the injected container of one Pod.
+type Sidecar struct {
+	// Pod is the Pod as stored, with the container the webhook injected.
+	Pod corev1.Pod
+	// Container is the injected sidecar container.
+	Container corev1.Container
+	// Args and Env are what the process was started with.
+	Args, Env []string
+	// ProxyURL is the proxy face (the listen port); AdminURL serves health, metrics and
+	// /v1/check.
+	ProxyURL, AdminURL string
+	// Volumes maps each mount path of the container to the local directory standing in for it.
+	Volumes map[string]string
+	// Proc is the process.
+	Proc *Process
+
+	stopSync context.CancelFunc
+	syncDone chan struct{}
+}
+
+// RunSidecars starts one sidecar per Pod (see RunSidecar) and waits until all are ready.
+func (s *Stack) RunSidecars(ctx context.Context, pods []corev1.Pod, upstreamAddr string) ([]*Sidecar, error) {
+	out := make([]*Sidecar, 0, len(pods))
+	for i := range pods {
+		sc, err := s.RunSidecar(ctx, &pods[i], upstreamAddr)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sc)
+	}
+	return out, nil
+}
+
+// RunSidecar starts the sidecar binary configured exactly as pod's injected container says:
+// its args, with container ports moved to free loopback ports, the upstream port pointed at
+// upstreamAddr and mount paths replaced by local directories; its environment resolved as
+// kubelet resolves it; its volumes written in kubelet's layout and kept in sync with the
+// ConfigMap. It returns once the container's readiness probe passes.
+func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr string) (*Sidecar, error) {
+	ctr, ok := SidecarContainer(pod)
+	if !ok {
+		return nil, fmt.Errorf("pod %s/%s has no %s container", pod.Namespace, pod.Name, contract.ContainerName)
+	}
+	sc := &Sidecar{Pod: *pod.DeepCopy(), Container: *ctr.DeepCopy(), Volumes: map[string]string{}}
+	podDir := s.path("pods", pod.Name)
+
+	// Ports: every declared container port gets a free loopback port.
+	ports := map[int32]int{}
+	for _, p := range ctr.Ports {
+		free, err := redistest.FreePort()
+		if err != nil {
+			return nil, fmt.Errorf("choosing a port for %s: %w", p.Name, err)
+		}
+		ports[p.ContainerPort] = free
+		switch p.Name {
+		case contract.ListenPortName:
+			sc.ProxyURL = "http://127.0.0.1:" + strconv.Itoa(free)
+		case contract.AdminPortName:
+			sc.AdminURL = "http://127.0.0.1:" + strconv.Itoa(free)
+		}
+	}
+	upstreamPort, _ := strconv.Atoi(pod.Annotations[contract.AnnotationUpstreamPort])
+
+	syncCtx, cancel := context.WithCancel(context.Background())
+	sc.stopSync, sc.syncDone = cancel, make(chan struct{})
+	var syncers []func()
+	for _, m := range ctr.VolumeMounts {
+		if m.SubPath != "" || m.SubPathExpr != "" {
+			cancel()
+			return nil, fmt.Errorf("volume mount %s uses subPath, which the local stack does not support", m.Name)
+		}
+		local := filepath.Join(podDir, "volumes", m.Name)
+		sc.Volumes[m.MountPath] = local
+		sync, err := s.prepareVolume(ctx, pod, m.Name, local)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		if sync != nil {
+			syncers = append(syncers, func() { sync(syncCtx) })
+		}
+	}
+	go func() {
+		defer close(sc.syncDone)
+		for {
+			select {
+			case <-syncCtx.Done():
+				return
+			case <-time.After(configMapSyncInterval):
+			}
+			for _, f := range syncers {
+				f()
+			}
+		}
+	}()
+	s.addCleanup(func() error { sc.stopSyncing(); return nil })
+
+	for _, a := range append(append([]string{}, ctr.Command...), ctr.Args...) {
+		sc.Args = append(sc.Args, sc.rewriteArg(a, ports, upstreamPort, upstreamAddr))
+	}
+	for _, f := range implicitPortFlags {
+		if !hasFlag(sc.Args, f) {
+			free, err := redistest.FreePort()
+			if err != nil {
+				sc.stopSyncing()
+				return nil, fmt.Errorf("choosing a port for --%s: %w", f, err)
+			}
+			sc.Args = append(sc.Args, fmt.Sprintf("--%s=127.0.0.1:%d", f, free))
+		}
+	}
+	env, err := resolveEnv(ctx, s.Client, pod, ctr)
+	if err != nil {
+		sc.stopSyncing()
+		return nil, fmt.Errorf("pod %s: %w", pod.Name, err)
+	}
+	// kubelet sets HOSTNAME to the pod's name; nothing of this machine's environment leaks in.
+	sc.Env = append([]string{"HOSTNAME=" + pod.Name}, env...)
+
+	p, err := StartProcess(s.Dir, "sidecar-"+pod.Name, s.Bin.Sidecar, sc.Args, sc.Env)
+	if err != nil {
+		sc.stopSyncing()
+		return nil, err
+	}
+	sc.Proc = p
+	s.addCleanup(func() error { return sc.Stop() })
+	if err := sc.waitReady(ctx, ports); err != nil {
+		return nil, err
+	}
+	return sc, nil
+}
+
+// prepareVolume writes the volume named name of pod into local and returns, for a ConfigMap
+// volume, the function that keeps it in sync.
+func (s *Stack) prepareVolume(ctx context.Context, pod *corev1.Pod, name, local string) (func(context.Context), error) {
+	var vol *corev1.Volume
+	for i := range pod.Spec.Volumes {
+		if pod.Spec.Volumes[i].Name == name {
+			vol = &pod.Spec.Volumes[i]
+		}
+	}
+	switch {
+	case vol == nil:
+		return nil, fmt.Errorf("pod %s mounts volume %s, which it does not declare", pod.Name, name)
+	case vol.DownwardAPI != nil:
+		files, err := downwardFiles(pod, vol.DownwardAPI)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: %w", name, err)
+		}
+		return nil, writeAtomic(local, files)
+	case vol.ConfigMap != nil:
+		src := vol.ConfigMap.DeepCopy()
+		files, version, err := configMapFiles(ctx, s.Client, pod.Namespace, src)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: %w", name, err)
+		}
+		if err := writeAtomic(local, files); err != nil {
+			return nil, fmt.Errorf("volume %s: %w", name, err)
+		}
+		return func(ctx context.Context) {
+			files, v, err := configMapFiles(ctx, s.Client, pod.Namespace, src)
+			if err != nil || v == version {
+				return // an API hiccup is retried on the next tick, as kubelet does
+			}
+			if writeAtomic(local, files) == nil {
+				version = v
+			}
+		}, nil
+	case vol.EmptyDir != nil:
+		return nil, writeAtomic(local, map[string][]byte{})
+	}
+	return nil, fmt.Errorf("volume %s: only ConfigMap, downward API and emptyDir volumes are supported by the local stack", name)
+}
+
+// rewriteArg moves what an argument says about the Pod's world to this machine: a mount path
+// (or a path under it) to its local directory, a container port to its loopback port and the
+// upstream port to the local upstream.
+func (sc *Sidecar) rewriteArg(arg string, ports map[int32]int, upstreamPort int, upstreamAddr string) string {
+	prefix, value := "", arg
+	if strings.HasPrefix(arg, "-") {
+		name, v, ok := strings.Cut(arg, "=")
+		if !ok {
+			return arg
+		}
+		prefix, value = name+"=", v
+	}
+	for mount, local := range sc.Volumes {
+		if value == mount || strings.HasPrefix(value, mount+"/") {
+			return prefix + local + strings.TrimPrefix(value, mount)
+		}
+	}
+	if _, port, err := net.SplitHostPort(value); err == nil {
+		if n, err := strconv.Atoi(port); err == nil {
+			if local, ok := ports[int32(n)]; ok {
+				return prefix + "127.0.0.1:" + strconv.Itoa(local)
+			}
+			if n == upstreamPort {
+				return prefix + upstreamAddr
+			}
+		}
+	}
+	return arg
+}
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		a = strings.TrimLeft(a, "-")
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// waitReady polls the container's readiness probe (HTTP GET on the mapped port).
+func (sc *Sidecar) waitReady(ctx context.Context, ports map[int32]int) error {
+	probe := sc.Container.ReadinessProbe
+	if probe == nil || probe.HTTPGet == nil {
+		return fmt.Errorf("sidecar of pod %s has no HTTP readiness probe to wait for", sc.Pod.Name)
+	}
+	port := probe.HTTPGet.Port.IntVal
+	if probe.HTTPGet.Port.Type == intstr.String {
+		for _, p := range sc.Container.Ports {
+			if p.Name == probe.HTTPGet.Port.StrVal {
+				port = p.ContainerPort
+			}
+		}
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d%s", ports[port], probe.HTTPGet.Path)
+	hc := &http.Client{Timeout: time.Second}
+	var last string
+	err := poll(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) {
+		if done, _ := sc.Proc.Exited(); done {
+			return false, sc.Proc.errExited()
+		}
+		resp, err := hc.Get(url)
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		last = resp.Status
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the sidecar of pod %s to be ready at %s (%s): %w; last lines of %s:\n%s",
+			sc.Pod.Name, url, last, err, sc.Proc.LogPath, sc.Proc.LogTail(2000))
+	}
+	return nil
+}
+
+// Stop ends the sidecar gracefully (SIGTERM, as kubelet does) and stops syncing its volumes.
+func (sc *Sidecar) Stop() error {
+	sc.stopSyncing()
+	if sc.Proc == nil {
+		return nil
+	}
+	return sc.Proc.Stop(10 * time.Second)
+}
+
+func (sc *Sidecar) stopSyncing() {
+	sc.stopSync()
+	<-sc.syncDone
+}
