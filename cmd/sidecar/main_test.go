@@ -94,7 +94,7 @@ type env struct {
 	namespace string
 }
 
-func newEnv(t *testing.T, app string) *env {
+func newEnv(t testing.TB, app string) *env {
 	t.Helper()
 	e := &env{configDir: filepath.Join(t.TempDir(), "policies"), labels: filepath.Join(t.TempDir(), "podinfo", "labels"), namespace: "ns-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))}
 	if err := os.MkdirAll(e.configDir, 0o755); err != nil {
@@ -107,14 +107,14 @@ func newEnv(t *testing.T, app string) *env {
 }
 
 // write publishes a policies document the way kubelet updates a mounted ConfigMap.
-func (e *env) write(t *testing.T, doc []byte) {
+func (e *env) write(t testing.TB, doc []byte) {
 	t.Helper()
 	if err := sidecartest.WriteAtomic(e.configDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	p, err := redistest.FreePort()
 	if err != nil {
@@ -124,7 +124,7 @@ func freePort(t *testing.T) string {
 }
 
 // start runs one sidecar and waits until it listens; waitReady also waits for /readyz.
-func start(t *testing.T, name string, e *env, redisURL, upstream string, waitReady bool, extra ...string) *sidecar {
+func start(t testing.TB, name string, e *env, redisURL, upstream string, waitReady bool, extra ...string) *sidecar {
 	t.Helper()
 	s := &sidecar{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), stopTimeout: 20 * time.Second}
 	listen, admin, grpcAddr := freePort(t), freePort(t), freePort(t)
@@ -175,7 +175,7 @@ func start(t *testing.T, name string, e *env, redisURL, upstream string, waitRea
 }
 
 // stop sends SIGTERM and waits for a clean exit.
-func (s *sidecar) stop(t *testing.T) {
+func (s *sidecar) stop(t testing.TB) {
 	select {
 	case <-s.exited:
 		return
@@ -195,7 +195,7 @@ func (s *sidecar) stop(t *testing.T) {
 }
 
 // metric returns the value of a sample line of /metrics (name with labels, as printed), or -1.
-func (s *sidecar) metric(t *testing.T, sample string) float64 {
+func (s *sidecar) metric(t testing.TB, sample string) float64 {
 	t.Helper()
 	resp, err := http.Get(s.admin + "/metrics")
 	if err != nil {

@@ -41,6 +41,9 @@ func (s *Store) Ready() (bool, string) {
 
 func (s *Store) notReady(reason string) { s.status.Store(&reason) }
 
+// Swap puts set in force; the Loader does this, and tests and tools that build sets themselves.
+func (s *Store) Swap(set *Set) { s.set.Store(set) }
+
 // Loader reads the policies document and the pod labels, builds the set and puts it in Store,
 // again whenever the mounted files change.
 type Loader struct {
@@ -110,7 +113,7 @@ func (l *Loader) Load() error {
 		return l.refuse(&sum, fmt.Errorf("building rules from %s: %w", l.Path(), err))
 	}
 	prev := l.Store.Current()
-	l.Store.set.Store(set)
+	l.Store.Swap(set)
 	l.lastInput, l.lastBad = sum, [sha256.Size]byte{}
 	args := []any{"hash", set.Hash, "namespace", set.Namespace, "policies", set.PolicyNames(),
 		"rules", len(set.Rules), "documentPolicies", set.Total}

@@ -1,0 +1,158 @@
+package main_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redline-dev/redline/internal/sidecar/checkapi"
+	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+)
+
+// Benchmarks of the built binary against the shared redis-server. Run with, e.g.:
+//
+//	go test ./cmd/sidecar -run '^$' -bench . -benchtime 6000x
+//
+// They report the budgets of the sidecar issue as metrics: added latency at a paced request
+// rate, decisions per second of /v1/check, and the sidecar process's RSS idle and under load.
+
+func benchSidecar(b *testing.B) (*sidecar, *upstream) {
+	e := newEnv(b, "bench")
+	e.write(b, sidecartest.Document(e.namespace, "p", "r", "bench", 1_000_000_000, time.Minute, "x-key", "LocalFallback"))
+	up := newUpstream(b)
+	return start(b, "pod-bench", e, shared.URL(), up.addr(), true, "--log-level=info"), up
+}
+
+// rssKiB reads VmRSS of a process.
+func rssKiB(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return -1
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			v, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 64)
+			return v
+		}
+	}
+	return -1
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[min(len(d)-1, int(float64(len(d))*p))]
+}
+
+// BenchmarkProxyAddedLatency paces requests at 2000/s, alternating between the upstream
+// directly and through the sidecar, so both see the same machine noise, and reports the p50
+// and p99 of each and the difference.
+func BenchmarkProxyAddedLatency(b *testing.B) {
+	s, up := benchSidecar(b)
+	const rate = 2000
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 512}}
+	get := func(url string, key int) (time.Duration, bool) {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Header.Set("X-Key", strconv.Itoa(key))
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return time.Since(start), resp.StatusCode == http.StatusOK
+	}
+	// Warm connections and the limiter.
+	for i := range 200 {
+		get(up.URL+"/", i)
+		get(s.proxy+"/", i)
+	}
+	idle := rssKiB(s.cmd.Process.Pid)
+	var mu sync.Mutex
+	var direct, proxied []time.Duration
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	interval := time.Second / rate
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Go(func() {
+			url, dst := up.URL+"/", &direct
+			if i%2 == 1 {
+				url, dst = s.proxy+"/", &proxied
+			}
+			d, ok := get(url, i%1000)
+			if !ok {
+				failed.Add(1)
+				return
+			}
+			mu.Lock()
+			*dst = append(*dst, d)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	load := rssKiB(s.cmd.Process.Pid)
+	dp50, dp99 := percentile(direct, 0.5), percentile(direct, 0.99)
+	pp50, pp99 := percentile(proxied, 0.5), percentile(proxied, 0.99)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+	b.ReportMetric(float64(dp50.Microseconds()), "direct-p50-µs")
+	b.ReportMetric(float64(dp99.Microseconds()), "direct-p99-µs")
+	b.ReportMetric(float64(pp50.Microseconds()), "proxy-p50-µs")
+	b.ReportMetric(float64(pp99.Microseconds()), "proxy-p99-µs")
+	b.ReportMetric(float64((pp50-dp50).Microseconds()), "added-p50-µs")
+	b.ReportMetric(float64((pp99-dp99).Microseconds()), "added-p99-µs")
+	b.ReportMetric(idle/1024, "rss-idle-MiB")
+	b.ReportMetric(load/1024, "rss-load-MiB")
+	b.ReportMetric(float64(failed.Load()), "failed")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkCheckAPI measures /v1/check decisions per second with keep-alive clients, each
+// decision a Redis script run (distinct keys, a limit never reached).
+func BenchmarkCheckAPI(b *testing.B) {
+	s, _ := benchSidecar(b)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 512}}
+	url := s.admin + checkapi.Path
+	var seq atomic.Int64
+	var refused, failed atomic.Int64
+	b.SetParallelism(16)
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			body := `{"policy":"p","rule":"r","key":["k` + strconv.FormatInt(seq.Add(1)%10000, 10) + `"]}`
+			resp, err := client.Post(url, "application/json", strings.NewReader(body))
+			if err != nil {
+				failed.Add(1)
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(b), `{"allowed":true`) {
+				refused.Add(1)
+			}
+		}
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+	b.ReportMetric(rssKiB(s.cmd.Process.Pid)/1024, "rss-load-MiB")
+	b.ReportMetric(float64(refused.Load()+failed.Load()), "not-allowed")
+}

@@ -1,0 +1,50 @@
+package app_test
+
+import (
+	"io"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/redline-dev/redline/internal/sidecar/app"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// The injector's arguments and environment parse, with the documented defaults for the rest.
+func TestParseConfigContract(t *testing.T) {
+	g := NewWithT(t)
+	c, err := app.ParseConfig([]string{
+		"--listen=:8000", "--upstream=127.0.0.1:8080", "--admin-listen=:9091",
+		"--config-dir=/etc/redline/policies", "--pod-labels=/etc/redline/podinfo/labels", "--failure-mode=Closed",
+	}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r:6379", "REDLINE_REDIS_PASSWORD": "pw", "POD_NAME": "p-1", "POD_NAMESPACE": "shop"}), io.Discard)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.Upstream).To(Equal("127.0.0.1:8080"))
+	g.Expect(c.FailureMode).To(Equal("Closed"))
+	g.Expect(c.RedisURL).To(Equal("redis://r:6379"))
+	g.Expect(c.RedisPassword).To(Equal("pw"))
+	g.Expect(c.PodName).To(Equal("p-1"))
+	g.Expect(c.GRPCListen).To(Equal(":9092"))
+	g.Expect(c.RateLimitHeaders).To(BeTrue())
+	g.Expect(c.TrustedHops).To(BeZero())
+	g.Expect(c.HeartbeatInterval).To(Equal(5 * time.Second))
+}
+
+func TestParseConfigRefusesBadInput(t *testing.T) {
+	for name, args := range map[string][]string{
+		"no upstream":        {},
+		"bad failure mode":   {"--upstream=127.0.0.1:1", "--failure-mode=Sometimes"},
+		"negative hops":      {"--upstream=127.0.0.1:1", "--trusted-hops=-1"},
+		"stray argument":     {"--upstream=127.0.0.1:1", "extra"},
+		"unknown flag":       {"--upstream=127.0.0.1:1", "--nope"},
+		"tiny header budget": {"--upstream=127.0.0.1:1", "--max-header-bytes=10"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := app.ParseConfig(args, env(map[string]string{"REDLINE_REDIS_URL": "redis://r"}), io.Discard)
+			NewWithT(t).Expect(err).To(HaveOccurred())
+		})
+	}
+	_, err := app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, env(nil), io.Discard)
+	NewWithT(t).Expect(err).To(MatchError(ContainSubstring("REDLINE_REDIS_URL")))
+}

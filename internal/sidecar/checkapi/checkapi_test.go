@@ -1,0 +1,88 @@
+package checkapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/checkapi"
+	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+)
+
+type admitAll struct{}
+
+func (admitAll) Allow(_ context.Context, _ string, l limiter.Limit, _ int64) (limiter.Result, error) {
+	return limiter.Result{Allowed: true, Remaining: l.Requests - 1, ResetAfter: l.Window, Source: limiter.SourceRedis}, nil
+}
+
+func handler(t testing.TB) *checkapi.Handler {
+	doc, err := compiled.Parse(sidecartest.Document("ns", "p", "r", "web", 10, time.Minute, "x-key", "Open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := config.NewBuilder("").Build(doc, map[string]string{"app": "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &config.Store{}
+	store.Swap(set)
+	return &checkapi.Handler{Engine: &decide.Engine{Limiter: admitAll{}}, Store: store}
+}
+
+func do(h http.Handler, method, body string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, checkapi.Path, strings.NewReader(body)))
+	return rec
+}
+
+func TestCheckRequests(t *testing.T) {
+	g := NewWithT(t)
+	h := handler(t)
+	for _, c := range []struct {
+		body   string
+		status int
+		want   string
+	}{
+		{`{"policy":"p","rule":"r","key":["a"]}`, 200, `"allowed":true`},
+		{`{"hits":[{"policy":"p","rule":"r","key":["a"]}],"cost":3}`, 200, `"remaining":9`},
+		{`{"method":"get","path":"/x?y","headers":{"X-KEY":"a"}}`, 200, `"rule":"r"`},
+		{`{"method":"GET","path":"/x"}`, 200, `"results":[{`},
+		{`{"policy":"p","rule":"nope"}`, 400, "not enforced"},
+		{`{"policy":"p","rule":"r","method":"GET"}`, 400, "not both"},
+		{`{"path":"/"}`, 400, "needs method and path"},
+		{`{"bogus":1}`, 400, "unknown field"},
+		{`{"policy":"p","rule":"r","cost":-1}`, 400, "cost must be positive"},
+	} {
+		rec := do(h, http.MethodPost, c.body)
+		g.Expect(rec.Code).To(Equal(c.status), c.body)
+		g.Expect(rec.Body.String()).To(ContainSubstring(c.want), c.body)
+	}
+	g.Expect(do(h, http.MethodGet, "").Code).To(Equal(http.StatusMethodNotAllowed))
+
+	var resp checkapi.Response
+	g.Expect(json.Unmarshal(do(h, http.MethodPost, `{"policy":"p","rule":"r","key":["a"]}`).Body.Bytes(), &resp)).To(Succeed())
+	g.Expect(resp.Headers).To(Equal(map[string]string{"RateLimit-Policy": `"p/r";q=10;w=60`, "RateLimit": `"p/r";r=9;t=60`}))
+
+	empty := &checkapi.Handler{Engine: h.Engine, Store: &config.Store{}}
+	g.Expect(do(empty, http.MethodPost, `{"policy":"p","rule":"r"}`).Code).To(Equal(http.StatusServiceUnavailable))
+}
+
+// BenchmarkCheckHandler is the API's own cost per decision, without HTTP transport or Redis.
+func BenchmarkCheckHandler(b *testing.B) {
+	h := handler(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, checkapi.Path, strings.NewReader(`{"policy":"p","rule":"r","key":["abc"]}`)))
+	}
+}
