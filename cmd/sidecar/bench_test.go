@@ -26,7 +26,7 @@ import (
 
 func benchSidecar(b *testing.B) (*sidecar, *upstream) {
 	e := newEnv(b, "bench")
-	e.write(b, sidecartest.Document(e.namespace, "p", "r", "bench", 1_000_000_000, time.Minute, "x-key", "LocalFallback"))
+	e.write(b, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "bench", 1_000_000_000, time.Minute, "x-key", "LocalFallback", "SlidingWindowCounter"))
 	up := newUpstream(b)
 	return start(b, "pod-bench", e, shared.URL(), up.addr(), true, "--log-level=info"), up
 }

@@ -61,7 +61,7 @@ func run(bin string, rate int, dur time.Duration, conc int) error {
 	}
 	defer os.RemoveAll(dir)
 	cfg, info := filepath.Join(dir, "policies"), filepath.Join(dir, "podinfo")
-	if err := sidecartest.WriteAtomic(cfg, map[string][]byte{compiled.DataKey: sidecartest.Document("bench", "p", "r", "bench", 1_000_000_000, time.Minute, "x-key", "LocalFallback")}); err != nil {
+	if err := sidecartest.WriteAtomic(cfg, map[string][]byte{compiled.DataKey: sidecartest.DocumentAlgorithm("bench", "p", "r", "bench", 1_000_000_000, time.Minute, "x-key", "LocalFallback", "SlidingWindowCounter")}); err != nil {
 		return err
 	}
 	if err := sidecartest.WriteAtomic(info, map[string][]byte{"labels": []byte("app=\"bench\"\n")}); err != nil {
