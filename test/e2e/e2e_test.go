@@ -1,13 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/compiled"
@@ -81,4 +86,176 @@ var _ = Describe("Redline on a local cluster", Ordered, func() {
 		Entry("SlidingWindowCounter", v1alpha1.SlidingWindowCounter),
 		Entry("TokenBucket", v1alpha1.TokenBucket),
 	)
+
+	It("propagates a policy update to every replica", func(ctx SpecContext) {
+		before, err := st.WaitProgrammed(ctx, namespace, updateName, time.Minute)
+		Expect(err).NotTo(HaveOccurred())
+		const newLimit = 20
+		start := time.Now()
+		Expect(st.ApplyPolicy(ctx, policy(updateName, updatePrefix, v1alpha1.SlidingWindowLog, newLimit, v1alpha1.FailOpen))).To(Succeed())
+		// One at a time and round-robin: the requests past the new limit reach every replica, so
+		// exactly newLimit admitted means all three enforce it (one still on 100 would admit more).
+		Eventually(func(g Gomega) {
+			t := send(ctx, updatePrefix, freshKey("update"), newLimit+3*replicas, 1)
+			g.Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
+			g.Expect(t.Admitted).To(Equal(newLimit))
+		}).WithTimeout(time.Minute).WithPolling(100 * time.Millisecond).Should(Succeed())
+		took := time.Since(start)
+		fmt.Fprintf(GinkgoWriter, "policy update enforced by all %d replicas %s after the apply\n", replicas, took.Round(time.Millisecond))
+		AddReportEntry("policy update propagation", took.Round(time.Millisecond).String())
+
+		after, err := st.WaitProgrammed(ctx, namespace, updateName, time.Minute)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(after.Generation).To(BeNumerically(">", before.Generation))
+		Expect(after.Status.ConfigHash).NotTo(Equal(before.Status.ConfigHash))
+	})
+
+	It("lifts the limit when the policy is deleted", func(ctx SpecContext) {
+		Expect(st.DeletePolicy(ctx, namespace, updateName)).To(Succeed())
+		Eventually(func(g Gomega) {
+			doc, _, err := st.PoliciesDocument(ctx, namespace)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(doc.Policies).NotTo(ContainElement(HaveField("Name", updateName)))
+		}).WithTimeout(time.Minute).Should(Succeed())
+		Eventually(func(g Gomega) {
+			t := send(ctx, updatePrefix, freshKey("deleted"), 150, 6)
+			g.Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
+			g.Expect(t.Admitted).To(Equal(150))
+		}).WithTimeout(time.Minute).WithPolling(100 * time.Millisecond).Should(Succeed())
+	})
+
+	It("heals a SCRIPT FLUSH without a failed decision", func(ctx SpecContext) {
+		loadsBefore := sumMetric(Default, ctx, "redline_sidecar_script_loads_total", nil)
+		rdb := redisClient()
+		defer func() { _ = rdb.Close() }()
+		Expect(rdb.ScriptFlush(ctx).Err()).To(Succeed())
+		// Flush again and again while the load runs: every NOSCRIPT must be answered by a
+		// load and a retry, never by an error or a failure mode.
+		flushing, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for flushing.Err() == nil {
+				_ = rdb.ScriptFlush(flushing).Err()
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		alg := v1alpha1.SlidingWindowCounter
+		t := send(ctx, exactPrefix(alg), freshKey("flush"), 3*exactLimit, 6)
+		stop()
+		<-done
+		Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
+		Expect(t.Admitted).To(Equal(exactLimit))
+		Expect(sumMetric(Default, ctx, "redline_sidecar_degraded_decisions_total", nil)).To(BeZero())
+		Expect(sumMetric(Default, ctx, "redline_sidecar_script_loads_total", nil)).To(BeNumerically(">", loadsBefore))
+		// The manager's periodic check loads the scripts again and keeps Programmed true.
+		Eventually(func(g Gomega) {
+			expectScriptsLoaded(g, ctx)
+			expectAllProgrammed(g, ctx)
+		}).WithTimeout(time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+	})
+
+	It("applies each failure mode while Redis is down, and recovers when it restarts", func(ctx SpecContext) {
+		// LocalFallback divides by the replica count the heartbeats recorded while Redis was up.
+		Eventually(func(g Gomega) {
+			for _, sc := range sidecars {
+				v, err := sc.Metric(ctx, "redline_sidecar_policy_replicas", map[string]string{"policy": failName(v1alpha1.LocalFallback)})
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(v).To(BeEquivalentTo(replicas), "sidecar of %s", sc.Pod.Name)
+			}
+		}).WithTimeout(time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+
+		Expect(st.Redis.Stop()).To(Succeed())
+		restarted := false
+		defer func() {
+			if !restarted {
+				_ = st.Redis.Start() // leave Redis up for the specs that follow
+			}
+		}()
+
+		By("Open admits everything")
+		t := send(ctx, failPrefix(v1alpha1.FailOpen), freshKey("open"), 2*failLimit, 6)
+		Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
+		Expect(t.Admitted).To(Equal(2 * failLimit))
+
+		By("Closed refuses everything")
+		t = send(ctx, failPrefix(v1alpha1.FailClosed), freshKey("closed"), 2*failLimit, 6)
+		Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
+		Expect(t.Limited).To(Equal(2 * failLimit))
+
+		By("LocalFallback admits limit/replicas on each replica")
+		t = send(ctx, failPrefix(v1alpha1.LocalFallback), freshKey("fallback"), 3*failLimit, 6)
+		Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
+		for i, c := range t.PerTarget {
+			Expect(c.Admitted).To(Equal(failLimit/replicas), "sidecar %d", i)
+		}
+		Expect(sumMetric(Default, ctx, "redline_sidecar_fallback_active", nil)).To(BeEquivalentTo(replicas))
+
+		By("Programmed turns False while the scripts cannot be checked")
+		Eventually(func(g Gomega) {
+			g.Expect(programmedStatus(g, ctx, exactName(v1alpha1.FixedWindow))).To(Equal(metav1.ConditionFalse))
+		}).WithTimeout(time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+
+		By("restarting Redis: shared counting resumes and Programmed comes back")
+		Expect(st.Redis.Start()).To(Succeed())
+		restarted = true
+		start := time.Now()
+		Eventually(func(g Gomega) {
+			t := send(ctx, exactPrefix(v1alpha1.FixedWindow), freshKey("recovered"), exactLimit+3*replicas, 1)
+			g.Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
+			g.Expect(t.Admitted).To(Equal(exactLimit))
+		}).WithTimeout(time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+		fmt.Fprintf(GinkgoWriter, "shared limit exact again %s after Redis restarted\n", time.Since(start).Round(time.Millisecond))
+		Eventually(func(g Gomega) {
+			expectScriptsLoaded(g, ctx)
+			expectAllProgrammed(g, ctx)
+		}).WithTimeout(time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+	})
+
+	It("keeps every policy and the compiled ConfigMap across a manager restart", func(ctx SpecContext) {
+		docBefore, cmBefore, err := st.PoliciesDocument(ctx, namespace)
+		Expect(err).NotTo(HaveOccurred())
+		var before v1alpha1.RateLimitPolicyList
+		Expect(st.Client.List(ctx, &before, client.InNamespace(namespace))).To(Succeed())
+
+		Expect(st.RestartManager(ctx)).To(Succeed())
+
+		// Give the new manager time to reconcile everything, then compare.
+		Eventually(func(g Gomega) { expectAllProgrammed(g, ctx) }).WithTimeout(time.Minute).Should(Succeed())
+		Consistently(func(g Gomega) {
+			docAfter, cmAfter, err := st.PoliciesDocument(ctx, namespace)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(docAfter.Hash).To(Equal(docBefore.Hash))
+			g.Expect(cmAfter.ResourceVersion).To(Equal(cmBefore.ResourceVersion), "the ConfigMap was rewritten")
+			expectAllProgrammed(g, ctx)
+		}).WithTimeout(3 * time.Second).WithPolling(500 * time.Millisecond).Should(Succeed())
+		var after v1alpha1.RateLimitPolicyList
+		Expect(st.Client.List(ctx, &after, client.InNamespace(namespace))).To(Succeed())
+		Expect(after.Items).To(HaveLen(len(before.Items)))
+		for i := range after.Items {
+			Expect(after.Items[i].Generation).To(Equal(before.Items[i].Generation))
+			Expect(after.Items[i].Status.ConfigHash).To(Equal(before.Items[i].Status.ConfigHash))
+		}
+
+		By("the restarted webhook still injects new Pods")
+		app := stack.App{Namespace: namespace, Name: "after-restart", Replicas: 1,
+			Labels: map[string]string{"app": "after-restart"}, UpstreamPort: upstreamPort}
+		Expect(st.CreateDeployment(ctx, app)).To(Succeed())
+		_, err = st.WaitPods(ctx, app, time.Minute)
+		Expect(err).NotTo(HaveOccurred())
+
+		By("and the sidecars still decide against the shared limit")
+		t := send(ctx, exactPrefix(v1alpha1.TokenBucket), freshKey("after-restart"), 3*exactLimit, 12)
+		Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
+		Expect(t.Admitted).To(Equal(exactLimit))
+	})
 })
+
+// programmedStatus is the status of the policy's Programmed condition.
+func programmedStatus(g Gomega, ctx context.Context, name string) metav1.ConditionStatus {
+	var p v1alpha1.RateLimitPolicy
+	g.Expect(st.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &p)).To(Succeed())
+	c := meta.FindStatusCondition(p.Status.Conditions, "Programmed")
+	g.Expect(c).NotTo(BeNil())
+	return c.Status
+}
