@@ -87,3 +87,13 @@ $(CONTROLLER_GEN):
 golangci-lint: $(GOLANGCI_LINT)
 $(GOLANGCI_LINT):
 	GOBIN=$(LOCALBIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+##@ Demo
+DEMO_FLAGS ?=
+.PHONY: demo
+demo: ## Run Redline end to end on this machine (control plane, Redis, manager, 3 sidecars) in about a minute; DEMO_FLAGS=-pause keeps it up.
+	go run ./hack/demo $(DEMO_FLAGS)
+
+.PHONY: test-e2e
+test-e2e: ## Run only the end-to-end suite (make test runs it too).
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh --with-controller-manager)" go test $(GO_TEST_FLAGS) ./test/e2e/ -v -ginkgo.v
