@@ -1,8 +1,11 @@
-// Package compiled turns the RateLimitPolicies of a namespace into the one canonical document
-// that sidecars read (ConfigMap redline-policies, key policies.json), and reads it back.
+// Package compiled is the document that carries the RateLimitPolicies of a namespace to its
+// sidecars (ConfigMap redline-policies, key policies.json): its types, how it is built and
+// how it is read back.
 //
 // The document is deterministic: the same policies give the same bytes, whatever order the
 // API server listed them in, so its content hash changes only when what is enforced changes.
+// The package imports nothing of Kubernetes, so the sidecar stays small; the controller
+// compiles API objects into it.
 package compiled
 
 import (
@@ -10,15 +13,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 )
 
 // Names of the per-namespace ConfigMap.
@@ -45,11 +42,11 @@ type Document struct {
 
 // Policy is one compiled RateLimitPolicy.
 type Policy struct {
-	Name        string               `json:"name"`
-	Generation  int64                `json:"generation"`
-	Selector    metav1.LabelSelector `json:"selector"`
-	FailureMode string               `json:"failureMode"`
-	Rules       []Rule               `json:"rules"`
+	Name        string   `json:"name"`
+	Generation  int64    `json:"generation"`
+	Selector    Selector `json:"selector"`
+	FailureMode string   `json:"failureMode"`
+	Rules       []Rule   `json:"rules"`
 }
 
 // Rule is one compiled rule. Its order in Policy.Rules is the order of the spec.
@@ -84,128 +81,6 @@ type KeyPart struct {
 	Constant  string `json:"constant,omitempty"`
 }
 
-// CompilePolicy checks what the API server's schema cannot and compiles one policy. The error
-// says what a person must change.
-func CompilePolicy(p *v1alpha1.RateLimitPolicy) (Policy, error) {
-	var errs []error
-	sel := *p.Spec.TargetSelector.DeepCopy()
-	if _, err := metav1.LabelSelectorAsSelector(&sel); err != nil {
-		errs = append(errs, fmt.Errorf("spec.targetSelector: %w", err))
-	}
-	canonicalSelector(&sel)
-
-	out := Policy{
-		Name:        p.Name,
-		Generation:  p.Generation,
-		Selector:    sel,
-		FailureMode: string(orDefault(p.Spec.FailureMode, v1alpha1.LocalFallback)),
-	}
-	seen := map[string]bool{}
-	for i, r := range p.Spec.Rules {
-		if seen[r.Name] {
-			errs = append(errs, fmt.Errorf("spec.rules[%d].name: %q is used by an earlier rule", i, r.Name))
-		}
-		seen[r.Name] = true
-		cr, err := compileRule(r)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("spec.rules[%d] (%s): %w", i, r.Name, err))
-			continue
-		}
-		out.Rules = append(out.Rules, cr)
-	}
-	if len(p.Spec.Rules) == 0 {
-		errs = append(errs, errors.New("spec.rules: at least one rule is required"))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return Policy{}, err
-	}
-	return out, nil
-}
-
-func compileRule(r v1alpha1.Rule) (Rule, error) {
-	alg := orDefault(r.Algorithm, v1alpha1.SlidingWindowCounter)
-	window := r.Limit.Window.Duration
-	switch {
-	case r.Limit.Requests < 1:
-		return Rule{}, errors.New("limit.requests must be at least 1")
-	case window.Milliseconds() < 1000 || window.Hours() > 24:
-		return Rule{}, fmt.Errorf("limit.window %s must be between 1s and 24h", window)
-	case r.Limit.Burst != nil && alg != v1alpha1.TokenBucket:
-		return Rule{}, errors.New("limit.burst is only valid with algorithm TokenBucket")
-	case len(r.Key) == 0:
-		return Rule{}, errors.New("key needs at least one part")
-	}
-	out := Rule{
-		Name:      r.Name,
-		Algorithm: string(alg),
-		Requests:  r.Limit.Requests,
-		WindowMS:  window.Milliseconds(),
-		Mode:      string(orDefault(r.Mode, v1alpha1.Enforce)),
-	}
-	if alg == v1alpha1.TokenBucket {
-		out.Burst = r.Limit.Requests
-		if r.Limit.Burst != nil {
-			out.Burst = *r.Limit.Burst
-		}
-	}
-	for j, k := range r.Key {
-		set := 0
-		for _, s := range []string{k.Header, string(k.Attribute), k.Constant} {
-			if s != "" {
-				set++
-			}
-		}
-		if set != 1 {
-			return Rule{}, fmt.Errorf("key[%d] must set exactly one of header, attribute or constant", j)
-		}
-		out.Key = append(out.Key, KeyPart{Header: strings.ToLower(k.Header), Attribute: string(k.Attribute), Constant: k.Constant})
-	}
-	if m := r.Match; m != nil && (m.PathPrefix != "" || len(m.Methods) > 0 || len(m.Headers) > 0) {
-		if m.PathPrefix != "" && !strings.HasPrefix(m.PathPrefix, "/") {
-			return Rule{}, errors.New("match.pathPrefix must start with '/'")
-		}
-		cm := &Match{PathPrefix: m.PathPrefix}
-		for _, meth := range m.Methods {
-			cm.Methods = append(cm.Methods, string(meth))
-		}
-		slices.Sort(cm.Methods)
-		cm.Methods = slices.Compact(cm.Methods)
-		for _, h := range m.Headers {
-			cm.Headers = append(cm.Headers, HeaderMatch{Name: strings.ToLower(h.Name), Value: h.Value})
-		}
-		slices.SortStableFunc(cm.Headers, func(a, b HeaderMatch) int { return strings.Compare(a.Name, b.Name) })
-		out.Match = cm
-	}
-	return out, nil
-}
-
-// canonicalSelector sorts what the selector's meaning does not depend on, so equal selectors
-// compile to equal bytes.
-func canonicalSelector(s *metav1.LabelSelector) {
-	for i := range s.MatchExpressions {
-		slices.Sort(s.MatchExpressions[i].Values)
-	}
-	slices.SortStableFunc(s.MatchExpressions, func(a, b metav1.LabelSelectorRequirement) int {
-		if c := strings.Compare(a.Key, b.Key); c != 0 {
-			return c
-		}
-		return strings.Compare(string(a.Operator), string(b.Operator))
-	})
-	if len(s.MatchLabels) == 0 {
-		s.MatchLabels = nil
-	}
-	if len(s.MatchExpressions) == 0 {
-		s.MatchExpressions = nil
-	}
-}
-
-func orDefault[T ~string](v, def T) T {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
 // Build assembles the document of a namespace from compiled policies and script SHAs, sorted
 // and hashed. The input slice is not modified.
 func Build(namespace string, policies []Policy, scripts map[string]string) (*Document, []byte, error) {
@@ -213,10 +88,12 @@ func Build(namespace string, policies []Policy, scripts map[string]string) (*Doc
 		Version:   FormatVersion,
 		Namespace: namespace,
 		Scripts:   scripts,
-		Policies:  slices.Clone(policies),
+		Policies:  make([]Policy, len(policies)),
 	}
-	if doc.Policies == nil {
-		doc.Policies = []Policy{}
+	for i, p := range policies {
+		p.Selector.MatchExpressions = slices.Clone(p.Selector.MatchExpressions)
+		p.Selector.canonical()
+		doc.Policies[i] = p
 	}
 	slices.SortFunc(doc.Policies, func(a, b Policy) int { return strings.Compare(a.Name, b.Name) })
 	hash, err := contentHash(doc)
@@ -276,7 +153,7 @@ func Parse(data []byte) (*Document, error) {
 		return nil, fmt.Errorf("policies document hash %q does not match its content (%s)", doc.Hash, want)
 	}
 	for _, p := range doc.Policies {
-		if _, err := metav1.LabelSelectorAsSelector(&p.Selector); err != nil {
+		if err := p.Selector.Validate(); err != nil {
 			return nil, fmt.Errorf("policy %s: selector: %w", p.Name, err)
 		}
 		if len(p.Rules) == 0 {
@@ -293,9 +170,5 @@ func Parse(data []byte) (*Document, error) {
 
 // Selects reports whether the policy targets a pod with these labels.
 func (p *Policy) Selects(podLabels map[string]string) bool {
-	sel, err := metav1.LabelSelectorAsSelector(&p.Selector)
-	if err != nil {
-		return false
-	}
-	return sel.Matches(labels.Set(podLabels))
+	return p.Selector.Matches(podLabels)
 }

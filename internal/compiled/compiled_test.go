@@ -4,135 +4,51 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 
 	. "github.com/onsi/gomega"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 )
 
-func testPolicy(name string, requests int64) *v1alpha1.RateLimitPolicy {
-	return &v1alpha1.RateLimitPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", Generation: 3},
-		Spec: v1alpha1.RateLimitPolicySpec{
-			TargetSelector: metav1.LabelSelector{
-				MatchLabels: map[string]string{"app": "checkout"},
-				MatchExpressions: []metav1.LabelSelectorRequirement{
-					{Key: "tier", Operator: metav1.LabelSelectorOpIn, Values: []string{"b", "a"}},
-					{Key: "env", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"dev"}},
-				},
-			},
-			Rules: []v1alpha1.Rule{{
-				Name: "r",
-				Match: &v1alpha1.RuleMatch{
-					PathPrefix: "/api/", Methods: []v1alpha1.HTTPMethod{"POST", "GET"},
-					Headers: []v1alpha1.HeaderMatch{{Name: "X-B"}, {Name: "X-A"}},
-				},
-				Key:   []v1alpha1.KeyPart{{Header: "X-API-Key"}, {Attribute: v1alpha1.Method}},
-				Limit: v1alpha1.Limit{Requests: requests, Window: metav1.Duration{Duration: time.Minute}},
-			}},
+func samplePolicy() Policy {
+	return Policy{
+		Name: "a", Generation: 1, FailureMode: "Open",
+		Selector: Selector{
+			MatchLabels:      map[string]string{"app": "checkout"},
+			MatchExpressions: []Requirement{{Key: "tier", Operator: OpIn, Values: []string{"b", "a"}}},
 		},
+		Rules: []Rule{{
+			Name: "r", Key: []KeyPart{{Header: "x-api-key"}}, Algorithm: "FixedWindow",
+			Requests: 10, WindowMS: 60000, Mode: "Enforce",
+		}},
 	}
 }
 
-func compileAll(t *testing.T, ps ...*v1alpha1.RateLimitPolicy) []Policy {
-	t.Helper()
-	var out []Policy
-	for _, p := range ps {
-		c, err := CompilePolicy(p)
-		if err != nil {
-			t.Fatalf("compiling %s: %v", p.Name, err)
-		}
-		out = append(out, c)
-	}
-	return out
-}
-
-func TestBuildIsDeterministic(t *testing.T) {
-	g := NewWithT(t)
-	scripts := map[string]string{"FixedWindow": "aa", "TokenBucket": "bb"}
-	a, b := testPolicy("a", 10), testPolicy("b", 20)
-	_, data1, err := Build("shop", compileAll(t, a, b), scripts)
-	g.Expect(err).NotTo(HaveOccurred())
-
-	// Same meaning, other order of policies, selector values and expressions.
-	b2 := testPolicy("b", 20)
-	b2.Spec.TargetSelector.MatchExpressions[0].Values = []string{"a", "b"}
-	ex := b2.Spec.TargetSelector.MatchExpressions
-	ex[0], ex[1] = ex[1], ex[0]
-	b2.Spec.Rules[0].Match.Methods = []v1alpha1.HTTPMethod{"GET", "POST"}
-	_, data2, err := Build("shop", compileAll(t, b2, a), scripts)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(string(data2)).To(Equal(string(data1)))
-
-	_, data3, err := Build("shop", compileAll(t, a, testPolicy("b", 21)), scripts)
-	g.Expect(err).NotTo(HaveOccurred())
-	d1, _ := Parse(data1)
-	d3, _ := Parse(data3)
-	g.Expect(d3.Hash).NotTo(Equal(d1.Hash), "a changed limit changes the hash")
-}
-
-func TestCompileDefaultsAndNormalises(t *testing.T) {
-	g := NewWithT(t)
-	p := testPolicy("a", 10)
-	c, err := CompilePolicy(p)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(c.FailureMode).To(Equal("LocalFallback"))
-	r := c.Rules[0]
-	g.Expect(r.Algorithm).To(Equal("SlidingWindowCounter"))
-	g.Expect(r.Mode).To(Equal("Enforce"))
-	g.Expect(r.WindowMS).To(BeEquivalentTo(60000))
-	g.Expect(r.Key).To(Equal([]KeyPart{{Header: "x-api-key"}, {Attribute: "Method"}}))
-	g.Expect(r.Match.Methods).To(Equal([]string{"GET", "POST"}))
-	g.Expect(r.Match.Headers[0].Name).To(Equal("x-a"))
-	g.Expect(r.Burst).To(BeZero())
-
-	p.Spec.Rules[0].Algorithm = v1alpha1.TokenBucket
-	c, err = CompilePolicy(p)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(c.Rules[0].Burst).To(BeEquivalentTo(10), "burst defaults to requests")
-}
-
-func TestCompileRefuses(t *testing.T) {
+func TestSelectorMatches(t *testing.T) {
 	for name, tc := range map[string]struct {
-		mutate func(*v1alpha1.RateLimitPolicy)
-		want   string
+		sel    Selector
+		labels map[string]string
+		want   bool
 	}{
-		"selector operator without values": {func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.TargetSelector.MatchExpressions[0].Values = nil
-		}, "spec.targetSelector"},
-		"unknown selector operator": {func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.TargetSelector.MatchExpressions[0].Operator = "Near"
-		}, "spec.targetSelector"},
-		"duplicate rule": {func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules = append(p.Spec.Rules, p.Spec.Rules[0])
-		}, "used by an earlier rule"},
-		"burst without token bucket": {func(p *v1alpha1.RateLimitPolicy) {
-			b := int64(3)
-			p.Spec.Rules[0].Limit.Burst = &b
-		}, "burst is only valid"},
-		"short window": {func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules[0].Limit.Window.Duration = 10 * time.Millisecond
-		}, "between 1s and 24h"},
-		"key part with two sources": {func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules[0].Key[0].Constant = "x"
-		}, "exactly one of"},
-		"no rules": {func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules = nil }, "at least one rule"},
+		"empty matches all":       {Selector{}, map[string]string{"x": "y"}, true},
+		"label equal":             {Selector{MatchLabels: map[string]string{"app": "a"}}, map[string]string{"app": "a"}, true},
+		"label differs":           {Selector{MatchLabels: map[string]string{"app": "a"}}, map[string]string{"app": "b"}, false},
+		"label missing":           {Selector{MatchLabels: map[string]string{"app": "a"}}, nil, false},
+		"in":                      {Selector{MatchExpressions: []Requirement{{Key: "t", Operator: OpIn, Values: []string{"1", "2"}}}}, map[string]string{"t": "2"}, true},
+		"in missing":              {Selector{MatchExpressions: []Requirement{{Key: "t", Operator: OpIn, Values: []string{"1"}}}}, nil, false},
+		"notin absent":            {Selector{MatchExpressions: []Requirement{{Key: "t", Operator: OpNotIn, Values: []string{"1"}}}}, nil, true},
+		"notin hit":               {Selector{MatchExpressions: []Requirement{{Key: "t", Operator: OpNotIn, Values: []string{"1"}}}}, map[string]string{"t": "1"}, false},
+		"exists":                  {Selector{MatchExpressions: []Requirement{{Key: "t", Operator: OpExists}}}, map[string]string{"t": ""}, true},
+		"doesnotexist":            {Selector{MatchExpressions: []Requirement{{Key: "t", Operator: OpDoesNotExist}}}, map[string]string{"t": ""}, false},
+		"invalid matches nothing": {Selector{MatchExpressions: []Requirement{{Key: "t", Operator: "Near"}}}, map[string]string{"t": ""}, false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			g := NewWithT(t)
-			p := testPolicy("a", 10)
-			tc.mutate(p)
-			_, err := CompilePolicy(p)
-			g.Expect(err).To(MatchError(ContainSubstring(tc.want)))
+			NewWithT(t).Expect(tc.sel.Matches(tc.labels)).To(Equal(tc.want))
 		})
 	}
 }
 
 func TestParseRefusesCorruptDocuments(t *testing.T) {
 	g := NewWithT(t)
-	_, data, err := Build("shop", compileAll(t, testPolicy("a", 10)), map[string]string{"FixedWindow": "aa"})
+	_, data, err := Build("shop", []Policy{samplePolicy()}, map[string]string{"FixedWindow": "aa"})
 	g.Expect(err).NotTo(HaveOccurred())
 	doc, err := Parse(data)
 	g.Expect(err).NotTo(HaveOccurred())

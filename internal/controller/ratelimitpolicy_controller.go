@@ -105,7 +105,7 @@ func (r *RateLimitPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	outcomes := make([]outcome, len(live))
 	var compiledPolicies []compiled.Policy
 	for i, p := range live {
-		cp, err := compiled.CompilePolicy(p)
+		cp, err := CompilePolicy(p)
 		outcomes[i] = outcome{policy: p, compileErr: err}
 		if err == nil {
 			compiledPolicies = append(compiledPolicies, cp)

@@ -66,21 +66,42 @@ func requestsInForce(s *config.Store) int64 {
 	return 0
 }
 
-func TestLoaderNotReadyWithoutDocument(t *testing.T) {
+// A namespace without policies has no ConfigMap: the sidecar is ready and enforces nothing. A
+// document that is there but invalid, with nothing good before it, leaves it not ready.
+func TestLoaderWithoutDocumentEnforcesNothing(t *testing.T) {
 	g := NewWithT(t)
 	f := newLoader(t)
 	g.Expect(os.MkdirAll(f.dir, 0o755)).To(Succeed())
+	g.Expect(f.loader.Load()).To(Succeed())
+	ready, _ := f.store.Ready()
+	g.Expect(ready).To(BeTrue())
+	g.Expect(f.store.Current().Rules).To(BeEmpty())
+}
+
+func TestLoaderNotReadyWithInvalidFirstDocument(t *testing.T) {
+	g := NewWithT(t)
+	f := newLoader(t)
+	f.write(t, []byte("{not json"))
 	g.Expect(f.loader.Load()).To(HaveOccurred())
 	ready, why := f.store.Ready()
 	g.Expect(ready).To(BeFalse())
-	g.Expect(why).To(ContainSubstring("no policies.json"))
-
-	f.write(t, []byte("{not json"))
-	g.Expect(f.loader.Load()).To(HaveOccurred())
-	ready, why = f.store.Ready()
-	g.Expect(ready).To(BeFalse())
 	g.Expect(why).To(ContainSubstring("parsing policies document"))
 	g.Expect(f.errors.Load()).To(Equal(int64(1)))
+}
+
+// The ConfigMap goes with the namespace's last policy: the limits go with it.
+func TestLoaderDocumentRemovedDropsLimits(t *testing.T) {
+	g := NewWithT(t)
+	f := newLoader(t)
+	f.write(t, sidecartest.Document("shop", "p", "r", "checkout", 10, time.Minute, "x-key", "Open"))
+	g.Expect(f.loader.Load()).To(Succeed())
+	g.Expect(f.store.Current().Rules).To(HaveLen(1))
+	g.Expect(os.RemoveAll(f.dir)).To(Succeed())
+	g.Expect(os.MkdirAll(f.dir, 0o755)).To(Succeed())
+	g.Expect(f.loader.Load()).To(Succeed())
+	g.Expect(f.store.Current().Rules).To(BeEmpty())
+	ready, _ := f.store.Ready()
+	g.Expect(ready).To(BeTrue())
 }
 
 // Kubelet-style swaps are picked up by the watcher; a corrupt document is refused once and the

@@ -73,13 +73,8 @@ func (l *Loader) Path() string { return filepath.Join(l.Dir, compiled.DataKey) }
 // document leaves the set in force as it is.
 func (l *Loader) Load() error {
 	data, err := os.ReadFile(l.Path())
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) && l.Store.Current() == nil {
-			reason := fmt.Sprintf("no %s in %s: the namespace has no compiled RateLimitPolicies yet (ConfigMap %s)",
-				compiled.DataKey, l.Dir, compiled.ConfigMapName)
-			l.Store.notReady(reason)
-			return errors.New(reason)
-		}
+	absent := errors.Is(err, fs.ErrNotExist)
+	if err != nil && !absent {
 		return l.refuse(nil, fmt.Errorf("reading policies document: %w", err))
 	}
 	var labelData []byte
@@ -104,9 +99,15 @@ func (l *Loader) Load() error {
 	if err != nil {
 		return l.refuse(&sum, fmt.Errorf("parsing pod labels %s: %w", l.LabelsFile, err))
 	}
-	doc, err := compiled.Parse(data)
-	if err != nil {
-		return l.refuse(&sum, fmt.Errorf("loading %s: %w", l.Path(), err))
+	// No document is a valid state: the ConfigMap is optional in the pod spec and exists only
+	// while the namespace has policies, so its absence means "nothing to enforce", both before
+	// the first policy and after the last one is deleted. A document that is present must be
+	// valid.
+	doc := &compiled.Document{Version: compiled.FormatVersion}
+	if !absent {
+		if doc, err = compiled.Parse(data); err != nil {
+			return l.refuse(&sum, fmt.Errorf("loading %s: %w", l.Path(), err))
+		}
 	}
 	set, err := l.Builder.Build(doc, labels)
 	if err != nil {

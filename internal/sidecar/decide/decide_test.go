@@ -9,8 +9,6 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/config"
@@ -205,6 +203,6 @@ func TestCeilSecondsAndQuoting(t *testing.T) {
 	g.Expect(decide.CeilSeconds(-1)).To(Equal(int64(0)))
 }
 
-func metaSelector(k, v string) metav1.LabelSelector {
-	return metav1.LabelSelector{MatchLabels: map[string]string{k: v}}
+func metaSelector(k, v string) compiled.Selector {
+	return compiled.Selector{MatchLabels: map[string]string{k: v}}
 }

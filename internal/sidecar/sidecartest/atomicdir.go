@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/redline-dev/redline/internal/compiled"
 )
 
@@ -68,7 +66,7 @@ func DocumentAlgorithm(namespace, policy, rule, app string, requests int64, wind
 	p := compiled.Policy{
 		Name:        policy,
 		Generation:  1,
-		Selector:    metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
+		Selector:    compiled.Selector{MatchLabels: map[string]string{"app": app}},
 		FailureMode: mode,
 		Rules: []compiled.Rule{{
 			Name: rule, Key: []compiled.KeyPart{{Header: keyHeader}}, Algorithm: algorithm,

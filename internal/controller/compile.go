@@ -1,0 +1,118 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/compiled"
+)
+
+// CompilePolicy checks what the API server's schema cannot (label selectors, among others) and
+// compiles one policy into the document's form. The error
+// says what a person must change.
+func CompilePolicy(p *v1alpha1.RateLimitPolicy) (compiled.Policy, error) {
+	var errs []error
+	sel := compiled.Selector{MatchLabels: p.Spec.TargetSelector.MatchLabels}
+	for _, e := range p.Spec.TargetSelector.MatchExpressions {
+		sel.MatchExpressions = append(sel.MatchExpressions, compiled.Requirement{
+			Key: e.Key, Operator: string(e.Operator), Values: slices.Clone(e.Values),
+		})
+	}
+	if err := sel.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("spec.targetSelector: %w", err))
+	}
+
+	out := compiled.Policy{
+		Name:        p.Name,
+		Generation:  p.Generation,
+		Selector:    sel,
+		FailureMode: string(orDefault(p.Spec.FailureMode, v1alpha1.LocalFallback)),
+	}
+	seen := map[string]bool{}
+	for i, r := range p.Spec.Rules {
+		if seen[r.Name] {
+			errs = append(errs, fmt.Errorf("spec.rules[%d].name: %q is used by an earlier rule", i, r.Name))
+		}
+		seen[r.Name] = true
+		cr, err := compileRule(r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("spec.rules[%d] (%s): %w", i, r.Name, err))
+			continue
+		}
+		out.Rules = append(out.Rules, cr)
+	}
+	if len(p.Spec.Rules) == 0 {
+		errs = append(errs, errors.New("spec.rules: at least one rule is required"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return compiled.Policy{}, err
+	}
+	return out, nil
+}
+
+func compileRule(r v1alpha1.Rule) (compiled.Rule, error) {
+	alg := orDefault(r.Algorithm, v1alpha1.SlidingWindowCounter)
+	window := r.Limit.Window.Duration
+	switch {
+	case r.Limit.Requests < 1:
+		return compiled.Rule{}, errors.New("limit.requests must be at least 1")
+	case window.Milliseconds() < 1000 || window.Hours() > 24:
+		return compiled.Rule{}, fmt.Errorf("limit.window %s must be between 1s and 24h", window)
+	case r.Limit.Burst != nil && alg != v1alpha1.TokenBucket:
+		return compiled.Rule{}, errors.New("limit.burst is only valid with algorithm TokenBucket")
+	case len(r.Key) == 0:
+		return compiled.Rule{}, errors.New("key needs at least one part")
+	}
+	out := compiled.Rule{
+		Name:      r.Name,
+		Algorithm: string(alg),
+		Requests:  r.Limit.Requests,
+		WindowMS:  window.Milliseconds(),
+		Mode:      string(orDefault(r.Mode, v1alpha1.Enforce)),
+	}
+	if alg == v1alpha1.TokenBucket {
+		out.Burst = r.Limit.Requests
+		if r.Limit.Burst != nil {
+			out.Burst = *r.Limit.Burst
+		}
+	}
+	for j, k := range r.Key {
+		set := 0
+		for _, s := range []string{k.Header, string(k.Attribute), k.Constant} {
+			if s != "" {
+				set++
+			}
+		}
+		if set != 1 {
+			return compiled.Rule{}, fmt.Errorf("key[%d] must set exactly one of header, attribute or constant", j)
+		}
+		out.Key = append(out.Key, compiled.KeyPart{Header: strings.ToLower(k.Header), Attribute: string(k.Attribute), Constant: k.Constant})
+	}
+	if m := r.Match; m != nil && (m.PathPrefix != "" || len(m.Methods) > 0 || len(m.Headers) > 0) {
+		if m.PathPrefix != "" && !strings.HasPrefix(m.PathPrefix, "/") {
+			return compiled.Rule{}, errors.New("match.pathPrefix must start with '/'")
+		}
+		cm := &compiled.Match{PathPrefix: m.PathPrefix}
+		for _, meth := range m.Methods {
+			cm.Methods = append(cm.Methods, string(meth))
+		}
+		slices.Sort(cm.Methods)
+		cm.Methods = slices.Compact(cm.Methods)
+		for _, h := range m.Headers {
+			cm.Headers = append(cm.Headers, compiled.HeaderMatch{Name: strings.ToLower(h.Name), Value: h.Value})
+		}
+		slices.SortStableFunc(cm.Headers, func(a, b compiled.HeaderMatch) int { return strings.Compare(a.Name, b.Name) })
+		out.Match = cm
+	}
+	return out, nil
+}
+
+func orDefault[T ~string](v, def T) T {
+	if v == "" {
+		return def
+	}
+	return v
+}
