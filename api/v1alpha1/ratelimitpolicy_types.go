@@ -64,6 +64,19 @@ const (
 	Method Attribute = "Method"
 )
 
+// HeadersMode says when a sidecar's proxy adds the RateLimit header fields to responses.
+// +kubebuilder:validation:Enum=Always;OnRefusal
+type HeadersMode string
+
+// The headers modes.
+const (
+	// HeadersAlways adds RateLimit-Policy and RateLimit to admitted and refused responses.
+	HeadersAlways HeadersMode = "Always"
+	// HeadersOnRefusal adds them to 429 responses only, for APIs that do not want to publish
+	// their limits to clients in good standing.
+	HeadersOnRefusal HeadersMode = "OnRefusal"
+)
+
 // HTTPMethod is an HTTP request method.
 // +kubebuilder:validation:Enum=GET;HEAD;POST;PUT;PATCH;DELETE;OPTIONS;CONNECT;TRACE
 type HTTPMethod string
@@ -80,6 +93,12 @@ type RateLimitPolicySpec struct {
 	// +kubebuilder:default=LocalFallback
 	// +optional
 	FailureMode FailureMode `json:"failureMode,omitempty"`
+
+	// rateLimitHeaders says when the proxy adds the RateLimit-Policy and RateLimit fields of
+	// this policy's rules to responses: Always, or OnRefusal (429 responses only).
+	// +kubebuilder:default=Always
+	// +optional
+	RateLimitHeaders HeadersMode `json:"rateLimitHeaders,omitempty"`
 
 	// rules are checked in order for every request; a request is refused when any matching
 	// rule in Enforce mode refuses it. Rule names are unique within a policy.

@@ -46,7 +46,9 @@ type Policy struct {
 	Generation  int64    `json:"generation"`
 	Selector    Selector `json:"selector"`
 	FailureMode string   `json:"failureMode"`
-	Rules       []Rule   `json:"rules"`
+	// HeadersOnRefusal keeps the policy's RateLimit fields off admitted responses.
+	HeadersOnRefusal bool   `json:"headersOnRefusal,omitempty"`
+	Rules            []Rule `json:"rules"`
 }
 
 // Rule is one compiled rule. Its order in Policy.Rules is the order of the spec.

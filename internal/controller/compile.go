@@ -30,6 +30,8 @@ func CompilePolicy(p *v1alpha1.RateLimitPolicy) (compiled.Policy, error) {
 		Generation:  p.Generation,
 		Selector:    sel,
 		FailureMode: string(orDefault(p.Spec.FailureMode, v1alpha1.LocalFallback)),
+		// Always is the default, so a spec without the field compiles to the same bytes.
+		HeadersOnRefusal: p.Spec.RateLimitHeaders == v1alpha1.HeadersOnRefusal,
 	}
 	seen := map[string]bool{}
 	for i, r := range p.Spec.Rules {

@@ -86,6 +86,12 @@ func TestCompileDefaultsAndNormalises(t *testing.T) {
 	g.Expect(r.Match.Methods).To(Equal([]string{"GET", "POST"}))
 	g.Expect(r.Match.Headers[0].Name).To(Equal("x-a"))
 	g.Expect(r.Burst).To(BeZero())
+	g.Expect(c.HeadersOnRefusal).To(BeFalse(), "RateLimit fields on every response by default")
+
+	p.Spec.RateLimitHeaders = v1alpha1.HeadersOnRefusal
+	c, err = CompilePolicy(p)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.HeadersOnRefusal).To(BeTrue())
 
 	p.Spec.Rules[0].Algorithm = v1alpha1.TokenBucket
 	c, err = CompilePolicy(p)

@@ -348,6 +348,8 @@ var _ = Describe("RateLimitPolicy controller", func() {
 			`supported values: "Open", "Closed", "LocalFallback"`),
 		Entry("an unknown mode", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Mode = "Log" },
 			`supported values: "Enforce", "Shadow"`),
+		Entry("an unknown rateLimitHeaders", func(p *v1alpha1.RateLimitPolicy) { p.Spec.RateLimitHeaders = "Never" },
+			`supported values: "Always", "OnRefusal"`),
 		Entry("no rules", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules = nil }, "spec.rules"),
 		Entry("a rule name that is not a DNS label", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Name = "Per_Key" },
 			"spec.rules[0].name"),

@@ -42,7 +42,9 @@ type Set struct {
 type Policy struct {
 	Name        string
 	FailureMode limiter.FailureMode
-	Rules       []*Rule
+	// HeadersOnRefusal keeps this policy's RateLimit fields off admitted responses.
+	HeadersOnRefusal bool
+	Rules            []*Rule
 	// Replicas holds the live replica count of the policy's heartbeat group (0 until learnt).
 	// It outlives reloads: Sets built by the same Builder share it.
 	Replicas *atomic.Int64
@@ -106,7 +108,10 @@ func (b *Builder) Build(doc *compiled.Document, podLabels map[string]string) (*S
 		if !cp.Selects(podLabels) {
 			continue
 		}
-		p := &Policy{Name: cp.Name, FailureMode: limiter.FailureMode(cp.FailureMode), Replicas: b.replicasOf(cp.Name)}
+		p := &Policy{
+			Name: cp.Name, FailureMode: limiter.FailureMode(cp.FailureMode),
+			HeadersOnRefusal: cp.HeadersOnRefusal, Replicas: b.replicasOf(cp.Name),
+		}
 		if b.FailureMode != "" {
 			p.FailureMode = b.FailureMode
 		}

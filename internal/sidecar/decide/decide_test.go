@@ -206,3 +206,27 @@ func TestCeilSecondsAndQuoting(t *testing.T) {
 func metaSelector(k, v string) compiled.Selector {
 	return compiled.Selector{MatchLabels: map[string]string{k: v}}
 }
+
+// A policy with rateLimitHeaders: OnRefusal keeps its limits off admitted responses and
+// publishes them on the 429.
+func TestHeadersOnRefusalOnly(t *testing.T) {
+	g := NewWithT(t)
+	doc, _, err := compiled.Build("shop", []compiled.Policy{{
+		Name: "quiet", FailureMode: "Open", HeadersOnRefusal: true,
+		Rules: []compiled.Rule{{Name: "r", Key: []compiled.KeyPart{{Constant: "all"}}, Algorithm: "FixedWindow",
+			Requests: 1, WindowMS: 60000, Mode: "Enforce"}},
+	}}, nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	set, err := config.NewBuilder("").Build(doc, nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	e := &decide.Engine{Limiter: &fakeLimiter{}}
+
+	d := e.Decide(context.Background(), set, req("GET", "/", "10.0.0.1:1"), 1)
+	g.Expect(d.Allowed).To(BeTrue())
+	g.Expect(d.Fields()).To(Equal(decide.Fields{}))
+
+	d = e.Decide(context.Background(), set, req("GET", "/", "10.0.0.1:1"), 1)
+	g.Expect(d.Allowed).To(BeFalse())
+	g.Expect(d.Fields().Policy).To(Equal(`"quiet/r";q=1;w=60`))
+	g.Expect(d.Fields().RetryAfter).To(Equal("31"))
+}

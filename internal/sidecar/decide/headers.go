@@ -25,13 +25,14 @@ type Fields struct {
 }
 
 // Fields renders the decision's header fields, in the current draft's structured-field syntax.
-// Shadow rules are left out: they do not limit the client.
+// Shadow rules are left out: they do not limit the client. So are, on an admitted request, the
+// rules of policies that publish their limits on refusal only.
 func (d *Decision) Fields() Fields {
 	var f Fields
 	var pol, rl []byte
 	for i := range d.Outcomes {
 		o := &d.Outcomes[i]
-		if o.Rule.Shadow {
+		if o.Rule.Shadow || d.Refused == nil && o.Rule.Policy.HeadersOnRefusal {
 			continue
 		}
 		if len(pol) > 0 {
