@@ -43,12 +43,12 @@ lint: golangci-lint ## Run golangci-lint with .golangci.yml.
 	$(GOLANGCI_LINT) run ./...
 
 .PHONY: envtest
-envtest: ## Install etcd and kube-apiserver for envtest (downloads, or builds them from Go modules).
-	@hack/setup-envtest.sh >/dev/null
+envtest: ## Install etcd, kube-apiserver and kube-controller-manager (downloads, or builds them from Go modules).
+	@hack/setup-envtest.sh --with-controller-manager >/dev/null
 
 .PHONY: test
-test: manifests generate vet envtest ## Run every test: unit, envtest suites and real-Redis suites.
-	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh)" go test $(GO_TEST_FLAGS) ./... -coverprofile cover.out
+test: manifests generate vet envtest ## Run every test: unit, envtest, real-Redis and end-to-end suites.
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh --with-controller-manager)" go test $(GO_TEST_FLAGS) ./... -coverprofile cover.out
 
 ##@ Build
 .PHONY: build
@@ -97,3 +97,9 @@ demo: ## Run Redline end to end on this machine (control plane, Redis, manager, 
 .PHONY: test-e2e
 test-e2e: ## Run only the end-to-end suite (make test runs it too).
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh --with-controller-manager)" go test $(GO_TEST_FLAGS) ./test/e2e/ -v -ginkgo.v
+
+##@ Benchmarks
+BENCH_FLAGS ?=
+.PHONY: bench
+bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json) in about 2 minutes; needs redis-server and redis-benchmark.
+	go run ./hack/bench $(BENCH_FLAGS)
