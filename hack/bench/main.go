@@ -1,0 +1,233 @@
+// Command bench is Redline's benchmark report: one run on this machine that measures the
+// sidecar's faces, the Redis round trips per decision, the accuracy of shared limits across
+// replicas and the sidecar's memory, next to what this machine's Redis can do at most, and
+// writes results/bench.md (tables), results/bench.png (chart) and results/bench.json (raw).
+//
+//	make bench                      # or: go run ./hack/bench [-out results] [-cell-time 2s]
+//
+// It starts its own redis-server (redis-server and redis-benchmark on PATH), a tiny upstream
+// and sidecar processes (./cmd/sidecar, built once), all on loopback, and ends them all on
+// success, failure or Ctrl-C. Every load loop is bounded in count and in time.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// Options are the command's flags.
+type Options struct {
+	Out             string
+	Sidecar         string
+	Concurrency     []int
+	RTConcurrency   int
+	Replicas        []int
+	CellTime        time.Duration
+	CellOps         int64
+	CeilingRequests int
+	Timeout         time.Duration
+}
+
+// Report is everything one run measured; bench.json is this, encoded.
+type Report struct {
+	Command    string          `json:"command"`
+	Machine    Machine         `json:"machine"`
+	Ceilings   []Ceiling       `json:"ceilings"`
+	Faces      []FaceCell      `json:"faces"`
+	RoundTrips []RoundTripCell `json:"roundTrips"`
+	Accuracy   []AccuracyCell  `json:"accuracy"`
+	Memory     Memory          `json:"memory"`
+}
+
+// Memory is the first sidecar's resident set, and the other replicas' when idle.
+type Memory struct {
+	IdleMiB         float64   `json:"idleMiB"`
+	PeakLoadMiB     float64   `json:"peakUnderLoadMiB"`
+	AfterLoadMiB    float64   `json:"afterLoadMiB"`
+	ReplicasIdleMiB []float64 `json:"replicasIdleMiB"`
+}
+
+var began = time.Now()
+
+// progress prints a line to stderr with the seconds since start.
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%5.1fs] %s\n", time.Since(began).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func main() {
+	var o Options
+	var conc, replicas string
+	flag.StringVar(&o.Out, "out", "results", "directory for bench.md, bench.png and bench.json")
+	flag.StringVar(&o.Sidecar, "sidecar", "", "a sidecar binary to use instead of building ./cmd/sidecar")
+	flag.StringVar(&conc, "concurrency", "1,16,64", "concurrent clients of each face")
+	flag.IntVar(&o.RTConcurrency, "rt-concurrency", 64, "concurrent callers of the round-trip cells")
+	flag.StringVar(&replicas, "replicas", "3,10", "replica counts of the accuracy cells")
+	flag.DurationVar(&o.CellTime, "cell-time", 2*time.Second, "longest run of one load cell")
+	flag.Int64Var(&o.CellOps, "cell-ops", 200_000, "most operations of one load cell")
+	flag.IntVar(&o.CeilingRequests, "ceiling-requests", 300_000, "redis-benchmark -n for the ceiling")
+	flag.DurationVar(&o.Timeout, "timeout", 8*time.Minute, "give up after this long")
+	flag.Parse()
+	var err error
+	if o.Concurrency, err = intList(conc); err == nil {
+		o.Replicas, err = intList(replicas)
+	}
+	if err == nil {
+		err = run(o, "go run ./hack/bench "+strings.Join(os.Args[1:], " "))
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bad list entry %q: want positive integers", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func run(o Options, command string) (err error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	rep := Report{Command: strings.TrimSpace(command), Machine: machineFacts()}
+	rep.Machine.LoadAtStart = loadAverage()
+	rep.Machine.StartedAtUTC = began.UTC().Format(time.RFC3339)
+	progress("machine: %s, %d cores, %s, redis-server %s; load average %s",
+		rep.Machine.CPU, rep.Machine.Cores, rep.Machine.Go, rep.Machine.Redis, rep.Machine.LoadAtStart)
+
+	dir, err := os.MkdirTemp("", "redline-bench-")
+	if err != nil {
+		return fmt.Errorf("creating a work directory: %w", err)
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	bin := o.Sidecar
+	if bin == "" {
+		progress("building ./cmd/sidecar")
+		if bin, err = buildSidecar(ctx, dir); err != nil {
+			return err
+		}
+	}
+	srv, err := redistest.Start()
+	if err != nil {
+		return fmt.Errorf("starting redis-server: %w", err)
+	}
+	defer func() { _ = srv.Close() }()
+	upstream, stopUpstream, err := startUpstream()
+	if err != nil {
+		return err
+	}
+	defer stopUpstream()
+
+	// Round trips first: their cells load the scripts that redis-benchmark then runs.
+	progress("round trips per decision, in-process limiter, %d callers", o.RTConcurrency)
+	cellBounds := Bounds{MaxOps: o.CellOps, MaxTime: o.CellTime, Warmup: 200}
+	if rep.RoundTrips, err = runRoundTrips(ctx, srv.URL(), o.RTConcurrency, Bounds{MaxOps: o.CellOps, MaxTime: o.CellTime * 3 / 4}); err != nil {
+		return err
+	}
+	progress("ceiling: redis-benchmark with the SlidingWindowCounter script")
+	for _, p := range []struct{ pipeline, n int }{{16, o.CeilingRequests}, {1, o.CeilingRequests / 4}} {
+		c, err := redisBenchmark(ctx, srv.Port, p.pipeline, p.n)
+		if err != nil {
+			return err
+		}
+		progress("  -P %-2d %8.0f EVALSHA/s", c.Pipeline, c.PerSec)
+		rep.Ceilings = append(rep.Ceilings, c)
+	}
+
+	cfgDir, labels, err := writeSidecarFiles(dir)
+	if err != nil {
+		return err
+	}
+	var sidecars []*Sidecar
+	defer func() {
+		for _, s := range sidecars {
+			s.Stop()
+		}
+	}()
+	first, err := startSidecar(ctx, bin, dir, "bench-0", cfgDir, labels, srv.URL(), upstream)
+	if err != nil {
+		return err
+	}
+	sidecars = append(sidecars, first)
+	time.Sleep(2 * time.Second) // let start-up garbage settle before reading idle RSS
+	rep.Memory.IdleMiB = rssMiB(first.Pid())
+	progress("sidecar ready; RSS idle %.1f MiB", rep.Memory.IdleMiB)
+
+	progress("faces, concurrency %v, each cell at most %s or %d requests", o.Concurrency, o.CellTime, o.CellOps)
+	stopSampling := sampleRSS(first.Pid())
+	rep.Faces, err = runFaces(ctx, first, upstream, o.Concurrency, cellBounds)
+	rep.Memory.PeakLoadMiB = stopSampling()
+	if err != nil {
+		return err
+	}
+	rep.Memory.AfterLoadMiB = rssMiB(first.Pid())
+	progress("RSS peak under load %.1f MiB, after %.1f MiB", rep.Memory.PeakLoadMiB, rep.Memory.AfterLoadMiB)
+
+	maxReplicas := 0
+	for _, n := range o.Replicas {
+		maxReplicas = max(maxReplicas, n)
+	}
+	progress("starting %d more sidecars for the accuracy cells", maxReplicas-1)
+	for i := 1; i < maxReplicas; i++ {
+		s, err := startSidecar(ctx, bin, dir, "bench-"+strconv.Itoa(i), cfgDir, labels, srv.URL(), upstream)
+		if err != nil {
+			return err
+		}
+		sidecars = append(sidecars, s)
+	}
+	for _, s := range sidecars[1:] {
+		rep.Memory.ReplicasIdleMiB = append(rep.Memory.ReplicasIdleMiB, rssMiB(s.Pid()))
+	}
+	progress("accuracy: %d times the limit of %d, round-robin over the replicas", 3, accLimit)
+	if rep.Accuracy, err = runAccuracy(ctx, sidecars, o.Replicas, 3); err != nil {
+		return err
+	}
+
+	rep.Machine.LoadAtEnd = loadAverage()
+	rep.Machine.WallSeconds = time.Since(began).Seconds()
+	progress("load average at end %s", rep.Machine.LoadAtEnd)
+	return writeReport(o.Out, &rep)
+}
+
+// sampleRSS reads a process's RSS every 100ms until the returned stop function is called,
+// which returns the largest value seen.
+func sampleRSS(pid int) func() float64 {
+	var peak float64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			peak = max(peak, rssMiB(pid))
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() float64 {
+		close(done)
+		wg.Wait()
+		return peak
+	}
+}

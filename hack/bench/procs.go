@@ -1,0 +1,231 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// The policies every bench sidecar enforces, in namespace benchNamespace.
+const (
+	benchNamespace = "bench"
+	// benchPolicy/benchRule is the throughput rule: SlidingWindowCounter (the default algorithm),
+	// a limit never reached, keyed on X-Key; it applies to every proxied request.
+	benchPolicy, benchRule = "bench", "r"
+	benchLimit             = 1_000_000_000
+	// accPolicy has one rule per algorithm, named after it in lower case, for the accuracy cells.
+	// Its rules only match /acc/ so that proxied throughput requests do not touch them.
+	accPolicy = "acc"
+	keyHeader = "x-key"
+)
+
+// accLimit is each accuracy rule's limit per accWindow. The window is long so that a cell
+// never crosses a window edge (where FixedWindow may admit up to twice its limit by design).
+const (
+	accLimit  = 100
+	accWindow = time.Hour
+)
+
+// policiesDocument builds the compiled document the sidecars load.
+func policiesDocument() ([]byte, error) {
+	key := []compiled.KeyPart{{Header: keyHeader}}
+	bench := compiled.Policy{
+		Name: benchPolicy, Generation: 1, Selector: compiled.Selector{MatchLabels: map[string]string{"app": "bench"}},
+		FailureMode: "LocalFallback",
+		Rules: []compiled.Rule{{Name: benchRule, Key: key, Algorithm: "SlidingWindowCounter",
+			Requests: benchLimit, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce"}},
+	}
+	acc := compiled.Policy{
+		Name: accPolicy, Generation: 1, Selector: compiled.Selector{MatchLabels: map[string]string{"app": "bench"}},
+		FailureMode: "Closed",
+	}
+	for _, a := range algorithms {
+		acc.Rules = append(acc.Rules, compiled.Rule{Name: strings.ToLower(a), Match: &compiled.Match{PathPrefix: "/acc/"},
+			Key: key, Algorithm: a, Requests: accLimit, WindowMS: accWindow.Milliseconds(), Mode: "Enforce"})
+	}
+	_, data, err := compiled.Build(benchNamespace, []compiled.Policy{bench, acc}, map[string]string{})
+	if err != nil {
+		return nil, fmt.Errorf("building the policies document: %w", err)
+	}
+	return data, nil
+}
+
+// buildSidecar compiles ./cmd/sidecar once into dir.
+func buildSidecar(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "sidecar")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/sidecar")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/sidecar: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// startUpstream serves a tiny "ok" application on a loopback port.
+func startUpstream() (addr string, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("listening for the upstream: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	go func() { _ = srv.Serve(ln) }()
+	return ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+// Sidecar is one sidecar process on loopback ports.
+type Sidecar struct {
+	cmd                *exec.Cmd
+	done               chan struct{}
+	log                string
+	Proxy, Admin, GRPC string
+}
+
+// Pid is the process id.
+func (s *Sidecar) Pid() int { return s.cmd.Process.Pid }
+
+// startSidecar runs bin as pod name with the policies in cfgDir, the labels file labels, Redis
+// at redisURL and upstream as its application, and waits until it is ready.
+func startSidecar(ctx context.Context, bin, dir, name, cfgDir, labels, redisURL, upstream string) (*Sidecar, error) {
+	var ports [3]string
+	for i := range ports {
+		p, err := redistest.FreePort()
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
+		}
+		ports[i] = "127.0.0.1:" + strconv.Itoa(p)
+	}
+	s := &Sidecar{Proxy: ports[0], Admin: ports[1], GRPC: ports[2], done: make(chan struct{}), log: filepath.Join(dir, name+".log")}
+	logf, err := os.Create(s.log)
+	if err != nil {
+		return nil, fmt.Errorf("creating the sidecar log: %w", err)
+	}
+	s.cmd = exec.Command(bin, "--listen="+s.Proxy, "--upstream="+upstream, "--admin-listen="+s.Admin,
+		"--grpc-listen="+s.GRPC, "--config-dir="+cfgDir, "--pod-labels="+labels, "--log-level=warn")
+	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+benchNamespace)
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		_ = logf.Close()
+		return nil, fmt.Errorf("starting sidecar %s: %w", name, err)
+	}
+	go func() { _ = s.cmd.Wait(); _ = logf.Close(); close(s.done) }()
+	if err := s.waitReady(ctx, 20*time.Second); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Sidecar) waitReady(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	client := &http.Client{Timeout: time.Second}
+	for {
+		if resp, err := client.Get("http://" + s.Admin + "/readyz"); err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-s.done:
+			return fmt.Errorf("sidecar exited before ready: %s", s.logTail())
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the sidecar: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sidecar not ready within %s: %s", limit, s.logTail())
+		}
+	}
+}
+
+func (s *Sidecar) logTail() string {
+	b, _ := os.ReadFile(s.log)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// Stop ends the process (SIGTERM, then SIGKILL after 3s) and waits for it.
+func (s *Sidecar) Stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(3 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// Counters are the sidecar's limiter counters from /metrics.
+type Counters struct{ RedisDecisions, RoundTrips, Degraded, Precheck float64 }
+
+// counters scrapes the sidecar's limiter counters.
+func (s *Sidecar) counters(ctx context.Context) (Counters, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.Admin+"/metrics", nil)
+	if err != nil {
+		return Counters{}, fmt.Errorf("building the metrics request: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return Counters{}, fmt.Errorf("scraping metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	want := map[string]*float64{}
+	var c Counters
+	want["redline_sidecar_redis_decisions_total"] = &c.RedisDecisions
+	want["redline_sidecar_redis_round_trips_total"] = &c.RoundTrips
+	want["redline_sidecar_degraded_decisions_total"] = &c.Degraded
+	want["redline_sidecar_precheck_hits_total"] = &c.Precheck
+	found := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if dst := want[name]; ok && dst != nil {
+			if *dst, err = strconv.ParseFloat(strings.TrimSpace(val), 64); err != nil {
+				return Counters{}, fmt.Errorf("metric %s: %w", name, err)
+			}
+			found++
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return Counters{}, fmt.Errorf("reading metrics: %w", err)
+	}
+	if found != len(want) {
+		return Counters{}, errors.New("limiter counters missing from /metrics")
+	}
+	return c, nil
+}
+
+// writeSidecarFiles writes the policies document and a labels file the way kubelet would.
+func writeSidecarFiles(dir string) (cfgDir, labels string, err error) {
+	doc, err := policiesDocument()
+	if err != nil {
+		return "", "", err
+	}
+	cfgDir, info := filepath.Join(dir, "policies"), filepath.Join(dir, "podinfo")
+	if err := sidecartest.WriteAtomic(cfgDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
+		return "", "", fmt.Errorf("writing the policies: %w", err)
+	}
+	if err := sidecartest.WriteAtomic(info, map[string][]byte{"labels": []byte("app=\"bench\"\n")}); err != nil {
+		return "", "", fmt.Errorf("writing the labels: %w", err)
+	}
+	return cfgDir, filepath.Join(info, "labels"), nil
+}
