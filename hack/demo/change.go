@@ -56,16 +56,26 @@ func (d *demo) outage(ctx context.Context) error {
 	}
 	stopped := time.Now()
 	d.say("  redis-server killed (SIGKILL)")
+	local := map[string]string{"source": "fallback"}
+	localBefore, err := sumMetric(ctx, d.sidecars, "redline_sidecar_decisions_total", local)
+	if err != nil {
+		return err
+	}
 	r, t, err := d.measure(ctx, "Redline, Redis down (LocalFallback)", 3*updatedLimit)
 	if err != nil {
 		return err
 	}
-	breakers, _ := sumMetric(ctx, d.sidecars, "redline_sidecar_breaker_open", nil)
+	localAfter, err := sumMetric(ctx, d.sidecars, "redline_sidecar_decisions_total", local)
+	if err != nil {
+		return err
+	}
 	d.say("  %d requests while Redis is down: admitted %s = %d", t.Sent, perTarget(t), t.Admitted)
-	d.say("  failureMode LocalFallback: each replica enforces limit/replicas = %d/%d = %d by itself;",
+	d.say("  failureMode LocalFallback: each replica enforces limit/replicas = %d/%d = %d by itself",
 		updatedLimit, replicas, updatedLimit/replicas)
-	d.say("  circuit breaker open on %.0f of 3 sidecars; Redis calls per decision %.2f", breakers, r.callsPerDecision)
-	d.say("  (Open would admit all %d, Closed would refuse all of them)", t.Sent)
+	d.say("  (%.0f of %d decisions made locally; the %.2f Redis calls per decision are failed attempts:",
+		localAfter-localBefore, t.Sent, r.callsPerDecision)
+	d.say("  a circuit breaker stops trying after 5 failures in a row and probes once a second)")
+	d.say("  Open would have admitted all %d requests, Closed would have refused them all.", t.Sent)
 	if reason, err := d.programmedReason(ctx, false, 15*time.Second); err == nil {
 		d.say("  the controller reports it too: Programmed=False, reason %s", reason)
 	}

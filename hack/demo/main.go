@@ -275,10 +275,10 @@ func (d *demo) key() string {
 }
 
 func (d *demo) step(n int, title string) {
-	fmt.Fprintf(d.out, "\n[%d/6] %s  (%s)\n", n, title, seconds(time.Since(d.began)))
+	_, _ = fmt.Fprintf(d.out, "\n[%d/6] %s  (%s)\n", n, title, seconds(time.Since(d.began)))
 }
 
-func (d *demo) say(format string, args ...any) { fmt.Fprintf(d.out, format+"\n", args...) }
+func (d *demo) say(format string, args ...any) { _, _ = fmt.Fprintf(d.out, format+"\n", args...) }
 
 func failed(t stack.Tally) error {
 	if t.Failed > 0 {

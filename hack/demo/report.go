@@ -66,9 +66,9 @@ func printTable(w io.Writer, rows []row) {
 				b.WriteString("   " + strings.Repeat(" ", widths[i]-len(c)) + c)
 			}
 		}
-		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+		_, _ = fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
 		if n == 0 {
-			fmt.Fprintln(w, "    "+strings.Repeat("-", len(b.String())-4))
+			_, _ = fmt.Fprintln(w, "    "+strings.Repeat("-", len(b.String())-4))
 		}
 	}
 }

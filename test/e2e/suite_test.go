@@ -5,7 +5,6 @@
 package e2e
 
 import (
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -48,7 +47,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	if st != nil {
 		DeferCleanup(func() {
 			if CurrentSpecReport().Failed() || os.Getenv("REDLINE_E2E_KEEP") != "" {
-				fmt.Fprintf(GinkgoWriter, "stack logs are in %s (kept with REDLINE_E2E_KEEP=1)\n", st.Dir)
+				GinkgoWriter.Printf("stack logs are in %s (kept with REDLINE_E2E_KEEP=1)\n", st.Dir)
 			}
 			Expect(st.Stop()).To(Succeed())
 		})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -138,9 +139,7 @@ func do(ctx context.Context, base string, r Request) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("building request: %w", err)
 	}
-	for k, vs := range r.Header {
-		req.Header[k] = vs
-	}
+	maps.Copy(req.Header, r.Header)
 	resp, err := loadClient.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("%s %s%s: %w", method, base, r.Path, err)

@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -178,8 +179,8 @@ func (s *Stack) Stop() error {
 	s.cleanups = nil
 	s.mu.Unlock()
 	var errs []error
-	for i := len(cleanups) - 1; i >= 0; i-- {
-		if err := cleanups[i](); err != nil {
+	for _, f := range slices.Backward(cleanups) {
+		if err := f(); err != nil {
 			errs = append(errs, err)
 		}
 	}

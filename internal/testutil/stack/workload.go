@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
@@ -126,13 +126,11 @@ func (s *Stack) CreateDeployment(ctx context.Context, app App) error {
 		contract.AnnotationInject:       "true",
 		contract.AnnotationUpstreamPort: strconv.Itoa(int(app.UpstreamPort)),
 	}
-	for k, v := range app.Annotations {
-		ann[k] = v
-	}
+	maps.Copy(ann, app.Annotations)
 	d := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: app.Namespace, Name: app.Name, Labels: app.Labels},
 		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(app.Replicas),
+			Replicas: new(app.Replicas),
 			Selector: &metav1.LabelSelector{MatchLabels: app.Labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: app.Labels, Annotations: ann},
