@@ -1,0 +1,96 @@
+package stack
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	sidecarconfig "github.com/redline-dev/redline/internal/sidecar/config"
+)
+
+func TestRewriteArg(t *testing.T) {
+	sc := &Sidecar{Volumes: map[string]string{"/etc/redline/policies": "/tmp/p", "/etc/redline/podinfo": "/tmp/i"}}
+	ports := map[int32]int{8000: 41000, 9091: 41001}
+	for _, tc := range []struct{ in, want string }{
+		{"--listen=:8000", "--listen=127.0.0.1:41000"},
+		{"--admin-listen=0.0.0.0:9091", "--admin-listen=127.0.0.1:41001"},
+		{"--upstream=127.0.0.1:8080", "--upstream=127.0.0.1:5555"},
+		{"--config-dir=/etc/redline/policies", "--config-dir=/tmp/p"},
+		{"--pod-labels=/etc/redline/podinfo/labels", "--pod-labels=/tmp/i/labels"},
+		{"--config-dir=/etc/redline/policies-other", "--config-dir=/etc/redline/policies-other"},
+		{"--failure-mode=Open", "--failure-mode=Open"},
+		{"--verbose", "--verbose"},
+		{":8000", "127.0.0.1:41000"}, // a value given as its own argument
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			NewWithT(t).Expect(sc.rewriteArg(tc.in, ports, 8080, "127.0.0.1:5555")).To(Equal(tc.want))
+		})
+	}
+}
+
+func TestHasFlag(t *testing.T) {
+	g := NewWithT(t)
+	args := []string{"--listen=:8000", "-grpc-listen", ":1"}
+	g.Expect(hasFlag(args, "listen")).To(BeTrue())
+	g.Expect(hasFlag(args, "grpc-listen")).To(BeTrue())
+	g.Expect(hasFlag(args, "admin-listen")).To(BeFalse())
+}
+
+// The labels file must be what the sidecar's parser (the downward API format) reads.
+func TestDownwardLabelsRoundTrip(t *testing.T) {
+	g := NewWithT(t)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Labels: map[string]string{
+		"app": "shop", "pod-template-hash": "69f4", "quote": `a "b" \c`,
+	}}}
+	data, err := fieldValue(pod, "metadata.labels")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(data)).To(HavePrefix(`app="shop"` + "\n"))
+	parsed, err := sidecarconfig.ParseLabels(data)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(parsed).To(Equal(pod.Labels))
+
+	v, err := fieldValue(pod, "metadata.labels['app']")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(v)).To(Equal("shop"))
+	_, err = fieldValue(pod, "status.hostIPs")
+	g.Expect(err).To(HaveOccurred())
+}
+
+func TestWriteAtomicLikeKubelet(t *testing.T) {
+	g := NewWithT(t)
+	dir := t.TempDir()
+	g.Expect(writeAtomic(dir, map[string][]byte{"policies.json": []byte("v1"), "other": []byte("x")})).To(Succeed())
+	first, err := os.Readlink(filepath.Join(dir, "..data"))
+	g.Expect(err).NotTo(HaveOccurred())
+	link, err := os.Readlink(filepath.Join(dir, "policies.json"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(link).To(Equal(filepath.Join("..data", "policies.json")))
+
+	// An update swaps ..data, drops names no longer in the payload and the old payload directory.
+	g.Expect(writeAtomic(dir, map[string][]byte{"policies.json": []byte("v2")})).To(Succeed())
+	g.Expect(os.ReadFile(filepath.Join(dir, "policies.json"))).To(Equal([]byte("v2")))
+	g.Expect(filepath.Join(dir, "other")).NotTo(BeAnExistingFile())
+	g.Expect(filepath.Join(dir, first)).NotTo(BeAnExistingFile())
+
+	// A deleted optional ConfigMap leaves an empty volume.
+	g.Expect(writeAtomic(dir, map[string][]byte{})).To(Succeed())
+	g.Expect(filepath.Join(dir, "policies.json")).NotTo(BeAnExistingFile())
+}
+
+func TestLabelsMatch(t *testing.T) {
+	g := NewWithT(t)
+	labels := `policy="fail-open",result="allowed",source="failopen"`
+	g.Expect(labelsMatch(labels, map[string]string{"policy": "fail-open", "source": "failopen"})).To(BeTrue())
+	g.Expect(labelsMatch(labels, map[string]string{"policy": "open"})).To(BeFalse())
+	g.Expect(labelsMatch(labels, map[string]string{"result": "refused"})).To(BeFalse())
+	g.Expect(labelsMatch(labels, nil)).To(BeTrue())
+}
+
+func TestFormatMapSortsKeys(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(formatMap(map[string]string{"b": "2", "a": "1"})).To(Equal([]byte("a=\"1\"\nb=\"2\"")))
+}
