@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -256,6 +257,25 @@ var _ = Describe("Redline on a local cluster", Ordered, func() {
 		t := send(ctx, exactPrefix(v1alpha1.TokenBucket), freshKey("after-restart"), 3*exactLimit, 12)
 		Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
 		Expect(t.Admitted).To(Equal(exactLimit))
+	})
+
+	It("removes the ConfigMap and every limit with the namespace's last policy", func(ctx SpecContext) {
+		var list v1alpha1.RateLimitPolicyList
+		Expect(st.Client.List(ctx, &list, client.InNamespace(namespace))).To(Succeed())
+		for _, p := range list.Items {
+			Expect(st.DeletePolicy(ctx, namespace, p.Name)).To(Succeed())
+		}
+		Eventually(func(g Gomega) {
+			_, _, err := st.PoliciesDocument(ctx, namespace)
+			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "ConfigMap still there: %v", err)
+		}).WithTimeout(time.Minute).Should(Succeed())
+		// kubelet empties an optional ConfigMap volume whose ConfigMap is gone; no document means
+		// no limits.
+		Eventually(func(g Gomega) {
+			t := send(ctx, exactPrefix(v1alpha1.FixedWindow), freshKey("no-policies"), 3*exactLimit, 12)
+			g.Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
+			g.Expect(t.Admitted).To(Equal(3 * exactLimit))
+		}).WithTimeout(time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
 	})
 })
 
