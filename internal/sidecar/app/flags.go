@@ -52,7 +52,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.StringVar(&c.Listen, contract.FlagListen, fmt.Sprintf(":%d", contract.DefaultListenPort), "address of the proxy face")
 	fs.StringVar(&c.Upstream, contract.FlagUpstream, "", "the application's host:port (required)")
 	fs.StringVar(&c.AdminListen, contract.FlagAdminListen, fmt.Sprintf(":%d", contract.AdminPort), "address of /healthz, /readyz, /metrics and POST /v1/check")
-	fs.StringVar(&c.GRPCListen, "grpc-listen", ":9092", "address of the Envoy rate limit service (gRPC); empty disables it")
+	fs.StringVar(&c.GRPCListen, contract.FlagGRPCListen, fmt.Sprintf(":%d", contract.GRPCPort), "address of the Envoy rate limit service (gRPC); empty disables it")
 	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
 	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")
 	fs.StringVar(&c.FailureMode, contract.FlagFailureMode, "", "override every policy's failure mode: "+strings.Join(contract.FailureModes, ", "))

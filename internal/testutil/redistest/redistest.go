@@ -86,6 +86,8 @@ func (s *Server) Start() error {
 		return err
 	}
 	cmd := exec.Command(bin, s.args...)
+	// A test binary killed by a timeout must not leave servers behind on the machine.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	logf, err := os.OpenFile(filepath.Join(s.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err

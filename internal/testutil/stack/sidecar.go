@@ -17,11 +17,6 @@ import (
 	"github.com/redline-dev/redline/internal/webhook/contract"
 )
 
-// implicitPortFlags are sidecar flags that open a port by default without the Pod spec
-// mentioning it. In a cluster every Pod has its own network namespace; here all sidecars share
-// loopback, so each gets a free port for them.
-var implicitPortFlags = []string{"grpc-listen"}
-
 // configMapSyncInterval is how often a ConfigMap volume is compared with the API (kubelet
 // takes up to a minute; the stack is quicker so tests wait for Redline, not for it).
 const configMapSyncInterval = 200 * time.Millisecond
@@ -126,16 +121,6 @@ func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr st
 	for _, a := range append(append([]string{}, ctr.Command...), ctr.Args...) {
 		sc.Args = append(sc.Args, sc.rewriteArg(a, ports, upstreamPort, upstreamAddr))
 	}
-	for _, f := range implicitPortFlags {
-		if !hasFlag(sc.Args, f) {
-			free, err := redistest.FreePort()
-			if err != nil {
-				sc.stopSyncing()
-				return nil, fmt.Errorf("choosing a port for --%s: %w", f, err)
-			}
-			sc.Args = append(sc.Args, fmt.Sprintf("--%s=127.0.0.1:%d", f, free))
-		}
-	}
 	env, err := resolveEnv(ctx, s.Client, pod, ctr)
 	if err != nil {
 		sc.stopSyncing()
@@ -227,16 +212,6 @@ func (sc *Sidecar) rewriteArg(arg string, ports map[int32]int, upstreamPort int,
 		}
 	}
 	return arg
-}
-
-func hasFlag(args []string, name string) bool {
-	for _, a := range args {
-		a = strings.TrimLeft(a, "-")
-		if a == name || strings.HasPrefix(a, name+"=") {
-			return true
-		}
-	}
-	return false
 }
 
 // waitReady polls the container's readiness probe (HTTP GET on the mapped port).

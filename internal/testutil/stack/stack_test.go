@@ -32,14 +32,6 @@ func TestRewriteArg(t *testing.T) {
 	}
 }
 
-func TestHasFlag(t *testing.T) {
-	g := NewWithT(t)
-	args := []string{"--listen=:8000", "-grpc-listen", ":1"}
-	g.Expect(hasFlag(args, "listen")).To(BeTrue())
-	g.Expect(hasFlag(args, "grpc-listen")).To(BeTrue())
-	g.Expect(hasFlag(args, "admin-listen")).To(BeFalse())
-}
-
 // The labels file must be what the sidecar's parser (the downward API format) reads.
 func TestDownwardLabelsRoundTrip(t *testing.T) {
 	g := NewWithT(t)

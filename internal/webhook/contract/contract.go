@@ -50,6 +50,11 @@ const (
 	DefaultListenPort = 8000
 	// AdminPort serves HealthzPath, ReadyzPath and MetricsPath.
 	AdminPort = 9091
+	// GRPCPortName names the containerPort of Envoy's rate limit service, so that a Service
+	// can route a gateway's ShouldRateLimit calls to the sidecars.
+	GRPCPortName = "redline-grpc"
+	// GRPCPort serves envoy.service.ratelimit.v3.RateLimitService.
+	GRPCPort = 9092
 	// HealthzPath answers the liveness probe.
 	HealthzPath = "/healthz"
 	// ReadyzPath answers the readiness probe.
@@ -67,6 +72,7 @@ const (
 	FlagListen      = "listen"       // ":<listen port>"
 	FlagUpstream    = "upstream"     // "127.0.0.1:<upstream port>"
 	FlagAdminListen = "admin-listen" // ":9091"
+	FlagGRPCListen  = "grpc-listen"  // ":9092"
 	FlagConfigDir   = "config-dir"   // PoliciesDir
 	FlagPodLabels   = "pod-labels"   // PodLabelsFile
 	FlagFailureMode = "failure-mode" // only when AnnotationFailureMode is set

@@ -51,9 +51,11 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 		return p, fmt.Errorf("annotation %s=%d equals %s: the sidecar and the application cannot listen on the same port",
 			contract.AnnotationListenPort, p.listenPort, contract.AnnotationUpstreamPort)
 	}
-	if p.listenPort == contract.AdminPort || p.upstreamPort == contract.AdminPort {
-		return p, fmt.Errorf("port %d is the sidecar's admin port: use another %s/%s", contract.AdminPort,
-			contract.AnnotationListenPort, contract.AnnotationUpstreamPort)
+	for _, reserved := range []int32{contract.AdminPort, contract.GRPCPort} {
+		if p.listenPort == reserved || p.upstreamPort == reserved {
+			return p, fmt.Errorf("port %d is taken by the sidecar (admin %d, Envoy rate limit service %d): use another %s/%s",
+				reserved, contract.AdminPort, contract.GRPCPort, contract.AnnotationListenPort, contract.AnnotationUpstreamPort)
+		}
 	}
 	if owner := portOwner(pod, p.listenPort); owner != "" {
 		return p, fmt.Errorf("listen port %d is already declared by container %q: set %s to a free port",

@@ -17,6 +17,7 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 		fmt.Sprintf("--%s=:%d", contract.FlagListen, p.listenPort),
 		fmt.Sprintf("--%s=%s:%d", contract.FlagUpstream, contract.UpstreamHost, p.upstreamPort),
 		fmt.Sprintf("--%s=:%d", contract.FlagAdminListen, contract.AdminPort),
+		fmt.Sprintf("--%s=:%d", contract.FlagGRPCListen, contract.GRPCPort),
 		fmt.Sprintf("--%s=%s", contract.FlagConfigDir, contract.PoliciesDir),
 		fmt.Sprintf("--%s=%s", contract.FlagPodLabels, contract.PodLabelsFile),
 	}
@@ -50,6 +51,7 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 		Ports: []corev1.ContainerPort{
 			{Name: contract.ListenPortName, ContainerPort: p.listenPort, Protocol: corev1.ProtocolTCP},
 			{Name: contract.AdminPortName, ContainerPort: contract.AdminPort, Protocol: corev1.ProtocolTCP},
+			{Name: contract.GRPCPortName, ContainerPort: contract.GRPCPort, Protocol: corev1.ProtocolTCP},
 		},
 		Env:       env,
 		Resources: p.resources,

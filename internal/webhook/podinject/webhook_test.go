@@ -51,7 +51,7 @@ var _ = Describe("Pod injection through the API server", func() {
 		Expect(sc.RestartPolicy).To(Equal(ptr.To(corev1.ContainerRestartPolicyAlways)))
 		Expect(sc.Image).To(Equal("example.test/redline-sidecar:v0.1.0"))
 		Expect(sc.Args).To(ConsistOf(
-			"--listen=:8000", "--upstream=127.0.0.1:8080", "--admin-listen=:9091",
+			"--listen=:8000", "--upstream=127.0.0.1:8080", "--admin-listen=:9091", "--grpc-listen=:9092",
 			"--config-dir=/etc/redline/policies", "--pod-labels=/etc/redline/podinfo/labels",
 			"--failure-mode=Closed"))
 		Expect(sc.Ports).To(ContainElement(And(
@@ -126,8 +126,10 @@ var _ = Describe("Pod injection through the API server", func() {
 			contract.AnnotationListenPort, "8080"),
 		Entry("invalid listen port", `redline.dev/listen-port="-1"`,
 			contract.AnnotationListenPort, "-1"),
-		Entry("upstream on the admin port", "admin port",
+		Entry("upstream on the admin port", "taken by the sidecar",
 			contract.AnnotationUpstreamPort, "9091"),
+		Entry("listen on the Envoy rate limit service port", "taken by the sidecar",
+			contract.AnnotationListenPort, "9092"),
 		Entry("bad failure mode", `redline.dev/failure-mode="open"`,
 			contract.AnnotationFailureMode, "open"),
 		Entry("bad cpu", `redline.dev/sidecar-cpu="lots"`,
