@@ -40,6 +40,7 @@ type Config struct {
 	RedisPoolSize     int
 	RedisTimeout      time.Duration
 	LogLevel          slog.Level
+	Pprof             bool
 	PodName           string
 	PodNamespace      string
 }
@@ -53,6 +54,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.StringVar(&c.Upstream, contract.FlagUpstream, "", "the application's host:port (required)")
 	fs.StringVar(&c.AdminListen, contract.FlagAdminListen, fmt.Sprintf(":%d", contract.AdminPort), "address of /healthz, /readyz, /metrics and POST /v1/check")
 	fs.StringVar(&c.GRPCListen, contract.FlagGRPCListen, fmt.Sprintf(":%d", contract.GRPCPort), "address of the Envoy rate limit service (gRPC); empty disables it")
+	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the admin address (for diagnosing a sidecar, not for production traffic)")
 	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
 	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")
 	fs.StringVar(&c.FailureMode, contract.FlagFailureMode, "", "override every policy's failure mode: "+strings.Join(contract.FailureModes, ", "))

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -116,6 +117,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	})
 	admin.Handle("GET "+contract.MetricsPath, m.Handler())
 	admin.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store})
+	if cfg.Pprof {
+		admin.HandleFunc("/debug/pprof/", pprof.Index)
+		admin.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		admin.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	proxySrv := &http.Server{
