@@ -228,8 +228,7 @@ func isNoScript(err error) bool {
 // isOutage says whether err means Redis cannot serve decisions now (as opposed to one command
 // being wrong), so that it counts against the circuit breaker.
 func isOutage(err error) bool {
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
+	if rerr, ok := errors.AsType[redis.Error](err); ok {
 		msg := strings.TrimPrefix(rerr.Error(), "ERR ")
 		for _, p := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "READONLY", "NOSCRIPT"} {
 			if strings.HasPrefix(msg, p) {

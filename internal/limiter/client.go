@@ -176,21 +176,9 @@ func parseURL(raw string) (parsedURL, error) {
 	if sentinel {
 		defPort = "26379"
 	}
-	for h := range strings.SplitSeq(hosts, ",") {
-		if h == "" {
-			return p, fmt.Errorf("%w: empty host in %q", ErrInvalidURL, hosts)
-		}
-		host, port, err := net.SplitHostPort(h)
-		if err != nil {
-			host, port = strings.Trim(h, "[]"), defPort
-		}
-		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-			return p, fmt.Errorf("%w: port of %q: %w", ErrInvalidURL, h, err)
-		}
-		if p.firstHost == "" {
-			p.firstHost = host
-		}
-		p.addrs = append(p.addrs, net.JoinHostPort(host, port))
+	var err error
+	if p.addrs, p.firstHost, err = parseHosts(hosts, defPort); err != nil {
+		return p, err
 	}
 	rest2, err := url.Parse("redis://h" + pathQuery)
 	if err != nil {
@@ -209,20 +197,8 @@ func parseURL(raw string) (parsedURL, error) {
 	default:
 		return p, fmt.Errorf("%w: path %q", ErrInvalidURL, rest2.Path)
 	}
-	for k, v := range rest2.Query() {
-		val := v[len(v)-1]
-		switch k {
-		case "cluster":
-			if p.cluster, err = strconv.ParseBool(val); err != nil {
-				return p, fmt.Errorf("%w: cluster=%q: %w", ErrInvalidURL, val, err)
-			}
-		case "master_name":
-			p.masterName = val
-		case "client_name":
-			p.clientName = val
-		default:
-			return p, fmt.Errorf("%w: unknown parameter %q", ErrInvalidURL, k)
-		}
+	if err := p.applyQuery(rest2.Query()); err != nil {
+		return p, err
 	}
 	if len(p.addrs) > 1 && !sentinel {
 		p.cluster = true
@@ -234,6 +210,49 @@ func parseURL(raw string) (parsedURL, error) {
 		return p, fmt.Errorf("%w: Redis Cluster has only database 0", ErrInvalidURL)
 	}
 	return p, nil
+}
+
+// parseHosts reads a comma-separated host[:port] list; a host without a port gets defPort.
+func parseHosts(hosts, defPort string) (addrs []string, first string, err error) {
+	for h := range strings.SplitSeq(hosts, ",") {
+		if h == "" {
+			return nil, "", fmt.Errorf("%w: empty host in %q", ErrInvalidURL, hosts)
+		}
+		host, port, err := net.SplitHostPort(h)
+		if err != nil {
+			host, port = strings.Trim(h, "[]"), defPort
+		}
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return nil, "", fmt.Errorf("%w: port of %q: %w", ErrInvalidURL, h, err)
+		}
+		if first == "" {
+			first = host
+		}
+		addrs = append(addrs, net.JoinHostPort(host, port))
+	}
+	return addrs, first, nil
+}
+
+// applyQuery reads the URL's parameters: cluster, master_name and client_name.
+func (p *parsedURL) applyQuery(q url.Values) error {
+	for k, v := range q {
+		val := v[len(v)-1]
+		switch k {
+		case "cluster":
+			c, err := strconv.ParseBool(val)
+			if err != nil {
+				return fmt.Errorf("%w: cluster=%q: %w", ErrInvalidURL, val, err)
+			}
+			p.cluster = c
+		case "master_name":
+			p.masterName = val
+		case "client_name":
+			p.clientName = val
+		default:
+			return fmt.Errorf("%w: unknown parameter %q", ErrInvalidURL, k)
+		}
+	}
+	return nil
 }
 
 // redact hides the credentials of a URL quoted in an error or a log, keeping its scheme.

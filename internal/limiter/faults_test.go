@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,8 +71,8 @@ func TestPrecheckIsBounded(t *testing.T) {
 	}
 	before := hook.n.Load()
 	local := 0
-	for i := len(keys) - 1; i >= 0; i-- { // newest first, before misses evict them
-		r, _ := l.Allow(context.Background(), keys[i], lim, 1)
+	for _, key := range slices.Backward(keys) { // newest first, before misses evict them
+		r, _ := l.Allow(context.Background(), key, lim, 1)
 		g.Expect(r.Allowed).To(BeFalse())
 		if r.Source == limiter.SourcePrecheck {
 			local++

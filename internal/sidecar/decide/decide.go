@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -185,13 +186,7 @@ func Matches(m *config.Match, req *Request) bool {
 		return false
 	}
 	if len(m.Methods) > 0 {
-		found := false
-		for _, meth := range m.Methods {
-			if meth == req.Method {
-				found = true
-				break
-			}
-		}
+		found := slices.Contains(m.Methods, req.Method)
 		if !found {
 			return false
 		}
@@ -202,13 +197,7 @@ func Matches(m *config.Match, req *Request) bool {
 			return false
 		}
 		if h.Value != nil {
-			found := false
-			for _, v := range vals {
-				if v == *h.Value {
-					found = true
-					break
-				}
-			}
+			found := slices.Contains(vals, *h.Value)
 			if !found {
 				return false
 			}
@@ -278,8 +267,8 @@ func ClientIP(xff []string, remote string, trustedHops int) string {
 	// Walk the entries from the right across every X-Forwarded-For field.
 	n := 0
 	last := ""
-	for i := len(xff) - 1; i >= 0; i-- {
-		field := xff[i]
+	for _, field := range slices.Backward(xff) {
+
 		for field != "" {
 			var entry string
 			if j := strings.LastIndexByte(field, ','); j >= 0 {

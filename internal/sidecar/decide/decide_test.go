@@ -46,7 +46,7 @@ func (f *fakeLimiter) Allow(_ context.Context, key string, l limiter.Limit, cost
 	return r, nil
 }
 
-func ptr(s string) *string { return &s }
+//go:fix inline
 
 func testSet(t *testing.T, override limiter.FailureMode) *config.Set {
 	t.Helper()
@@ -58,7 +58,7 @@ func testSet(t *testing.T, override limiter.FailureMode) *config.Set {
 					Key: []compiled.KeyPart{{Header: "x-api-key"}}, Algorithm: "FixedWindow", Requests: 2, WindowMS: 60000, Mode: "Enforce"},
 				{Name: "per-ip", Key: []compiled.KeyPart{{Attribute: "ForwardedFor"}}, Algorithm: "SlidingWindowCounter",
 					Requests: 3, WindowMS: 1500, Mode: "Enforce"},
-				{Name: "trial", Match: &compiled.Match{Headers: []compiled.HeaderMatch{{Name: "x-tier", Value: ptr("free")}}},
+				{Name: "trial", Match: &compiled.Match{Headers: []compiled.HeaderMatch{{Name: "x-tier", Value: new("free")}}},
 					Key: []compiled.KeyPart{{Constant: "all"}}, Algorithm: "TokenBucket", Requests: 1, WindowMS: 1000, Burst: 1, Mode: "Shadow"},
 			},
 		},

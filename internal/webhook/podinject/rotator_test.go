@@ -31,7 +31,7 @@ func unusedWebhookConfig(name string) *admissionregistrationv1.MutatingWebhookCo
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
 			Name:                    "unused.redline.dev",
 			AdmissionReviewVersions: []string{"v1"},
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/mutate-v1-pod")},
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: new("https://127.0.0.1:1/mutate-v1-pod")},
 			FailurePolicy:           ptr.To(admissionregistrationv1.Ignore),
 			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
 			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"redline.dev/never": "true"}},

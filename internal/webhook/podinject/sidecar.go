@@ -35,7 +35,7 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 				LocalObjectReference: corev1.LocalObjectReference{Name: cfg.RedisSecret},
 				Key:                  contract.RedisSecretKey,
 				// Redis without a password is common inside a cluster; the pod must start then too.
-				Optional: ptr.To(true),
+				Optional: new(true),
 			},
 		}})
 	}
@@ -64,11 +64,11 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 		ImagePullPolicy:          corev1.PullPolicy(cfg.SidecarImagePullPolicy),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 		SecurityContext: &corev1.SecurityContext{
-			RunAsNonRoot:             ptr.To(true),
+			RunAsNonRoot:             new(true),
 			RunAsUser:                ptr.To[int64](contract.RunAsUser),
 			RunAsGroup:               ptr.To[int64](contract.RunAsUser),
-			ReadOnlyRootFilesystem:   ptr.To(true),
-			AllowPrivilegeEscalation: ptr.To(false),
+			ReadOnlyRootFilesystem:   new(true),
+			AllowPrivilegeEscalation: new(false),
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
@@ -100,7 +100,7 @@ func sidecarVolumes() []corev1.Volume {
 		{Name: contract.PoliciesVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: compiled.ConfigMapName},
 			// Pods start before the namespace's first policy; the sidecar sees the file appear.
-			Optional:    ptr.To(true),
+			Optional:    new(true),
 			DefaultMode: ptr.To[int32](0o444),
 		}}},
 		{Name: contract.PodInfoVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{

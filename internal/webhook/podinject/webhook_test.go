@@ -58,7 +58,7 @@ var _ = Describe("Pod injection through the API server", func() {
 			HaveField("Name", contract.ListenPortName), HaveField("ContainerPort", int32(8000)))))
 		Expect(sc.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
 		Expect(sc.LivenessProbe.HTTPGet.Path).To(Equal("/healthz"))
-		Expect(sc.SecurityContext.ReadOnlyRootFilesystem).To(Equal(ptr.To(true)))
+		Expect(sc.SecurityContext.ReadOnlyRootFilesystem).To(Equal(new(true)))
 		Expect(sc.SecurityContext.RunAsUser).To(Equal(ptr.To[int64](65532)))
 		Expect(stored.Spec.Containers).To(HaveLen(1), "the application container stays alone")
 		Expect(stored.Spec.Volumes).To(ContainElements(
