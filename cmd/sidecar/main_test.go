@@ -16,8 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+
 	"github.com/redline-dev/redline/internal/compiled"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -100,7 +101,7 @@ func newEnv(t testing.TB, app string) *env {
 	if err := os.MkdirAll(e.configDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := sidecartest.WriteAtomic(filepath.Dir(e.labels), map[string][]byte{"labels": []byte(fmt.Sprintf("app=%q\npod-template-hash=\"abc\"\n", app))}); err != nil {
+	if err := kubeletdir.Write(filepath.Dir(e.labels), map[string][]byte{"labels": []byte(fmt.Sprintf("app=%q\npod-template-hash=\"abc\"\n", app))}); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -109,7 +110,7 @@ func newEnv(t testing.TB, app string) *env {
 // write publishes a policies document the way kubelet updates a mounted ConfigMap.
 func (e *env) write(t testing.TB, doc []byte) {
 	t.Helper()
-	if err := sidecartest.WriteAtomic(e.configDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
+	if err := kubeletdir.Write(e.configDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -16,8 +16,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+
 	"github.com/redline-dev/redline/internal/compiled"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -221,10 +222,10 @@ func writeSidecarFiles(dir string) (cfgDir, labels string, err error) {
 		return "", "", err
 	}
 	cfgDir, info := filepath.Join(dir, "policies"), filepath.Join(dir, "podinfo")
-	if err := sidecartest.WriteAtomic(cfgDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
+	if err := kubeletdir.Write(cfgDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
 		return "", "", fmt.Errorf("writing the policies: %w", err)
 	}
-	if err := sidecartest.WriteAtomic(info, map[string][]byte{"labels": []byte("app=\"bench\"\n")}); err != nil {
+	if err := kubeletdir.Write(info, map[string][]byte{"labels": []byte("app=\"bench\"\n")}); err != nil {
 		return "", "", fmt.Errorf("writing the labels: %w", err)
 	}
 	return cfgDir, filepath.Join(info, "labels"), nil

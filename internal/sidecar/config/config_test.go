@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+
 	. "github.com/onsi/gomega"
 
 	"github.com/redline-dev/redline/internal/compiled"
@@ -46,7 +48,7 @@ func newLoader(t *testing.T) *loaderFixture {
 		OnError: func(error) { f.errors.Add(1) },
 		Resync:  time.Hour,
 	}
-	if err := sidecartest.WriteAtomic(filepath.Dir(f.labels), map[string][]byte{"labels": []byte(`app="checkout"` + "\n")}); err != nil {
+	if err := kubeletdir.Write(filepath.Dir(f.labels), map[string][]byte{"labels": []byte(`app="checkout"` + "\n")}); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -54,7 +56,7 @@ func newLoader(t *testing.T) *loaderFixture {
 
 func (f *loaderFixture) write(t *testing.T, data []byte) {
 	t.Helper()
-	if err := sidecartest.WriteAtomic(f.dir, map[string][]byte{compiled.DataKey: data}); err != nil {
+	if err := kubeletdir.Write(f.dir, map[string][]byte{compiled.DataKey: data}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -135,6 +137,6 @@ func TestLoaderWatchesKubeletSwaps(t *testing.T) {
 	// The pod's labels change: the policy no longer selects it.
 	f.write(t, sidecartest.Document("shop", "p", "r", "checkout", 30, time.Minute, "x-key", "Open"))
 	g.Eventually(func() int64 { return requestsInForce(f.store) }).WithTimeout(5 * time.Second).Should(Equal(int64(30)))
-	g.Expect(sidecartest.WriteAtomic(filepath.Dir(f.labels), map[string][]byte{"labels": []byte(`app="other"` + "\n")})).To(Succeed())
+	g.Expect(kubeletdir.Write(filepath.Dir(f.labels), map[string][]byte{"labels": []byte(`app="other"` + "\n")})).To(Succeed())
 	g.Eventually(func() int { return len(f.store.Current().Policies) }).WithTimeout(5 * time.Second).Should(Equal(0))
 }

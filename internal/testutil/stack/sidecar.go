@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -159,14 +161,14 @@ func (s *Stack) prepareVolume(ctx context.Context, pod *corev1.Pod, name, local 
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: %w", name, err)
 		}
-		return nil, writeAtomic(local, files)
+		return nil, kubeletdir.Write(local, files)
 	case vol.ConfigMap != nil:
 		src := vol.ConfigMap.DeepCopy()
 		files, version, err := configMapFiles(ctx, s.Client, pod.Namespace, src)
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: %w", name, err)
 		}
-		if err := writeAtomic(local, files); err != nil {
+		if err := kubeletdir.Write(local, files); err != nil {
 			return nil, fmt.Errorf("volume %s: %w", name, err)
 		}
 		return func(ctx context.Context) {
@@ -174,12 +176,12 @@ func (s *Stack) prepareVolume(ctx context.Context, pod *corev1.Pod, name, local 
 			if err != nil || v == version {
 				return // an API hiccup is retried on the next tick, as kubelet does
 			}
-			if writeAtomic(local, files) == nil {
+			if kubeletdir.Write(local, files) == nil {
 				version = v
 			}
 		}, nil
 	case vol.EmptyDir != nil:
-		return nil, writeAtomic(local, map[string][]byte{})
+		return nil, kubeletdir.Write(local, map[string][]byte{})
 	}
 	return nil, fmt.Errorf("volume %s: only ConfigMap, downward API and emptyDir volumes are supported by the local stack", name)
 }
