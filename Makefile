@@ -3,6 +3,7 @@ SHELL := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 
 IMG ?= ghcr.io/redline-dev/redline:dev
+SIDECAR_IMG ?= ghcr.io/redline-dev/redline-sidecar:dev
 LOCALBIN ?= $(CURDIR)/bin
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
@@ -60,6 +61,11 @@ build: generate ## Build the manager and sidecar binaries into bin/.
 run: manifests generate ## Run the manager against the cluster of the current kubeconfig (REDIS_URL=redis://...).
 	go run ./cmd/manager --redis-url="$${REDIS_URL:-redis://127.0.0.1:6379}"
 
+.PHONY: docker-build
+docker-build: ## Build the manager and sidecar images (IMG, SIDECAR_IMG); needs a Docker engine.
+	docker build --target manager -t $(IMG) .
+	docker build --target sidecar -t $(SIDECAR_IMG) .
+
 ##@ Deployment
 .PHONY: install
 install: manifests ## Install the CRD into the cluster of the current kubeconfig.
@@ -70,8 +76,8 @@ uninstall: manifests ## Remove the CRD (and with it every RateLimitPolicy).
 	$(KUSTOMIZE) config/crd | kubectl delete --ignore-not-found -f -
 
 .PHONY: deploy
-deploy: manifests ## Deploy the operator (IMG=...) into the cluster of the current kubeconfig.
-	$(KUSTOMIZE) config/default | sed 's|image: redline:latest|image: $(IMG)|' | kubectl apply --server-side -f -
+deploy: manifests ## Deploy the operator (IMG=..., SIDECAR_IMG=...) into the cluster of the current kubeconfig.
+	$(KUSTOMIZE) config/default | sed -e 's|image: redline:latest|image: $(IMG)|' -e 's|--sidecar-image=redline-sidecar:latest|--sidecar-image=$(SIDECAR_IMG)|' | kubectl apply --server-side -f -
 
 .PHONY: undeploy
 undeploy: ## Remove the operator.
