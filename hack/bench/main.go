@@ -30,7 +30,7 @@ type Options struct {
 	Out             string
 	Sidecar         string
 	Concurrency     []int
-	RTConcurrency   int
+	RTConcurrency   []int
 	Replicas        []int
 	CellTime        time.Duration
 	CellOps         int64
@@ -66,11 +66,11 @@ func progress(format string, args ...any) {
 
 func main() {
 	var o Options
-	var conc, replicas string
+	var conc, replicas, rtConc string
 	flag.StringVar(&o.Out, "out", "results", "directory for bench.md, bench.png and bench.json")
 	flag.StringVar(&o.Sidecar, "sidecar", "", "a sidecar binary to use instead of building ./cmd/sidecar")
 	flag.StringVar(&conc, "concurrency", "1,16,64", "concurrent clients of each face")
-	flag.IntVar(&o.RTConcurrency, "rt-concurrency", 64, "concurrent callers of the round-trip cells")
+	flag.StringVar(&rtConc, "rt-concurrency", "1,16,256", "concurrent callers of the round-trip cells")
 	flag.StringVar(&replicas, "replicas", "3,10", "replica counts of the accuracy cells")
 	flag.DurationVar(&o.CellTime, "cell-time", 2*time.Second, "longest run of one load cell")
 	flag.Int64Var(&o.CellOps, "cell-ops", 200_000, "most operations of one load cell")
@@ -80,6 +80,9 @@ func main() {
 	var err error
 	if o.Concurrency, err = intList(conc); err == nil {
 		o.Replicas, err = intList(replicas)
+	}
+	if err == nil {
+		o.RTConcurrency, err = intList(rtConc)
 	}
 	if err == nil {
 		err = run(o, "go run ./hack/bench "+strings.Join(os.Args[1:], " "))
@@ -137,7 +140,7 @@ func run(o Options, command string) (err error) {
 	defer stopUpstream()
 
 	// Round trips first: their cells load the scripts that redis-benchmark then runs.
-	progress("round trips per decision, in-process limiter, %d callers", o.RTConcurrency)
+	progress("round trips per decision, in-process limiter, %v callers", o.RTConcurrency)
 	cellBounds := Bounds{MaxOps: o.CellOps, MaxTime: o.CellTime, Warmup: 200}
 	if rep.RoundTrips, err = runRoundTrips(ctx, srv.URL(), o.RTConcurrency, Bounds{MaxOps: o.CellOps, MaxTime: o.CellTime * 3 / 4}); err != nil {
 		return err

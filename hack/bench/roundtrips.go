@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -41,6 +42,8 @@ type RoundTripCell struct {
 	Commands float64 `json:"redisCommandsPerDecision"`
 	// Refused is the share of decisions refused.
 	Refused float64 `json:"refusedShare"`
+	// Allocs is heap allocations per decision in this process (the load loop's included).
+	Allocs float64 `json:"allocsPerDecision"`
 }
 
 // tripCounter is a go-redis hook counting round trips: one per command, one per pipeline.
@@ -119,18 +122,21 @@ var rtModes = []rtMode{
 	engine("engine, batching + pre-check (default)", true, true),
 }
 
-// runRoundTrips measures every mode under both workloads at concurrency conc.
-func runRoundTrips(ctx context.Context, url string, conc int, b Bounds) ([]RoundTripCell, error) {
+// runRoundTrips measures every mode under both workloads at each concurrency of concs.
+func runRoundTrips(ctx context.Context, url string, concs []int, b Bounds) ([]RoundTripCell, error) {
 	var out []RoundTripCell
 	for _, work := range []string{workAdmit, workRefuse} {
 		for i, m := range rtModes {
-			c, err := rtCell(ctx, url, m, work, fmt.Sprintf("%d-%s", i, strings.ReplaceAll(work, " ", "")), conc, b)
-			if err != nil {
-				return nil, fmt.Errorf("%s, %s: %w", m.name, work, err)
+			for _, conc := range concs {
+				tag := fmt.Sprintf("%d-%s-%d", i, strings.ReplaceAll(work, " ", ""), conc)
+				c, err := rtCell(ctx, url, m, work, tag, conc, b)
+				if err != nil {
+					return nil, fmt.Errorf("%s, %s, %d callers: %w", m.name, work, conc, err)
+				}
+				progress("  %-40s %-11s %4d callers %8.0f/s  round trips/decision %.3f  commands/decision %.3f  allocs/decision %.1f  refused %.0f%%",
+					m.name, work, conc, c.PerSec, c.RoundTrips, c.Commands, c.Allocs, 100*c.Refused)
+				out = append(out, c)
 			}
-			progress("  %-40s %-11s %8.0f/s  round trips/decision %.3f  commands/decision %.3f  refused %.0f%%",
-				m.name, work, c.PerSec, c.RoundTrips, c.Commands, 100*c.Refused)
-			out = append(out, c)
 		}
 	}
 	return out, nil
@@ -181,11 +187,16 @@ func rtCell(ctx context.Context, url string, m rtMode, work, tag string, conc in
 		return RoundTripCell{}, err
 	}
 	tripsBefore := trips.n.Load()
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	mallocsBefore := mem.Mallocs
 	b.Warmup = 0
 	cell, err := closedLoop(ctx, conc, b, fn)
 	if err != nil {
 		return RoundTripCell{}, err
 	}
+	runtime.ReadMemStats(&mem)
+	mallocs := mem.Mallocs - mallocsBefore
 	tripsAfter := trips.n.Load()
 	cmdsAfter, err := redisCommands(ctx, c)
 	if err != nil {
@@ -195,7 +206,8 @@ func rtCell(ctx context.Context, url string, m rtMode, work, tag string, conc in
 	return RoundTripCell{Mode: m.name, Workload: work, Cell: cell,
 		RoundTrips: float64(tripsAfter-tripsBefore) / n,
 		Commands:   float64(cmdsAfter-cmdsBefore) / n,
-		Refused:    float64(refused.Load()) / n}, nil
+		Refused:    float64(refused.Load()) / n,
+		Allocs:     float64(mallocs) / n}, nil
 }
 
 // decisionCommands are the commands a decision sends to Redis. The commands scripts run
