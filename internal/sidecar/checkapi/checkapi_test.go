@@ -11,7 +11,6 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/config"
@@ -26,17 +25,7 @@ func (admitAll) Allow(_ context.Context, _ string, l limiter.Limit, _ int64) (li
 }
 
 func handler(t testing.TB) *checkapi.Handler {
-	doc, err := compiled.Parse(sidecartest.Document("ns", "p", "r", "web", 10, time.Minute, "x-key", "Open"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := config.NewBuilder("").Build(doc, map[string]string{"app": "web"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := &config.Store{}
-	store.Swap(set)
-	return &checkapi.Handler{Engine: &decide.Engine{Limiter: admitAll{}}, Store: store}
+	return &checkapi.Handler{Engine: &decide.Engine{Limiter: admitAll{}}, Store: sidecartest.Store(t, 10, time.Minute)}
 }
 
 func do(h http.Handler, method, body string) *httptest.ResponseRecorder {

@@ -11,9 +11,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/limiter"
-	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
@@ -30,17 +28,7 @@ func (byKey) Allow(_ context.Context, key string, l limiter.Limit, _ int64) (lim
 }
 
 func newProxy(t testing.TB, upstream string, headers bool) http.Handler {
-	doc, err := compiled.Parse(sidecartest.Document("ns", "p", "r", "web", 10, time.Minute, "x-key", "Open"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := config.NewBuilder("").Build(doc, map[string]string{"app": "web"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := &config.Store{}
-	store.Swap(set)
-	h, err := proxy.New(proxy.Options{Upstream: upstream, Engine: &decide.Engine{Limiter: byKey{}}, Store: store, Headers: headers})
+	h, err := proxy.New(proxy.Options{Upstream: upstream, Engine: &decide.Engine{Limiter: byKey{}}, Store: sidecartest.Store(t, 10, time.Minute), Headers: headers})
 	if err != nil {
 		t.Fatal(err)
 	}

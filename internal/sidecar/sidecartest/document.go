@@ -2,8 +2,12 @@
 package sidecartest
 
 import (
+	"testing"
+
 	"fmt"
 	"time"
+
+	"github.com/redline-dev/redline/internal/sidecar/config"
 
 	"github.com/redline-dev/redline/internal/compiled"
 )
@@ -32,4 +36,22 @@ func DocumentAlgorithm(namespace, policy, rule, app string, requests int64, wind
 		panic(fmt.Sprintf("building test document: %v", err))
 	}
 	return data
+}
+
+// Store returns a store holding the rule set of a Document (namespace "ns", policy "p", rule
+// "r", app=web, limit requests per window, keyed on X-Key, failing open), as a pod labelled
+// app=web would load it.
+func Store(t testing.TB, requests int64, window time.Duration) *config.Store {
+	t.Helper()
+	doc, err := compiled.Parse(Document("ns", "p", "r", "web", requests, window, "x-key", "Open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := config.NewBuilder("").Build(doc, map[string]string{"app": "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &config.Store{}
+	store.Swap(set)
+	return store
 }
