@@ -134,7 +134,9 @@ func (r *RateLimitPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	var statusErrs []error
 	for _, o := range outcomes {
 		o.configErr, o.scriptErr = cmErr, scriptErr
-		o.enforcement = r.enforcement(ctx, ns, o.policy.Name)
+		if o.inDocument() {
+			o.enforcement = r.enforcement(ctx, ns, o.policy.Name)
+		}
 		if err := r.updateStatus(ctx, o, doc); err != nil {
 			statusErrs = append(statusErrs, err)
 		}
@@ -189,6 +191,10 @@ type outcome struct {
 	scriptErr      error
 	enforcement    enforcement
 }
+
+// inDocument reports whether some generation of the policy is in the compiled document: the
+// current one, or the last accepted one kept while the current spec is invalid.
+func (o *outcome) inDocument() bool { return o.compileErr == nil || o.keptGeneration > 0 }
 
 func (r *RateLimitPolicyReconciler) currentConfigMap(ctx context.Context, ns string) (*corev1.ConfigMap, error) {
 	var cm corev1.ConfigMap

@@ -15,7 +15,6 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/compiled"
-	"github.com/redline-dev/redline/internal/limiter"
 )
 
 // desiredStatus is the status a policy should carry after this reconcile.
@@ -23,10 +22,9 @@ func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicySt
 	p := o.policy
 	st := *p.Status.DeepCopy()
 	st.ObservedGeneration = p.Generation
-	gen := p.Generation
 	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen,
+			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: p.Generation,
 		})
 	}
 
@@ -37,14 +35,11 @@ func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicySt
 			fmt.Sprintf("%d rule(s) compiled", len(p.Spec.Rules)))
 	}
 
-	enforcedGen := p.Generation
 	switch {
 	case o.compileErr != nil && o.keptGeneration > 0:
-		enforcedGen = o.keptGeneration
 		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonInvalid,
 			fmt.Sprintf("spec generation %d is invalid; generation %d stays in ConfigMap %s", p.Generation, o.keptGeneration, compiled.ConfigMapName))
 	case o.compileErr != nil:
-		enforcedGen = 0
 		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonInvalid,
 			"spec is invalid; the policy is not enforced")
 	case o.configErr != nil:
@@ -56,18 +51,17 @@ func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicySt
 		set(v1alpha1.ConditionProgrammed, metav1.ConditionTrue, ReasonProgrammed,
 			fmt.Sprintf("in ConfigMap %s (hash %.12s) with its scripts loaded in Redis", compiled.ConfigMapName, doc.Hash))
 	}
-	if enforcedGen > 0 {
-		status, reason, msg := o.enforcement.condition(doc.Hash)
-		set(v1alpha1.ConditionEnforced, status, reason, msg)
-	} else {
+	if !o.inDocument() {
 		set(v1alpha1.ConditionEnforced, metav1.ConditionFalse, ReasonInvalid, "the policy is not in the configuration")
+		st.ConfigHash, st.Scripts = "", nil
+		return st
 	}
-
-	if enforcedGen > 0 && o.configErr == nil {
+	status, reason, msg := o.enforcement.condition(doc.Hash)
+	set(v1alpha1.ConditionEnforced, status, reason, msg)
+	// A ConfigMap that could not be written leaves the hash and scripts of the last one.
+	if o.configErr == nil {
 		st.ConfigHash = doc.Hash
 		st.Scripts = scriptsOf(doc, p.Name)
-	} else if enforcedGen == 0 {
-		st.ConfigHash, st.Scripts = "", nil
 	}
 	return st
 }
@@ -84,8 +78,7 @@ func scriptsOf(doc *compiled.Document, name string) []v1alpha1.ScriptStatus {
 			if slices.ContainsFunc(out, func(s v1alpha1.ScriptStatus) bool { return s.Algorithm == alg }) {
 				continue
 			}
-			script, _ := limiter.ScriptFor(limiter.Algorithm(r.Algorithm))
-			out = append(out, v1alpha1.ScriptStatus{Algorithm: alg, SHA: script.SHA})
+			out = append(out, v1alpha1.ScriptStatus{Algorithm: alg, SHA: doc.Scripts[r.Algorithm]})
 		}
 	}
 	slices.SortFunc(out, func(a, b v1alpha1.ScriptStatus) int { return strings.Compare(string(a.Algorithm), string(b.Algorithm)) })
