@@ -33,16 +33,22 @@ type Options struct {
 	ResponseHeaderTimeout time.Duration
 	// DialTimeout bounds connecting to the application (default 5s).
 	DialTimeout time.Duration
-	// MaxIdleConns is how many idle keep-alive connections to the application are kept
-	// (default 1024): the sidecar talks to one host only.
+	// MaxIdleConns is how many idle keep-alive connections to the application are kept, per
+	// path (default 256): the sidecar talks to one host only.
 	MaxIdleConns int
-	Log          *slog.Logger
+	// IdleConnTimeout closes keep-alive connections to the application idle this long
+	// (default 90s).
+	IdleConnTimeout time.Duration
+	Log             *slog.Logger
 }
 
 // Handler decides and forwards requests.
 type Handler struct {
 	opts Options
 	rp   *httputil.ReverseProxy
+	// transport carries what the direct path does not take (see direct.go).
+	transport *http.Transport
+	pool      *pool
 }
 
 // New returns a Handler forwarding to opts.Upstream.
@@ -54,24 +60,29 @@ func New(opts Options) (*Handler, error) {
 		opts.DialTimeout = 5 * time.Second
 	}
 	if opts.MaxIdleConns <= 0 {
-		opts.MaxIdleConns = 1024
+		opts.MaxIdleConns = 256
+	}
+	if opts.IdleConnTimeout <= 0 {
+		opts.IdleConnTimeout = 90 * time.Second
 	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
 	target := &url.URL{Scheme: "http", Host: opts.Upstream}
+	dialer := net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           dialer.DialContext,
 		MaxIdleConns:          opts.MaxIdleConns,
 		MaxIdleConnsPerHost:   opts.MaxIdleConns,
-		IdleConnTimeout:       90 * time.Second,
+		IdleConnTimeout:       opts.IdleConnTimeout,
 		ResponseHeaderTimeout: opts.ResponseHeaderTimeout,
 		ExpectContinueTimeout: time.Second,
 		// Pass the client's encoding through untouched; the transport must not negotiate gzip
 		// on its own and decompress behind the application's back.
 		DisableCompression: true,
 	}
-	h := &Handler{opts: opts}
+	h := &Handler{opts: opts, pool: &pool{addr: opts.Upstream, dialer: dialer, maxIdle: opts.MaxIdleConns, idleTimeout: opts.IdleConnTimeout}}
+	h.transport = transport
 	h.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
@@ -111,7 +122,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			d.Fields().Write(w.Header())
 		}
 	}
+	if direct(r) {
+		h.serveDirect(w, r)
+		return
+	}
 	h.rp.ServeHTTP(w, r)
+}
+
+// Close closes the idle connections to the application. In-flight requests finish; call it
+// after the server in front has shut down.
+func (h *Handler) Close() {
+	h.pool.close()
+	h.transport.CloseIdleConnections()
 }
 
 // Refusal is the JSON body of a 429.
