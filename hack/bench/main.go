@@ -33,6 +33,7 @@ type Options struct {
 	RTConcurrency   []int
 	Replicas        []int
 	CellTime        time.Duration
+	WrkTime         time.Duration
 	CellOps         int64
 	CeilingRequests int
 	Timeout         time.Duration
@@ -46,6 +47,8 @@ type Report struct {
 	Faces      []FaceCell      `json:"faces"`
 	RoundTrips []RoundTripCell `json:"roundTrips"`
 	Accuracy   []AccuracyCell  `json:"accuracy"`
+	Wrk        []WrkCell       `json:"wrk"`
+	WrkSkipped string          `json:"wrkSkipped,omitempty"`
 	Memory     Memory          `json:"memory"`
 }
 
@@ -73,6 +76,7 @@ func main() {
 	flag.StringVar(&rtConc, "rt-concurrency", "1,16,256", "concurrent callers of the round-trip cells")
 	flag.StringVar(&replicas, "replicas", "3,10", "replica counts of the accuracy cells")
 	flag.DurationVar(&o.CellTime, "cell-time", 2*time.Second, "longest run of one load cell")
+	flag.DurationVar(&o.WrkTime, "wrk-time", 8*time.Second, "length of each wrk run (needs wrk on PATH)")
 	flag.Int64Var(&o.CellOps, "cell-ops", 200_000, "most operations of one load cell")
 	flag.IntVar(&o.CeilingRequests, "ceiling-requests", 300_000, "redis-benchmark -n for the ceiling")
 	flag.DurationVar(&o.Timeout, "timeout", 8*time.Minute, "give up after this long")
@@ -183,6 +187,14 @@ func run(o Options, command string) (err error) {
 	}
 	rep.Memory.AfterLoadMiB = rssMiB(first.Pid())
 	progress("RSS peak under load %.1f MiB, after %.1f MiB", rep.Memory.PeakLoadMiB, rep.Memory.AfterLoadMiB)
+
+	progress("wrk, 64 connections, %s per face", o.WrkTime)
+	if rep.Wrk, rep.WrkSkipped, err = runWrk(ctx, dir, first, o.WrkTime); err != nil {
+		return err
+	}
+	if rep.WrkSkipped != "" {
+		progress("  %s", rep.WrkSkipped)
+	}
 
 	maxReplicas := 0
 	for _, n := range o.Replicas {

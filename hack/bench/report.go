@@ -84,6 +84,17 @@ func markdown(r *Report) string {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s | %s |\n", f.Face, f.Concurrency, f.PerSec, of, us(f.P50), us(f.P99), rt, deg)
 	}
 
+	fmt.Fprintf(&b, "\n### The same faces under wrk\n\n")
+	if r.WrkSkipped != "" {
+		fmt.Fprintf(&b, "%s.\n", r.WrkSkipped)
+	} else {
+		fmt.Fprintf(&b, "wrk (a C load generator, `wrk -t2 -c64 --latency` with a Lua script naming 10000 keys) leaves the sidecar more of the two cores than the Go clients above, so these rows are the sidecar's capacity on this machine. RSS is the sidecar's peak during the run.\n\n")
+		fmt.Fprintf(&b, "| face | connections | seconds | decisions/s | p50 | p99 | non-2xx | sidecar RSS peak |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, c := range r.Wrk {
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %s | %s | %d | %.1f MiB |\n", c.Face, c.Connections, c.Seconds, c.PerSec, us(c.P50), us(c.P99), c.Non2xx, c.PeakRSSMiB)
+		}
+	}
+
 	fmt.Fprintf(&b, "\n## Redis round trips per decision\n\n")
 	fmt.Fprintf(&b, "The limiter engine in-process (no HTTP), against the same Redis. *Under limit*: 1024 keys, never refused. *Over limit*: 64 keys with a limit of 10 per minute, so almost every decision is a refusal. Round trips are counted on the client (one per command or pipeline); commands are the EVALSHA, INCR and EXPIRE calls Redis counted in INFO commandstats (batching saves round trips, not script runs; the pre-check saves both). \"local\": refused from the pre-check cache, no Redis ceiling applies.\n\n")
 	fmt.Fprintf(&b, "| mode | workload | callers | decisions/s | of ceiling | p50 | p99 | round trips / decision | Redis commands / decision | allocs / decision | refused |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
