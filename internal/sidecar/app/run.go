@@ -14,9 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
@@ -141,7 +139,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		proxyLn.Close()
 		return fmt.Errorf("listening for admin on %s: %w", cfg.AdminListen, err)
 	}
-	var grpcSrv *grpc.Server
+	var grpcSrv *http.Server
 	var grpcLn net.Listener
 	if cfg.GRPCListen != "" {
 		if grpcLn, err = net.Listen("tcp", cfg.GRPCListen); err != nil {
@@ -149,8 +147,8 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			adminLn.Close()
 			return fmt.Errorf("listening for the rate limit service on %s: %w", cfg.GRPCListen, err)
 		}
-		grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(1 << 20))
-		rlsv3.RegisterRateLimitServiceServer(grpcSrv, &rls.Server{Engine: engine, Store: store})
+		grpcSrv = rls.NewHTTPServer(&rls.Server{Engine: engine, Store: store})
+		grpcSrv.ReadHeaderTimeout, grpcSrv.ErrorLog = cfg.ReadHeaderTimeout, errLog // bounds the wait for the HTTP/2 preface
 	}
 
 	bg, stopBG := context.WithCancel(context.Background())
@@ -165,7 +163,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	serveErr := make(chan error, 3)
 	serve := func(name string, f func() error) {
 		go func() {
-			if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
+			if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				serveErr <- fmt.Errorf("serving %s: %w", name, err)
 			}
 		}()
@@ -201,12 +199,9 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	})
 	if grpcSrv != nil {
 		wg.Go(func() {
-			done := make(chan struct{})
-			go func() { grpcSrv.GracefulStop(); close(done) }()
-			select {
-			case <-done:
-			case <-sctx.Done():
-				grpcSrv.Stop()
+			if err := grpcSrv.Shutdown(sctx); err != nil {
+				log.Warn("rate limit service did not drain in time; closing", "error", err)
+				_ = grpcSrv.Close()
 			}
 		})
 	}

@@ -19,20 +19,17 @@
 // the counter is the one the proxy uses for a request with that X-API-Key. The domain is not
 // used: the sidecar enforces the policies of its own namespace. hits_addend (per descriptor, or
 // else per request) is the cost; descriptors with is_negative_hits are answered without counting.
+//
+// The service is gRPC, served by net/http over cleartext HTTP/2 (see NewHTTPServer) with a
+// hand-written codec for the few message fields it uses: grpc-go, go-control-plane and the
+// protobuf runtime they bring would cost the sidecar about 6 MiB of resident memory. It also
+// answers grpc.health.v1.Health/Check.
 package rls
 
 import (
 	"context"
 	"errors"
 	"strings"
-
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
@@ -45,35 +42,36 @@ const (
 	EntryGenericKey = "generic_key"
 )
 
-// Server implements RateLimitServiceServer.
+// Server is the rate limit service; as an http.Handler it serves it over gRPC.
 type Server struct {
-	rlsv3.UnimplementedRateLimitServiceServer
 	Engine *decide.Engine
 	Store  *config.Store
 }
 
 // ShouldRateLimit decides every descriptor; the request is over limit when any Enforce rule
-// refuses.
-func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+// refuses. Its errors are gRPC statuses: Unavailable without policies, InvalidArgument without
+// descriptors.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *Request) (*Response, error) {
 	set := s.Store.Current()
 	if set == nil {
-		return nil, status.Error(codes.Unavailable, "no policies loaded")
+		return nil, statusError(codeUnavailable, "no policies loaded")
 	}
-	if len(req.GetDescriptors()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "no descriptors")
+	if len(req.Descriptors) == 0 {
+		return nil, statusError(codeInvalidArgument, "no descriptors")
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	resp := &Response{OverallCode: CodeOK, Statuses: make([]DescriptorStatus, len(req.Descriptors))}
 	all := decide.Decision{Allowed: true}
-	for _, desc := range req.GetDescriptors() {
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		resp.Statuses = append(resp.Statuses, st)
+	for i := range req.Descriptors {
+		desc := &req.Descriptors[i]
+		st := &resp.Statuses[i]
+		st.Code = CodeOK
 		hit, ok := HitFor(desc)
-		if !ok || desc.GetIsNegativeHits() || set.Find(hit.Policy, hit.Rule) == nil {
+		if !ok || desc.IsNegativeHits || set.Find(hit.Policy, hit.Rule) == nil {
 			continue
 		}
-		cost := int64(req.GetHitsAddend())
-		if desc.GetHitsAddend() != nil {
-			cost = int64(desc.GetHitsAddend().GetValue())
+		cost := int64(req.HitsAddend)
+		if desc.HitsAddend != nil {
+			cost = int64(*desc.HitsAddend)
 		}
 		cost = max(cost, 1)
 		d, err := s.Engine.DecideHits(ctx, set, []decide.Hit{hit}, cost)
@@ -81,15 +79,15 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			if errors.Is(err, decide.ErrUnknownRule) {
 				continue
 			}
-			return nil, status.Errorf(codes.Internal, "deciding %s/%s: %v", hit.Policy, hit.Rule, err)
+			return nil, statusError(codeInternal, "deciding "+hit.Policy+"/"+hit.Rule+": "+err.Error())
 		}
 		o := &d.Outcomes[0]
 		st.CurrentLimit = currentLimit(o.Rule)
 		st.LimitRemaining = uint32(min(max(o.Result.Remaining, 0), 1<<32-1))
-		st.DurationUntilReset = durationpb.New(o.Result.ResetAfter)
+		st.DurationUntilReset = new(o.Result.ResetAfter)
 		if o.Refuses() {
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			st.Code = CodeOverLimit
+			resp.OverallCode = CodeOverLimit
 		}
 		all.Outcomes = append(all.Outcomes, *o)
 	}
@@ -105,28 +103,28 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	f := all.Fields()
 	if f.Policy != "" {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			&corev3.HeaderValue{Key: decide.HeaderPolicy, Value: f.Policy},
-			&corev3.HeaderValue{Key: decide.HeaderRateLimit, Value: f.RateLimit})
+			HeaderValue{Key: decide.HeaderPolicy, Value: f.Policy},
+			HeaderValue{Key: decide.HeaderRateLimit, Value: f.RateLimit})
 	}
 	if f.RetryAfter != "" {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: decide.HeaderRetryAfter, Value: f.RetryAfter})
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, HeaderValue{Key: decide.HeaderRetryAfter, Value: f.RetryAfter})
 	}
 	return resp, nil
 }
 
 // HitFor maps a descriptor to a rule and its key parts (see the package documentation).
-func HitFor(d *ratelimitv3.RateLimitDescriptor) (decide.Hit, bool) {
+func HitFor(d *Descriptor) (decide.Hit, bool) {
 	var h decide.Hit
 	generic := -1
-	entries := d.GetEntries()
+	entries := d.Entries
 	for i, e := range entries {
-		switch e.GetKey() {
+		switch e.Key {
 		case EntryPolicy:
-			h.Policy = e.GetValue()
+			h.Policy = e.Value
 		case EntryRule:
-			h.Rule = e.GetValue()
+			h.Rule = e.Value
 		case EntryGenericKey:
-			if generic < 0 && strings.Contains(e.GetValue(), "/") {
+			if generic < 0 && strings.Contains(e.Value, "/") {
 				generic = i
 			}
 		}
@@ -136,37 +134,37 @@ func HitFor(d *ratelimitv3.RateLimitDescriptor) (decide.Hit, bool) {
 		if generic < 0 {
 			return decide.Hit{}, false
 		}
-		h.Policy, h.Rule, _ = strings.Cut(entries[generic].GetValue(), "/")
+		h.Policy, h.Rule, _ = strings.Cut(entries[generic].Value, "/")
 		skip = generic
 	}
 	for i, e := range entries {
-		if i == skip || (skip < 0 && (e.GetKey() == EntryPolicy || e.GetKey() == EntryRule)) {
+		if i == skip || (skip < 0 && (e.Key == EntryPolicy || e.Key == EntryRule)) {
 			continue
 		}
-		h.Key = append(h.Key, e.GetValue())
+		h.Key = append(h.Key, e.Value)
 	}
 	return h, h.Policy != "" && h.Rule != ""
 }
 
 // currentLimit expresses a rule's window in the largest unit that divides it.
-func currentLimit(r *config.Rule) *rlsv3.RateLimitResponse_RateLimit {
-	l := &rlsv3.RateLimitResponse_RateLimit{
+func currentLimit(r *config.Rule) *RateLimit {
+	l := &RateLimit{
 		Name:            r.ID,
 		RequestsPerUnit: uint32(min(r.Limit.Requests, 1<<32-1)),
-		Unit:            rlsv3.RateLimitResponse_RateLimit_SECOND,
+		Unit:            UnitSecond,
 	}
 	secs := r.WindowSeconds
 	for _, u := range []struct {
-		unit rlsv3.RateLimitResponse_RateLimit_Unit
+		unit Unit
 		secs int64
-	}{{rlsv3.RateLimitResponse_RateLimit_DAY, 86400}, {rlsv3.RateLimitResponse_RateLimit_HOUR, 3600}, {rlsv3.RateLimitResponse_RateLimit_MINUTE, 60}} {
+	}{{UnitDay, 86400}, {UnitHour, 3600}, {UnitMinute, 60}} {
 		if secs >= u.secs && secs%u.secs == 0 {
 			l.Unit, secs = u.unit, secs/u.secs
 			break
 		}
 	}
 	if secs != 1 {
-		l.UnitMultiplier = wrapperspb.UInt32(uint32(min(secs, 1<<32-1)))
+		l.UnitMultiplier = new(uint32(min(secs, 1<<32-1)))
 	}
 	return l
 }

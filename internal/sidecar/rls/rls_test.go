@@ -2,15 +2,22 @@ package rls_test
 
 import (
 	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
 	"testing"
 	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	. "github.com/onsi/gomega"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
@@ -27,17 +34,24 @@ func desc(kv ...string) *rlv3.RateLimitDescriptor {
 }
 
 func TestHitFor(t *testing.T) {
+	d := func(kv ...string) *rls.Descriptor {
+		d := &rls.Descriptor{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			d.Entries = append(d.Entries, rls.Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		return d
+	}
 	cases := []struct {
 		name string
-		d    *rlv3.RateLimitDescriptor
+		d    *rls.Descriptor
 		want decide.Hit
 		ok   bool
 	}{
-		{"policy and rule entries", desc("policy", "p", "api_key", "k", "rule", "r", "path", "/x"), decide.Hit{Policy: "p", Rule: "r", Key: []string{"k", "/x"}}, true},
-		{"generic key", desc("generic_key", "p/r", "remote_address", "1.2.3.4"), decide.Hit{Policy: "p", Rule: "r", Key: []string{"1.2.3.4"}}, true},
-		{"generic key without slash is a key part", desc("generic_key", "x", "policy", "p", "rule", "r"), decide.Hit{Policy: "p", Rule: "r", Key: []string{"x"}}, true},
-		{"no rule", desc("remote_address", "1.2.3.4"), decide.Hit{}, false},
-		{"policy only", desc("policy", "p"), decide.Hit{}, false},
+		{"policy and rule entries", d("policy", "p", "api_key", "k", "rule", "r", "path", "/x"), decide.Hit{Policy: "p", Rule: "r", Key: []string{"k", "/x"}}, true},
+		{"generic key", d("generic_key", "p/r", "remote_address", "1.2.3.4"), decide.Hit{Policy: "p", Rule: "r", Key: []string{"1.2.3.4"}}, true},
+		{"generic key without slash is a key part", d("generic_key", "x", "policy", "p", "rule", "r"), decide.Hit{Policy: "p", Rule: "r", Key: []string{"x"}}, true},
+		{"no rule", d("remote_address", "1.2.3.4"), decide.Hit{}, false},
+		{"policy only", d("policy", "p"), decide.Hit{}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -51,9 +65,14 @@ func TestHitFor(t *testing.T) {
 	}
 }
 
-type countingLimiter struct{ costs []int64 }
+type countingLimiter struct {
+	mu    sync.Mutex
+	costs []int64
+}
 
 func (c *countingLimiter) Allow(_ context.Context, _ string, l limiter.Limit, cost int64) (limiter.Result, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.costs = append(c.costs, cost)
 	r := limiter.Result{Allowed: cost <= l.Requests, Remaining: max(l.Requests-cost, 0), ResetAfter: l.Window, Source: limiter.SourceRedis}
 	if !r.Allowed {
@@ -62,43 +81,138 @@ func (c *countingLimiter) Allow(_ context.Context, _ string, l limiter.Limit, co
 	return r, nil
 }
 
+func (c *countingLimiter) seen() []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int64(nil), c.costs...)
+}
+
+// serve runs srv on a loopback port the way the sidecar does and returns its address.
+func serve(t testing.TB, srv *rls.Server) (string, *http.Server) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := rls.NewHTTPServer(srv)
+	done := make(chan error, 1)
+	go func() { done <- hs.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = hs.Close()
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("serving: %v", err)
+		}
+	})
+	return ln.Addr().String(), hs
+}
+
+// dial returns a grpc-go connection to addr, closed with the test.
+func dial(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+func ctxTimeout(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// ShouldRateLimit as Envoy calls it: go-control-plane messages through grpc-go.
 func TestShouldRateLimit(t *testing.T) {
 	g := NewWithT(t)
-	doc, err := compiled.Parse(sidecartest.Document("ns", "p", "r", "web", 10, 2*time.Hour, "x-key", "Open"))
-	g.Expect(err).NotTo(HaveOccurred())
-	set, err := config.NewBuilder("").Build(doc, map[string]string{"app": "web"})
-	g.Expect(err).NotTo(HaveOccurred())
+	set := sidecartest.Store(t, 10, 2*time.Hour).Current()
 	store := &config.Store{}
-	srv := &rls.Server{Engine: &decide.Engine{Limiter: &countingLimiter{}}, Store: store}
-	_, err = srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("generic_key", "p/r")}})
-	g.Expect(err).To(MatchError(ContainSubstring("no policies loaded")))
-	store.Swap(set)
-
 	lim := &countingLimiter{}
-	srv.Engine.Limiter = lim
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: store})
+	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
+
+	_, err := client.ShouldRateLimit(ctxTimeout(t, 10*time.Second), &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("generic_key", "p/r")}})
+	g.Expect(status.Code(err)).To(Equal(codes.Unavailable))
+	g.Expect(status.Convert(err).Message()).To(Equal("no policies loaded"))
+	store.Swap(set)
+	_, err = client.ShouldRateLimit(ctxTimeout(t, 10*time.Second), &rlsv3.RateLimitRequest{Domain: "d"})
+	g.Expect(status.Code(err)).To(Equal(codes.InvalidArgument))
+	g.Expect(status.Convert(err).Message()).To(Equal("no descriptors"))
+	g.Expect(lim.seen()).To(BeEmpty())
+
 	over := desc("generic_key", "p/r", "k", "a")
 	over.HitsAddend = wrapperspb.UInt64(11)
-	resp, err := srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+	negative := desc("policy", "p", "rule", "r", "k", "a")
+	negative.IsNegativeHits = true
+	zero := desc("generic_key", "p/r", "k", "b")
+	zero.HitsAddend = wrapperspb.UInt64(0) // present but 0: the cost is 1, not the request's 3
+	resp, err := client.ShouldRateLimit(ctxTimeout(t, 10*time.Second), &rlsv3.RateLimitRequest{
+		Domain:      "redline",
 		HitsAddend:  3,
-		Descriptors: []*rlv3.RateLimitDescriptor{desc("generic_key", "p/r", "k", "a"), over, desc("other", "x")},
+		Descriptors: []*rlv3.RateLimitDescriptor{desc("generic_key", "p/r", "k", "a"), over, desc("other", "x"), negative, zero, desc("policy", "p", "rule", "nope")},
 	})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(lim.costs).To(Equal([]int64{3, 11}), "request hits_addend, overridden per descriptor")
+	g.Expect(lim.seen()).To(Equal([]int64{3, 11, 1}), "request hits_addend, overridden per descriptor; negative hits not counted")
 	g.Expect(resp.OverallCode).To(Equal(rlsv3.RateLimitResponse_OVER_LIMIT))
+	g.Expect(resp.Statuses).To(HaveLen(6))
 	g.Expect(resp.Statuses[0].Code).To(Equal(rlsv3.RateLimitResponse_OK))
 	g.Expect(resp.Statuses[0].LimitRemaining).To(Equal(uint32(7)))
+	g.Expect(resp.Statuses[0].CurrentLimit.Name).To(Equal("p/r"))
+	g.Expect(resp.Statuses[0].CurrentLimit.RequestsPerUnit).To(Equal(uint32(10)))
 	g.Expect(resp.Statuses[0].CurrentLimit.Unit).To(Equal(rlsv3.RateLimitResponse_RateLimit_HOUR))
 	g.Expect(resp.Statuses[0].CurrentLimit.UnitMultiplier.GetValue()).To(Equal(uint32(2)))
+	g.Expect(resp.Statuses[0].DurationUntilReset.AsDuration()).To(Equal(2 * time.Hour))
 	g.Expect(resp.Statuses[1].Code).To(Equal(rlsv3.RateLimitResponse_OVER_LIMIT))
-	g.Expect(resp.Statuses[2].Code).To(Equal(rlsv3.RateLimitResponse_OK))
-	g.Expect(resp.Statuses[2].CurrentLimit).To(BeNil())
+	g.Expect(resp.Statuses[1].LimitRemaining).To(BeZero())
+	for _, i := range []int{2, 3, 5} {
+		g.Expect(resp.Statuses[i].Code).To(Equal(rlsv3.RateLimitResponse_OK))
+		g.Expect(resp.Statuses[i].CurrentLimit).To(BeNil())
+		g.Expect(resp.Statuses[i].DurationUntilReset).To(BeNil())
+	}
+	g.Expect(resp.Statuses[4].LimitRemaining).To(Equal(uint32(9)))
 	hdr := map[string]string{}
 	for _, h := range resp.ResponseHeadersToAdd {
 		hdr[h.Key] = h.Value
 	}
 	g.Expect(hdr).To(Equal(map[string]string{
-		"RateLimit-Policy": `"p/r";q=10;w=7200, "p/r";q=10;w=7200`,
-		"RateLimit":        `"p/r";r=7;t=7200, "p/r";r=0;t=7200`,
+		"RateLimit-Policy": `"p/r";q=10;w=7200, "p/r";q=10;w=7200, "p/r";q=10;w=7200`,
+		"RateLimit":        `"p/r";r=7;t=7200, "p/r";r=0;t=7200, "p/r";r=9;t=7200`,
 		"Retry-After":      "2",
 	}))
+
+	// Within the limit: OK, the RateLimit fields and no Retry-After.
+	resp, err = client.ShouldRateLimit(ctxTimeout(t, 10*time.Second), &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("policy", "p", "rule", "r")}})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.OverallCode).To(Equal(rlsv3.RateLimitResponse_OK))
+	g.Expect(resp.ResponseHeadersToAdd).To(HaveLen(2))
+	g.Expect(resp.ResponseHeadersToAdd[0].Key).To(Equal("RateLimit-Policy"))
+	g.Expect(resp.ResponseHeadersToAdd[1].Key).To(Equal("RateLimit"))
+}
+
+// One minute, one day and a window in seconds that no larger unit divides.
+func TestCurrentLimitUnits(t *testing.T) {
+	cases := []struct {
+		window time.Duration
+		unit   rlsv3.RateLimitResponse_RateLimit_Unit
+		mult   *wrapperspb.UInt32Value
+	}{
+		{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE, nil},
+		{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY, nil},
+		{90 * time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND, wrapperspb.UInt32(90)},
+		{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.window.String(), func(t *testing.T) {
+			g := NewWithT(t)
+			addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: &countingLimiter{}}, Store: sidecartest.Store(t, 5, c.window)})
+			resp, err := rlsv3.NewRateLimitServiceClient(dial(t, addr)).ShouldRateLimit(ctxTimeout(t, 10*time.Second),
+				&rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("generic_key", "p/r")}})
+			g.Expect(err).NotTo(HaveOccurred())
+			l := resp.Statuses[0].CurrentLimit
+			g.Expect(l.Unit).To(Equal(c.unit))
+			g.Expect(l.UnitMultiplier.GetValue()).To(Equal(c.mult.GetValue()))
+			g.Expect(l.UnitMultiplier == nil).To(Equal(c.mult == nil))
+		})
+	}
 }
