@@ -22,11 +22,13 @@ type load struct {
 	statuses []int
 	n        atomic.Int64
 	stop     chan struct{}
+	once     sync.Once
 	done     chan struct{}
 }
 
 func startLoad(t *testing.T, s *sidecar, key string) *load {
 	l := &load{s: s, stop: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(func() { l.halt() }) // a failed assertion must not leave it logging after the test
 	go func() {
 		defer close(l.done)
 		for {
@@ -62,7 +64,7 @@ func (l *load) waitFor(g Gomega, n int64) {
 }
 
 func (l *load) halt() []int {
-	close(l.stop)
+	l.once.Do(func() { close(l.stop) })
 	<-l.done
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -78,6 +78,7 @@ func TestReloadAndCorruptDocument(t *testing.T) {
 	resp.Body.Close()
 	g.Expect(resp.StatusCode).To(Equal(http.StatusOK), "a refused update does not make a loaded sidecar unready")
 	g.Expect(s.logs.String()).To(ContainSubstring(`"msg":"policies document refused, keeping the set in force"`))
+	g.Expect(s.logs.String()).To(ContainSubstring(`"maxProcs":1`), "one P unless --max-procs or GOMAXPROCS says otherwise")
 }
 
 // A namespace without policies has no ConfigMap: the sidecar is ready and limits nothing, so

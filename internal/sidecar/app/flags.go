@@ -41,8 +41,11 @@ type Config struct {
 	RedisTimeout      time.Duration
 	LogLevel          slog.Level
 	Pprof             bool
-	PodName           string
-	PodNamespace      string
+	// MaxProcs is the GOMAXPROCS Run sets; 0 keeps the runtime's. It is 0 when a GOMAXPROCS
+	// environment variable is set, which wins.
+	MaxProcs     int
+	PodName      string
+	PodNamespace string
 }
 
 // ParseConfig reads flags from args and the environment through getenv.
@@ -71,12 +74,16 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 16, "Redis connections kept per node")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 50*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
+	fs.IntVar(&c.MaxProcs, "max-procs", 1, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if getenv("GOMAXPROCS") != "" {
+		c.MaxProcs = 0 // the runtime applied it already
 	}
 	c.RedisPassword = getenv(contract.EnvRedisPassword)
 	c.PodName = getenv(contract.EnvPodName)
@@ -99,6 +106,9 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	}
 	if c.HeartbeatInterval <= 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must be positive"))
+	}
+	if c.MaxProcs < 0 {
+		errs = append(errs, errors.New("--max-procs must not be negative"))
 	}
 	if c.MaxHeaderBytes < 4096 {
 		errs = append(errs, errors.New("--max-header-bytes must be at least 4096"))

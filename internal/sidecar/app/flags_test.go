@@ -29,6 +29,11 @@ func TestParseConfigContract(t *testing.T) {
 	g.Expect(c.RateLimitHeaders).To(BeTrue())
 	g.Expect(c.TrustedHops).To(BeZero())
 	g.Expect(c.HeartbeatInterval).To(Equal(5 * time.Second))
+	g.Expect(c.MaxProcs).To(Equal(1), "one P by default: a sidecar's work is mostly waiting")
+
+	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--max-procs=4"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "GOMAXPROCS": "3"}), io.Discard)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.MaxProcs).To(BeZero(), "GOMAXPROCS in the environment wins over the flag")
 }
 
 func TestParseConfigRefusesBadInput(t *testing.T) {
@@ -36,6 +41,7 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"no upstream":        {},
 		"bad failure mode":   {"--upstream=127.0.0.1:1", "--failure-mode=Sometimes"},
 		"negative hops":      {"--upstream=127.0.0.1:1", "--trusted-hops=-1"},
+		"negative max procs": {"--upstream=127.0.0.1:1", "--max-procs=-1"},
 		"stray argument":     {"--upstream=127.0.0.1:1", "extra"},
 		"unknown flag":       {"--upstream=127.0.0.1:1", "--nope"},
 		"tiny header budget": {"--upstream=127.0.0.1:1", "--max-header-bytes=10"},

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		fmt.Fprintln(stderr, "redline sidecar:", err) //nolint:errcheck // nothing to do if stderr fails
 		return 2
+	}
+	if cfg.MaxProcs > 0 {
+		runtime.GOMAXPROCS(cfg.MaxProcs)
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err := run(ctx, cfg, log); err != nil {
@@ -175,7 +179,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	log.Info("sidecar serving", "listen", proxyLn.Addr().String(), "upstream", cfg.Upstream,
 		"admin", adminLn.Addr().String(), "grpc", cfg.GRPCListen, "instance", instance,
-		"failureModeOverride", cfg.FailureMode, "trustedHops", cfg.TrustedHops)
+		"failureModeOverride", cfg.FailureMode, "trustedHops", cfg.TrustedHops, "maxProcs", runtime.GOMAXPROCS(0))
 
 	var runErr error
 	select {
@@ -196,6 +200,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			log.Warn("proxy did not drain in time; closing", "error", err)
 			_ = proxySrv.Close()
 		}
+		ph.Close() // the idle connections to the application
 	})
 	if grpcSrv != nil {
 		wg.Go(func() {
