@@ -74,7 +74,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 16, "Redis connections kept per node")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 50*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
-	fs.IntVar(&c.MaxProcs, "max-procs", 1, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
+	fs.IntVar(&c.MaxProcs, contract.FlagMaxProcs, 1, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -23,6 +23,10 @@ const (
 	AnnotationSidecarCPU = "redline.dev/sidecar-cpu"
 	// AnnotationSidecarMemory sets the sidecar's memory request and limit (e.g. "48Mi").
 	AnnotationSidecarMemory = "redline.dev/sidecar-memory"
+	// AnnotationSidecarMaxProcs sets how many CPUs the sidecar runs Go code on at once
+	// (GOMAXPROCS, 1-64; default 1). Raise it for a sidecar answering heavy /v1/check or Envoy
+	// traffic on dedicated cores.
+	AnnotationSidecarMaxProcs = "redline.dev/sidecar-max-procs"
 	// AnnotationInjected is written by the injector and records what it injected. A pod that
 	// carries it is never injected again.
 	AnnotationInjected = "redline.dev/injected"
@@ -76,6 +80,7 @@ const (
 	FlagConfigDir   = "config-dir"   // PoliciesDir
 	FlagPodLabels   = "pod-labels"   // PodLabelsFile
 	FlagFailureMode = "failure-mode" // only when AnnotationFailureMode is set
+	FlagMaxProcs    = "max-procs"    // only when AnnotationSidecarMaxProcs is set
 )
 
 // Environment variables set on the sidecar.

@@ -18,7 +18,9 @@ type params struct {
 	listenPort   int32
 	// failureMode is empty unless the pod overrides it.
 	failureMode string
-	resources   corev1.ResourceRequirements
+	// maxProcs is 0 unless the pod sets it.
+	maxProcs  int
+	resources corev1.ResourceRequirements
 }
 
 // wantsInjection reports whether the pod opted in.
@@ -68,6 +70,14 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 				strings.Join(contract.FailureModes, ", "))
 		}
 		p.failureMode = raw
+	}
+
+	if raw, ok := ann[contract.AnnotationSidecarMaxProcs]; ok {
+		n, err := strconv.Atoi(strings.TrimSpace(raw))
+		if err != nil || n < 1 || n > 64 {
+			return p, fmt.Errorf("annotation %s=%q: want a whole number of CPUs, 1-64", contract.AnnotationSidecarMaxProcs, raw)
+		}
+		p.maxProcs = n
 	}
 
 	if p.resources, err = parseResources(ann, cfg); err != nil {

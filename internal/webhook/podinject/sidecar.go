@@ -24,6 +24,9 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	if p.failureMode != "" {
 		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagFailureMode, p.failureMode))
 	}
+	if p.maxProcs > 0 {
+		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagMaxProcs, p.maxProcs))
+	}
 
 	var env []corev1.EnvVar
 	if cfg.RedisURL != "" {

@@ -42,7 +42,8 @@ var _ = Describe("Pod injection through the API server", func() {
 	BeforeEach(func() { createNamespace(ns) })
 
 	It("injects a native sidecar into an annotated pod", func() {
-		stored, warns := createAndGet(annotatedPod(ns, "checkout-1", contract.AnnotationFailureMode, contract.FailureModeClosed))
+		stored, warns := createAndGet(annotatedPod(ns, "checkout-1", contract.AnnotationFailureMode, contract.FailureModeClosed,
+			contract.AnnotationSidecarMaxProcs, "2"))
 		Expect(warns).To(BeEmpty())
 
 		Expect(stored.Spec.InitContainers).NotTo(BeEmpty())
@@ -53,7 +54,7 @@ var _ = Describe("Pod injection through the API server", func() {
 		Expect(sc.Args).To(ConsistOf(
 			"--listen=:8000", "--upstream=127.0.0.1:8080", "--admin-listen=:9091", "--grpc-listen=:9092",
 			"--config-dir=/etc/redline/policies", "--pod-labels=/etc/redline/podinfo/labels",
-			"--failure-mode=Closed"))
+			"--failure-mode=Closed", "--max-procs=2"))
 		Expect(sc.Ports).To(ContainElement(And(
 			HaveField("Name", contract.ListenPortName), HaveField("ContainerPort", int32(8000)))))
 		Expect(sc.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
@@ -136,6 +137,10 @@ var _ = Describe("Pod injection through the API server", func() {
 			contract.AnnotationSidecarCPU, "lots"),
 		Entry("negative memory", `redline.dev/sidecar-memory="-64Mi"`,
 			contract.AnnotationSidecarMemory, "-64Mi"),
+		Entry("zero max procs", `redline.dev/sidecar-max-procs="0"`,
+			contract.AnnotationSidecarMaxProcs, "0"),
+		Entry("fractional max procs", `redline.dev/sidecar-max-procs="1.5"`,
+			contract.AnnotationSidecarMaxProcs, "1.5"),
 	)
 
 	It("warns when the listen port is taken by an application container", func() {
