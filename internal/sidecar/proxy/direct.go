@@ -34,7 +34,7 @@ const maxResponseHeaderBytes = 1 << 20
 
 // direct reports whether r can take the direct path.
 func direct(r *http.Request) bool {
-	return r.ProtoMajor == 1 &&
+	return r.ProtoMajor == 1 && r.Method != http.MethodConnect &&
 		r.ContentLength >= 0 && r.ContentLength <= directMaxBody && len(r.TransferEncoding) == 0 &&
 		r.Header["Upgrade"] == nil && r.Header["Expect"] == nil
 }
@@ -205,7 +205,7 @@ func (h *Handler) serveDirect(w http.ResponseWriter, r *http.Request) {
 			h.upstreamError(w, r, err)
 			return
 		}
-		reusable := h.copyResponse(w, resp)
+		reusable := h.copyResponse(ctx, w, resp)
 		if !stop() || ctx.Err() != nil {
 			reusable = false
 		}
@@ -223,7 +223,7 @@ func (h *Handler) exchange(c *upConn, w http.ResponseWriter, r *http.Request) (*
 	if d := h.opts.ResponseHeaderTimeout; d > 0 {
 		_ = c.conn.SetDeadline(time.Now().Add(d))
 	}
-	werr := writeRequestHead(c.bw, r)
+	werr := writeRequestHead(c.bw, r, h.opts.Upstream)
 	if werr == nil && r.ContentLength > 0 {
 		_, werr = io.CopyN(c.bw, r.Body, r.ContentLength)
 	}
@@ -272,12 +272,16 @@ func (h *Handler) exchange(c *upConn, w http.ResponseWriter, r *http.Request) (*
 // dropped, the original Host kept, this hop appended to X-Forwarded-For, and X-Forwarded-Host
 // and -Proto kept from a proxy in front or set from this request (what ReverseProxy's Rewrite
 // in New does).
-func writeRequestHead(bw *bufio.Writer, r *http.Request) error {
+func writeRequestHead(bw *bufio.Writer, r *http.Request, upstream string) error {
+	host := r.Host
+	if host == "" {
+		host = upstream // an HTTP/1.0 request without Host, as http.Transport would send it
+	}
 	bw.WriteString(r.Method)
 	bw.WriteByte(' ')
 	bw.WriteString(r.URL.RequestURI())
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
-	bw.WriteString(r.Host)
+	bw.WriteString(host)
 	bw.WriteString("\r\n")
 	for k, vv := range r.Header {
 		switch k {
@@ -342,7 +346,7 @@ func methodWantsBody(m string) bool {
 
 // copyResponse writes the application's response to the client, streaming its body. It reports
 // whether the connection can carry another request.
-func (h *Handler) copyResponse(w http.ResponseWriter, resp *http.Response) bool {
+func (h *Handler) copyResponse(ctx context.Context, w http.ResponseWriter, resp *http.Response) bool {
 	dst := w.Header()
 	for k, vv := range resp.Header {
 		if isHop(resp.Header, k) {
@@ -393,6 +397,9 @@ func (h *Handler) copyResponse(w http.ResponseWriter, resp *http.Response) bool 
 	}
 	buffers.Put(bufp)
 	_ = resp.Body.Close()
+	if rerr != nil && ctx.Err() != nil {
+		return false // the client went away, which interrupted the read
+	}
 	if rerr != nil {
 		// The head is sent: all that is left is to cut the response short so the client sees
 		// it incomplete rather than complete.

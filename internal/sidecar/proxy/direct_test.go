@@ -370,3 +370,43 @@ func withHints(ctx context.Context, codes *[]int) context.Context {
 		},
 	})
 }
+
+func TestDirectPathHTTP10AndTruncatedBodies(t *testing.T) {
+	g := NewWithT(t)
+	hosts := make(chan string, 1)
+	up, _ := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/short" {
+			// A stream of unknown length (chunked) that the application drops midway.
+			_, _ = io.WriteString(w, "0123456789")
+			w.(http.Flusher).Flush()
+			conn, _, _ := http.NewResponseController(w).Hijack()
+			_ = conn.Close()
+			return
+		}
+		hosts <- r.Host
+		_, _ = io.WriteString(w, "ok")
+	})
+	front, _ := startProxy(t, up.Listener.Addr().String(), nil)
+
+	// An HTTP/1.0 request without Host reaches the application with the upstream's address,
+	// as http.Transport would send it.
+	conn, err := net.Dial("tcp", front.Listener.Addr().String())
+	g.Expect(err).NotTo(HaveOccurred())
+	defer conn.Close()
+	_, err = io.WriteString(conn, "GET /old HTTP/1.0\r\nX-Key: k\r\n\r\n")
+	g.Expect(err).NotTo(HaveOccurred())
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	body, _ := io.ReadAll(resp.Body)
+	g.Expect(resp.StatusCode).To(Equal(http.StatusOK))
+	g.Expect(string(body)).To(Equal("ok"))
+	g.Expect(<-hosts).To(Equal(up.Listener.Addr().String()))
+
+	// A body cut short by the application reaches the client cut short, not complete.
+	resp, err = front.Client().Get(front.URL + "/short")
+	if err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	g.Expect(err).To(HaveOccurred(), "the client must not take a truncated body for a complete one")
+}
