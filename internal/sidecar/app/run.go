@@ -143,7 +143,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		proxyLn.Close()
 		return fmt.Errorf("listening for admin on %s: %w", cfg.AdminListen, err)
 	}
-	var grpcSrv *http.Server
+	var grpcSrv *rls.HTTPServer
 	var grpcLn net.Listener
 	if cfg.GRPCListen != "" {
 		if grpcLn, err = net.Listen("tcp", cfg.GRPCListen); err != nil {

@@ -69,15 +69,6 @@ func (e *grpcError) Error() string {
 
 func statusError(code grpcCode, msg string) error { return &grpcError{code: code, msg: msg} }
 
-// NewHTTPServer returns an http.Server that serves s on cleartext HTTP/2 connections with prior
-// knowledge (h2c), which is how gRPC clients, Envoy's among them, call a plaintext gRPC server.
-// It speaks no HTTP/1.
-func NewHTTPServer(s *Server) *http.Server {
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	return &http.Server{Handler: s, Protocols: &p}
-}
-
 // ServeHTTP serves one gRPC call.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header()["Date"] = nil // gRPC servers send none; keep the answer small

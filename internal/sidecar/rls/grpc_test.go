@@ -114,7 +114,7 @@ func TestGRPCClient(t *testing.T) {
 		g := NewWithT(t)
 		var wg sync.WaitGroup
 		var failed atomic.Int64
-		for range 600 { // more than the server's 250 concurrent streams: grpc-go queues
+		for range 1500 { // more than the server's 1000 concurrent streams: grpc-go queues
 			wg.Go(func() {
 				resp, err := client.ShouldRateLimit(ctxTimeout(t, 30*time.Second), rlsRequest())
 				if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {

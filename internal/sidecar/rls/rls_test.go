@@ -88,7 +88,7 @@ func (c *countingLimiter) seen() []int64 {
 }
 
 // serve runs srv on a loopback port the way the sidecar does and returns its address.
-func serve(t testing.TB, srv *rls.Server) (string, *http.Server) {
+func serve(t testing.TB, srv *rls.Server) (string, *rls.HTTPServer) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
