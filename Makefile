@@ -107,5 +107,5 @@ test-e2e: ## Run only the end-to-end suite (make test runs it too).
 ##@ Benchmarks
 BENCH_FLAGS ?=
 .PHONY: bench
-bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json) in about 2 minutes; needs redis-server and redis-benchmark.
+bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json) in about 2 minutes; needs redis-server and redis-benchmark, and wrk for the wrk rows.
 	go run ./hack/bench $(BENCH_FLAGS)
