@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"maps"
-	"mime"
 	"net"
 	"net/http"
 	"strconv"
@@ -176,6 +175,8 @@ type errNothingRead struct{ err error }
 
 func (e errNothingRead) Error() string { return e.err.Error() }
 func (e errNothingRead) Unwrap() error { return e.err }
+
+const eventStream = "text/event-stream"
 
 // aLongTimeAgo is a deadline in the past, to interrupt blocked reads and writes.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -367,10 +368,9 @@ func (h *Handler) copyResponse(ctx context.Context, w http.ResponseWriter, resp 
 	// Flush every write of a stream (unknown length or server-sent events), as ReverseProxy
 	// does; fixed-length bodies go through the server's buffer.
 	flush := resp.ContentLength < 0
-	if !flush {
-		if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
-			flush = true
-		}
+	if ct := resp.Header.Get("Content-Type"); !flush && len(ct) >= len(eventStream) {
+		// A prefix test, not mime.ParseMediaType: this runs for every response.
+		flush = strings.EqualFold(ct[:len(eventStream)], eventStream)
 	}
 	rc := http.NewResponseController(w)
 	bufp := buffers.Get().(*[]byte)

@@ -244,12 +244,14 @@ func TestDirectPathDropsConnectionsTheApplicationClosed(t *testing.T) {
 
 func TestDirectPathStreamsTrailersAndEarlyHints(t *testing.T) {
 	g := NewWithT(t)
-	release := make(chan struct{})
-	var once sync.Once
+	release := make(chan struct{}, 1)
 	up, _ := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case "/events":
-			w.Header().Set("Content-Type", "text/event-stream")
+		case "/events", "/events-sized":
+			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+			if r.URL.Path == "/events-sized" {
+				w.Header().Set("Content-Length", "22") // a stream of known length is still a stream
+			}
 			_, _ = io.WriteString(w, "data: one\n\n")
 			w.(http.Flusher).Flush()
 			<-release
@@ -265,25 +267,26 @@ func TestDirectPathStreamsTrailersAndEarlyHints(t *testing.T) {
 		}
 	})
 	front, _ := startProxy(t, up.Listener.Addr().String(), nil)
-	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the servers close
+	t.Cleanup(func() { close(release) }) // before the servers close: frees a stream left waiting
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, front.URL+"/events", nil)
-	resp, err := front.Client().Do(req)
-	g.Expect(err).NotTo(HaveOccurred())
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	first := make(chan string, 1)
-	go func() { line, _ := br.ReadString('\n'); first <- line }()
-	g.Eventually(first).WithTimeout(5*time.Second).Should(Receive(Equal("data: one\n")),
-		"the first event arrives while the application still holds the stream open")
-	once.Do(func() { close(release) })
-	rest, _ := io.ReadAll(br)
-	resp.Body.Close()
-	g.Expect(string(rest)).To(Equal("\ndata: two\n\n"))
+	for _, path := range []string{"/events", "/events-sized"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, front.URL+path, nil)
+		resp, err := front.Client().Do(req)
+		g.Expect(err).NotTo(HaveOccurred())
+		br := bufio.NewReader(resp.Body)
+		first := make(chan string, 1)
+		go func() { line, _ := br.ReadString('\n'); first <- line }()
+		g.Eventually(first).WithTimeout(5*time.Second).Should(Receive(Equal("data: one\n")),
+			"%s: the first event arrives while the application still holds the stream open", path)
+		release <- struct{}{}
+		rest, _ := io.ReadAll(br)
+		resp.Body.Close()
+		cancel()
+		g.Expect(string(rest)).To(Equal("\ndata: two\n\n"), path)
+	}
 
-	req, _ = http.NewRequest(http.MethodGet, front.URL+"/trailers", nil)
+	req, _ := http.NewRequest(http.MethodGet, front.URL+"/trailers", nil)
 	resp, body := do(t, front.Client(), req)
 	g.Expect(body).To(Equal("body"))
 	g.Expect(resp.Trailer.Get("X-Checksum")).To(Equal("abc"))
