@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,23 +39,30 @@ func direct(r *http.Request) bool {
 		r.Header["Upgrade"] == nil && r.Header["Expect"] == nil
 }
 
-// isHop reports whether key is a hop-by-hop field of h: one of RFC 9110 section 7.6.1 (plus
-// the legacy ones ReverseProxy also drops) or one its Connection field names. Such fields
-// describe one connection and are never forwarded.
-func isHop(h http.Header, key string) bool {
+// connectionListed returns the field names h's Connection field lists, in canonical form. It
+// is read once per message, not once per field.
+func connectionListed(h http.Header) []string {
+	var names []string
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				names = append(names, http.CanonicalHeaderKey(f))
+			}
+		}
+	}
+	return names
+}
+
+// isHop reports whether key is a hop-by-hop field: one of RFC 9110 section 7.6.1 (plus the
+// legacy ones ReverseProxy also drops) or one the message's Connection field lists (listed,
+// from connectionListed). Such fields describe one connection and are never forwarded.
+func isHop(key string, listed []string) bool {
 	switch key {
 	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
 		return true
 	}
-	for _, v := range h["Connection"] {
-		for f := range strings.SplitSeq(v, ",") {
-			if f = strings.TrimSpace(f); f != "" && http.CanonicalHeaderKey(f) == key {
-				return true
-			}
-		}
-	}
-	return false
+	return slices.Contains(listed, key)
 }
 
 // upConn is a keep-alive connection to the application.
@@ -284,6 +292,7 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request, upstream string) error 
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.WriteString(host)
 	bw.WriteString("\r\n")
+	listed := connectionListed(r.Header)
 	for k, vv := range r.Header {
 		switch k {
 		case "Host", "Content-Length", "X-Forwarded-For":
@@ -297,7 +306,7 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request, upstream string) error 
 			}
 			continue
 		}
-		if isHop(r.Header, k) {
+		if isHop(k, listed) {
 			continue
 		}
 		for _, v := range vv {
@@ -349,8 +358,9 @@ func methodWantsBody(m string) bool {
 // whether the connection can carry another request.
 func (h *Handler) copyResponse(ctx context.Context, w http.ResponseWriter, resp *http.Response) bool {
 	dst := w.Header()
+	listed := connectionListed(resp.Header)
 	for k, vv := range resp.Header {
-		if isHop(resp.Header, k) {
+		if isHop(k, listed) {
 			continue
 		}
 		dst[k] = vv

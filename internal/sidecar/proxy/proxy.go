@@ -81,8 +81,8 @@ func New(opts Options) (*Handler, error) {
 		// on its own and decompress behind the application's back.
 		DisableCompression: true,
 	}
-	h := &Handler{opts: opts, pool: &pool{addr: opts.Upstream, dialer: dialer, maxIdle: opts.MaxIdleConns, idleTimeout: opts.IdleConnTimeout}}
-	h.transport = transport
+	h := &Handler{opts: opts, transport: transport,
+		pool: &pool{addr: opts.Upstream, dialer: dialer, maxIdle: opts.MaxIdleConns, idleTimeout: opts.IdleConnTimeout}}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)

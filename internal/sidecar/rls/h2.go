@@ -529,11 +529,20 @@ func (c *h2Conn) processWindowUpdate(f *http2.WindowUpdateFrame) error {
 
 func (c *h2Conn) processReset(f *http2.RSTStreamFrame) error {
 	c.mu.Lock()
-	if f.StreamID > c.lastStreamID {
-		c.mu.Unlock()
+	idle := f.StreamID > c.lastStreamID
+	c.mu.Unlock()
+	if idle {
 		return http2.ConnectionError(http2.ErrCodeProtocol) // an idle stream
 	}
-	st := c.streams[f.StreamID]
+	c.sendWindowUpdates(0, 0, c.dropStream(f.StreamID))
+	return nil
+}
+
+// dropStream forgets stream id, if it is open, and cancels its call. It returns the connection
+// window increment to send, if any.
+func (c *h2Conn) dropStream(id uint32) int64 {
+	c.mu.Lock()
+	st := c.streams[id]
 	var inc int64
 	if st != nil {
 		inc = c.dropStreamLocked(st)
@@ -542,8 +551,7 @@ func (c *h2Conn) processReset(f *http2.RSTStreamFrame) error {
 	if st != nil {
 		st.cancel()
 	}
-	c.sendWindowUpdates(0, 0, inc)
-	return nil
+	return inc
 }
 
 // dropStreamLocked forgets a reset stream: its unread data returns to the connection window.
@@ -574,16 +582,7 @@ func (c *h2Conn) refundLocked(n int64) int64 {
 
 // resetStream sends RST_STREAM and ends the stream's call, if it is still open.
 func (c *h2Conn) resetStream(id uint32, code http2.ErrCode) {
-	c.mu.Lock()
-	st := c.streams[id]
-	var inc int64
-	if st != nil {
-		inc = c.dropStreamLocked(st)
-	}
-	c.mu.Unlock()
-	if st != nil {
-		st.cancel()
-	}
+	inc := c.dropStream(id)
 	c.lockWrite()
 	if inc > 0 {
 		c.setWErr(c.fr.WriteWindowUpdate(0, uint32(inc)))
