@@ -21,6 +21,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
@@ -45,10 +46,10 @@ func run() error {
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader, so that only one of several replicas writes.")
 	flag.StringVar(&leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's).")
-	flag.StringVar(&redisURL, "redis-url", envOr("REDLINE_REDIS_URL", "redis://127.0.0.1:6379"),
+	flag.StringVar(&redisURL, "redis-url", envOr(contract.EnvRedisURL, "redis://127.0.0.1:6379"),
 		"Redis to load scripts into: redis://host:port, rediss://host:port (TLS), redis://h1:p,h2:p,h3:p (cluster) "+
-			"or redis+sentinel://s1:p,s2:p/master. Env REDLINE_REDIS_URL. Put no password here: use --redis-password-file.")
-	flag.StringVar(&redisPasswordFile, "redis-password-file", "", "File holding the Redis password (e.g. a mounted Secret). Env REDLINE_REDIS_PASSWORD is read otherwise.")
+			"or redis+sentinel://s1:p,s2:p/master. Env "+contract.EnvRedisURL+". Put no password here: use --redis-password-file.")
+	flag.StringVar(&redisPasswordFile, "redis-password-file", "", "File holding the Redis password (e.g. a mounted Secret). Env "+contract.EnvRedisPassword+" is read otherwise.")
 	flag.DurationVar(&redisTimeout, "redis-timeout", 5*time.Second, "Bound on the script check of one reconcile.")
 	flag.DurationVar(&checkInterval, "script-check-interval", 10*time.Second, "How often the scripts are re-checked in Redis (after restarts, failovers, SCRIPT FLUSH).")
 	flag.DurationVar(&maxBackoff, "max-backoff", 30*time.Second, "Longest retry delay while Redis is unavailable.")
@@ -133,7 +134,7 @@ func envOr(key, def string) string {
 // environment. It is never accepted as a flag value, which would show in process listings.
 func redisPassword(file string) (string, error) {
 	if file == "" {
-		return os.Getenv("REDLINE_REDIS_PASSWORD"), nil
+		return os.Getenv(contract.EnvRedisPassword), nil
 	}
 	data, err := os.ReadFile(file)
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/testutil/stack"
-	"github.com/redline-dev/redline/internal/webhook/contract"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // The specs share one stack and run in order: the later ones break Redis and the manager.

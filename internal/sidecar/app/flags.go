@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redline-dev/redline/internal/webhook/contract"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // Config is the sidecar's configuration, from flags and environment.

@@ -20,11 +20,11 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/metrics"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
-	"github.com/redline-dev/redline/internal/webhook/contract"
 )
 
 // Run starts the sidecar and serves until ctx ends, then shuts down gracefully. It returns the

@@ -15,8 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
-	"github.com/redline-dev/redline/internal/webhook/contract"
 )
 
 // configMapSyncInterval is how often a ConfigMap volume is compared with the API (kubelet

@@ -21,7 +21,7 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/compiled"
-	"github.com/redline-dev/redline/internal/webhook/contract"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // fieldOwner names the stack in managedFields, as kubectl does for itself.

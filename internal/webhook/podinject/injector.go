@@ -6,7 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/redline-dev/redline/internal/webhook/contract"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // Injector decides whether a pod gets the sidecar and applies the mutator chain.

@@ -9,7 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/redline-dev/redline/internal/webhook/contract"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // InjectedVersion is the format version recorded in the contract.AnnotationInjected annotation.

@@ -8,7 +8,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/redline-dev/redline/internal/compiled"
-	"github.com/redline-dev/redline/internal/webhook/contract"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // sidecarContainer renders the sidecar for the checked annotations p.

@@ -1,4 +1,4 @@
-// Package contract holds the names that the pod injector and the sidecar agree on: pod
+// Package contract holds the sidecar's interface as the pod injector must use it: pod
 // annotations, the sidecar's flags, environment variables, mount paths and ports.
 //
 // It imports nothing, so the sidecar binary can use it without pulling in Kubernetes client
