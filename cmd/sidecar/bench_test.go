@@ -214,7 +214,7 @@ func benchAddedLatency(b *testing.B, s *sidecar, up *upstream, engine *limiter.L
 func BenchmarkCheckAPI(b *testing.B) {
 	s, _ := benchSidecar(b)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 512}}
-	url := s.admin + checkapi.Path
+	url := s.check + checkapi.Path
 	var seq atomic.Int64
 	var refused, failed atomic.Int64
 	b.SetParallelism(16)

@@ -2,48 +2,62 @@ package main_test
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
 
-// goListDeps returns the packages pkg imports, directly or not, itself included.
-func goListDeps(t *testing.T, pkg string) []string {
-	t.Helper()
-	out, err := exec.Command("go", "list", "-deps", pkg).Output()
+// The sidecar's faces run on maintained protocol stacks: the rate limit service on grpc-go
+// with go-control-plane's generated types, the proxy on net/http's httputil.ReverseProxy.
+// Hand-written HTTP/1, HTTP/2, gRPC framing or protobuf codecs must not come back: no sidecar
+// package may import the low-level pieces they were built from.
+func TestFacesUseStandardStacks(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}",
+		"github.com/redline-dev/redline/internal/sidecar/...", ".").Output()
 	if err != nil {
-		t.Fatalf("go list -deps %s: %v", pkg, err)
+		t.Fatalf("go list: %v", err)
 	}
-	return strings.Fields(string(out))
-}
-
-// The sidecar serves Envoy's rate limit service without grpc-go and go-control-plane: linking
-// them (and running their init) cost 6 MiB of idle RSS. The tests use both as the client.
-func TestBinaryLinksNoGRPC(t *testing.T) {
-	deps := goListDeps(t, ".")
-	const rlsPkg = "github.com/redline-dev/redline/internal/sidecar/rls"
-	found := false
-	for _, d := range deps {
-		found = found || d == rlsPkg
-		for _, banned := range []string{"google.golang.org/grpc", "github.com/envoyproxy/go-control-plane", "github.com/cncf/xds"} {
-			if d == banned || strings.HasPrefix(d, banned+"/") {
-				t.Errorf("the sidecar links %s", d)
+	imports := map[string][]string{}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		imports[f[0]] = f[1:]
+	}
+	if len(imports) < 5 {
+		t.Fatalf("go list found %d sidecar packages: is this the sidecar?", len(imports))
+	}
+	banned := []string{
+		"golang.org/x/net/http2",                        // HTTP/2 framing: grpc-go and net/http own it
+		"golang.org/x/net/http2/hpack",                  // header compression, likewise
+		"golang.org/x/net/http2/h2c",                    // a second HTTP/2 server
+		"google.golang.org/protobuf/encoding/protowire", // a hand-made protobuf codec
+	}
+	for pkg, imps := range imports {
+		for _, b := range banned {
+			if slices.Contains(imps, b) {
+				t.Errorf("%s imports %s: use grpc-go / net/http instead of owning the protocol", pkg, b)
 			}
 		}
 	}
-	if !found {
-		t.Fatalf("%s is not among the sidecar's packages (%d listed): is this the sidecar?", rlsPkg, len(deps))
+	// The faces read and write no bytes of a connection themselves (bufio is how
+	// hand-written HTTP/1 began).
+	for _, face := range []string{"proxy", "rls", "checkapi"} {
+		pkg := "github.com/redline-dev/redline/internal/sidecar/" + face
+		if slices.Contains(imports[pkg], "bufio") {
+			t.Errorf("%s imports bufio: leave connection I/O to net/http and grpc-go", pkg)
+		}
 	}
-
-	// The rate limit service itself uses only protobuf's wire format, no reflection runtime
-	// (the sidecar still links that one for Prometheus' client).
-	allowed := map[string]bool{
-		"google.golang.org/protobuf/encoding/protowire": true,
-		"google.golang.org/protobuf/internal/detrand":   true,
-		"google.golang.org/protobuf/internal/errors":    true,
+	want := map[string][]string{
+		"github.com/redline-dev/redline/internal/sidecar/rls": {
+			"google.golang.org/grpc", "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3",
+			"google.golang.org/grpc/health",
+		},
+		"github.com/redline-dev/redline/internal/sidecar/proxy": {"net/http/httputil"},
 	}
-	for _, d := range goListDeps(t, rlsPkg) {
-		if strings.HasPrefix(d, "google.golang.org/protobuf/") && !allowed[d] {
-			t.Errorf("%s links %s", rlsPkg, d)
+	for pkg, need := range want {
+		for _, n := range need {
+			if !slices.Contains(imports[pkg], n) {
+				t.Errorf("%s does not import %s", pkg, n)
+			}
 		}
 	}
 }

@@ -121,7 +121,7 @@ func TestThreeReplicasShareOneLimit(t *testing.T) {
 			if i%2 == 1 {
 				body = fmt.Sprintf(`{"method":"POST","path":"/api/pay?x=1","headers":{"x-api-key":%q},"remoteAddress":"10.0.0.1"}`, key)
 			}
-			resp, err := httpClient.Post(scs[i%3].admin+checkapi.Path, "application/json", bytes.NewBufferString(body))
+			resp, err := httpClient.Post(scs[i%3].check+checkapi.Path, "application/json", bytes.NewBufferString(body))
 			g.Expect(err).NotTo(HaveOccurred())
 			defer resp.Body.Close()
 			g.Expect(resp.StatusCode).To(Equal(http.StatusOK))
@@ -151,7 +151,7 @@ func TestThreeReplicasShareOneLimit(t *testing.T) {
 		resp.Body.Close()
 		g.Expect(resp.StatusCode).To(Equal(http.StatusTooManyRequests))
 
-		resp, err = httpClient.Post(scs[0].admin+checkapi.Path, "application/json", bytes.NewBufferString(`{"policy":"nope","rule":"x"}`))
+		resp, err = httpClient.Post(scs[0].check+checkapi.Path, "application/json", bytes.NewBufferString(`{"policy":"nope","rule":"x"}`))
 		g.Expect(err).NotTo(HaveOccurred())
 		resp.Body.Close()
 		g.Expect(resp.StatusCode).To(Equal(http.StatusBadRequest))

@@ -21,7 +21,7 @@ import (
 // limitInForce asks /v1/check which limit the sidecar applies to rule r of policy p.
 func limitInForce(s *sidecar, p, r string) int64 {
 	body := fmt.Sprintf(`{"policy":%q,"rule":%q,"key":["probe-%d"]}`, p, r, time.Now().UnixNano())
-	resp, err := httpClient.Post(s.admin+checkapi.Path, "application/json", strings.NewReader(body))
+	resp, err := httpClient.Post(s.check+checkapi.Path, "application/json", strings.NewReader(body))
 	if err != nil {
 		return -1
 	}

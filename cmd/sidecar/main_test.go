@@ -67,6 +67,7 @@ type sidecar struct {
 	cmd         *exec.Cmd
 	proxy       string // base URL of the proxy face
 	admin       string // base URL of the admin port
+	check       string // base URL of the decision API
 	grpc        string // host:port of the rate limit service
 	logs        *syncBuffer
 	exited      chan struct{}
@@ -131,14 +132,30 @@ func freePort(t testing.TB) string {
 func start(t testing.TB, name string, e *env, redisURL, upstream string, waitReady bool, extra ...string) *sidecar {
 	t.Helper()
 	s := &sidecar{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), stopTimeout: 20 * time.Second}
-	listen, admin, grpcAddr := freePort(t), freePort(t), freePort(t)
-	s.proxy, s.admin, s.grpc = "http://"+listen, "http://"+admin, grpcAddr
+	listen, admin, check, grpcAddr := freePort(t), freePort(t), freePort(t), freePort(t)
+	s.proxy, s.admin, s.check, s.grpc = "http://"+listen, "http://"+admin, "http://"+check, grpcAddr
 	args := append([]string{
-		"--listen=" + listen, "--upstream=" + upstream, "--admin-listen=" + admin, "--grpc-listen=" + grpcAddr,
+		"--listen=" + listen, "--upstream=" + upstream, "--admin-listen=" + admin, "--check-listen=" + check, "--grpc-listen=" + grpcAddr,
 		"--config-dir=" + e.configDir, "--pod-labels=" + e.labels, "--heartbeat-interval=500ms",
 		// The test machine is shared and slow: a Redis answer late by scheduling is not an outage.
 		"--redis-timeout=2s", "--log-level=debug",
 	}, extra...)
+	// Addresses given in extra win, as flags do; the test reaches the sidecar there.
+	for _, a := range extra {
+		name, v, _ := strings.Cut(a, "=")
+		local := strings.Replace(v, ":", "127.0.0.1:", 1)
+		if !strings.HasPrefix(v, ":") {
+			local = v
+		}
+		switch name {
+		case "--admin-listen":
+			s.admin = "http://" + local
+		case "--check-listen":
+			s.check = "http://" + local
+		case "--grpc-listen":
+			s.grpc = local
+		}
+	}
 	s.cmd = exec.Command(binary, args...)
 	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+e.namespace, "REDLINE_REDIS_PASSWORD=")
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs

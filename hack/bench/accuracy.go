@@ -83,7 +83,7 @@ func check(ctx context.Context, hc *http.Client, s *Sidecar, rule, key string) (
 	if err != nil {
 		return checkapi.Response{}, fmt.Errorf("encoding the check: %w", err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.Admin+checkapi.Path, strings.NewReader(string(body)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.Check+checkapi.Path, strings.NewReader(string(body)))
 	if err != nil {
 		return checkapi.Response{}, fmt.Errorf("building the check: %w", err)
 	}

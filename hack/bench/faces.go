@@ -79,7 +79,7 @@ func faceOps(s *Sidecar, upstream string) (map[string]op, func(), error) {
 		faceProxy:  get("http://" + s.Proxy),
 		faceCheck: func(ctx context.Context, i int64) error {
 			body := `{"policy":"` + benchPolicy + `","rule":"` + benchRule + `","key":["` + keyOf(i) + `"]}`
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.Admin+"/v1/check", strings.NewReader(body))
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.Check+"/v1/check", strings.NewReader(body))
 			if err != nil {
 				return fmt.Errorf("building request: %w", err)
 			}

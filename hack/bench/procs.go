@@ -97,7 +97,7 @@ type Sidecar struct {
 	cmd                *exec.Cmd
 	done               chan struct{}
 	log                string
-	Proxy, Admin, GRPC string
+	Proxy, Admin, Check, GRPC string
 }
 
 // Pid is the process id.
@@ -106,7 +106,7 @@ func (s *Sidecar) Pid() int { return s.cmd.Process.Pid }
 // startSidecar runs bin as pod name with the policies in cfgDir, the labels file labels, Redis
 // at redisURL and upstream as its application, and waits until it is ready.
 func startSidecar(ctx context.Context, bin, dir, name, cfgDir, labels, redisURL, upstream string) (*Sidecar, error) {
-	var ports [3]string
+	var ports [4]string
 	for i := range ports {
 		p, err := redistest.FreePort()
 		if err != nil {
@@ -114,13 +114,13 @@ func startSidecar(ctx context.Context, bin, dir, name, cfgDir, labels, redisURL,
 		}
 		ports[i] = "127.0.0.1:" + strconv.Itoa(p)
 	}
-	s := &Sidecar{Proxy: ports[0], Admin: ports[1], GRPC: ports[2], done: make(chan struct{}), log: filepath.Join(dir, name+".log")}
+	s := &Sidecar{Proxy: ports[0], Admin: ports[1], GRPC: ports[2], Check: ports[3], done: make(chan struct{}), log: filepath.Join(dir, name+".log")}
 	logf, err := os.Create(s.log)
 	if err != nil {
 		return nil, fmt.Errorf("creating the sidecar log: %w", err)
 	}
 	s.cmd = exec.Command(bin, "--listen="+s.Proxy, "--upstream="+upstream, "--admin-listen="+s.Admin,
-		"--grpc-listen="+s.GRPC, "--config-dir="+cfgDir, "--pod-labels="+labels, "--log-level=warn")
+		"--check-listen="+s.Check, "--grpc-listen="+s.GRPC, "--config-dir="+cfgDir, "--pod-labels="+labels, "--log-level=warn")
 	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+benchNamespace)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {

@@ -49,7 +49,7 @@ func runWrk(ctx context.Context, dir string, s *Sidecar, d time.Duration) ([]Wrk
 	}
 	var cells []WrkCell
 	for _, f := range []struct{ face, url, script string }{
-		{faceCheck, "http://" + s.Admin, strings.NewReplacer("POLICY", benchPolicy, "RULE", benchRule).Replace(wrkCheckScript)},
+		{faceCheck, "http://" + s.Check, strings.NewReplacer("POLICY", benchPolicy, "RULE", benchRule).Replace(wrkCheckScript)},
 		{faceProxy, "http://" + s.Proxy, strings.ReplaceAll(wrkProxyScript, "KEYHEADER", keyHeader)},
 	} {
 		script := filepath.Join(dir, strings.ReplaceAll(f.face, "/", "")+".lua")

@@ -22,6 +22,8 @@ type Config struct {
 	Upstream          string
 	AdminListen       string
 	GRPCListen        string
+	CheckListen       string
+	MaxDecisionConns  int
 	ConfigDir         string
 	PodLabels         string
 	FailureMode       string
@@ -55,8 +57,12 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.SetOutput(output)
 	fs.StringVar(&c.Listen, contract.FlagListen, fmt.Sprintf(":%d", contract.DefaultListenPort), "address of the proxy face")
 	fs.StringVar(&c.Upstream, contract.FlagUpstream, "", "the application's host:port (required)")
-	fs.StringVar(&c.AdminListen, contract.FlagAdminListen, fmt.Sprintf(":%d", contract.AdminPort), "address of /healthz, /readyz, /metrics and POST /v1/check")
-	fs.StringVar(&c.GRPCListen, contract.FlagGRPCListen, fmt.Sprintf(":%d", contract.GRPCPort), "address of the Envoy rate limit service (gRPC); empty disables it")
+	fs.StringVar(&c.AdminListen, contract.FlagAdminListen, fmt.Sprintf(":%d", contract.AdminPort), "address of /healthz, /readyz and /metrics")
+	fs.StringVar(&c.CheckListen, contract.FlagCheckListen, fmt.Sprintf("%s:%d", contract.LoopbackHost, contract.CheckPort),
+		"address of the decision API, POST /v1/check; loopback keeps it inside the pod; empty disables it")
+	fs.StringVar(&c.GRPCListen, contract.FlagGRPCListen, fmt.Sprintf("%s:%d", contract.LoopbackHost, contract.GRPCPort),
+		"address of the Envoy rate limit service (gRPC); loopback keeps it inside the pod; empty disables it")
+	fs.IntVar(&c.MaxDecisionConns, "max-decision-conns", 32, "most client connections each decision face (/v1/check, gRPC) holds open at once; more wait to be accepted")
 	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the admin address (for diagnosing a sidecar, not for production traffic)")
 	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
 	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")
@@ -109,6 +115,9 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	}
 	if c.MaxProcs < 0 {
 		errs = append(errs, errors.New("--max-procs must not be negative"))
+	}
+	if c.MaxDecisionConns < 1 {
+		errs = append(errs, errors.New("--max-decision-conns must be at least 1"))
 	}
 	if c.MaxHeaderBytes < 4096 {
 		errs = append(errs, errors.New("--max-header-bytes must be at least 4096"))

@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/net/netutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
@@ -75,11 +78,16 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	m := metrics.New(lim.Stats, store)
 	client.AddHook(m.RedisHook())
 	beat := make(chan struct{}, 1)
+	// healthSrv is the gRPC health service, set before the watcher starts reloading.
+	var healthSrv *health.Server
 	loader := &config.Loader{
 		Dir: cfg.ConfigDir, LabelsFile: cfg.PodLabels, Builder: config.NewBuilder(limiter.FailureMode(cfg.FailureMode)),
 		Store: store, Log: log, Resync: cfg.Resync, OnError: func(error) { m.ReloadFailed() },
 		OnLoad: func(s *config.Set) {
 			m.ConfigLoaded(s)
+			if hs := healthSrv; hs != nil {
+				rls.SetServing(hs)
+			}
 			if cfg.PodNamespace != "" && s.Namespace != cfg.PodNamespace {
 				log.Warn("policies document is for another namespace", "document", s.Namespace, "pod", cfg.PodNamespace)
 			}
@@ -118,7 +126,6 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		_, _ = fmt.Fprintf(w, "ok: policies %s\n", store.Current().Hash)
 	})
 	admin.Handle("GET "+contract.MetricsPath, m.Handler())
-	admin.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store})
 	if cfg.Pprof {
 		admin.HandleFunc("/debug/pprof/", pprof.Index)
 		admin.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -126,33 +133,34 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-	proxySrv := &http.Server{
-		Handler: ph, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout,
-		MaxHeaderBytes: cfg.MaxHeaderBytes, ErrorLog: errLog,
-	}
-	adminSrv := &http.Server{
-		Handler: admin, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout,
-		MaxHeaderBytes: cfg.MaxHeaderBytes, ErrorLog: errLog,
-	}
-	proxyLn, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listening for the proxy on %s: %w", cfg.Listen, err)
-	}
-	adminLn, err := net.Listen("tcp", cfg.AdminListen)
-	if err != nil {
-		proxyLn.Close()
-		return fmt.Errorf("listening for admin on %s: %w", cfg.AdminListen, err)
-	}
-	var grpcSrv *rls.HTTPServer
-	var grpcLn net.Listener
-	if cfg.GRPCListen != "" {
-		if grpcLn, err = net.Listen("tcp", cfg.GRPCListen); err != nil {
-			proxyLn.Close()
-			adminLn.Close()
-			return fmt.Errorf("listening for the rate limit service on %s: %w", cfg.GRPCListen, err)
+	newServer := func(h http.Handler) *http.Server {
+		return &http.Server{
+			Handler: h, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout,
+			MaxHeaderBytes: cfg.MaxHeaderBytes, ErrorLog: errLog,
 		}
-		grpcSrv = rls.NewHTTPServer(&rls.Server{Engine: engine, Store: store})
-		grpcSrv.ReadHeaderTimeout, grpcSrv.ErrorLog = cfg.ReadHeaderTimeout, errLog // bounds the wait for the HTTP/2 preface
+	}
+	proxySrv, adminSrv := newServer(ph), newServer(admin)
+	var checkSrv *http.Server
+	if cfg.CheckListen != "" {
+		check := http.NewServeMux()
+		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store})
+		checkSrv = newServer(check)
+	}
+	var grpcSrv *grpc.Server
+	if cfg.GRPCListen != "" {
+		var hs *health.Server
+		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store}, rls.ServerOptions{
+			IdleTimeout: cfg.IdleTimeout, HandshakeTimeout: cfg.ReadHeaderTimeout,
+		})
+		healthSrv = hs
+		if store.Current() != nil {
+			rls.SetServing(hs)
+		}
+	}
+
+	lns, err := listenAll(cfg)
+	if err != nil {
+		return err
 	}
 
 	bg, stopBG := context.WithCancel(context.Background())
@@ -164,21 +172,24 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	})
 	bgWG.Go(func() { heartbeat(bg, cfg, log, client, store, instance, beat, m) })
 
-	serveErr := make(chan error, 3)
+	serveErr := make(chan error, 4)
 	serve := func(name string, f func() error) {
 		go func() {
-			if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 				serveErr <- fmt.Errorf("serving %s: %w", name, err)
 			}
 		}()
 	}
-	serve("proxy", func() error { return proxySrv.Serve(proxyLn) })
-	serve("admin", func() error { return adminSrv.Serve(adminLn) })
-	if grpcSrv != nil {
-		serve("rate limit service", func() error { return grpcSrv.Serve(grpcLn) })
+	serve("proxy", func() error { return proxySrv.Serve(lns.proxy) })
+	serve("admin", func() error { return adminSrv.Serve(lns.admin) })
+	if checkSrv != nil {
+		serve("decision API", func() error { return checkSrv.Serve(lns.check) })
 	}
-	log.Info("sidecar serving", "listen", proxyLn.Addr().String(), "upstream", cfg.Upstream,
-		"admin", adminLn.Addr().String(), "grpc", cfg.GRPCListen, "instance", instance,
+	if grpcSrv != nil {
+		serve("rate limit service", func() error { return grpcSrv.Serve(lns.grpc) })
+	}
+	log.Info("sidecar serving", "listen", lns.proxy.Addr().String(), "upstream", cfg.Upstream,
+		"admin", lns.admin.Addr().String(), "check", cfg.CheckListen, "grpc", cfg.GRPCListen, "instance", instance,
 		"failureModeOverride", cfg.FailureMode, "trustedHops", cfg.TrustedHops, "maxProcs", runtime.GOMAXPROCS(0))
 
 	var runErr error
@@ -202,11 +213,19 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 		ph.Close() // the idle connections to the application
 	})
-	if grpcSrv != nil {
+	if checkSrv != nil {
 		wg.Go(func() {
-			if err := grpcSrv.Shutdown(sctx); err != nil {
-				log.Warn("rate limit service did not drain in time; closing", "error", err)
-				_ = grpcSrv.Close()
+			if err := checkSrv.Shutdown(sctx); err != nil {
+				log.Warn("decision API did not drain in time; closing", "error", err)
+				_ = checkSrv.Close()
+			}
+		})
+	}
+	if grpcSrv != nil {
+		healthSrv.Shutdown() // NOT_SERVING while calls in flight finish
+		wg.Go(func() {
+			if err := rls.Shutdown(sctx, grpcSrv); err != nil {
+				log.Warn("rate limit service did not drain in time; closed", "error", err)
 			}
 		})
 	}
@@ -218,6 +237,53 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	lim.Close()
 	log.Info("sidecar stopped")
 	return runErr
+}
+
+// listeners are the sidecar's sockets.
+type listeners struct {
+	proxy, admin, check, grpc net.Listener
+}
+
+// listenAll opens every configured address, or none. The decision faces accept at most
+// cfg.MaxDecisionConns connections each (netutil.LimitListener): one client opening sockets
+// without end cannot exhaust the sidecar's memory or descriptors.
+func listenAll(cfg *Config) (*listeners, error) {
+	var (
+		lns    listeners
+		opened []net.Listener
+	)
+	open := func(what, addr string, limit int) (net.Listener, error) {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, l := range opened {
+				_ = l.Close()
+			}
+			return nil, fmt.Errorf("listening for %s on %s: %w", what, addr, err)
+		}
+		opened = append(opened, ln)
+		if limit > 0 {
+			ln = netutil.LimitListener(ln, limit)
+		}
+		return ln, nil
+	}
+	var err error
+	if lns.proxy, err = open("the proxy", cfg.Listen, 0); err != nil {
+		return nil, err
+	}
+	if lns.admin, err = open("admin", cfg.AdminListen, 0); err != nil {
+		return nil, err
+	}
+	if cfg.CheckListen != "" {
+		if lns.check, err = open("the decision API", cfg.CheckListen, cfg.MaxDecisionConns); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.GRPCListen != "" {
+		if lns.grpc, err = open("the rate limit service", cfg.GRPCListen, cfg.MaxDecisionConns); err != nil {
+			return nil, err
+		}
+	}
+	return &lns, nil
 }
 
 // heartbeat announces this replica in the group of every policy it enforces while Redis is

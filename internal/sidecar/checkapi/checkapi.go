@@ -1,6 +1,8 @@
 // Package checkapi serves the sidecar's HTTP decision API, POST /v1/check, for gateways and
 // applications that want a decision without routing traffic through the proxy.
 //
+// It listens on loopback unless the pod opts in (contract.AnnotationExposeDecisionAPI).
+//
 // A request either describes an HTTP request (method, path, headers, remoteAddress), which is
 // decided like the proxy decides it, or names rules with their key parts (policy, rule, key, or
 // a list of hits), which skips matching. The answer is always 200 with the decision in the body;
@@ -11,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/textproto"
 	"strings"
@@ -23,8 +26,20 @@ import (
 // Path is where the API is served.
 const Path = "/v1/check"
 
-// MaxBodyBytes bounds a request body.
-const MaxBodyBytes = 64 << 10
+// Bounds of one check. A request beyond them gets 400 with the bound it broke.
+const (
+	// MaxBodyBytes bounds a request body.
+	MaxBodyBytes = 64 << 10
+	// MaxHits is the most rules one check may name: as many as a policy can have.
+	MaxHits = 32
+	// MaxKeyParts is the most key parts one hit may give (a rule's key has at most 8).
+	MaxKeyParts = 16
+	// MaxHeaders is the most header fields a described request may carry.
+	MaxHeaders = 64
+	// MaxCost is the largest cost a check may ask for: the API's largest limit. A cost above
+	// what the rule can ever admit is refused as never admissible (retryAfterSeconds -1).
+	MaxCost = 1_000_000_000
+)
 
 // Request is the body of POST /v1/check.
 type Request struct {
@@ -92,11 +107,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "use POST")
 		return
 	}
-	var req Request
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("decoding check request: %v", err))
+	req, err := Decode(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			err = fmt.Errorf("check request over %d bytes", MaxBodyBytes)
+		}
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	set := h.Store.Current()
@@ -104,7 +120,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "no policies loaded")
 		return
 	}
-	d, err := h.decide(r, set, &req)
+	d, err := h.decide(r, set, req)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -118,20 +134,47 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(append(body, '\n'))
 }
 
+// Decode reads one check request from r: exactly one JSON object with known fields, within
+// the bounds above. Its errors say what is wrong, for a 400.
+func Decode(r io.Reader) (*Request, error) {
+	var req Request
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, fmt.Errorf("decoding check request: %w", err)
+	}
+	// One object and nothing after it: a second value is a mistake, or a smuggling attempt.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("decoding check request: data after the JSON object")
+	}
+	if req.Cost < 0 || req.Cost > MaxCost {
+		return nil, fmt.Errorf("cost %d: want 1-%d (0 or absent means 1)", req.Cost, MaxCost)
+	}
+	if len(req.Hits) > MaxHits || (len(req.Hits) == MaxHits && (req.Policy != "" || req.Rule != "")) {
+		return nil, fmt.Errorf("%d hits: at most %d rules can be checked at once", len(req.Hits), MaxHits)
+	}
+	if len(req.Key) > MaxKeyParts {
+		return nil, fmt.Errorf("key has %d parts: at most %d", len(req.Key), MaxKeyParts)
+	}
+	for i, h := range req.Hits {
+		if len(h.Key) > MaxKeyParts {
+			return nil, fmt.Errorf("hits[%d].key has %d parts: at most %d", i, len(h.Key), MaxKeyParts)
+		}
+	}
+	if len(req.Headers) > MaxHeaders {
+		return nil, fmt.Errorf("%d headers: at most %d", len(req.Headers), MaxHeaders)
+	}
+	return &req, nil
+}
+
 func (h *Handler) decide(r *http.Request, set *config.Set, req *Request) (decide.Decision, error) {
-	cost := req.Cost
-	if cost == 0 {
-		cost = 1
-	}
-	if cost < 0 {
-		return decide.Decision{}, errors.New("cost must be positive")
-	}
+	cost := max(req.Cost, 1)
 	hits := make([]decide.Hit, 0, len(req.Hits)+1)
 	if req.Policy != "" || req.Rule != "" {
 		hits = append(hits, decide.Hit{Policy: req.Policy, Rule: req.Rule, Key: req.Key})
 	}
 	for _, hit := range req.Hits {
-		hits = append(hits, decide.Hit(hit))
+		hits = append(hits, decide.Hit{Policy: hit.Policy, Rule: hit.Rule, Key: hit.Key})
 	}
 	if len(hits) > 0 {
 		if req.Method != "" || req.Path != "" || len(req.Headers) > 0 || req.RemoteAddress != "" {

@@ -1,6 +1,7 @@
 package checkapi_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -50,7 +51,18 @@ func TestCheckRequests(t *testing.T) {
 		{`{"policy":"p","rule":"r","method":"GET"}`, 400, "not both"},
 		{`{"path":"/"}`, 400, "needs method and path"},
 		{`{"bogus":1}`, 400, "unknown field"},
-		{`{"policy":"p","rule":"r","cost":-1}`, 400, "cost must be positive"},
+		{`{"policy":"p","rule":"r","cost":-1}`, 400, "cost -1: want 1-1000000000"},
+		{`{"policy":"p","rule":"r","cost":1000000001}`, 400, "want 1-1000000000"},
+		{`{"policy":"p","rule":"r","cost":9223372036854775808}`, 400, "decoding check request"},
+		{`{"policy":"p","rule":"r","cost":1.5}`, 400, "decoding check request"},
+		{`{"policy":"p","rule":"r"} {"policy":"p","rule":"r"}`, 400, "data after the JSON object"},
+		{`{"policy":"p","rule":"r"}]`, 400, "data after the JSON object"},
+		{`{"policy":"p","rule":"r"}` + "\n\t ", 200, `"allowed":true`},
+		{`{"hits":[` + strings.Repeat(`{"policy":"p","rule":"r"},`, 32) + `{"policy":"p","rule":"r"}]}`, 400, "33 hits: at most 32"},
+		{`{"policy":"p","rule":"r","hits":[` + strings.Repeat(`{"policy":"p","rule":"r"},`, 31) + `{"policy":"p","rule":"r"}]}`, 400, "at most 32"},
+		{`{"hits":[` + strings.Repeat(`{"policy":"p","rule":"r"},`, 31) + `{"policy":"p","rule":"r"}]}`, 200, `"allowed":true`},
+		{`{"policy":"p","rule":"r","key":[` + strings.Repeat(`"a",`, 16) + `"a"]}`, 400, "key has 17 parts"},
+		{`{"policy":"p","rule":"r","key":"` + strings.Repeat("a", checkapi.MaxBodyBytes) + `"}`, 400, "over 65536 bytes"},
 	} {
 		rec := do(h, http.MethodPost, c.body)
 		g.Expect(rec.Code).To(Equal(c.status), c.body)
@@ -74,4 +86,43 @@ func BenchmarkCheckHandler(b *testing.B) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, checkapi.Path, strings.NewReader(`{"policy":"p","rule":"r","key":["abc"]}`)))
 	}
+}
+
+// FuzzDecode feeds the decoder arbitrary bodies (seeds under testdata/fuzz/FuzzDecode). What it
+// accepts is one object within every bound, and it accepts the same object encoded again.
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{
+		`{"policy":"p","rule":"r","key":["a"]}`,
+		`{"hits":[{"policy":"p","rule":"r","key":["a","b"]}],"cost":3}`,
+		`{"method":"GET","path":"/x?y","headers":{"X-Key":"a"},"remoteAddress":"10.0.0.1:5"}`,
+		`{"policy":"p","rule":"r"} {}`,
+		`{"cost":-1}`,
+		`{"cost":1e3}`,
+		`{"key":null,"hits":null}`,
+		"\xef\xbb\xbf{}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := checkapi.Decode(bytes.NewReader(body))
+		if err != nil {
+			return
+		}
+		if req.Cost < 0 || req.Cost > checkapi.MaxCost || len(req.Hits) > checkapi.MaxHits ||
+			len(req.Key) > checkapi.MaxKeyParts || len(req.Headers) > checkapi.MaxHeaders {
+			t.Fatalf("accepted out of bounds: %+v", req)
+		}
+		for _, h := range req.Hits {
+			if len(h.Key) > checkapi.MaxKeyParts {
+				t.Fatalf("accepted a hit of %d key parts", len(h.Key))
+			}
+		}
+		again, err := json.Marshal(req)
+		if err != nil {
+			t.Fatalf("encoding what was accepted: %v", err)
+		}
+		if _, err := checkapi.Decode(bytes.NewReader(again)); err != nil {
+			t.Fatalf("refused its own encoding %s: %v", again, err)
+		}
+	})
 }

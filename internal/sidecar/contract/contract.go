@@ -27,6 +27,11 @@ const (
 	// (GOMAXPROCS, 1-64; default 1). Raise it for a sidecar answering heavy /v1/check or Envoy
 	// traffic on dedicated cores.
 	AnnotationSidecarMaxProcs = "redline.dev/sidecar-max-procs"
+	// AnnotationExposeDecisionAPI set to "true" serves the decision faces (POST /v1/check on
+	// CheckPort and the Envoy rate limit service on GRPCPort) on the pod network, for a gateway
+	// outside the pod. Without it they listen on loopback only: anything that can reach the
+	// pod could otherwise spend any client's quota (ask with the victim's key until refused).
+	AnnotationExposeDecisionAPI = "redline.dev/expose-decision-api"
 	// AnnotationInjected is written by the injector and records what it injected. A pod that
 	// carries it is never injected again.
 	AnnotationInjected = "redline.dev/injected"
@@ -52,13 +57,23 @@ const (
 	AdminPortName = "redline-admin"
 	// DefaultListenPort is the proxy's port when the pod does not set AnnotationListenPort.
 	DefaultListenPort = 8000
-	// AdminPort serves HealthzPath, ReadyzPath and MetricsPath.
+	// AdminPort serves HealthzPath, ReadyzPath and MetricsPath on the pod network, for the
+	// kubelet and Prometheus.
 	AdminPort = 9091
 	// GRPCPortName names the containerPort of Envoy's rate limit service, so that a Service
 	// can route a gateway's ShouldRateLimit calls to the sidecars.
 	GRPCPortName = "redline-grpc"
-	// GRPCPort serves envoy.service.ratelimit.v3.RateLimitService.
+	// GRPCPort serves envoy.service.ratelimit.v3.RateLimitService, on LoopbackHost unless the
+	// pod sets AnnotationExposeDecisionAPI.
 	GRPCPort = 9092
+	// CheckPortName names the containerPort of POST /v1/check when it is exposed.
+	CheckPortName = "redline-check"
+	// CheckPort serves POST /v1/check, on LoopbackHost unless the pod sets
+	// AnnotationExposeDecisionAPI.
+	CheckPort = 9093
+	// LoopbackHost is where the decision faces listen by default: reachable from the pod's
+	// own containers (an Envoy, the application) only.
+	LoopbackHost = "127.0.0.1"
 	// HealthzPath answers the liveness probe.
 	HealthzPath = "/healthz"
 	// ReadyzPath answers the readiness probe.
@@ -76,7 +91,8 @@ const (
 	FlagListen      = "listen"       // ":<listen port>"
 	FlagUpstream    = "upstream"     // "127.0.0.1:<upstream port>"
 	FlagAdminListen = "admin-listen" // ":9091"
-	FlagGRPCListen  = "grpc-listen"  // ":9092"
+	FlagGRPCListen  = "grpc-listen"  // "127.0.0.1:9092", or ":9092" when exposed
+	FlagCheckListen = "check-listen" // "127.0.0.1:9093", or ":9093" when exposed
 	FlagConfigDir   = "config-dir"   // PoliciesDir
 	FlagPodLabels   = "pod-labels"   // PodLabelsFile
 	FlagFailureMode = "failure-mode" // only when AnnotationFailureMode is set

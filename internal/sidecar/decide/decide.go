@@ -40,6 +40,9 @@ type Hit struct {
 	Policy string
 	Rule   string
 	Key    []string
+	// Cost, when positive, is what this hit takes from its limit instead of the call's cost
+	// (Envoy's per-descriptor hits_addend).
+	Cost int64
 }
 
 // Outcome is one rule's decision.
@@ -86,12 +89,13 @@ func (e *Engine) Decide(ctx context.Context, set *config.Set, req *Request, cost
 		if !Matches(r.Match, req) {
 			continue
 		}
-		calls = append(calls, call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.Name, a.parts(r.Key)...)})
+		calls = append(calls, call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.Name, a.parts(r.Key)...), cost: cost})
 	}
-	return e.run(ctx, calls, cost)
+	return e.run(ctx, calls)
 }
 
-// DecideHits evaluates the named rules with the given key parts.
+// DecideHits evaluates the named rules with the given key parts, each hit cost units (or its
+// own Cost), as one batch: the hits are asked concurrently, so the limiter pipelines them.
 func (e *Engine) DecideHits(ctx context.Context, set *config.Set, hits []Hit, cost int64) (Decision, error) {
 	if set == nil {
 		return Decision{}, errors.New("deciding hits: no policies loaded")
@@ -102,31 +106,36 @@ func (e *Engine) DecideHits(ctx context.Context, set *config.Set, hits []Hit, co
 		if r == nil {
 			return Decision{}, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, h.Policy, h.Rule)
 		}
-		calls = append(calls, call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.Name, h.Key...)})
+		c := call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.Name, h.Key...), cost: cost}
+		if h.Cost > 0 {
+			c.cost = h.Cost
+		}
+		calls = append(calls, c)
 	}
-	return e.run(ctx, calls, cost), nil
+	return e.run(ctx, calls), nil
 }
 
 type call struct {
 	rule *config.Rule
 	key  string
+	cost int64
 }
 
 // run makes one limiter call per rule; several rules are asked concurrently so that the
 // request waits for one round trip, not one per rule.
-func (e *Engine) run(ctx context.Context, calls []call, cost int64) Decision {
+func (e *Engine) run(ctx context.Context, calls []call) Decision {
 	d := Decision{Allowed: true, Outcomes: make([]Outcome, len(calls))}
 	switch len(calls) {
 	case 0:
 		return d
 	case 1:
-		d.Outcomes[0] = e.one(ctx, calls[0], cost)
+		d.Outcomes[0] = e.one(ctx, calls[0])
 	default:
 		var wg sync.WaitGroup
 		for i := 1; i < len(calls); i++ {
-			wg.Go(func() { d.Outcomes[i] = e.one(ctx, calls[i], cost) })
+			wg.Go(func() { d.Outcomes[i] = e.one(ctx, calls[i]) })
 		}
-		d.Outcomes[0] = e.one(ctx, calls[0], cost)
+		d.Outcomes[0] = e.one(ctx, calls[0])
 		wg.Wait()
 	}
 	for i := range d.Outcomes {
@@ -150,13 +159,13 @@ func retryLonger(a, b time.Duration) bool {
 	return b >= 0 && a > b
 }
 
-func (e *Engine) one(ctx context.Context, c call, cost int64) Outcome {
+func (e *Engine) one(ctx context.Context, c call) Outcome {
 	lim := c.rule.Limit
 	lim.Replicas = c.rule.Policy.Replicas.Load()
-	res, err := e.Limiter.Allow(ctx, c.key, lim, cost)
+	res, err := e.Limiter.Allow(ctx, c.key, lim, c.cost)
 	if err != nil {
 		// Only a closed limiter or an invalid cost gets here; decide as Redis being down would.
-		res = failureResult(lim, cost, err)
+		res = failureResult(lim, c.cost, err)
 	}
 	if e.Observe != nil {
 		e.Observe(c.rule, res)

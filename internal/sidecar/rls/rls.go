@@ -18,18 +18,28 @@
 //
 // the counter is the one the proxy uses for a request with that X-API-Key. The domain is not
 // used: the sidecar enforces the policies of its own namespace. hits_addend (per descriptor, or
-// else per request) is the cost; descriptors with is_negative_hits are answered without counting.
+// else per request) is the cost, unsigned as Envoy sends it: a cost beyond what the rule can
+// ever admit is refused, never wrapped. Descriptors with is_negative_hits are answered without
+// counting.
 //
-// The service is gRPC, served over cleartext HTTP/2 by a small server of its own (HTTPServer;
-// net/http's flushes each answer in three writes) with a hand-written codec for the few message
-// fields it uses: grpc-go, go-control-plane and the protobuf runtime they bring would cost the
-// sidecar about 6 MiB of resident memory. It also answers grpc.health.v1.Health/Check.
+// The service runs on grpc-go with go-control-plane's generated types (server.go), next to
+// grpc's standard health service.
 package rls
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
@@ -42,89 +52,131 @@ const (
 	EntryGenericKey = "generic_key"
 )
 
-// Server is the rate limit service; as an http.Handler it serves it over gRPC.
+// Bounds of one ShouldRateLimit request, beyond the message size the server accepts.
+const (
+	// MaxDescriptors is the most descriptors a request may carry: as many as a policy can have
+	// rules, so one request can reach each rule of a policy once.
+	MaxDescriptors = 32
+	// MaxEntries is the most entries one descriptor may carry: policy, rule and up to 14 key
+	// parts (a rule's key has at most 8).
+	MaxEntries = 16
+)
+
+// Server is the rate limit service.
 type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
 	Engine *decide.Engine
 	Store  *config.Store
 }
 
-// ShouldRateLimit decides every descriptor; the request is over limit when any Enforce rule
-// refuses. Its errors are gRPC statuses: Unavailable without policies, InvalidArgument without
-// descriptors.
-func (s *Server) ShouldRateLimit(ctx context.Context, req *Request) (*Response, error) {
+// ShouldRateLimit decides every descriptor in one batch; the request is over limit when any
+// Enforce rule refuses. Its errors are gRPC statuses: Unavailable without policies,
+// InvalidArgument for a request without descriptors or beyond the bounds.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	set := s.Store.Current()
 	if set == nil {
-		return nil, statusError(codeUnavailable, "no policies loaded")
+		return nil, status.Error(codes.Unavailable, "no policies loaded")
 	}
-	if len(req.Descriptors) == 0 {
-		return nil, statusError(codeInvalidArgument, "no descriptors")
+	if err := validate(req); err != nil {
+		return nil, err
 	}
-	resp := &Response{OverallCode: CodeOK, Statuses: make([]DescriptorStatus, len(req.Descriptors))}
-	all := decide.Decision{Allowed: true}
-	for i := range req.Descriptors {
-		desc := &req.Descriptors[i]
-		st := &resp.Statuses[i]
-		st.Code = CodeOK
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
+	}
+	hits := make([]decide.Hit, 0, len(req.Descriptors))
+	at := make([]int, 0, len(req.Descriptors)) // at[i] is the descriptor of hits[i]
+	for i, desc := range req.Descriptors {
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		hit, ok := HitFor(desc)
-		if !ok || desc.IsNegativeHits || set.Find(hit.Policy, hit.Rule) == nil {
+		if !ok || desc.GetIsNegativeHits() || set.Find(hit.Policy, hit.Rule) == nil {
 			continue
 		}
-		cost := int64(req.HitsAddend)
-		if desc.HitsAddend != nil {
-			cost = int64(*desc.HitsAddend)
+		hit.Cost = Cost(req.GetHitsAddend(), desc.GetHitsAddend())
+		hits = append(hits, hit)
+		at = append(at, i)
+	}
+	if len(hits) == 0 {
+		return resp, nil
+	}
+	d, err := s.Engine.DecideHits(ctx, set, hits, 1)
+	if err != nil {
+		if errors.Is(err, decide.ErrUnknownRule) { // the set changed since Find: nothing enforces it
+			return resp, nil
 		}
-		cost = max(cost, 1)
-		d, err := s.Engine.DecideHits(ctx, set, []decide.Hit{hit}, cost)
-		if err != nil {
-			if errors.Is(err, decide.ErrUnknownRule) {
-				continue
-			}
-			return nil, statusError(codeInternal, "deciding "+hit.Policy+"/"+hit.Rule+": "+err.Error())
-		}
-		o := &d.Outcomes[0]
+		return nil, status.Error(codes.Internal, fmt.Sprintf("deciding: %v", err))
+	}
+	for j := range d.Outcomes {
+		o := &d.Outcomes[j]
+		st := resp.Statuses[at[j]]
 		st.CurrentLimit = currentLimit(o.Rule)
-		st.LimitRemaining = uint32(min(max(o.Result.Remaining, 0), 1<<32-1))
-		st.DurationUntilReset = new(o.Result.ResetAfter)
+		st.LimitRemaining = uint32(min(max(o.Result.Remaining, 0), math.MaxUint32))
+		st.DurationUntilReset = durationpb.New(o.Result.ResetAfter)
 		if o.Refuses() {
-			st.Code = CodeOverLimit
-			resp.OverallCode = CodeOverLimit
-		}
-		all.Outcomes = append(all.Outcomes, *o)
-	}
-	for i := range all.Outcomes {
-		o := &all.Outcomes[i]
-		if o.Refuses() {
-			all.Allowed = false
-			if all.Refused == nil || o.Result.RetryAfter > all.Refused.Result.RetryAfter {
-				all.Refused = o
-			}
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 	}
-	f := all.Fields()
+	if !d.Allowed {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	f := d.Fields()
 	if f.Policy != "" {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			HeaderValue{Key: decide.HeaderPolicy, Value: f.Policy},
-			HeaderValue{Key: decide.HeaderRateLimit, Value: f.RateLimit})
+			&corev3.HeaderValue{Key: decide.HeaderPolicy, Value: f.Policy},
+			&corev3.HeaderValue{Key: decide.HeaderRateLimit, Value: f.RateLimit})
 	}
 	if f.RetryAfter != "" {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, HeaderValue{Key: decide.HeaderRetryAfter, Value: f.RetryAfter})
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: decide.HeaderRetryAfter, Value: f.RetryAfter})
 	}
 	return resp, nil
 }
 
+// validate refuses what no well-formed Envoy request carries, before any work is done.
+func validate(req *rlsv3.RateLimitRequest) error {
+	switch n := len(req.Descriptors); {
+	case n == 0:
+		return status.Error(codes.InvalidArgument, "no descriptors")
+	case n > MaxDescriptors:
+		return status.Errorf(codes.InvalidArgument, "%d descriptors: at most %d are accepted", n, MaxDescriptors)
+	}
+	for i, d := range req.Descriptors {
+		if n := len(d.GetEntries()); n > MaxEntries {
+			return status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries: at most %d are accepted", i, n, MaxEntries)
+		}
+	}
+	return nil
+}
+
+// Cost is the cost of one descriptor as Envoy documents hits_addend: the descriptor's value
+// when set and not 0, else the request's when not 0, else 1. Values beyond math.MaxInt64 stay
+// beyond every limit (they are refused as never admissible), they do not wrap.
+func Cost(request uint32, descriptor *wrapperspb.UInt64Value) int64 {
+	cost := uint64(request)
+	if descriptor != nil {
+		cost = descriptor.GetValue()
+	}
+	switch {
+	case cost == 0:
+		return 1
+	case cost > math.MaxInt64:
+		return math.MaxInt64
+	}
+	return int64(cost)
+}
+
 // HitFor maps a descriptor to a rule and its key parts (see the package documentation).
-func HitFor(d *Descriptor) (decide.Hit, bool) {
+func HitFor(d *rlv3.RateLimitDescriptor) (decide.Hit, bool) {
 	var h decide.Hit
 	generic := -1
-	entries := d.Entries
+	entries := d.GetEntries()
 	for i, e := range entries {
-		switch e.Key {
+		switch e.GetKey() {
 		case EntryPolicy:
-			h.Policy = e.Value
+			h.Policy = e.GetValue()
 		case EntryRule:
-			h.Rule = e.Value
+			h.Rule = e.GetValue()
 		case EntryGenericKey:
-			if generic < 0 && strings.Contains(e.Value, "/") {
+			if generic < 0 && strings.Contains(e.GetValue(), "/") {
 				generic = i
 			}
 		}
@@ -134,37 +186,37 @@ func HitFor(d *Descriptor) (decide.Hit, bool) {
 		if generic < 0 {
 			return decide.Hit{}, false
 		}
-		h.Policy, h.Rule, _ = strings.Cut(entries[generic].Value, "/")
+		h.Policy, h.Rule, _ = strings.Cut(entries[generic].GetValue(), "/")
 		skip = generic
 	}
 	for i, e := range entries {
-		if i == skip || (skip < 0 && (e.Key == EntryPolicy || e.Key == EntryRule)) {
+		if i == skip || (skip < 0 && (e.GetKey() == EntryPolicy || e.GetKey() == EntryRule)) {
 			continue
 		}
-		h.Key = append(h.Key, e.Value)
+		h.Key = append(h.Key, e.GetValue())
 	}
 	return h, h.Policy != "" && h.Rule != ""
 }
 
 // currentLimit expresses a rule's window in the largest unit that divides it.
-func currentLimit(r *config.Rule) *RateLimit {
-	l := &RateLimit{
+func currentLimit(r *config.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	l := &rlsv3.RateLimitResponse_RateLimit{
 		Name:            r.ID,
-		RequestsPerUnit: uint32(min(r.Limit.Requests, 1<<32-1)),
-		Unit:            UnitSecond,
+		RequestsPerUnit: uint32(min(r.Limit.Requests, math.MaxUint32)),
+		Unit:            rlsv3.RateLimitResponse_RateLimit_SECOND,
 	}
 	secs := r.WindowSeconds
 	for _, u := range []struct {
-		unit Unit
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
 		secs int64
-	}{{UnitDay, 86400}, {UnitHour, 3600}, {UnitMinute, 60}} {
+	}{{rlsv3.RateLimitResponse_RateLimit_DAY, 86400}, {rlsv3.RateLimitResponse_RateLimit_HOUR, 3600}, {rlsv3.RateLimitResponse_RateLimit_MINUTE, 60}} {
 		if secs >= u.secs && secs%u.secs == 0 {
 			l.Unit, secs = u.unit, secs/u.secs
 			break
 		}
 	}
 	if secs != 1 {
-		l.UnitMultiplier = new(uint32(min(secs, 1<<32-1)))
+		l.UnitMultiplier = wrapperspb.UInt32(uint32(min(secs, math.MaxUint32)))
 	}
 	return l
 }

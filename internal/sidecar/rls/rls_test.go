@@ -3,8 +3,8 @@ package rls_test
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -34,16 +34,10 @@ func desc(kv ...string) *rlv3.RateLimitDescriptor {
 }
 
 func TestHitFor(t *testing.T) {
-	d := func(kv ...string) *rls.Descriptor {
-		d := &rls.Descriptor{}
-		for i := 0; i+1 < len(kv); i += 2 {
-			d.Entries = append(d.Entries, rls.Entry{Key: kv[i], Value: kv[i+1]})
-		}
-		return d
-	}
+	d := desc
 	cases := []struct {
 		name string
-		d    *rls.Descriptor
+		d    *rlv3.RateLimitDescriptor
 		want decide.Hit
 		ok   bool
 	}{
@@ -88,22 +82,29 @@ func (c *countingLimiter) seen() []int64 {
 }
 
 // serve runs srv on a loopback port the way the sidecar does and returns its address.
-func serve(t testing.TB, srv *rls.Server) (string, *rls.HTTPServer) {
+func serve(t testing.TB, srv *rls.Server, opts ...rls.ServerOptions) (string, *grpc.Server) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := rls.NewHTTPServer(srv)
+	var o rls.ServerOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	gs, hs := rls.NewServer(srv, o)
+	if srv.Store.Current() != nil {
+		rls.SetServing(hs)
+	}
 	done := make(chan error, 1)
-	go func() { done <- hs.Serve(ln) }()
+	go func() { done <- gs.Serve(ln) }()
 	t.Cleanup(func() {
-		_ = hs.Close()
-		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+		gs.Stop()
+		if err := <-done; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			t.Errorf("serving: %v", err)
 		}
 	})
-	return ln.Addr().String(), hs
+	return ln.Addr().String(), gs
 }
 
 // dial returns a grpc-go connection to addr, closed with the test.
@@ -153,7 +154,7 @@ func TestShouldRateLimit(t *testing.T) {
 		Descriptors: []*rlv3.RateLimitDescriptor{desc("generic_key", "p/r", "k", "a"), over, desc("other", "x"), negative, zero, desc("policy", "p", "rule", "nope")},
 	})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(lim.seen()).To(Equal([]int64{3, 11, 1}), "request hits_addend, overridden per descriptor; negative hits not counted")
+	g.Expect(lim.seen()).To(ConsistOf(int64(3), int64(11), int64(1)), "request hits_addend, overridden per descriptor; negative hits not counted")
 	g.Expect(resp.OverallCode).To(Equal(rlsv3.RateLimitResponse_OVER_LIMIT))
 	g.Expect(resp.Statuses).To(HaveLen(6))
 	g.Expect(resp.Statuses[0].Code).To(Equal(rlsv3.RateLimitResponse_OK))
@@ -215,4 +216,112 @@ func TestCurrentLimitUnits(t *testing.T) {
 			g.Expect(l.UnitMultiplier == nil).To(Equal(c.mult == nil))
 		})
 	}
+}
+
+// hits_addend is unsigned on the wire: no value wraps into an admissible cost.
+func TestCost(t *testing.T) {
+	cases := []struct {
+		name       string
+		request    uint32
+		descriptor *wrapperspb.UInt64Value
+		want       int64
+	}{
+		{"neither set", 0, nil, 1},
+		{"request level", 7, nil, 7},
+		{"request level max", math.MaxUint32, nil, math.MaxUint32},
+		{"descriptor overrides", 7, wrapperspb.UInt64(3), 3},
+		{"descriptor zero means one", 7, wrapperspb.UInt64(0), 1},
+		{"2^63-1", 0, wrapperspb.UInt64(math.MaxInt64), math.MaxInt64},
+		{"2^63 saturates", 0, wrapperspb.UInt64(1 << 63), math.MaxInt64},
+		{"2^64-1 saturates", 0, wrapperspb.UInt64(math.MaxUint64), math.MaxInt64},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			NewWithT(t).Expect(rls.Cost(c.request, c.descriptor)).To(Equal(c.want))
+		})
+	}
+}
+
+// Requests beyond the bounds are refused before any limiter call.
+func TestRequestBounds(t *testing.T) {
+	g := NewWithT(t)
+	lim := &countingLimiter{}
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.Store(t, 10, time.Minute)})
+	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
+
+	many := &rlsv3.RateLimitRequest{}
+	for range rls.MaxDescriptors + 1 {
+		many.Descriptors = append(many.Descriptors, desc("generic_key", "p/r"))
+	}
+	_, err := client.ShouldRateLimit(ctxTimeout(t, 10*time.Second), many)
+	g.Expect(status.Code(err)).To(Equal(codes.InvalidArgument))
+	g.Expect(status.Convert(err).Message()).To(ContainSubstring("at most 32"))
+
+	wide := desc("generic_key", "p/r")
+	for range rls.MaxEntries {
+		wide.Entries = append(wide.Entries, &rlv3.RateLimitDescriptor_Entry{Key: "k", Value: "v"})
+	}
+	_, err = client.ShouldRateLimit(ctxTimeout(t, 10*time.Second), &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{wide}})
+	g.Expect(status.Code(err)).To(Equal(codes.InvalidArgument))
+	g.Expect(status.Convert(err).Message()).To(ContainSubstring("at most 16"))
+	g.Expect(lim.seen()).To(BeEmpty())
+
+	many.Descriptors = many.Descriptors[:rls.MaxDescriptors]
+	resp, err := client.ShouldRateLimit(ctxTimeout(t, 10*time.Second), many)
+	g.Expect(err).NotTo(HaveOccurred(), "32 descriptors are accepted")
+	g.Expect(resp.Statuses).To(HaveLen(rls.MaxDescriptors))
+}
+
+// The descriptors of one request are decided together: every limiter call is in flight
+// before the first answers, so N descriptors cost one round trip, not N in a row.
+func TestDescriptorsAreOneBatch(t *testing.T) {
+	g := NewWithT(t)
+	lim := newBlockingLimiter()
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.Store(t, 10, time.Minute)})
+	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.ShouldRateLimit(ctxTimeout(t, 30*time.Second), &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{
+			desc("generic_key", "p/r", "k", "a"), desc("generic_key", "p/r", "k", "b"), desc("generic_key", "p/r", "k", "c"),
+		}})
+		done <- err
+	}()
+	for range 3 {
+		g.Eventually(lim.entered).WithTimeout(10 * time.Second).Should(Receive())
+	}
+	close(lim.release)
+	g.Eventually(done).WithTimeout(10 * time.Second).Should(Receive(BeNil()))
+}
+
+// A hit that can never be admitted (-1) is the refusal reported, as decide orders them, even
+// when another refusal has a longer finite wait.
+func TestNeverAdmissibleIsTheRefusal(t *testing.T) {
+	g := NewWithT(t)
+	lim := &countingLimiter{}
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: never{lim}}, Store: sidecartest.Store(t, 10, time.Minute)})
+	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
+	over := desc("generic_key", "p/r", "k", "over")
+	over.HitsAddend = wrapperspb.UInt64(11)
+	huge := desc("generic_key", "p/r", "k", "huge")
+	huge.HitsAddend = wrapperspb.UInt64(math.MaxUint64)
+	resp, err := client.ShouldRateLimit(ctxTimeout(t, 10*time.Second), &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{over, huge}})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.OverallCode).To(Equal(rlsv3.RateLimitResponse_OVER_LIMIT))
+	g.Expect(resp.Statuses[0].Code).To(Equal(rlsv3.RateLimitResponse_OVER_LIMIT))
+	g.Expect(resp.Statuses[1].Code).To(Equal(rlsv3.RateLimitResponse_OVER_LIMIT))
+	for _, h := range resp.ResponseHeadersToAdd {
+		g.Expect(h.Key).NotTo(Equal("Retry-After"), "a never-admissible refusal has no retry time")
+	}
+	g.Expect(lim.seen()).To(ConsistOf(int64(11), int64(math.MaxInt64)))
+}
+
+// never answers costs above the limit as never admissible, as the limiter does.
+type never struct{ *countingLimiter }
+
+func (n never) Allow(ctx context.Context, key string, l limiter.Limit, cost int64) (limiter.Result, error) {
+	r, err := n.countingLimiter.Allow(ctx, key, l, cost)
+	if cost > l.Requests {
+		r.RetryAfter = -1
+	}
+	return r, err
 }

@@ -31,9 +31,9 @@ type Sidecar struct {
 	Container corev1.Container
 	// Args and Env are what the process was started with.
 	Args, Env []string
-	// ProxyURL is the proxy face (the listen port); AdminURL serves health, metrics and
-	// /v1/check.
-	ProxyURL, AdminURL string
+	// ProxyURL is the proxy face (the listen port); AdminURL serves health and metrics;
+	// CheckURL serves /v1/check.
+	ProxyURL, AdminURL, CheckURL string
 	// Volumes maps each mount path of the container to the local directory standing in for it.
 	Volumes map[string]string
 	// Proc is the process.
@@ -84,6 +84,18 @@ func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr st
 			sc.AdminURL = "http://127.0.0.1:" + strconv.Itoa(free)
 		}
 	}
+	// The decision faces listen on loopback unless the pod exposes them, so they are not
+	// declared container ports; on this machine every sidecar still needs ports of its own.
+	for _, port := range []int32{contract.CheckPort, contract.GRPCPort} {
+		if _, ok := ports[port]; !ok {
+			free, err := redistest.FreePort()
+			if err != nil {
+				return nil, fmt.Errorf("choosing a port for %d: %w", port, err)
+			}
+			ports[port] = free
+		}
+	}
+	sc.CheckURL = "http://127.0.0.1:" + strconv.Itoa(ports[contract.CheckPort])
 	upstreamPort, _ := strconv.Atoi(pod.Annotations[contract.AnnotationUpstreamPort])
 
 	syncCtx, cancel := context.WithCancel(context.Background())

@@ -19,7 +19,9 @@ type params struct {
 	// failureMode is empty unless the pod overrides it.
 	failureMode string
 	// maxProcs is 0 unless the pod sets it.
-	maxProcs  int
+	maxProcs int
+	// exposeDecisionAPI serves /v1/check and the rate limit service on the pod network.
+	exposeDecisionAPI bool
 	resources corev1.ResourceRequirements
 }
 
@@ -53,10 +55,10 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 		return p, fmt.Errorf("annotation %s=%d equals %s: the sidecar and the application cannot listen on the same port",
 			contract.AnnotationListenPort, p.listenPort, contract.AnnotationUpstreamPort)
 	}
-	for _, reserved := range []int32{contract.AdminPort, contract.GRPCPort} {
+	for _, reserved := range []int32{contract.AdminPort, contract.GRPCPort, contract.CheckPort} {
 		if p.listenPort == reserved || p.upstreamPort == reserved {
-			return p, fmt.Errorf("port %d is taken by the sidecar (admin %d, Envoy rate limit service %d): use another %s/%s",
-				reserved, contract.AdminPort, contract.GRPCPort, contract.AnnotationListenPort, contract.AnnotationUpstreamPort)
+			return p, fmt.Errorf("port %d is taken by the sidecar (admin %d, Envoy rate limit service %d, decision API %d): use another %s/%s",
+				reserved, contract.AdminPort, contract.GRPCPort, contract.CheckPort, contract.AnnotationListenPort, contract.AnnotationUpstreamPort)
 		}
 	}
 	if owner := portOwner(pod, p.listenPort); owner != "" {
@@ -78,6 +80,17 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 			return p, fmt.Errorf("annotation %s=%q: want a whole number of CPUs, 1-64", contract.AnnotationSidecarMaxProcs, raw)
 		}
 		p.maxProcs = n
+	}
+
+	if raw, ok := ann[contract.AnnotationExposeDecisionAPI]; ok {
+		switch strings.TrimSpace(raw) {
+		case "true":
+			p.exposeDecisionAPI = true
+		case "false":
+		default:
+			return p, fmt.Errorf("annotation %s=%q: want \"true\" (serve /v1/check and the rate limit service on the pod network) or \"false\"",
+				contract.AnnotationExposeDecisionAPI, raw)
+		}
 	}
 
 	if p.resources, err = parseResources(ann, cfg); err != nil {

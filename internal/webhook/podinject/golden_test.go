@@ -74,6 +74,7 @@ var _ = Describe("Injected spec", func() {
 			contract.AnnotationListenPort, "8001",
 			contract.AnnotationFailureMode, contract.FailureModeLocalFallback,
 			contract.AnnotationSidecarCPU, "200m",
-			contract.AnnotationSidecarMemory, "96Mi"),
+			contract.AnnotationSidecarMemory, "96Mi",
+			contract.AnnotationExposeDecisionAPI, "true"),
 	)
 })

@@ -13,11 +13,18 @@ import (
 
 // sidecarContainer renders the sidecar for the checked annotations p.
 func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
+	// The decision faces stay on loopback, reachable from the pod's own containers only,
+	// unless the pod asks for them on the pod network.
+	decisionHost := contract.LoopbackHost
+	if p.exposeDecisionAPI {
+		decisionHost = ""
+	}
 	args := []string{
 		fmt.Sprintf("--%s=:%d", contract.FlagListen, p.listenPort),
 		fmt.Sprintf("--%s=%s:%d", contract.FlagUpstream, contract.UpstreamHost, p.upstreamPort),
 		fmt.Sprintf("--%s=:%d", contract.FlagAdminListen, contract.AdminPort),
-		fmt.Sprintf("--%s=:%d", contract.FlagGRPCListen, contract.GRPCPort),
+		fmt.Sprintf("--%s=%s:%d", contract.FlagCheckListen, decisionHost, contract.CheckPort),
+		fmt.Sprintf("--%s=%s:%d", contract.FlagGRPCListen, decisionHost, contract.GRPCPort),
 		fmt.Sprintf("--%s=%s", contract.FlagConfigDir, contract.PoliciesDir),
 		fmt.Sprintf("--%s=%s", contract.FlagPodLabels, contract.PodLabelsFile),
 	}
@@ -54,7 +61,6 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 		Ports: []corev1.ContainerPort{
 			{Name: contract.ListenPortName, ContainerPort: p.listenPort, Protocol: corev1.ProtocolTCP},
 			{Name: contract.AdminPortName, ContainerPort: contract.AdminPort, Protocol: corev1.ProtocolTCP},
-			{Name: contract.GRPCPortName, ContainerPort: contract.GRPCPort, Protocol: corev1.ProtocolTCP},
 		},
 		Env:       env,
 		Resources: p.resources,
@@ -75,6 +81,11 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
+	}
+	if p.exposeDecisionAPI {
+		c.Ports = append(c.Ports,
+			corev1.ContainerPort{Name: contract.CheckPortName, ContainerPort: contract.CheckPort, Protocol: corev1.ProtocolTCP},
+			corev1.ContainerPort{Name: contract.GRPCPortName, ContainerPort: contract.GRPCPort, Protocol: corev1.ProtocolTCP})
 	}
 	if native {
 		c.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)

@@ -141,6 +141,10 @@ var _ = Describe("Pod injection through the API server", func() {
 			contract.AnnotationSidecarMaxProcs, "0"),
 		Entry("fractional max procs", `redline.dev/sidecar-max-procs="1.5"`,
 			contract.AnnotationSidecarMaxProcs, "1.5"),
+		Entry("listen on the decision API port", "taken by the sidecar",
+			contract.AnnotationListenPort, "9093"),
+		Entry("decision API exposure not a boolean", `redline.dev/expose-decision-api="yes"`,
+			contract.AnnotationExposeDecisionAPI, "yes"),
 	)
 
 	It("warns when the listen port is taken by an application container", func() {
