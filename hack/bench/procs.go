@@ -94,9 +94,9 @@ func startUpstream() (addr string, stop func(), err error) {
 
 // Sidecar is one sidecar process on loopback ports.
 type Sidecar struct {
-	cmd                *exec.Cmd
-	done               chan struct{}
-	log                string
+	cmd                       *exec.Cmd
+	done                      chan struct{}
+	log                       string
 	Proxy, Admin, Check, GRPC string
 }
 

@@ -205,4 +205,3 @@ func TestGracefulShutdown(t *testing.T) {
 	_, err := client.ShouldRateLimit(ctxTimeout(t, 5*time.Second), rlsRequest())
 	g.Expect(status.Code(err)).To(Equal(codes.Unavailable))
 }
-

@@ -22,7 +22,7 @@ type params struct {
 	maxProcs int
 	// exposeDecisionAPI serves /v1/check and the rate limit service on the pod network.
 	exposeDecisionAPI bool
-	resources corev1.ResourceRequirements
+	resources         corev1.ResourceRequirements
 }
 
 // wantsInjection reports whether the pod opted in.
