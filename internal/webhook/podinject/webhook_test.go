@@ -52,11 +52,14 @@ var _ = Describe("Pod injection through the API server", func() {
 		Expect(sc.RestartPolicy).To(Equal(ptr.To(corev1.ContainerRestartPolicyAlways)))
 		Expect(sc.Image).To(Equal("example.test/redline-sidecar:v0.1.0"))
 		Expect(sc.Args).To(ConsistOf(
-			"--listen=:8000", "--upstream=127.0.0.1:8080", "--admin-listen=:9091", "--grpc-listen=:9092",
+			"--listen=:8000", "--upstream=127.0.0.1:8080", "--admin-listen=:9091",
+			"--check-listen=127.0.0.1:9093", "--grpc-listen=127.0.0.1:9092",
 			"--config-dir=/etc/redline/policies", "--pod-labels=/etc/redline/podinfo/labels",
-			"--failure-mode=Closed", "--max-procs=2"))
+			"--failure-mode=Closed", "--max-procs=2"), "the decision faces stay on loopback")
 		Expect(sc.Ports).To(ContainElement(And(
 			HaveField("Name", contract.ListenPortName), HaveField("ContainerPort", int32(8000)))))
+		Expect(sc.Ports).NotTo(ContainElement(HaveField("Name", contract.GRPCPortName)), "a loopback port is not a pod port")
+		Expect(sc.Ports).NotTo(ContainElement(HaveField("Name", contract.CheckPortName)))
 		Expect(sc.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
 		Expect(sc.LivenessProbe.HTTPGet.Path).To(Equal("/healthz"))
 		Expect(sc.SecurityContext.ReadOnlyRootFilesystem).To(Equal(new(true)))
@@ -70,6 +73,16 @@ var _ = Describe("Pod injection through the API server", func() {
 		Expect(status.Native).To(BeTrue())
 		Expect(status.Version).To(Equal(podinject.InjectedVersion))
 		Expect(status.Hash).NotTo(BeEmpty())
+	})
+
+	It("serves the decision faces on the pod network only when the pod opts in", func() {
+		stored, warns := createAndGet(annotatedPod(ns, "checkout-exposed", contract.AnnotationExposeDecisionAPI, "true"))
+		Expect(warns).To(BeEmpty())
+		sc := stored.Spec.InitContainers[0]
+		Expect(sc.Args).To(ContainElements("--check-listen=:9093", "--grpc-listen=:9092"))
+		Expect(sc.Ports).To(ContainElements(
+			And(HaveField("Name", contract.CheckPortName), HaveField("ContainerPort", int32(contract.CheckPort))),
+			And(HaveField("Name", contract.GRPCPortName), HaveField("ContainerPort", int32(contract.GRPCPort)))))
 	})
 
 	It("injects pods created from a generateName, as a Deployment's are", func() {
