@@ -145,6 +145,9 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		check := http.NewServeMux()
 		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store})
 		checkSrv = newServer(check)
+		// A check is at most 64 KiB: reading one takes no longer than its headers may. A
+		// client dribbling a body cannot hold one of the face's few connections for long.
+		checkSrv.ReadTimeout = cfg.ReadHeaderTimeout
 	}
 	var grpcSrv *grpc.Server
 	if cfg.GRPCListen != "" {
