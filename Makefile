@@ -36,12 +36,14 @@ fmt: ## go fmt.
 	go fmt ./...
 
 .PHONY: vet
-vet: ## go vet.
+vet: ## go vet (the product module and hack/bench's own).
 	go vet ./...
+	cd hack/bench && go vet ./...
 
 .PHONY: lint
-lint: golangci-lint ## Run golangci-lint with .golangci.yml.
+lint: golangci-lint ## Run golangci-lint with .golangci.yml (the product module and hack/bench's own).
 	$(GOLANGCI_LINT) run ./...
+	cd hack/bench && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: envtest
 envtest: ## Install etcd, kube-apiserver and kube-controller-manager (downloads, or builds them from Go modules).
@@ -108,4 +110,4 @@ test-e2e: ## Run only the end-to-end suite (make test runs it too).
 BENCH_FLAGS ?=
 .PHONY: bench
 bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json) in about 2 minutes; needs redis-server and redis-benchmark, and wrk for the wrk rows.
-	go run ./hack/bench $(BENCH_FLAGS)
+	cd hack/bench && go run . -root $(CURDIR) -out $(CURDIR)/results $(BENCH_FLAGS)

@@ -28,6 +28,7 @@ import (
 // Options are the command's flags.
 type Options struct {
 	Out             string
+	Root            string
 	Sidecar         string
 	Concurrency     []int
 	RTConcurrency   []int
@@ -71,6 +72,7 @@ func main() {
 	var o Options
 	var conc, replicas, rtConc string
 	flag.StringVar(&o.Out, "out", "results", "directory for bench.md, bench.png and bench.json")
+	flag.StringVar(&o.Root, "root", "../..", "the product module's directory, where ./cmd/sidecar is built")
 	flag.StringVar(&o.Sidecar, "sidecar", "", "a sidecar binary to use instead of building ./cmd/sidecar")
 	flag.StringVar(&conc, "concurrency", "1,16,64", "concurrent clients of each face")
 	flag.StringVar(&rtConc, "rt-concurrency", "1,16,256", "concurrent callers of the round-trip cells")
@@ -128,7 +130,7 @@ func run(o Options, command string) (err error) {
 	bin := o.Sidecar
 	if bin == "" {
 		progress("building ./cmd/sidecar")
-		if bin, err = buildSidecar(ctx, dir); err != nil {
+		if bin, err = buildSidecar(ctx, o.Root, dir); err != nil {
 			return err
 		}
 	}

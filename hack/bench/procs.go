@@ -66,14 +66,16 @@ func policiesDocument() ([]byte, error) {
 	return data, nil
 }
 
-// buildSidecar compiles ./cmd/sidecar once into dir.
-func buildSidecar(ctx context.Context, dir string) (string, error) {
+// buildSidecar compiles ./cmd/sidecar of the product module at root once into dir, with the
+// product's own go.mod (this tool's module pins other versions for its chart).
+func buildSidecar(ctx context.Context, root, dir string) (string, error) {
 	bin := filepath.Join(dir, "sidecar")
 	// As the Dockerfile builds it: the RSS measured is the shipped binary's.
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/sidecar")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/sidecar: %w\n%s", err, out)
+		return "", fmt.Errorf("go build ./cmd/sidecar in %s: %w\n%s", root, err, out)
 	}
 	return bin, nil
 }

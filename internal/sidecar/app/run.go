@@ -110,27 +110,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 
 	var draining atomic.Bool
-	admin := http.NewServeMux()
-	admin.HandleFunc("GET "+contract.HealthzPath, func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	admin.HandleFunc("GET "+contract.ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
-		ready, why := store.Ready()
-		if draining.Load() {
-			ready, why = false, "shutting down"
-		}
-		if !ready {
-			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = fmt.Fprintf(w, "ok: policies %s\n", store.Current().Hash)
-	})
-	admin.Handle("GET "+contract.MetricsPath, m.Handler())
-	if cfg.Pprof {
-		admin.HandleFunc("/debug/pprof/", pprof.Index)
-		admin.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		admin.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
+	admin := adminMux(cfg, store, m, &draining)
 
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	newServer := func(h http.Handler) *http.Server {
@@ -240,6 +220,33 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	lim.Close()
 	log.Info("sidecar stopped")
 	return runErr
+}
+
+// adminMux serves health, readiness (false while draining) and metrics, and the profiler when
+// asked for.
+func adminMux(cfg *Config, store *config.Store, m *metrics.Metrics, draining *atomic.Bool) *http.ServeMux {
+	admin := http.NewServeMux()
+	admin.HandleFunc("GET "+contract.HealthzPath, func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	admin.HandleFunc("GET "+contract.ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
+		ready, why := store.Ready()
+		if draining.Load() {
+			ready, why = false, "shutting down"
+		}
+		if !ready {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = fmt.Fprintf(w, "ok: policies %s\n", store.Current().Hash)
+	})
+	admin.Handle("GET "+contract.MetricsPath, m.Handler())
+	if cfg.Pprof {
+		admin.HandleFunc("/debug/pprof/", pprof.Index)
+		admin.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		admin.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return admin
 }
 
 // listeners are the sidecar's sockets.

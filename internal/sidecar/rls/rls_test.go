@@ -82,17 +82,13 @@ func (c *countingLimiter) seen() []int64 {
 }
 
 // serve runs srv on a loopback port the way the sidecar does and returns its address.
-func serve(t testing.TB, srv *rls.Server, opts ...rls.ServerOptions) (string, *grpc.Server) {
+func serve(t testing.TB, srv *rls.Server) (string, *grpc.Server) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var o rls.ServerOptions
-	if len(opts) > 0 {
-		o = opts[0]
-	}
-	gs, hs := rls.NewServer(srv, o)
+	gs, hs := rls.NewServer(srv, rls.ServerOptions{})
 	if srv.Store.Current() != nil {
 		rls.SetServing(hs)
 	}
