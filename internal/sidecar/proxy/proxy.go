@@ -4,12 +4,15 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"strconv"
@@ -44,11 +47,9 @@ type Options struct {
 
 // Handler decides and forwards requests.
 type Handler struct {
-	opts Options
-	rp   *httputil.ReverseProxy
-	// transport carries what the direct path does not take (see direct.go).
+	opts      Options
+	rp        *httputil.ReverseProxy
 	transport *http.Transport
-	pool      *pool
 }
 
 // New returns a Handler forwarding to opts.Upstream.
@@ -70,23 +71,40 @@ func New(opts Options) (*Handler, error) {
 	}
 	target := &url.URL{Scheme: "http", Host: opts.Upstream}
 	dialer := net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}
+	// One Transport, one host: its idle pool is the keep-alive pool to the application, and its
+	// read loop closes a connection on which the application sent bytes nobody asked for (past
+	// a short Content-Length, a body on HEAD or 204) instead of serving them to the next client;
+	// the guard (guard.go) closes the window before it does.
 	transport := &http.Transport{
-		DialContext:           dialer.DialContext,
+		// The application is in the same pod: never route to it through a proxy named by the
+		// environment (HTTP_PROXY is often set for the application's own outbound calls).
+		Proxy:       nil,
+		DialContext: guardedDialer(&dialer),
+		// HTTP/1.1 to loopback: no TLS, so nothing to negotiate; an empty TLSNextProto keeps
+		// the HTTP/2 code out of this path even if the scheme ever changes.
+		ForceAttemptHTTP2: false,
+		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
+		// All idle connections go to the one host.
 		MaxIdleConns:          opts.MaxIdleConns,
 		MaxIdleConnsPerHost:   opts.MaxIdleConns,
 		IdleConnTimeout:       opts.IdleConnTimeout,
 		ResponseHeaderTimeout: opts.ResponseHeaderTimeout,
 		ExpectContinueTimeout: time.Second,
+		// The default is 10 MiB; an application's header block over 1 MiB is a fault, and the
+		// sidecar's memory limit is 64 MiB.
+		MaxResponseHeaderBytes: 1 << 20,
 		// Pass the client's encoding through untouched; the transport must not negotiate gzip
 		// on its own and decompress behind the application's back.
 		DisableCompression: true,
 	}
-	h := &Handler{opts: opts, transport: transport,
-		pool: &pool{addr: opts.Upstream, dialer: dialer, maxIdle: opts.MaxIdleConns, idleTimeout: opts.IdleConnTimeout}}
+	h := &Handler{opts: opts, transport: transport}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out = pr.Out.WithContext(httptrace.WithClientTrace(pr.Out.Context(), reuseTrace))
 			pr.SetURL(target)
-			pr.Out.Host = pr.In.Host // applications route and build links on the original Host
+			// Applications route and build links on the original Host. An HTTP/1.0 request
+			// without one is sent with the upstream's address, as http.Transport does for "".
+			pr.Out.Host = pr.In.Host
 			// Rewrite starts from a request without X-Forwarded-*; keep what proxies in front
 			// of the sidecar said and append this hop.
 			pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
@@ -122,9 +140,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			d.Fields().Write(w.Header())
 		}
 	}
-	if direct(r) {
-		h.serveDirect(w, r)
-		return
+	if r.Body != nil && r.Body != http.NoBody {
+		// Remember a failure to read the client's body, so that a malformed one (a bad chunk)
+		// is answered as the client's fault, not the application's.
+		r.Body = &clientBody{ReadCloser: r.Body}
 	}
 	h.rp.ServeHTTP(w, r)
 }
@@ -132,8 +151,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Close closes the idle connections to the application. In-flight requests finish; call it
 // after the server in front has shut down.
 func (h *Handler) Close() {
-	h.pool.close()
 	h.transport.CloseIdleConnections()
+}
+
+// clientBody records the first error reading a request body other than its end.
+type clientBody struct {
+	io.ReadCloser
+	err error
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.err == nil {
+		b.err = err
+	}
+	return n, err
 }
 
 // Refusal is the JSON body of a 429.
@@ -162,16 +194,28 @@ func refuse(w http.ResponseWriter, d *decide.Decision) {
 }
 
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
-		return // the client went away; nobody reads an answer
+	if b, ok := r.Body.(*clientBody); ok && b.err != nil {
+		h.opts.Log.Debug("reading the client's request body failed", "error", b.err, "method", r.Method, "path", r.URL.Path)
+		w.Header()["Content-Type"] = []string{"application/json"}
+		w.Header()["Connection"] = []string{"close"} // the rest of the connection is unframed
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, "{\"error\":\"bad_request_body\",\"status\":400}\n")
+		return
 	}
 	status := http.StatusBadGateway
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
+	switch {
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The client went away, or half-closed its side (which net/http takes for the same):
+		// answer anyway, so that a client still reading never takes an empty 200 for success.
+		h.opts.Log.Debug("client went away before the application answered", "method", r.Method, "path", r.URL.Path)
+	case errors.As(err, &ne) && ne.Timeout():
 		status = http.StatusGatewayTimeout
+		fallthrough
+	default:
+		h.opts.Log.Warn("upstream request failed", "error", err, "upstream", h.opts.Upstream,
+			"method", r.Method, "path", r.URL.Path, "status", status)
 	}
-	h.opts.Log.Warn("upstream request failed", "error", err, "upstream", h.opts.Upstream,
-		"method", r.Method, "path", r.URL.Path, "status", status)
 	w.Header()["Content-Type"] = []string{"application/json"}
 	w.WriteHeader(status)
 	_, _ = fmt.Fprintf(w, "{\"error\":\"upstream_unavailable\",\"status\":%d}\n", status)
