@@ -25,12 +25,30 @@ import (
 //
 // They report the budgets of the sidecar issue as metrics: added latency at a paced request
 // rate, decisions per second of /v1/check, and the sidecar process's RSS idle and under load.
+//
+// REDLINE_SIDECAR_BASELINE names another sidecar binary (say, main's) for ProxyAddedLatency to
+// run side by side with this one, on the same schedule and the same machine noise:
+//
+//	mkdir /tmp/main && git archive main | tar -x -C /tmp/main
+//	(cd /tmp/main && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /tmp/sidecar-main ./cmd/sidecar)
+//	REDLINE_SIDECAR_BASELINE=/tmp/sidecar-main go test ./cmd/sidecar -run '^$' -bench ProxyAdded/GET -benchtime 10000x
 
 func benchSidecar(b *testing.B) (*sidecar, *upstream) {
+	s, _, up := benchSidecars(b, "")
+	return s, up
+}
+
+// benchSidecars starts this build's sidecar and, if baselineBin is not empty, a second one from
+// that binary, both in front of one upstream.
+func benchSidecars(b *testing.B, baselineBin string) (s, baseline *sidecar, up *upstream) {
 	e := newEnv(b, "bench")
 	e.write(b, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "bench", 1_000_000_000, time.Minute, "x-key", "LocalFallback", "SlidingWindowCounter"))
-	up := newUpstream(b)
-	return start(b, "pod-bench", e, shared.URL(), up.addr(), true, "--log-level=info"), up
+	up = newUpstream(b)
+	s = start(b, "pod-bench", e, shared.URL(), up.addr(), true, "--log-level=info")
+	if baselineBin != "" {
+		baseline = startBinary(b, baselineBin, "pod-bench-baseline", e, shared.URL(), up.addr(), true, "--log-level=info")
+	}
+	return s, baseline, up
 }
 
 // rssKiB reads VmRSS of a process.
@@ -90,11 +108,11 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // the same schedule, 500/s straight to the upstream and 500/s decisions of the limiter engine
 // in this process against the same Redis (what the sidecar's decision costs without HTTP). All
 // three see the same machine noise. It reports p50 and p99 of each, the proxy's added latency
-// (proxy minus direct) and the sidecar's RSS. GET has no body; POST carries 1 KiB of JSON
-// (both take the proxy's direct path); POST-chunked streams its body without a length, which
-// takes ReverseProxy.
+// (proxy minus direct) and the sidecar's RSS. GET has no body; POST carries 1 KiB of JSON;
+// POST-chunked streams its body without a length. With REDLINE_SIDECAR_BASELINE set, every
+// tick also sends the same request through the baseline sidecar, reported as baseline-*.
 func BenchmarkProxyAddedLatency(b *testing.B) {
-	s, up := benchSidecar(b)
+	s, baseline, up := benchSidecars(b, os.Getenv("REDLINE_SIDECAR_BASELINE"))
 	client, err := limiter.NewClient(shared.URL(), limiter.ClientOptions{})
 	if err != nil {
 		b.Fatal(err)
@@ -114,11 +132,11 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 		{"POST", func() io.Reader { return strings.NewReader(`{"p":"` + payload + `"}`) }},
 		{"POST-chunked", func() io.Reader { return io.MultiReader(strings.NewReader(`{"p":"`), strings.NewReader(payload+`"}`)) }},
 	} {
-		b.Run(tc.name, func(b *testing.B) { benchAddedLatency(b, s, up, engine, tc.body) })
+		b.Run(tc.name, func(b *testing.B) { benchAddedLatency(b, s, baseline, up, engine, tc.body) })
 	}
 }
 
-func benchAddedLatency(b *testing.B, s *sidecar, up *upstream, engine *limiter.Limiter, body func() io.Reader) {
+func benchAddedLatency(b *testing.B, s, baseline *sidecar, up *upstream, engine *limiter.Limiter, body func() io.Reader) {
 	const rate = 2000 // proxied requests per second; direct and engine probes each a quarter of it
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 512}}
 	get := func(url string, key int) (time.Duration, bool) {
@@ -147,13 +165,21 @@ func benchAddedLatency(b *testing.B, s *sidecar, up *upstream, engine *limiter.L
 	for i := range 200 {
 		get(up.URL+"/", i)
 		get(s.proxy+"/", i)
+		if baseline != nil {
+			get(baseline.proxy+"/", i)
+		}
 		decide(i)
 	}
 	warm := rssKiB(s.cmd.Process.Pid) // after the warm-up requests; make bench reads the idle RSS after start
 	cpu0 := cpuTicks(s.cmd.Process.Pid)
+	var baseWarm float64
+	var baseCPU0 int64
+	if baseline != nil {
+		baseWarm, baseCPU0 = rssKiB(baseline.cmd.Process.Pid), cpuTicks(baseline.cmd.Process.Pid)
+	}
 	busy0, total0 := machineBusy()
 	var mu sync.Mutex
-	var direct, proxied, decided []time.Duration
+	var direct, proxied, decided, based []time.Duration
 	var failed atomic.Int64
 	var wg sync.WaitGroup
 	record := func(dst *[]time.Duration, d time.Duration, ok bool) {
@@ -174,6 +200,9 @@ func benchAddedLatency(b *testing.B, s *sidecar, up *upstream, engine *limiter.L
 		}
 		key := i % 1000
 		wg.Go(func() { d, ok := get(s.proxy+"/", key); record(&proxied, d, ok) })
+		if baseline != nil {
+			wg.Go(func() { d, ok := get(baseline.proxy+"/", key); record(&based, d, ok) })
+		}
 		switch i % 4 {
 		case 0:
 			wg.Go(func() { d, ok := get(up.URL+"/", key); record(&direct, d, ok) })
@@ -204,6 +233,17 @@ func benchAddedLatency(b *testing.B, s *sidecar, up *upstream, engine *limiter.L
 	b.ReportMetric(float64(sidecarCPU.Microseconds())/float64(b.N), "sidecar-cpu-µs/req")
 	if total1 > total0 {
 		b.ReportMetric(100*float64(busy1-busy0)/float64(total1-total0), "machine-busy-%")
+	}
+	if baseline != nil {
+		bp50, bp99 := percentile(based, 0.5), percentile(based, 0.99)
+		baseCPU := time.Duration(cpuTicks(baseline.cmd.Process.Pid)-baseCPU0) * 10 * time.Millisecond
+		b.ReportMetric(float64(bp50.Microseconds()), "baseline-proxy-p50-µs")
+		b.ReportMetric(float64(bp99.Microseconds()), "baseline-proxy-p99-µs")
+		b.ReportMetric(float64((bp50 - dp50).Microseconds()), "baseline-added-p50-µs")
+		b.ReportMetric(float64((bp99 - dp99).Microseconds()), "baseline-added-p99-µs")
+		b.ReportMetric(baseWarm/1024, "baseline-rss-warm-MiB")
+		b.ReportMetric(rssKiB(baseline.cmd.Process.Pid)/1024, "baseline-rss-load-MiB")
+		b.ReportMetric(float64(baseCPU.Microseconds())/float64(b.N), "baseline-cpu-µs/req")
 	}
 	b.ReportMetric(float64(failed.Load()), "failed")
 	b.ReportMetric(0, "ns/op")

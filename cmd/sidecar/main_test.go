@@ -131,6 +131,12 @@ func freePort(t testing.TB) string {
 // start runs one sidecar and waits until it listens; waitReady also waits for /readyz.
 func start(t testing.TB, name string, e *env, redisURL, upstream string, waitReady bool, extra ...string) *sidecar {
 	t.Helper()
+	return startBinary(t, binary, name, e, redisURL, upstream, waitReady, extra...)
+}
+
+// startBinary is start with another sidecar binary (a baseline build to compare with).
+func startBinary(t testing.TB, bin, name string, e *env, redisURL, upstream string, waitReady bool, extra ...string) *sidecar {
+	t.Helper()
 	s := &sidecar{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), stopTimeout: 20 * time.Second}
 	listen, admin, check, grpcAddr := freePort(t), freePort(t), freePort(t), freePort(t)
 	s.proxy, s.admin, s.check, s.grpc = "http://"+listen, "http://"+admin, "http://"+check, grpcAddr
@@ -156,7 +162,7 @@ func start(t testing.TB, name string, e *env, redisURL, upstream string, waitRea
 			s.grpc = local
 		}
 	}
-	s.cmd = exec.Command(binary, args...)
+	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+e.namespace, "REDLINE_REDIS_PASSWORD=")
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
 	if err := s.cmd.Start(); err != nil {
