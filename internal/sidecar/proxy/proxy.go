@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redline-dev/redline/internal/sidecar/config"
@@ -142,8 +143,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		// Remember a failure to read the client's body, so that a malformed one (a bad chunk)
-		// is answered as the client's fault, not the application's.
-		r.Body = &clientBody{ReadCloser: r.Body}
+		// is answered as the client's fault, not the application's. ReverseProxy hands the
+		// error handler its own wrapper of the body, so the record travels in the context.
+		cb := &clientBody{ReadCloser: r.Body}
+		r = r.WithContext(context.WithValue(r.Context(), clientBodyKey{}, cb))
+		r.Body = cb
 	}
 	h.rp.ServeHTTP(w, r)
 }
@@ -154,16 +158,20 @@ func (h *Handler) Close() {
 	h.transport.CloseIdleConnections()
 }
 
-// clientBody records the first error reading a request body other than its end.
+// clientBodyKey is the context key of a request's *clientBody.
+type clientBodyKey struct{}
+
+// clientBody records whether reading a request body failed other than at its end. The
+// transport reads it on its own goroutine, which may still run when the error handler asks.
 type clientBody struct {
 	io.ReadCloser
-	err error
+	failed atomic.Bool
 }
 
 func (b *clientBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && b.err == nil {
-		b.err = err
+	if err != nil && err != io.EOF {
+		b.failed.Store(true)
 	}
 	return n, err
 }
@@ -194,8 +202,8 @@ func refuse(w http.ResponseWriter, d *decide.Decision) {
 }
 
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	if b, ok := r.Body.(*clientBody); ok && b.err != nil {
-		h.opts.Log.Debug("reading the client's request body failed", "error", b.err, "method", r.Method, "path", r.URL.Path)
+	if b, ok := r.Context().Value(clientBodyKey{}).(*clientBody); ok && b.failed.Load() {
+		h.opts.Log.Debug("reading the client's request body failed", "error", err, "method", r.Method, "path", r.URL.Path)
 		w.Header()["Content-Type"] = []string{"application/json"}
 		w.Header()["Connection"] = []string{"close"} // the rest of the connection is unframed
 		w.WriteHeader(http.StatusBadRequest)
