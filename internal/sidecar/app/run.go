@@ -42,6 +42,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		runtime.GOMAXPROCS(cfg.MaxProcs)
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	// What the standard library logs on its own (net/http's transport on an unsolicited
+	// response, say) comes out as the same JSON.
+	slog.SetDefault(log)
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("sidecar stopped", "error", err)
 		return 1
