@@ -13,7 +13,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -167,7 +166,7 @@ var _ = Describe("One namespace cannot stop the others", Ordered, func() {
 			HealthProbeBindAddress: fmt.Sprintf("127.0.0.1:%d", port),
 			Cache:                  controller.CacheOptions(cache.Options{}),
 			// The suite's manager runs the same controller in this process.
-			Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+			Controller: config.Controller{SkipNameValidation: new(true)},
 		})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(controller.Setup(mgr, controller.Config{Redis: redis.NewClient(&redis.Options{Addr: redisSrv.Addr()})})).To(Succeed())

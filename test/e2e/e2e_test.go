@@ -16,8 +16,8 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/compiled"
-	"github.com/redline-dev/redline/internal/testutil/stack"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
+	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
 // The specs share one stack and run in order: the later ones break Redis and the manager.
