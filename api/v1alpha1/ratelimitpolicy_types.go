@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -112,6 +114,7 @@ type RateLimitPolicySpec struct {
 
 // Rule is one limit: which requests it counts, how it keys them and how much it admits.
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.burst) || self.algorithm == 'TokenBucket'",message="limit.burst is only valid with algorithm TokenBucket"
+// +kubebuilder:validation:XValidation:rule="!has(self.algorithm) || self.algorithm != 'SlidingWindowLog' || self.limit.requests <= 10000",message="limit.requests must be at most 10000 with algorithm SlidingWindowLog, which stores every request of the window in Redis (about 130 bytes each); use SlidingWindowCounter for larger limits"
 type Rule struct {
 	// name identifies the rule in the policy, in metrics, in Redis keys and in refusals.
 	// A lowercase DNS label.
@@ -207,18 +210,40 @@ type KeyPart struct {
 	Constant string `json:"constant,omitempty"`
 }
 
+// Bounds of a Limit. The markers below repeat them as literals, which markers need; the
+// controller checks them again for objects stored before a bound existed.
+const (
+	// MaxRequests bounds requests and burst.
+	MaxRequests = 1_000_000_000
+	// MaxSlidingWindowLogRequests bounds requests of SlidingWindowLog, which stores one entry
+	// per request in the window in Redis: about 130 bytes each, so a full log of one key is
+	// about 1.3 MB.
+	MaxSlidingWindowLogRequests = 10_000
+	// MinWindow and MaxWindow bound window.
+	MinWindow = time.Second
+	MaxWindow = 24 * time.Hour
+)
+
+// DurationPattern is Go's time.ParseDuration syntax, which metav1.Duration decodes with: the
+// API server's own "duration" format also takes units Go refuses (d, w), and an object it
+// stores that the controller cannot decode would stop the controller's cache.
+const DurationPattern = `^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+
 // Limit is a number of requests per window.
-// +kubebuilder:validation:XValidation:rule="duration(self.window) >= duration('1s') && duration(self.window) <= duration('24h')",message="limit.window must be between 1s and 24h"
 type Limit struct {
-	// requests admitted per window. For TokenBucket, the refill: requests tokens per window.
+	// requests admitted per window, at most 1000000000 (10000 for SlidingWindowLog). For
+	// TokenBucket, the refill: requests tokens per window.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000000
 	// +required
 	Requests int64 `json:"requests"`
 
-	// window is the length of the window, a duration such as 1s, 1m or 1h, between 1s and 24h.
+	// window is the length of the window, between 1s and 24h, in Go's duration syntax:
+	// numbers with units h, m, s, ms, us or ns, such as 30s, 5m, 1h30m or 24h.
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Format=duration
+	// +kubebuilder:validation:MaxLength=20
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$')",message="limit.window must be a duration such as 30s, 5m, 1h30m or 24h, with units h, m, s, ms, us or ns; days and weeks are not units (write 24h for 1d)"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$') || (duration(self) >= duration('1s') && duration(self) <= duration('24h'))",message="limit.window must be between 1s and 24h"
 	// +required
 	Window metav1.Duration `json:"window"`
 

@@ -10,10 +10,12 @@ package compiled
 
 import (
 	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 )
@@ -22,6 +24,12 @@ import (
 const (
 	ConfigMapName = "redline-policies"
 	DataKey       = "policies.json"
+	// GzipDataKey is the binaryData key of the gzip-compressed document, used instead of
+	// DataKey when the plain document does not fit in a ConfigMap.
+	GzipDataKey = "policies.json.gz"
+	// MaxDocumentBytes bounds a decompressed document, so that a small compressed file can
+	// never expand without limit in a reader.
+	MaxDocumentBytes = 64 << 20
 	// FormatVersion is bumped on incompatible changes of the document.
 	FormatVersion = 1
 )
@@ -168,6 +176,23 @@ func Parse(data []byte) (*Document, error) {
 		}
 	}
 	return &doc, nil
+}
+
+// Decompress returns the document of a GzipDataKey file, refusing one that expands beyond
+// MaxDocumentBytes.
+func Decompress(gz []byte) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		return nil, fmt.Errorf("decompressing %s: %w", GzipDataKey, err)
+	}
+	data, err := io.ReadAll(io.LimitReader(zr, MaxDocumentBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("decompressing %s: %w", GzipDataKey, err)
+	}
+	if len(data) > MaxDocumentBytes {
+		return nil, fmt.Errorf("decompressing %s: the document exceeds %d bytes", GzipDataKey, MaxDocumentBytes)
+	}
+	return data, nil
 }
 
 // Selects reports whether the policy targets a pod with these labels.

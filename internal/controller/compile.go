@@ -58,11 +58,18 @@ func CompilePolicy(p *v1alpha1.RateLimitPolicy) (compiled.Policy, error) {
 func compileRule(r v1alpha1.Rule) (compiled.Rule, error) {
 	alg := orDefault(r.Algorithm, v1alpha1.SlidingWindowCounter)
 	window := r.Limit.Window.Duration
+	// The schema enforces these bounds too; objects stored before a bound existed meet them here.
+	maxRequests := int64(v1alpha1.MaxRequests)
+	if alg == v1alpha1.SlidingWindowLog {
+		maxRequests = v1alpha1.MaxSlidingWindowLogRequests
+	}
 	switch {
-	case r.Limit.Requests < 1:
-		return compiled.Rule{}, errors.New("limit.requests must be at least 1")
-	case window.Milliseconds() < 1000 || window.Hours() > 24:
+	case r.Limit.Requests < 1 || r.Limit.Requests > maxRequests:
+		return compiled.Rule{}, fmt.Errorf("limit.requests must be between 1 and %d with algorithm %s", maxRequests, alg)
+	case window < v1alpha1.MinWindow || window > v1alpha1.MaxWindow:
 		return compiled.Rule{}, fmt.Errorf("limit.window %s must be between 1s and 24h", window)
+	case r.Limit.Burst != nil && (*r.Limit.Burst < 1 || *r.Limit.Burst > v1alpha1.MaxRequests):
+		return compiled.Rule{}, fmt.Errorf("limit.burst must be between 1 and %d", v1alpha1.MaxRequests)
 	case r.Limit.Burst != nil && alg != v1alpha1.TokenBucket:
 		return compiled.Rule{}, errors.New("limit.burst is only valid with algorithm TokenBucket")
 	case len(r.Key) == 0:

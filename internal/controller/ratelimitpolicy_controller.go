@@ -55,6 +55,9 @@ const (
 // by namespace (Name is the ConfigMap's), so one namespace is only ever written by one worker.
 type RateLimitPolicyReconciler struct {
 	client.Client
+	// Policies reads RateLimitPolicies as unstructured objects (the manager's cache); nil reads
+	// through Client. See listPolicies for why they are not read typed.
+	Policies client.Reader
 	Scripts  ScriptStore
 	Recorder events.EventRecorder
 	// RedisTimeout bounds the script check of one reconcile.
@@ -68,6 +71,10 @@ type RateLimitPolicyReconciler struct {
 	// ResyncInterval is how often a namespace is reconciled without any event, to follow
 	// sidecar heartbeats into Enforced (default 15s).
 	ResyncInterval time.Duration
+	// MaxDocumentBytes is the largest ConfigMap payload written (default MaxConfigMapBytes).
+	MaxDocumentBytes int
+
+	health reconcileHealth
 }
 
 // +kubebuilder:rbac:groups=redline.dev,resources=ratelimitpolicies,verbs=get;list;watch
@@ -77,35 +84,41 @@ type RateLimitPolicyReconciler struct {
 
 // Reconcile brings the ConfigMap and the status of every policy of req.Namespace up to date.
 func (r *RateLimitPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	logger := log.FromContext(ctx)
-	ns := req.Namespace
+	res, err := r.reconcile(ctx, req.Namespace)
+	r.health.record(req.Namespace, err)
+	return res, err
+}
 
-	var list v1alpha1.RateLimitPolicyList
-	if err := r.List(ctx, &list, client.InNamespace(ns)); err != nil {
-		return ctrl.Result{}, fmt.Errorf("listing policies of %s: %w", ns, err)
-	}
-	live := make([]*v1alpha1.RateLimitPolicy, 0, len(list.Items))
-	for i := range list.Items {
-		if list.Items[i].DeletionTimestamp.IsZero() {
-			live = append(live, &list.Items[i])
-		}
+func (r *RateLimitPolicyReconciler) reconcile(ctx context.Context, ns string) (ctrl.Result, error) {
+	logger := log.FromContext(ctx)
+	live, undecodable, err := r.listPolicies(ctx, ns)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 
 	current, err := r.currentConfigMap(ctx, ns)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if len(live) == 0 {
+	if len(live) == 0 && len(undecodable) == 0 {
 		return ctrl.Result{}, r.deleteConfigMap(ctx, current)
 	}
 
 	// Compile each policy on its own: one invalid policy never takes the others down. An
 	// invalid update keeps the last accepted version of that policy enforced.
 	previous := previousPolicies(current)
-	outcomes := make([]outcome, len(live))
+	var outcomes []outcome
 	var compiledPolicies []compiled.Policy
+	for _, u := range undecodable {
+		live = append(live, u.policy)
+	}
+	outcomes = make([]outcome, len(live))
 	for i, p := range live {
-		cp, err := CompilePolicy(p)
+		var cp compiled.Policy
+		err := undecodableErr(undecodable, p)
+		if err == nil {
+			cp, err = CompilePolicy(p)
+		}
 		outcomes[i] = outcome{policy: p, compileErr: err}
 		if err == nil {
 			compiledPolicies = append(compiledPolicies, cp)
@@ -126,6 +139,10 @@ func (r *RateLimitPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		return ctrl.Result{}, err
 	}
 	cmErr := r.writeConfigMap(ctx, ns, current, doc, data)
+	var tenantErr *tenantError
+	if errors.As(cmErr, &tenantErr) {
+		logger.Info("configmap not written", "namespace", ns, "reason", cmErr.Error())
+	}
 
 	sctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
 	_, scriptErr := r.Scripts.Ensure(sctx)
@@ -137,12 +154,23 @@ func (r *RateLimitPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		if o.inDocument() {
 			o.enforcement = r.enforcement(ctx, ns, o.policy.Name)
 		}
-		if err := r.updateStatus(ctx, o, doc); err != nil {
+		update := r.updateStatus
+		if u := findUndecodable(undecodable, o.policy); u != nil {
+			update = func(ctx context.Context, o outcome, doc *compiled.Document) error {
+				return r.updateUndecodableStatus(ctx, u, o, doc)
+			}
+		}
+		if err := update(ctx, o, doc); err != nil {
 			statusErrs = append(statusErrs, err)
 		}
 	}
 	if scriptErr != nil {
 		logger.Info("redis unavailable; policies written but not programmed, retrying", "error", scriptErr.Error())
+	}
+	if tenantErr != nil {
+		// The namespace's own content is at fault: its status says what to do, and retrying
+		// sooner than the resync would not help.
+		cmErr = nil
 	}
 	if err := errors.Join(append(statusErrs, cmErr, wrapRedis(scriptErr))...); err != nil {
 		return ctrl.Result{}, err
@@ -168,12 +196,29 @@ func (r *RateLimitPolicyReconciler) enforcement(ctx context.Context, ns, policy 
 	return enforcement{err: err, members: members}
 }
 
+// redisError marks a reconcile error as Redis's, which readiness does not count.
+type redisError struct{ err error }
+
+func (e *redisError) Error() string { return "loading scripts into redis: " + e.err.Error() }
+func (e *redisError) Unwrap() error { return e.err }
+
 func wrapRedis(err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("loading scripts into redis: %w", err)
+	return &redisError{err}
 }
+
+// tenantError is a reconcile failure caused by what a namespace holds (a ConfigMap of the same
+// name that Redline does not manage, more policies than a ConfigMap holds): its status says
+// what to do, and it neither retries early nor counts against readiness.
+type tenantError struct {
+	reason string // the Programmed reason; ConfigMapError when empty
+	err    error
+}
+
+func (e *tenantError) Error() string { return e.err.Error() }
+func (e *tenantError) Unwrap() error { return e.err }
 
 func (r *RateLimitPolicyReconciler) redisTimeout() time.Duration {
 	if r.RedisTimeout > 0 {
@@ -215,7 +260,11 @@ func previousPolicies(cm *corev1.ConfigMap) map[string]compiled.Policy {
 	if cm == nil {
 		return out
 	}
-	doc, err := compiled.Parse([]byte(cm.Data[compiled.DataKey]))
+	data, err := documentOf(cm)
+	if err != nil {
+		return out
+	}
+	doc, err := compiled.Parse(data)
 	if err != nil {
 		return out
 	}
@@ -226,22 +275,26 @@ func previousPolicies(cm *corev1.ConfigMap) map[string]compiled.Policy {
 }
 
 func (r *RateLimitPolicyReconciler) writeConfigMap(ctx context.Context, ns string, current *corev1.ConfigMap, doc *compiled.Document, data []byte) error {
+	payload, err := encodeDocument(ns, doc, data, r.maxDocumentBytes(), current)
+	if err != nil {
+		return err
+	}
 	if current == nil {
 		cm := &corev1.ConfigMap{}
 		cm.Namespace, cm.Name = ns, compiled.ConfigMapName
 		cm.Labels = map[string]string{ManagedByLabel: ManagedByValue}
 		cm.Annotations = map[string]string{HashAnnotation: doc.Hash}
-		cm.Data = map[string]string{compiled.DataKey: string(data)}
+		payload.apply(cm)
 		if err := r.Create(ctx, cm); err != nil {
 			if apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("configmap %s/%s exists but is not managed by redline (label %s=%s missing): %w",
-					ns, compiled.ConfigMapName, ManagedByLabel, ManagedByValue, err)
+				return &tenantError{err: fmt.Errorf("configmap %s/%s exists but is not managed by redline (label %s=%s missing); delete or rename it: %w",
+					ns, compiled.ConfigMapName, ManagedByLabel, ManagedByValue, err)}
 			}
 			return fmt.Errorf("creating configmap %s/%s: %w", ns, compiled.ConfigMapName, err)
 		}
 		return nil
 	}
-	if current.Data[compiled.DataKey] == string(data) && current.Annotations[HashAnnotation] == doc.Hash && len(current.Data) == 1 {
+	if payload.matches(current) && current.Annotations[HashAnnotation] == doc.Hash {
 		return nil
 	}
 	updated := current.DeepCopy()
@@ -249,13 +302,20 @@ func (r *RateLimitPolicyReconciler) writeConfigMap(ctx context.Context, ns strin
 		updated.Annotations = map[string]string{}
 	}
 	updated.Annotations[HashAnnotation] = doc.Hash
-	updated.Data = map[string]string{compiled.DataKey: string(data)}
+	payload.apply(updated)
 	// Update, not patch: the resourceVersion makes a concurrent writer fail instead of being
 	// overwritten silently.
 	if err := r.Update(ctx, updated); err != nil {
 		return fmt.Errorf("updating configmap %s/%s: %w", ns, compiled.ConfigMapName, err)
 	}
 	return nil
+}
+
+func (r *RateLimitPolicyReconciler) maxDocumentBytes() int {
+	if r.MaxDocumentBytes > 0 {
+		return r.MaxDocumentBytes
+	}
+	return MaxConfigMapBytes
 }
 
 func (r *RateLimitPolicyReconciler) deleteConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
@@ -278,7 +338,7 @@ func (r *RateLimitPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("ratelimitpolicy").
-		Watches(&v1alpha1.RateLimitPolicy{},
+		Watches(newPolicyObject(),
 			handler.EnqueueRequestsFromMapFunc(namespaceRequest),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.ConfigMap{},
@@ -300,17 +360,18 @@ func namespaceRequest(_ context.Context, o client.Object) []reconcile.Request {
 }
 
 func (r *RateLimitPolicyReconciler) allNamespaces(ctx context.Context, _ client.Object) []reconcile.Request {
-	var list v1alpha1.RateLimitPolicyList
-	if err := r.List(ctx, &list); err != nil {
+	list := newPolicyList()
+	if err := r.policyReader().List(ctx, list); err != nil {
 		log.FromContext(ctx).Error(err, "listing policies to recheck after a redis change")
 		return nil
 	}
 	seen := map[string]bool{}
 	var out []reconcile.Request
-	for _, p := range list.Items {
-		if !seen[p.Namespace] {
-			seen[p.Namespace] = true
-			out = append(out, namespaceRequest(ctx, &p)...)
+	for i := range list.Items {
+		p := &list.Items[i]
+		if !seen[p.GetNamespace()] {
+			seen[p.GetNamespace()] = true
+			out = append(out, namespaceRequest(ctx, p)...)
 		}
 	}
 	return out

@@ -50,7 +50,13 @@ func policy(ns, name string, requests int64) *v1alpha1.RateLimitPolicy {
 func document(g Gomega, ctx context.Context, ns string) (*compiled.Document, *corev1.ConfigMap) {
 	var cm corev1.ConfigMap
 	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: compiled.ConfigMapName}, &cm)).To(Succeed())
-	doc, err := compiled.Parse([]byte(cm.Data[compiled.DataKey]))
+	data := []byte(cm.Data[compiled.DataKey])
+	if gz, ok := cm.BinaryData[compiled.GzipDataKey]; ok {
+		var err error
+		data, err = compiled.Decompress(gz)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	doc, err := compiled.Parse(data)
 	g.Expect(err).NotTo(HaveOccurred())
 	return doc, &cm
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -60,8 +61,9 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	}); err != nil {
 		return err
 	}
-	return (&RateLimitPolicyReconciler{
+	r := &RateLimitPolicyReconciler{
 		Client:         mgr.GetClient(),
+		Policies:       mgr.GetCache(),
 		Scripts:        store,
 		Recorder:       mgr.GetEventRecorder("redline-controller"),
 		RedisTimeout:   cfg.RedisTimeout,
@@ -69,5 +71,9 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		MaxBackoff:     cfg.MaxBackoff,
 		Sidecars:       &RedisSidecars{Client: cfg.Redis, TTL: cfg.HeartbeatTTL},
 		ResyncInterval: cfg.ResyncInterval,
-	}).SetupWithManager(mgr)
+	}
+	if err := mgr.AddReadyzCheck("policies", r.ReadyCheck(mgr.GetCache())); err != nil {
+		return fmt.Errorf("adding readiness check: %w", err)
+	}
+	return r.SetupWithManager(mgr)
 }

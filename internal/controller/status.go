@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -43,7 +44,12 @@ func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicySt
 		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonInvalid,
 			"spec is invalid; the policy is not enforced")
 	case o.configErr != nil:
-		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonConfigMapError, truncate(o.configErr.Error()))
+		reason := ReasonConfigMapError
+		var te *tenantError
+		if errors.As(o.configErr, &te) && te.reason != "" {
+			reason = te.reason
+		}
+		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, reason, truncate(o.configErr.Error()))
 	case o.scriptErr != nil:
 		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonRedisUnavailable,
 			truncate("scripts cannot be loaded into Redis; sidecars apply the policy's failureMode: "+o.scriptErr.Error()))

@@ -32,7 +32,7 @@ func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, c
 	l.stats.degraded.Add(1)
 	switch limit.FailureMode {
 	case FailOpen:
-		return Result{Allowed: true, Remaining: limit.capacity(), Source: SourceFailOpen, Err: cause}
+		return Result{Allowed: true, Remaining: limit.Capacity(), Source: SourceFailOpen, Err: cause}
 	case FailClosed:
 		return Result{
 			OverLimit:  true,
@@ -58,7 +58,7 @@ func (f *fallback) allow(key string, limit Limit, cost, replicas int64, now time
 		nw := &localWindow{
 			limit:    limit,
 			replicas: replicas,
-			share:    max(1, limit.capacity()/replicas),
+			share:    max(1, limit.Capacity()/replicas),
 			window:   limit.Window,
 		}
 		if prev, found, _ := f.cache.PeekOrAdd(key, nw); found && prev.limit == limit && prev.replicas == replicas {

@@ -55,9 +55,12 @@ const (
 	SourceFailOpen
 	// SourceFailClosed is a refusal because Redis is unreachable and the limit fails closed.
 	SourceFailClosed
+	// SourceCapacity is a refusal made without Redis because the cost exceeds what the limit
+	// can ever admit.
+	SourceCapacity
 )
 
-var sourceNames = [...]string{"unknown", "redis", "precheck", "fallback", "failopen", "failclosed"}
+var sourceNames = [...]string{"unknown", "redis", "precheck", "fallback", "failopen", "failclosed", "capacity"}
 
 // String returns the lower-case name used in metrics labels.
 func (s Source) String() string {
@@ -98,8 +101,9 @@ func (l Limit) burst() int64 {
 	return l.Requests
 }
 
-// capacity is the largest cost the limit can ever admit at once.
-func (l Limit) capacity() int64 {
+// Capacity is the largest cost the limit can ever admit at once: Burst for TokenBucket,
+// Requests otherwise. A larger cost is refused without asking Redis.
+func (l Limit) Capacity() int64 {
 	if l.Algorithm == TokenBucket {
 		return l.burst()
 	}

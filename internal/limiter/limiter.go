@@ -139,6 +139,7 @@ func (l *Limiter) Close() {
 }
 
 // Allow decides whether cost units of key may pass under limit. key comes from Key.
+// A cost above limit.Capacity() is refused with RetryAfter -1 without a Redis call.
 // A Redis failure does not make Allow fail: the limit's failure mode decides, and Result.Err
 // says why. Allow returns an error only for an invalid limit or cost, or after Close.
 func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64) (Result, error) {
@@ -150,6 +151,11 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 	}
 	if l.closed.Load() {
 		return Result{}, ErrClosed
+	}
+	if cost > limit.Capacity() {
+		// Never admissible, whatever Redis holds: answering here keeps a caller-chosen cost from
+		// reaching a script at all, and costs no round trip.
+		return finish(Result{OverLimit: true, RetryAfter: -1, Source: SourceCapacity}, limit), nil
 	}
 	sk := stateKey(key, limit.Algorithm)
 	now := l.opts.Now()

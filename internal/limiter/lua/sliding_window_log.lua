@@ -1,55 +1,79 @@
--- Sliding window log: one sorted-set member per admitted unit of cost, scored by admission time.
+-- Sliding window log: one sorted-set member per admitted request, whatever its cost.
 -- KEYS[1] log key. ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost.
 -- Returns {allowed, remaining, retry_after_ms, reset_after_ms}; retry_after_ms is -1 when the
 -- cost can never fit in the limit.
 --
--- Exact over any window-long interval, at the price of memory proportional to the limit.
--- Members are "<now_us>:<n>" where n continues from the set's size, which cannot shrink while the
--- clock stands still, so members stay unique even for two calls in the same microsecond.
+-- Exact over any window-long interval. A member is scored by its admission time (ms, Redis
+-- clock) and named by the running total of cost admitted up to and including it, zero-padded so
+-- that members with equal scores sort in admission order. The cost inside the window is then
+-- the newest member's total minus the total of the newest member that has left the window, so
+-- no call sums or loops over members: work is O(log n) in the members, and n is at most the
+-- limit (each request costs at least 1) plus the expired members not yet trimmed.
+--
+-- The newest expired member is kept as the anchor of that subtraction; older expired ones are
+-- trimmed, at most TRIM per call so that one call never frees a window's worth of members at
+-- once. Each call adds at most one member and trims up to TRIM, so the backlog cannot grow, and
+-- the key expires a window after the last admission.
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local TRIM = 64
 
 local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now = math.floor(now_us / 1000)
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cutoff = now - window -- members scored at or before cutoff have left the window
 
--- Entries admitted at or before now-window have left the window.
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-local count = redis.call('ZCARD', key)
+local expired = redis.call('ZCOUNT', key, '-inf', cutoff)
+if expired > 1 then
+  redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired - 1, TRIM) - 1)
+  expired = expired - math.min(expired - 1, TRIM)
+end
+
+-- base: running total when the window began; total: running total now.
+local base, total, newest_score = 0, 0, nil
+if expired > 0 then
+  base = tonumber(redis.call('ZRANGE', key, expired - 1, expired - 1)[1])
+end
+local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+if newest[1] ~= nil then
+  total = tonumber(newest[1])
+  newest_score = tonumber(newest[2])
+else
+  base = 0
+end
+local used = total - base
+local size = redis.call('ZCARD', key)
 
 local function reset_after()
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if newest[2] == nil then
+  if newest_score == nil or newest_score <= cutoff then
     return 0
   end
-  return math.max(tonumber(newest[2]) + window - now, 1)
+  return math.max(newest_score + window - now, 1)
 end
 
 if cost > limit then
-  return {0, math.max(limit - count, 0), -1, reset_after()}
+  return {0, math.max(limit - used, 0), -1, reset_after()}
 end
-if count + cost > limit then
-  -- Admission needs count+cost-limit of the oldest entries gone; the last of them decides.
-  local idx = count + cost - limit - 1
-  local e = redis.call('ZRANGE', key, idx, idx, 'WITHSCORES')
+if used + cost > limit then
+  -- Admission needs the running total at the window's start to reach total - (limit - cost):
+  -- find by binary search over ranks (O(log^2 n)) the oldest member whose total is at least
+  -- that; the request fits once it has left the window.
+  local need = total - (limit - cost)
+  local lo, hi = expired, size - 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if tonumber(redis.call('ZRANGE', key, mid, mid)[1]) >= need then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  local e = redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')
   local retry = math.max(tonumber(e[2]) + window - now, 1)
-  return {0, math.max(limit - count, 0), retry, reset_after()}
+  return {0, math.max(limit - used, 0), retry, reset_after()}
 end
 
-local prefix = string.format('%.0f:', now_us)
-local args = {}
-local added = 0
-while added < cost do
-  args[#args + 1] = now
-  args[#args + 1] = prefix .. (count + added)
-  added = added + 1
-  -- Bound the argument count of one ZADD (Lua's C stack limits unpack).
-  if #args >= 2000 or added == cost then
-    redis.call('ZADD', key, unpack(args))
-    args = {}
-  end
-end
+redis.call('ZADD', key, now, string.format('%017.0f', total + cost))
 redis.call('PEXPIRE', key, window)
-return {1, limit - count - cost, 0, window}
+return {1, limit - used - cost, 0, window}

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"log/slog"
 	"os"
@@ -139,4 +140,33 @@ func TestLoaderWatchesKubeletSwaps(t *testing.T) {
 	g.Eventually(func() int64 { return requestsInForce(f.store) }).WithTimeout(5 * time.Second).Should(Equal(int64(30)))
 	g.Expect(kubeletdir.Write(filepath.Dir(f.labels), map[string][]byte{"labels": []byte(`app="other"` + "\n")})).To(Succeed())
 	g.Eventually(func() int { return len(f.store.Current().Policies) }).WithTimeout(5 * time.Second).Should(Equal(0))
+}
+
+// A namespace whose document only fits compressed gets it as binaryData policies.json.gz; the
+// loader reads that form, and switches back when the plain form returns. A compressed file
+// that expands past compiled.MaxDocumentBytes is refused and the set in force kept.
+func TestLoaderReadsTheGzipForm(t *testing.T) {
+	g := NewWithT(t)
+	f := newLoader(t)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, err := zw.Write(sidecartest.Document("shop", "p", "r", "checkout", 42, time.Minute, "x-key", "Open"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(zw.Close()).To(Succeed())
+	g.Expect(kubeletdir.Write(f.dir, map[string][]byte{compiled.GzipDataKey: gz.Bytes()})).To(Succeed())
+	g.Expect(f.loader.Load()).To(Succeed())
+	g.Expect(requestsInForce(f.store)).To(Equal(int64(42)))
+
+	var bomb bytes.Buffer
+	zw = gzip.NewWriter(&bomb)
+	_, err = zw.Write(make([]byte, compiled.MaxDocumentBytes+1))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(zw.Close()).To(Succeed())
+	g.Expect(kubeletdir.Write(f.dir, map[string][]byte{compiled.GzipDataKey: bomb.Bytes()})).To(Succeed())
+	g.Expect(f.loader.Load()).To(MatchError(ContainSubstring("exceeds")))
+	g.Expect(requestsInForce(f.store)).To(Equal(int64(42)))
+
+	f.write(t, sidecartest.Document("shop", "p", "r", "checkout", 7, time.Minute, "x-key", "Open"))
+	g.Expect(f.loader.Load()).To(Succeed())
+	g.Expect(requestsInForce(f.store)).To(Equal(int64(7)))
 }

@@ -72,7 +72,7 @@ func (l *Loader) Path() string { return filepath.Join(l.Dir, compiled.DataKey) }
 // Load reads the files once and swaps in a new set when they changed and are valid. A refused
 // document leaves the set in force as it is.
 func (l *Loader) Load() error {
-	data, err := os.ReadFile(l.Path())
+	data, err := l.readDocument()
 	absent := errors.Is(err, fs.ErrNotExist)
 	if err != nil && !absent {
 		return l.refuse(nil, fmt.Errorf("reading policies document: %w", err))
@@ -126,6 +126,19 @@ func (l *Loader) Load() error {
 		l.OnLoad(set)
 	}
 	return nil
+}
+
+// readDocument reads the document: gzip-compressed when the controller had to compress it to
+// fit the ConfigMap (compiled.GzipDataKey), plain otherwise.
+func (l *Loader) readDocument() ([]byte, error) {
+	gz, err := os.ReadFile(filepath.Join(l.Dir, compiled.GzipDataKey))
+	if errors.Is(err, fs.ErrNotExist) {
+		return os.ReadFile(l.Path())
+	}
+	if err != nil {
+		return nil, err
+	}
+	return compiled.Decompress(gz)
 }
 
 func (l *Loader) refuse(sum *[sha256.Size]byte, err error) error {
