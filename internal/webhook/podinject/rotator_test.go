@@ -1,17 +1,23 @@
 package podinject_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
@@ -68,12 +75,89 @@ func notAfter(certPEM []byte) time.Time {
 	return c.NotAfter
 }
 
+// mountSecret plays the kubelet's part for a Secret volume at dir: it lays the Secret's keys
+// out as the kubelet does, again whenever they change, until ctx ends. The real kubelet syncs
+// within a minute or so; this one polls fast to keep the tests short.
+func mountSecret(ctx context.Context, key client.ObjectKey, dir string) {
+	defer GinkgoRecover()
+	var mounted map[string][]byte
+	for {
+		s := &corev1.Secret{}
+		if err := k8s.Get(ctx, key, s); err == nil && !maps.EqualFunc(s.Data, mounted, bytes.Equal) {
+			Expect(kubeletdir.Write(dir, s.Data)).To(Succeed())
+			mounted = s.Data
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// runManager starts mgr and, with it, the kubelet's mount of the certificate Secret at dir
+// (none when dir is empty); both stop when the spec ends.
+func runManager(mgr ctrl.Manager, secret client.ObjectKey, dir string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		Expect(mgr.Start(ctx)).To(Succeed())
+	}()
+	if dir != "" {
+		go mountSecret(ctx, secret, dir)
+	}
+	DeferCleanup(func() {
+		cancel()
+		Eventually(done).WithTimeout(30 * time.Second).Should(BeClosed())
+	})
+}
+
+// replica is one manager process in self-signed mode, reduced to the rotator. Replicas elect a
+// leader, as in the Deployment, and every one of them must still get its certificate.
+type replica struct {
+	cfg   podinject.Config
+	ready chan struct{}
+	rot   *rotator.CertRotator
+	mgr   ctrl.Manager
+}
+
+var rotatorSeq atomic.Int32
+
+func newReplica(cfg podinject.Config) *replica {
+	GinkgoHelper()
+	r := &replica{cfg: cfg, ready: make(chan struct{})}
+	r.cfg.CertDir = GinkgoT().TempDir()
+	var err error
+	r.mgr, err = ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"},
+		LeaderElection: true, LeaderElectionID: "rotator-test.redline.dev", LeaderElectionNamespace: cfg.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+	})
+	Expect(err).NotTo(HaveOccurred())
+	r.rot = podinject.NewCertRotator(r.cfg, r.ready)
+	// Controller names are unique within a process; real replicas are separate processes.
+	r.rot.ControllerName = fmt.Sprintf("webhook-cert-rotator-%d", rotatorSeq.Add(1))
+	Expect(rotator.AddRotator(r.mgr, r.rot)).To(Succeed())
+	return r
+}
+
+func (r *replica) start() { runManager(r.mgr, r.rot.SecretKey, r.cfg.CertDir) }
+
+func freePort() int {
+	GinkgoHelper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
 var _ = Describe("Self-signed webhook certificates", func() {
 	var (
-		ctx      context.Context
-		cfg      podinject.Config
-		replicas []*podinject.CertRotator
-		secret   client.ObjectKey
+		ctx    context.Context
+		cfg    podinject.Config
+		secret client.ObjectKey
 	)
 	caBundle := func() []byte {
 		GinkgoHelper()
@@ -86,6 +170,26 @@ var _ = Describe("Self-signed webhook certificates", func() {
 		s := &corev1.Secret{}
 		Expect(k8s.Get(ctx, secret, s)).To(Succeed())
 		return s.Data
+	}
+	createSecret := func(data map[string][]byte) {
+		GinkgoHelper()
+		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secret.Namespace, Name: secret.Name}, Data: data})).To(Succeed())
+	}
+	served := func(dir string) []byte {
+		b, _ := os.ReadFile(filepath.Join(dir, "tls.crt"))
+		return b
+	}
+	// seed writes a CA and a serving certificate that end at the given times, made the way the
+	// rotator makes them.
+	seed := func(r *replica, caEnd, servingEnd time.Time) (caPEM, certPEM []byte) {
+		GinkgoHelper()
+		begin := time.Now().Add(-time.Hour)
+		ca, err := r.rot.CreateCACert(begin, caEnd)
+		Expect(err).NotTo(HaveOccurred())
+		cert, key, err := r.rot.CreateCertPEM(ca, begin, servingEnd)
+		Expect(err).NotTo(HaveOccurred())
+		createSecret(map[string][]byte{"ca.crt": ca.CertPEM, "ca.key": ca.KeyPEM, "tls.crt": cert, "tls.key": key})
+		return ca.CertPEM, cert
 	}
 
 	BeforeEach(func() {
@@ -101,81 +205,103 @@ var _ = Describe("Self-signed webhook certificates", func() {
 			Expect(k8s.Delete(ctx, unusedWebhookConfig(cfg.WebhookConfigName))).To(Succeed())
 			Expect(client.IgnoreNotFound(k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secret.Namespace, Name: secret.Name}}))).To(Succeed())
 		})
-		replicas = nil
-		for range 2 {
-			c := cfg
-			c.CertDir = GinkgoT().TempDir()
-			replicas = append(replicas, &podinject.CertRotator{Client: k8s, Config: c, Interval: time.Hour, Log: GinkgoLogr})
-		}
 	})
 
-	It("gives racing replicas one CA, writes the serving certificate and patches the caBundle", func() {
-		var wg sync.WaitGroup
-		errs := make([]error, len(replicas))
-		for i, r := range replicas {
-			wg.Go(func() { errs[i] = r.Ensure(ctx) })
+	It("gives racing replicas one CA, each serving the Secret's certificate, and patches the caBundle", func() {
+		createSecret(nil)
+		replicas := []*replica{newReplica(cfg), newReplica(cfg)}
+		for _, r := range replicas {
+			r.start()
 		}
-		wg.Wait()
-		Expect(errs).To(HaveEach(Succeed()))
+		for _, r := range replicas {
+			Eventually(r.ready).WithTimeout(time.Minute).Should(BeClosed())
+		}
 
 		data := secretData()
-		Expect(data).To(HaveKey("tls.crt"))
+		Expect(data).To(HaveKey("tls.key"))
 		Expect(data).To(HaveKey("ca.key"))
 		Expect(caBundle()).To(Equal(data["ca.crt"]))
 		for _, r := range replicas {
-			served, err := os.ReadFile(filepath.Join(r.Config.CertDir, "tls.crt"))
-			Expect(err).NotTo(HaveOccurred())
-			Expect(served).To(Equal(data["tls.crt"]), "every replica serves the Secret's certificate")
-			servedCertVerifies(r.Config.CertDir, caBundle(), cfg, time.Now())
+			Eventually(served).WithArguments(r.cfg.CertDir).Should(Equal(data["tls.crt"]), "every replica serves the Secret's certificate")
+			servedCertVerifies(r.cfg.CertDir, caBundle(), cfg, time.Now())
 		}
 	})
 
-	It("renews the serving certificate before it expires, under the same CA", func() {
-		Expect(replicas[0].Ensure(ctx)).To(Succeed())
-		before := secretData()
-		bundle := caBundle()
+	It("renews a serving certificate near its end, under the same CA", func() {
+		r := newReplica(cfg)
+		soon := time.Now().Add(10 * 24 * time.Hour)
+		ca, old := seed(r, time.Now().Add(10*365*24*time.Hour), soon)
+		r.start()
+		Eventually(r.ready).WithTimeout(time.Minute).Should(BeClosed())
 
-		later := time.Now().Add(364 * 24 * time.Hour)
-		for _, r := range replicas {
-			r.Now = func() time.Time { return later }
-			Expect(r.Ensure(ctx)).To(Succeed())
-		}
 		after := secretData()
-		Expect(after["ca.crt"]).To(Equal(before["ca.crt"]))
-		Expect(after["tls.crt"]).NotTo(Equal(before["tls.crt"]))
-		Expect(notAfter(after["tls.crt"])).To(BeTemporally(">", later))
-		Expect(caBundle()).To(Equal(bundle), "the caBundle does not change with the serving certificate")
-		for _, r := range replicas {
-			servedCertVerifies(r.Config.CertDir, caBundle(), cfg, later)
-		}
+		Expect(after["ca.crt"]).To(Equal(ca))
+		Expect(after["tls.crt"]).NotTo(Equal(old))
+		Expect(notAfter(after["tls.crt"])).To(BeTemporally(">", time.Now().Add(300*24*time.Hour)))
+		Expect(caBundle()).To(Equal(ca))
+		Eventually(served).WithArguments(r.cfg.CertDir).Should(Equal(after["tls.crt"]))
+		servedCertVerifies(r.cfg.CertDir, caBundle(), cfg, soon.Add(24*time.Hour))
 	})
 
-	It("replaces a CA near its end and a caBundle someone changed", func() {
-		Expect(replicas[0].Ensure(ctx)).To(Succeed())
-		oldCA := secretData()["ca.crt"]
+	It("replaces a CA near its end, and restores a caBundle someone changed", func() {
+		r := newReplica(cfg)
+		soon := time.Now().Add(10 * 24 * time.Hour)
+		oldCA, _ := seed(r, soon, soon)
+		r.start()
+		Eventually(r.ready).WithTimeout(time.Minute).Should(BeClosed())
+		newCA := secretData()["ca.crt"]
+		Expect(newCA).NotTo(Equal(oldCA))
+		Expect(notAfter(newCA)).To(BeTemporally(">", time.Now().Add(9*365*24*time.Hour)))
+		Expect(caBundle()).To(Equal(newCA))
 
 		mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Name: cfg.WebhookConfigName}, mwc)).To(Succeed())
 		mwc.Webhooks[0].ClientConfig.CABundle = []byte("not a CA")
 		Expect(k8s.Update(ctx, mwc)).To(Succeed())
-		Expect(replicas[0].Ensure(ctx)).To(Succeed())
-		Expect(caBundle()).To(Equal(oldCA))
-
-		replicas[0].Now = func() time.Time { return time.Now().Add(10*365*24*time.Hour - 24*time.Hour) }
-		Expect(replicas[0].Ensure(ctx)).To(Succeed())
-		Expect(secretData()["ca.crt"]).NotTo(Equal(oldCA))
-		Expect(caBundle()).To(Equal(secretData()["ca.crt"]))
+		Eventually(caBundle).WithTimeout(30 * time.Second).Should(Equal(newCA))
+		Eventually(served).WithArguments(r.cfg.CertDir).Should(Equal(secretData()["tls.crt"]))
+		servedCertVerifies(r.cfg.CertDir, newCA, cfg, time.Now())
 	})
 
-	It("prepares the certificate during Setup, before the webhook server starts", func() {
+	It("creates the Secret in Setup and serves only once the certificate is mounted", func() {
 		c := cfg
 		c.CertDir = GinkgoT().TempDir()
+		c.Port = freePort()
+		probes := fmt.Sprintf("127.0.0.1:%d", freePort())
 		mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
-			Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, WebhookServer: podinject.NewServer(c),
+			Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"},
+			HealthProbeBindAddress: probes, WebhookServer: podinject.NewServer(c),
 		})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(podinject.Setup(mgr, c)).To(Succeed())
-		Expect(filepath.Join(c.CertDir, "tls.crt")).To(BeAnExistingFile())
-		servedCertVerifies(c.CertDir, caBundle(), cfg, time.Now())
+		Expect(k8s.Get(ctx, secret, &corev1.Secret{})).To(Succeed(), "Setup creates the Secret the rotator fills")
+
+		readyz := func() int {
+			resp, err := http.Get("http://" + probes + "/readyz")
+			if err != nil {
+				return 0
+			}
+			_ = resp.Body.Close()
+			return resp.StatusCode
+		}
+		runManager(mgr, secret, "")
+		Eventually(secretData).WithTimeout(30 * time.Second).Should(HaveKey("tls.crt"))
+		Consistently(readyz).WithTimeout(3*time.Second).ShouldNot(Equal(http.StatusOK), "not ready while the certificate is not mounted")
+
+		mountCtx, stopMount := context.WithCancel(context.Background())
+		DeferCleanup(stopMount)
+		go mountSecret(mountCtx, secret, c.CertDir)
+		Eventually(readyz).WithTimeout(time.Minute).WithPolling(500 * time.Millisecond).Should(Equal(http.StatusOK))
+
+		// The API server's view: a TLS handshake for the Service's name, trusting the caBundle.
+		roots := x509.NewCertPool()
+		Expect(roots.AppendCertsFromPEM(caBundle())).To(BeTrue())
+		conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", c.Port), &tls.Config{
+			RootCAs: roots, ServerName: podinject.ServiceDNSNames(c.ServiceName, c.Namespace)[0], MinVersion: tls.VersionTLS12,
+		})
+		Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = conn.Close() }()
+		block, _ := pem.Decode(secretData()["tls.crt"])
+		Expect(conn.ConnectionState().PeerCertificates[0].Raw).To(Equal(block.Bytes), "the server serves the Secret's certificate")
 	})
 })

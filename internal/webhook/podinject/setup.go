@@ -2,11 +2,13 @@ package podinject
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
@@ -18,14 +20,39 @@ import (
 // nativeSidecarsSince is the first Kubernetes version with native sidecars on by default.
 var nativeSidecarsSince = version.MajorMinor(1, 29)
 
-// NewServer returns the webhook server for cfg, for ctrl.Options.WebhookServer.
-func NewServer(cfg Config) webhook.Server {
-	return webhook.NewServer(webhook.Options{Port: cfg.Port, CertDir: cfg.CertDir})
+// Server is the webhook server. In self-signed mode it starts only once the rotator has its
+// certificate mounted and its CA in the caBundle: before that it could not load the
+// certificate, and the readiness check, which needs a started server, keeps the replica out of
+// the Service.
+type Server struct {
+	webhook.Server
+	certReady chan struct{} // nil in cert-manager mode
 }
 
-// Setup registers the pod injection webhook with mgr. In self-signed mode it first makes sure a
-// certificate is in the cert dir (the webhook server reads it when it starts) and adds the
-// rotator that keeps it valid.
+// NewServer returns the webhook server for cfg, for ctrl.Options.WebhookServer.
+func NewServer(cfg Config) *Server {
+	s := &Server{Server: webhook.NewServer(webhook.Options{Port: cfg.Port, CertDir: cfg.CertDir})}
+	if cfg.CertMode == CertModeSelfSigned {
+		s.certReady = make(chan struct{})
+	}
+	return s
+}
+
+// Start serves once the certificate is ready, until ctx ends.
+func (s *Server) Start(ctx context.Context) error {
+	if s.certReady != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.certReady:
+		}
+	}
+	return s.Server.Start(ctx)
+}
+
+// Setup registers the pod injection webhook with mgr. In self-signed mode it also makes sure
+// the certificate Secret exists and adds the rotator that fills it and patches the caBundle;
+// the manager's webhook server must then come from NewServer with the same cfg.
 func Setup(mgr ctrl.Manager, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("checking webhook configuration: %w", err)
@@ -37,23 +64,27 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		return err
 	}
 
+	srv := mgr.GetWebhookServer()
 	if cfg.CertMode == CertModeSelfSigned {
+		gated, ok := srv.(*Server)
+		if !ok || gated.certReady == nil {
+			return errors.New("self-signed certificates need the manager's webhook server from podinject.NewServer with the same configuration")
+		}
+		// The manager's client would read Secrets from a cache that has not started yet.
 		direct, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
 		if err != nil {
 			return fmt.Errorf("creating client for the webhook certificate: %w", err)
 		}
-		rot := &CertRotator{Client: direct, Config: cfg, Interval: time.Hour, Log: log.WithName("certs")}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := rot.Ensure(ctx); err != nil {
-			return fmt.Errorf("preparing the self-signed webhook certificate: %w", err)
+		if err := createCertSecret(ctx, direct, cfg); err != nil {
+			return err
 		}
-		if err := mgr.Add(rot); err != nil {
+		if err := rotator.AddRotator(mgr, NewCertRotator(cfg, gated.certReady)); err != nil {
 			return fmt.Errorf("adding the webhook certificate rotator: %w", err)
 		}
 	}
 
-	srv := mgr.GetWebhookServer()
 	srv.Register(Path, &webhook.Admission{Handler: NewHandler(NewInjector(cfg, native), mgr.GetScheme(), log)})
 	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
 		return fmt.Errorf("adding the webhook readiness check: %w", err)
