@@ -114,6 +114,7 @@ func TestRedisDown(t *testing.T) {
 	}
 	const replicas, failures = 4, 3
 	var ls []*limiter.Limiter
+	var live int64
 	for i := range replicas {
 		c, err := limiter.NewClient(srv.URL(), fast)
 		g.Expect(err).NotTo(HaveOccurred())
@@ -121,22 +122,20 @@ func TestRedisDown(t *testing.T) {
 		l := newLimiter(t, c, limiter.Options{
 			BreakerFailures: failures,
 			BreakerOpenFor:  300 * time.Millisecond,
-			Heartbeat:       limiter.HeartbeatOptions{Group: "shop/checkout", Instance: fmt.Sprint("pod-", i)},
 		})
 		ls = append(ls, l)
-	}
-	for _, l := range ls {
-		_, err := l.Heartbeat(context.Background())
+		// Each replica announces itself as the sidecar does; the last announcement sees them all.
+		counts, err := limiter.Announce(context.Background(), c, "shop", fmt.Sprint("pod-", i), "cfg", time.Minute, []string{"checkout"})
 		g.Expect(err).NotTo(HaveOccurred())
+		live = counts[0]
 	}
-	n, err := ls[0].Heartbeat(context.Background())
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(n).To(Equal(replicas))
+	g.Expect(live).To(Equal(int64(replicas)))
 	l := ls[0]
 
 	lim := func(alg limiter.Algorithm, mode limiter.FailureMode) limiter.Limit {
 		li := exactLimit(alg, 100)
 		li.FailureMode = mode
+		li.Replicas = live // what the sidecar passes for the policy's group
 		return li
 	}
 	r, err := l.Allow(context.Background(), uniqueKey(t), lim(limiter.FixedWindow, limiter.FailOpen), 1)

@@ -65,7 +65,7 @@ func TestFallbackUsesLimitReplicas(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	g.Expect(srv.Close()).To(Succeed())
 
-	l := newLimiter(t, c, limiter.Options{BreakerFailures: 1, Replicas: 1})
+	l := newLimiter(t, c, limiter.Options{BreakerFailures: 1})
 	lim := exactLimit(limiter.FixedWindow, 100)
 	lim.FailureMode = limiter.FailLocal
 	lim.Replicas = 5

@@ -21,9 +21,8 @@ type Limit struct {
 	FailureMode FailureMode
 	// Shadow computes and counts the decision but always admits.
 	Shadow bool
-	// Replicas, when positive, is the live replica count LocalFallback divides this limit by,
-	// instead of the limiter's own count. Callers whose limits apply to different sets of
-	// replicas (one heartbeat group per policy, see Announce) pass the count of the limit's group.
+	// Replicas is the live replica count LocalFallback divides this limit by (0 counts as 1):
+	// the count of the limit's heartbeat group, as Announce returns it.
 	Replicas int64
 }
 
