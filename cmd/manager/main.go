@@ -20,7 +20,7 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
@@ -72,7 +72,7 @@ func run() error {
 		return err
 	}
 	// The manager's calls are not on a request path: timeouts of seconds, a small pool.
-	rdb, err := limiter.NewClient(redisURL, limiter.ClientOptions{
+	rdb, err := redisconn.NewClient(redisURL, redisconn.Options{
 		PoolSize: 4, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 		PoolTimeout: 3 * time.Second, Password: password, ClientName: "redline-manager",
 	})
@@ -119,7 +119,7 @@ func run() error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("starting manager", "redis", limiter.RedactURL(redisURL), "leaderElection", leaderElect)
+	log.Info("starting manager", "redis", redisconn.RedactURL(redisURL), "leaderElection", leaderElect)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }
 

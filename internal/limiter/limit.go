@@ -7,6 +7,20 @@ import (
 	"time"
 )
 
+// Algorithm names a rate limiting algorithm. The values match the API's enum.
+type Algorithm string
+
+// The algorithms Redline implements, one Lua script each (see package scripts).
+const (
+	FixedWindow          Algorithm = "FixedWindow"
+	SlidingWindowLog     Algorithm = "SlidingWindowLog"
+	SlidingWindowCounter Algorithm = "SlidingWindowCounter"
+	TokenBucket          Algorithm = "TokenBucket"
+)
+
+// Algorithms lists every algorithm in a stable order.
+var Algorithms = []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket}
+
 // Limit is one rate limit: at most Requests per Window, shaped by Algorithm.
 type Limit struct {
 	// Algorithm picks the script that decides.
@@ -111,7 +125,7 @@ func (l Limit) Capacity() int64 {
 
 // Validate reports whether the limit can be enforced.
 func (l Limit) Validate() error {
-	if _, ok := scriptFiles[l.Algorithm]; !ok {
+	if _, ok := shaArgs[l.Algorithm]; !ok {
 		return fmt.Errorf("%w: unknown algorithm %q", ErrInvalidLimit, l.Algorithm)
 	}
 	if l.Requests < 1 {

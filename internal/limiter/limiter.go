@@ -200,7 +200,7 @@ func (l *Limiter) tryInline(c *call) bool {
 		return false
 	}
 	c.self[0] = c
-	l.run(c.self[:], nil)
+	l.run(c.self[:], c.cmd[:0])
 	<-l.slots
 	<-c.done
 	return true

@@ -1,4 +1,6 @@
-package limiter
+// Package redisconn builds the Redis clients Redline uses, from one URL grammar (a server, a
+// cluster from a seed list, or Sentinel), with a bounded pool and hot-path timeouts.
+package redisconn
 
 import (
 	"crypto/tls"
@@ -13,10 +15,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ClientOptions bound the connection pool and the timeouts of a Redis client built by NewClient.
+// Options bound the connection pool and the timeouts of a Redis client built by NewClient.
 // The zero value gives defaults fit for a per-request hot path: a decision that cannot be made in
 // tens of milliseconds is better made by the failure mode than waited for.
-type ClientOptions struct {
+type Options struct {
 	// PoolSize is the number of connections kept per node (default 16).
 	PoolSize int
 	// MaxActiveConns caps open connections per node, idle or busy (default 2*PoolSize).
@@ -42,7 +44,7 @@ type ClientOptions struct {
 	ClientName string
 }
 
-func (o ClientOptions) withDefaults() ClientOptions {
+func (o Options) withDefaults() Options {
 	if o.PoolSize <= 0 {
 		o.PoolSize = 16
 	}
@@ -79,7 +81,7 @@ var ErrInvalidURL = errors.New("invalid redis url")
 //	redis+sentinel://[user:pw@]s1:26379,s2:26379/mymaster[/db]   Sentinel (or ?master_name=)
 //
 // Query parameters: cluster, master_name, client_name. The pool and timeouts come from opts.
-func NewClient(rawURL string, opts ClientOptions) (redis.UniversalClient, error) {
+func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 	u, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
@@ -254,6 +256,9 @@ func (p *parsedURL) applyQuery(q url.Values) error {
 	}
 	return nil
 }
+
+// RedactURL returns a Redis URL fit for logs: any credentials are replaced by ***.
+func RedactURL(raw string) string { return redact(raw) }
 
 // redact hides the credentials of a URL quoted in an error or a log, keeping its scheme.
 func redact(raw string) string {

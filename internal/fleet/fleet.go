@@ -1,27 +1,29 @@
-package limiter
+// Package fleet keeps count of the replicas that enforce each policy, in Redis.
+//
+// A group is the set of replicas that enforce one policy. Each replica announces itself in the
+// group's sorted set, with the configuration hash it applies in a companion hash, so that
+// LocalFallback can divide a policy's limit by the replicas that enforce that policy (see
+// limiter.Limit.Replicas), and so that an operator can see which replicas apply which
+// configuration. Both keys expire with the liveness TTL, set by the script that writes them.
+package fleet
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
-// A group is the set of replicas that enforce one policy. Each replica announces itself in the
-// group's sorted set, with the configuration hash it applies in a companion hash, so that
-// LocalFallback can divide a policy's limit by the replicas that enforce that policy (see
-// Limit.Replicas), and so that an operator can see which replicas apply which configuration.
-// Both keys expire with the heartbeat TTL, set by the script that writes them.
+//go:embed group_heartbeat.lua
+var heartbeatSource string
 
-var groupHeartbeatScript = func() *redis.Script {
-	src, err := luaFS.ReadFile("lua/group_heartbeat.lua")
-	if err != nil {
-		panic(fmt.Sprintf("embedded group heartbeat script missing: %v", err))
-	}
-	return redis.NewScript(string(src))
-}()
+var heartbeatScript = scripts.New("GroupHeartbeat", heartbeatSource)
 
 // GroupKey is the sorted set of the live replicas that enforce a policy, scored by the Redis
 // time of their last heartbeat: rl:{hb/<namespace>/<policy>}. The braces are a hash tag, so
@@ -29,9 +31,9 @@ var groupHeartbeatScript = func() *redis.Script {
 func GroupKey(namespace, policy string) string {
 	var b strings.Builder
 	b.WriteString("rl:{hb/")
-	writeEscaped(&b, namespace)
+	b.WriteString(limiter.KeyPart(namespace))
 	b.WriteByte('/')
-	writeEscaped(&b, policy)
+	b.WriteString(limiter.KeyPart(policy))
 	b.WriteByte('}')
 	return b.String()
 }
@@ -48,40 +50,26 @@ func Announce(ctx context.Context, client redis.UniversalClient, namespace, inst
 	if len(policies) == 0 {
 		return nil, nil
 	}
-	run := func(eval func(redis.Pipeliner, string, string) *redis.Cmd) ([]*redis.Cmd, error) {
-		pipe := client.Pipeline()
-		cmds := make([]*redis.Cmd, len(policies))
-		for i, p := range policies {
-			cmds[i] = eval(pipe, GroupKey(namespace, p), GroupConfigKey(namespace, p))
-		}
-		_, err := pipe.Exec(ctx)
-		return cmds, err
+	cmds := make([]redis.Cmder, len(policies))
+	for i, p := range policies {
+		cmds[i] = scripts.EvalSha(ctx, heartbeatScript, []string{GroupKey(namespace, p), GroupConfigKey(namespace, p)},
+			instance, ttl.Milliseconds(), configHash)
 	}
-	args := []any{instance, ttl.Milliseconds(), configHash}
-	cmds, err := run(func(p redis.Pipeliner, k1, k2 string) *redis.Cmd {
-		return groupHeartbeatScript.EvalSha(ctx, p, []string{k1, k2}, args...)
-	})
-	if err != nil && isNoScript(err) {
-		// Redis restarted or flushed its scripts: EVAL sends the body and caches it again.
-		cmds, err = run(func(p redis.Pipeliner, k1, k2 string) *redis.Cmd {
-			return groupHeartbeatScript.Eval(ctx, p, []string{k1, k2}, args...)
-		})
-	}
-	if err != nil {
-		return nil, fmt.Errorf("announcing %s in %d policy groups of %s: %w", instance, len(policies), namespace, err)
-	}
+	scripts.Exec(ctx, client, cmds, []scripts.Script{heartbeatScript})
 	out := make([]int64, len(cmds))
 	for i, c := range cmds {
-		if out[i], err = c.Int64(); err != nil {
-			return nil, fmt.Errorf("reading live replicas of policy %s/%s: %w", namespace, policies[i], err)
+		n, err := c.(*redis.Cmd).Int64()
+		if err != nil {
+			return nil, fmt.Errorf("announcing %s in the group of policy %s/%s: %w", instance, namespace, policies[i], err)
 		}
+		out[i] = n
 	}
 	return out, nil
 }
 
-// GroupMembers returns the live replicas of a policy's group and the configuration hash each
+// Members returns the live replicas of a policy's group and the configuration hash each
 // one applies. Replicas whose heartbeat is older than ttl are left out.
-func GroupMembers(ctx context.Context, client redis.UniversalClient, namespace, policy string, ttl time.Duration) (map[string]string, error) {
+func Members(ctx context.Context, client redis.UniversalClient, namespace, policy string, ttl time.Duration) (map[string]string, error) {
 	t, err := client.Time(ctx).Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading redis time for policy group %s/%s: %w", namespace, policy, err)
