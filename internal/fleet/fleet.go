@@ -20,6 +20,14 @@ import (
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
+// DefaultInterval is the time between a replica's heartbeats unless it is configured otherwise.
+const DefaultInterval = 5 * time.Second
+
+// TTL is how long a replica counts as live after its last heartbeat, for heartbeats every
+// interval: three intervals, so that one or two lost heartbeats do not make a replica look gone.
+// Sidecars announce with it and the manager reads groups with it; both must agree.
+func TTL(interval time.Duration) time.Duration { return 3 * interval }
+
 //go:embed group_heartbeat.lua
 var heartbeatSource string
 

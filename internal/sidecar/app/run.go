@@ -307,7 +307,7 @@ func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.
 	instance string, now <-chan struct{}, m *metrics.Metrics) {
 	t := time.NewTicker(cfg.HeartbeatInterval)
 	defer t.Stop()
-	ttl := 3 * cfg.HeartbeatInterval
+	ttl := fleet.TTL(cfg.HeartbeatInterval)
 	failing := false
 	for {
 		if set := store.Current(); set != nil && len(set.Policies) > 0 {
