@@ -1,6 +1,7 @@
 package redisconn
 
 import (
+	"crypto/tls"
 	"testing"
 	"time"
 
@@ -45,24 +46,28 @@ func TestRedactURL(t *testing.T) {
 }
 
 func TestParseURL(t *testing.T) {
+	tls12 := func(host string) *tls.Config { return &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12} }
 	cases := []struct {
 		url  string
-		want parsedURL
+		want redis.UniversalOptions
 		err  bool
 	}{
-		{url: "redis://localhost", want: parsedURL{addrs: []string{"localhost:6379"}, firstHost: "localhost"}},
-		{url: "rediss://u:p%40ss@redis.example:6380/2", want: parsedURL{addrs: []string{"redis.example:6380"}, firstHost: "redis.example", db: 2, username: "u", password: "p@ss", tls: true}},
-		{url: "redis://a:1,b:2,c:3", want: parsedURL{addrs: []string{"a:1", "b:2", "c:3"}, firstHost: "a", cluster: true}},
-		{url: "redis://a:1?cluster=true&client_name=x", want: parsedURL{addrs: []string{"a:1"}, firstHost: "a", cluster: true, clientName: "x"}},
-		{url: "redis+sentinel://:pw@s1,s2:26380/mymaster/1", want: parsedURL{addrs: []string{"s1:26379", "s2:26380"}, firstHost: "s1", password: "pw", masterName: "mymaster", db: 1}},
-		{url: "redis+sentinel://s1?master_name=m", want: parsedURL{addrs: []string{"s1:26379"}, firstHost: "s1", masterName: "m"}},
-		{url: "redis://[::1]:7000", want: parsedURL{addrs: []string{"[::1]:7000"}, firstHost: "::1"}},
+		{url: "redis://localhost", want: redis.UniversalOptions{Addrs: []string{"localhost:6379"}}},
+		{url: "rediss://u:p%40ss@redis.example:6380/2", want: redis.UniversalOptions{Addrs: []string{"redis.example:6380"}, DB: 2, Username: "u", Password: "p@ss", TLSConfig: tls12("redis.example")}},
+		{url: "redis://a:1,b:2,c:3", want: redis.UniversalOptions{Addrs: []string{"a:1", "b:2", "c:3"}, IsClusterMode: true}},
+		{url: "redis://a:1?cluster=true&client_name=x", want: redis.UniversalOptions{Addrs: []string{"a:1"}, IsClusterMode: true, ClientName: "x"}},
+		{url: "redis+sentinel://:pw@s1,s2:26380/mymaster/1", want: redis.UniversalOptions{Addrs: []string{"s1:26379", "s2:26380"}, Password: "pw", SentinelPassword: "pw", MasterName: "mymaster", DB: 1}},
+		{url: "rediss+sentinel://s1?master_name=m", want: redis.UniversalOptions{Addrs: []string{"s1:26379"}, MasterName: "m", TLSConfig: tls12("s1")}},
+		{url: "redis://[::1]:7000", want: redis.UniversalOptions{Addrs: []string{"[::1]:7000"}}},
 		{url: "localhost:6379", err: true},
 		{url: "http://x", err: true},
 		{url: "redis://a:1,,b:2", err: true},
 		{url: "redis://a:99999", err: true},
 		{url: "redis://a/x", err: true},
+		{url: "redis://a/-1", err: true},
+		{url: "redis://a/1/2", err: true},
 		{url: "redis://a?pool=3", err: true},
+		{url: "redis://a?pool_size=3", err: true},
 		{url: "redis+sentinel://s1", err: true},
 		{url: "redis://a:1,b:2/3", err: true},
 	}
@@ -75,9 +80,11 @@ func TestParseURL(t *testing.T) {
 				return
 			}
 			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(got).To(Equal(c.want))
+			g.Expect(*got).To(Equal(c.want))
 		})
 	}
-	_, err := parseURL("redis://user:hunter2@host:bad")
-	NewWithT(t).Expect(err).To(MatchError(Not(ContainSubstring("hunter2"))))
+	for _, u := range []string{"redis://user:hunter2@host:bad", "redis://user:hunter2%zz@host"} {
+		_, err := parseURL(u)
+		NewWithT(t).Expect(err).To(MatchError(And(ContainSubstring("invalid redis url"), Not(ContainSubstring("hunter2")))), u)
+	}
 }
