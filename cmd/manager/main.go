@@ -20,7 +20,8 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/fleet"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
@@ -53,7 +54,7 @@ func run() error {
 	flag.DurationVar(&redisTimeout, "redis-timeout", 5*time.Second, "Bound on the script check of one reconcile.")
 	flag.DurationVar(&checkInterval, "script-check-interval", 10*time.Second, "How often the scripts are re-checked in Redis (after restarts, failovers, SCRIPT FLUSH).")
 	flag.DurationVar(&maxBackoff, "max-backoff", 30*time.Second, "Longest retry delay while Redis is unavailable.")
-	flag.DurationVar(&heartbeatTTL, "heartbeat-ttl", 15*time.Second, "How long a sidecar counts as live after its last heartbeat (match the sidecars').")
+	flag.DurationVar(&heartbeatTTL, "heartbeat-ttl", fleet.TTL(fleet.DefaultInterval), "How long a sidecar counts as live after its last heartbeat (match the sidecars').")
 	flag.DurationVar(&resync, "resync-interval", 15*time.Second, "How often each namespace is re-read to follow sidecar heartbeats into the Enforced condition.")
 	// Pod injection webhook flags (--sidecar-*, --webhook-*, --native-sidecars).
 	webhookCfg := podinject.DefaultConfig()
@@ -72,7 +73,7 @@ func run() error {
 		return err
 	}
 	// The manager's calls are not on a request path: timeouts of seconds, a small pool.
-	rdb, err := limiter.NewClient(redisURL, limiter.ClientOptions{
+	rdb, err := redisconn.NewClient(redisURL, redisconn.Options{
 		PoolSize: 4, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 		PoolTimeout: 3 * time.Second, Password: password, ClientName: "redline-manager",
 	})
@@ -119,7 +120,7 @@ func run() error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("starting manager", "redis", limiter.RedactURL(redisURL), "leaderElection", leaderElect)
+	log.Info("starting manager", "redis", redisconn.RedactURL(redisURL), "leaderElection", leaderElect)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
@@ -113,7 +114,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // tick also sends the same request through the baseline sidecar, reported as baseline-*.
 func BenchmarkProxyAddedLatency(b *testing.B) {
 	s, baseline, up := benchSidecars(b, os.Getenv("REDLINE_SIDECAR_BASELINE"))
-	client, err := limiter.NewClient(shared.URL(), limiter.ClientOptions{})
+	client, err := redisconn.NewClient(shared.URL(), redisconn.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

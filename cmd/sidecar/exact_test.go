@@ -21,7 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/fleet"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
@@ -209,19 +210,19 @@ func TestThreeReplicasShareOneLimit(t *testing.T) {
 
 	t.Run("heartbeatsAndMetrics", func(t *testing.T) {
 		g := NewWithT(t)
-		c, err := limiter.NewClient(shared.URL(), limiter.ClientOptions{ReadTimeout: 5 * time.Second})
+		c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 5 * time.Second})
 		g.Expect(err).NotTo(HaveOccurred())
 		defer c.Close()
 		var hash string
 		g.Eventually(func() map[string]string {
-			m, _ := limiter.GroupMembers(context.Background(), c, e.namespace, "shared", 1500*time.Millisecond)
+			m, _ := fleet.Members(context.Background(), c, e.namespace, "shared", 1500*time.Millisecond)
 			for _, h := range m {
 				hash = h
 			}
 			return m
 		}).WithTimeout(10 * time.Second).WithPolling(100 * time.Millisecond).Should(HaveLen(3))
 		g.Expect(hash).To(HaveLen(64))
-		g.Expect(c.PTTL(context.Background(), limiter.GroupKey(e.namespace, "shared")).Val()).To(BeNumerically(">", 0))
+		g.Expect(c.PTTL(context.Background(), fleet.GroupKey(e.namespace, "shared")).Val()).To(BeNumerically(">", 0))
 		g.Eventually(func() float64 {
 			return scs[0].metric(t, `redline_sidecar_policy_replicas{policy="shared"}`)
 		}).WithTimeout(10 * time.Second).WithPolling(100 * time.Millisecond).Should(Equal(3.0))

@@ -14,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/redisconn"
 )
 
 // The workloads of the round-trip cells.
@@ -107,7 +109,7 @@ var rtModes = []rtMode{
 		}, func() {}, nil
 	}},
 	{"EVALSHA per decision", func(c redis.UniversalClient) (decider, func(), error) {
-		sha := limiter.ScriptSHAs()[limiter.SlidingWindowCounter]
+		sha := scripts.SHAs()[string(limiter.SlidingWindowCounter)]
 		return func(ctx context.Context, key string, limit limiter.Limit) (bool, error) {
 			r, err := c.EvalSha(ctx, sha, []string{key + ":swc"}, limit.Requests, limit.Window.Milliseconds(), 1).Int64Slice()
 			if err != nil {
@@ -143,13 +145,13 @@ func runRoundTrips(ctx context.Context, url string, concs []int, b Bounds) ([]Ro
 }
 
 func rtCell(ctx context.Context, url string, m rtMode, work, tag string, conc int, b Bounds) (RoundTripCell, error) {
-	c, err := limiter.NewClient(url, limiter.ClientOptions{PoolSize: 64, ReadTimeout: 5 * time.Second,
+	c, err := redisconn.NewClient(url, redisconn.Options{PoolSize: 64, ReadTimeout: 5 * time.Second,
 		WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second})
 	if err != nil {
 		return RoundTripCell{}, fmt.Errorf("connecting: %w", err)
 	}
 	defer c.Close()
-	if _, err := limiter.LoadScripts(ctx, c); err != nil {
+	if _, err := scripts.Load(ctx, c); err != nil {
 		return RoundTripCell{}, fmt.Errorf("loading scripts: %w", err)
 	}
 	decide, closeFn, err := m.build(c)
@@ -255,7 +257,7 @@ type Ceiling struct {
 func redisBenchmark(ctx context.Context, port int, pipeline, requests int) (Ceiling, error) {
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	sha := limiter.ScriptSHAs()[limiter.SlidingWindowCounter]
+	sha := scripts.SHAs()[string(limiter.SlidingWindowCounter)]
 	out, err := exec.CommandContext(ctx, "redis-benchmark", "-h", "127.0.0.1", "-p", strconv.Itoa(port),
 		"-P", strconv.Itoa(pipeline), "-c", "50", "-n", strconv.Itoa(requests), "-r", "1024", "-q",
 		"EVALSHA", sha, "1", "rl:{bench/ceiling/rule/__rand_int__}:swc",

@@ -26,7 +26,7 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/compiled"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
 // Labels on the ConfigMaps the controller owns. The manager's cache only holds ConfigMaps that
@@ -130,11 +130,7 @@ func (r *RateLimitPolicyReconciler) reconcile(ctx context.Context, ns string) (c
 		}
 	}
 
-	shas := map[string]string{}
-	for alg, sha := range limiter.ScriptSHAs() {
-		shas[string(alg)] = sha
-	}
-	doc, data, err := compiled.Build(ns, compiledPolicies, shas)
+	doc, data, err := compiled.Build(ns, compiledPolicies, scripts.SHAs())
 	if err != nil {
 		return ctrl.Result{}, err
 	}

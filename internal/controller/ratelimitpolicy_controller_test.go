@@ -16,7 +16,9 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
 const (
@@ -119,11 +121,11 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		Expect(doc.Policies[0].FailureMode).To(Equal("LocalFallback"), "the API server defaults failureMode")
 		Expect(p.Status.ConfigHash).To(Equal(doc.Hash))
 
-		sw, _ := limiter.ScriptFor(limiter.SlidingWindowCounter)
+		sw, _ := scripts.For(string(limiter.SlidingWindowCounter))
 		Expect(p.Status.Scripts).To(Equal([]v1alpha1.ScriptStatus{{Algorithm: v1alpha1.SlidingWindowCounter, SHA: sw.SHA}}))
 		Expect(doc.Scripts).To(HaveKeyWithValue("SlidingWindowCounter", sw.SHA))
-		for _, s := range limiter.Scripts() {
-			Expect(rdb.ScriptExists(ctx, s.SHA).Val()).To(Equal([]bool{true}), "script %s in redis", s.Algorithm)
+		for _, s := range scripts.All() {
+			Expect(rdb.ScriptExists(ctx, s.SHA).Val()).To(Equal([]bool{true}), "script %s in redis", s.Name)
 		}
 		enforced := condition(Default, ctx, ns, "checkout", v1alpha1.ConditionEnforced)
 		Expect(enforced.Status).To(Equal(metav1.ConditionUnknown))
@@ -135,9 +137,9 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		Expect(k8s.Create(ctx, policy(ns, "p", 100))).To(Succeed())
 		p := expectProgrammed(ctx, ns, "p")
 
-		// Sidecars announce themselves with limiter.Announce; two apply the current document.
+		// Sidecars announce themselves with fleet.Announce; two apply the current document.
 		for _, pod := range []string{"pod-a", "pod-b"} {
-			_, err := limiter.Announce(ctx, rdb, ns, pod, p.Status.ConfigHash, 10*time.Second, []string{"p"})
+			_, err := fleet.Announce(ctx, rdb, ns, pod, p.Status.ConfigHash, 10*time.Second, []string{"p"})
 			Expect(err).NotTo(HaveOccurred())
 		}
 		Eventually(func(g Gomega) {
@@ -147,7 +149,7 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		}, timeout, interval).Should(Succeed())
 
 		// A third still applies an older document.
-		_, err := limiter.Announce(ctx, rdb, ns, "pod-c", "0123456789abcdef", 10*time.Second, []string{"p"})
+		_, err := fleet.Announce(ctx, rdb, ns, "pod-c", "0123456789abcdef", 10*time.Second, []string{"p"})
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, "p", v1alpha1.ConditionEnforced)
@@ -307,7 +309,7 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		Expect(k8s.Create(ctx, policy(ns, "p", 100))).To(Succeed())
 		expectProgrammed(ctx, ns, "p")
 		Expect(rdb.ScriptFlush(ctx).Err()).To(Succeed())
-		s, _ := limiter.ScriptFor(limiter.SlidingWindowCounter)
+		s, _ := scripts.For(string(limiter.SlidingWindowCounter))
 		Eventually(func() []bool {
 			return rdb.ScriptExists(ctx, s.SHA).Val()
 		}, timeout, interval).Should(Equal([]bool{true}))
@@ -417,8 +419,8 @@ var _ = Describe("Redis outage", Ordered, func() {
 		restarted = true
 		expectProgrammed(ctx, ns, "p")
 		expectProgrammed(ctx, ns, "during-outage")
-		for _, s := range limiter.Scripts() {
-			Expect(rdb.ScriptExists(ctx, s.SHA).Val()).To(Equal([]bool{true}), "script %s reloaded", s.Algorithm)
+		for _, s := range scripts.All() {
+			Expect(rdb.ScriptExists(ctx, s.SHA).Val()).To(Equal([]bool{true}), "script %s reloaded", s.Name)
 		}
 	})
 })

@@ -9,14 +9,14 @@ import (
 	"github.com/redis/go-redis/v9"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
 // ScriptStore makes sure Redis holds the limiter's scripts.
 type ScriptStore interface {
 	// Ensure loads whatever script is missing (on every master) and returns the SHAs by
 	// algorithm. An error means the scripts cannot be relied on.
-	Ensure(ctx context.Context) (map[limiter.Algorithm]string, error)
+	Ensure(ctx context.Context) (map[string]string, error)
 }
 
 // RedisScripts is the ScriptStore backed by a Redis client (standalone or cluster).
@@ -26,15 +26,15 @@ type RedisScripts struct {
 
 // Ensure checks with SCRIPT EXISTS and loads with SCRIPT LOAD only what is missing, so a
 // reconcile costs one round trip per node when nothing changed.
-func (s *RedisScripts) Ensure(ctx context.Context) (map[limiter.Algorithm]string, error) {
-	missing, err := limiter.MissingScripts(ctx, s.Client)
+func (s *RedisScripts) Ensure(ctx context.Context) (map[string]string, error) {
+	missing, err := scripts.Missing(ctx, s.Client)
 	if err != nil {
 		return nil, err
 	}
 	if len(missing) == 0 {
-		return limiter.ScriptSHAs(), nil
+		return scripts.SHAs(), nil
 	}
-	return limiter.LoadScripts(ctx, s.Client)
+	return scripts.Load(ctx, s.Client)
 }
 
 // ScriptWatcher re-checks the scripts in Redis on a period, so that a Redis restart, a failover

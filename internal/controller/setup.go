@@ -11,6 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/redline-dev/redline/internal/fleet"
 )
 
 // Config wires the controller to Redis.
@@ -23,8 +25,8 @@ type Config struct {
 	CheckInterval time.Duration
 	// MaxBackoff caps the retry delay while Redis is down (default 30s).
 	MaxBackoff time.Duration
-	// HeartbeatTTL is how long a sidecar counts as live after its last heartbeat (default 15s,
-	// the sidecars' default).
+	// HeartbeatTTL is how long a sidecar counts as live after its last heartbeat (default
+	// fleet.TTL of the sidecars' default interval, 15s).
 	HeartbeatTTL time.Duration
 	// ResyncInterval is how often each namespace is re-read to follow sidecar heartbeats into
 	// the Enforced condition (default 15s).
@@ -49,7 +51,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		cfg.CheckInterval = 10 * time.Second
 	}
 	if cfg.HeartbeatTTL == 0 {
-		cfg.HeartbeatTTL = 15 * time.Second
+		cfg.HeartbeatTTL = fleet.TTL(fleet.DefaultInterval)
 	}
 	store := &RedisScripts{Client: cfg.Redis}
 	events := make(chan event.GenericEvent, 1)

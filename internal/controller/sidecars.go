@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/fleet"
 )
 
 // SidecarReports tells which sidecars enforce a policy and which configuration each applies.
@@ -18,7 +18,7 @@ type SidecarReports interface {
 	Members(ctx context.Context, namespace, policy string) (map[string]string, error)
 }
 
-// RedisSidecars reads the heartbeats sidecars write to Redis (limiter.Announce).
+// RedisSidecars reads the heartbeats sidecars write to Redis (fleet.Announce).
 type RedisSidecars struct {
 	Client redis.UniversalClient
 	// TTL is how long a sidecar counts as live after its last heartbeat; it must match the
@@ -28,7 +28,7 @@ type RedisSidecars struct {
 
 // Members implements SidecarReports.
 func (s *RedisSidecars) Members(ctx context.Context, namespace, policy string) (map[string]string, error) {
-	return limiter.GroupMembers(ctx, s.Client, namespace, policy, s.TTL)
+	return fleet.Members(ctx, s.Client, namespace, policy, s.TTL)
 }
 
 // enforcement is what the sidecars of one policy report.

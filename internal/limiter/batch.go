@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
 // call is one decision on its way through a flusher. Calls are pooled: a decision should cost
@@ -15,18 +17,21 @@ import (
 type call struct {
 	alg  Algorithm
 	args []any // the whole EVALSHA command
-	cmd  *redis.IntSliceCmd
 	res  Result
 	err  error
 	done chan struct{}
-	self [1]*call // a batch of one, for deciding inline without allocating
+	self [1]*call       // a batch of one, for deciding inline without allocating
+	cmd  [1]redis.Cmder // its command buffer
 }
+
+// decisionScripts are the algorithms' scripts, for scripts.Exec to load after NOSCRIPT.
+var decisionScripts = scripts.All()
 
 // shaArgs holds each script's SHA already boxed, so that building a command does not allocate it.
 var shaArgs = func() map[Algorithm]any {
-	m := make(map[Algorithm]any, len(Algorithms))
-	for alg, sha := range ScriptSHAs() {
-		m[alg] = sha
+	m := make(map[Algorithm]any, len(decisionScripts))
+	for _, s := range decisionScripts {
+		m[Algorithm(s.Name)] = s.SHA
 	}
 	return m
 }()
@@ -40,7 +45,7 @@ func (c *call) prepare(stateKey string, limit Limit, cost int64) {
 func (c *call) reset() {
 	clear(c.args)
 	c.args = c.args[:0]
-	c.cmd, c.res, c.err, c.self[0] = nil, Result{}, nil, nil
+	c.res, c.err, c.self[0], c.cmd[0] = Result{}, nil, nil, nil
 }
 
 // flusher sends queued decisions to Redis. It takes whatever has queued up while the previous
@@ -49,7 +54,7 @@ func (c *call) reset() {
 func (l *Limiter) flusher() {
 	defer l.wg.Done()
 	batch := make([]*call, 0, l.opts.MaxBatch)
-	retry := make([]*call, 0, l.opts.MaxBatch)
+	cmds := make([]redis.Cmder, 0, l.opts.MaxBatch)
 	for {
 		select {
 		case <-l.quit:
@@ -67,7 +72,7 @@ func (l *Limiter) flusher() {
 					break fill
 				}
 			}
-			retry = l.run(batch, retry[:0])
+			cmds = l.run(batch, cmds)
 			<-l.slots
 			clear(batch)
 		}
@@ -88,10 +93,10 @@ func (l *Limiter) drainClosed() {
 }
 
 // run decides one batch through the circuit breaker and wakes its callers.
-func (l *Limiter) run(batch, retry []*call) []*call {
+func (l *Limiter) run(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 	_, err := l.breaker.Execute(func() (struct{}, error) {
 		var err error
-		retry, err = l.pipeline(batch, retry)
+		cmds, err = l.pipeline(batch, cmds)
 		return struct{}{}, err
 	})
 	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
@@ -102,39 +107,25 @@ func (l *Limiter) run(batch, retry []*call) []*call {
 	for _, c := range batch {
 		c.done <- struct{}{}
 	}
-	return retry
+	return cmds
 }
 
-// pipeline sends the batch's EVALSHAs in one pipeline (one per node on a cluster). Calls that
-// meet NOSCRIPT (Redis restarted, failed over, or SCRIPT FLUSH) get their scripts loaded and are
-// sent once more. It returns the first error that says Redis itself is in trouble, for the breaker.
-func (l *Limiter) pipeline(batch, retry []*call) ([]*call, error) {
+// pipeline sends the batch's EVALSHAs in one round trip through scripts.Exec, which answers
+// NOSCRIPT. It returns the first error that says Redis itself is in trouble, for the breaker.
+// cmds is the caller's buffer, returned for reuse so that a batch costs no slice.
+func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, error) {
 	ctx := context.Background()
-	l.exec(ctx, batch)
 	for _, c := range batch {
-		if isNoScript(c.cmd.Err()) {
-			retry = append(retry, c)
-		}
+		cmd := redis.NewIntSliceCmd(ctx, c.args...)
+		cmd.SetFirstKeyPos(3)
+		cmds = append(cmds, cmd)
 	}
-	if len(retry) > 0 {
-		if err := l.loadScripts(ctx, retry); err != nil {
-			for _, c := range retry {
-				c.err = err
-			}
-		} else {
-			l.exec(ctx, retry)
-			l.evalLeftovers(ctx, retry)
-		}
-	}
+	n := scripts.Exec(ctx, l.client, cmds, decisionScripts)
+	l.stats.pipelines.Add(n.RoundTrips)
+	l.stats.scriptLoads.Add(n.Loads)
 	var trip error
-	for _, c := range batch {
-		if c.err != nil {
-			if trip == nil && isOutage(c.err) {
-				trip = c.err
-			}
-			continue
-		}
-		vals, err := c.cmd.Result()
+	for i, c := range batch {
+		vals, err := cmds[i].(*redis.IntSliceCmd).Result()
 		if err != nil {
 			c.err = fmt.Errorf("running %s script: %w", c.alg, err)
 			if trip == nil && isOutage(err) {
@@ -146,83 +137,8 @@ func (l *Limiter) pipeline(batch, retry []*call) ([]*call, error) {
 			c.err = fmt.Errorf("decoding %s script reply: %w", c.alg, err)
 		}
 	}
-	clear(retry)
-	return retry[:0], trip
-}
-
-// exec sends calls as one pipeline, or as a plain command when there is only one: a lone
-// caller should not pay for pipeline bookkeeping.
-func (l *Limiter) exec(ctx context.Context, calls []*call) {
-	if len(calls) == 1 {
-		c := calls[0]
-		c.cmd = redis.NewIntSliceCmd(ctx, c.args...)
-		c.cmd.SetFirstKeyPos(3)
-		_ = l.client.Process(ctx, c.cmd) // the error is read from the command
-		l.stats.pipelines.Add(1)
-		return
-	}
-	pipe := l.client.Pipeline()
-	for _, c := range calls {
-		c.cmd = redis.NewIntSliceCmd(ctx, c.args...)
-		c.cmd.SetFirstKeyPos(3)
-		_ = pipe.Process(ctx, c.cmd)
-	}
-	_, _ = pipe.Exec(ctx) // errors are read per command
-	l.stats.pipelines.Add(1)
-}
-
-// evalLeftovers sends the script body with EVAL for calls that met NOSCRIPT even after SCRIPT
-// LOAD, which only happens when scripts are flushed again between the load and the retry. It is
-// the last resort that keeps a decision from failing; EVAL also caches the script again.
-func (l *Limiter) evalLeftovers(ctx context.Context, calls []*call) {
-	var pipe redis.Pipeliner
-	for _, c := range calls {
-		if !isNoScript(c.cmd.Err()) {
-			continue
-		}
-		if pipe == nil {
-			pipe = l.client.Pipeline()
-		}
-		s, _ := ScriptFor(c.alg)
-		args := make([]any, len(c.args))
-		copy(args, c.args)
-		args[0], args[1] = "eval", s.Source
-		c.cmd = redis.NewIntSliceCmd(ctx, args...)
-		c.cmd.SetFirstKeyPos(3)
-		_ = pipe.Process(ctx, c.cmd)
-	}
-	if pipe != nil {
-		_, _ = pipe.Exec(ctx)
-		l.stats.pipelines.Add(1)
-	}
-}
-
-// loadScripts loads the scripts of calls that met NOSCRIPT; SCRIPT LOAD reaches every master
-// of a cluster.
-func (l *Limiter) loadScripts(ctx context.Context, calls []*call) error {
-	var seen [8]Algorithm
-	n := 0
-	for _, c := range calls {
-		dup := false
-		for _, a := range seen[:n] {
-			dup = dup || a == c.alg
-		}
-		if dup || n == len(seen) {
-			continue
-		}
-		seen[n] = c.alg
-		n++
-		s, _ := ScriptFor(c.alg)
-		if err := l.client.ScriptLoad(ctx, s.Source).Err(); err != nil {
-			return fmt.Errorf("loading script %s after NOSCRIPT: %w", c.alg, err)
-		}
-		l.stats.scriptLoads.Add(1)
-	}
-	return nil
-}
-
-func isNoScript(err error) bool {
-	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+	clear(cmds)
+	return cmds[:0], trip
 }
 
 // isOutage says whether err means Redis cannot serve decisions now (as opposed to one command

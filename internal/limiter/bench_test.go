@@ -11,6 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/redisconn"
 )
 
 // roundTrips counts what a client sends to Redis: one per command, one per pipeline.
@@ -65,13 +67,13 @@ func benchKeyNames(prefix string) []string {
 var bigLimit = limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1 << 40, Window: time.Hour}
 
 func benchClient(b *testing.B) (redis.UniversalClient, *roundTrips) {
-	c, err := limiter.NewClient(shared.URL(), limiter.ClientOptions{PoolSize: 64, ReadTimeout: 5 * time.Second,
+	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{PoolSize: 64, ReadTimeout: 5 * time.Second,
 		WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = c.Close() })
-	if _, err := limiter.LoadScripts(context.Background(), c); err != nil {
+	if _, err := scripts.Load(context.Background(), c); err != nil {
 		b.Fatal(err)
 	}
 	h := &roundTrips{}
@@ -107,7 +109,7 @@ func BenchmarkNaiveIncrExpire(b *testing.B) {
 
 // BenchmarkEvalSha is one unbatched EVALSHA of the fixed-window script per decision.
 func BenchmarkEvalSha(b *testing.B) {
-	sha := limiter.ScriptSHAs()[limiter.FixedWindow]
+	sha := scripts.SHAs()[string(limiter.FixedWindow)]
 	for _, n := range callerCounts {
 		b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
 			c, h := benchClient(b)

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -23,9 +24,9 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 	admin := newClient(t, cl.URL())
 	_, isCluster := admin.(*redis.ClusterClient)
 	g.Expect(isCluster).To(BeTrue(), "a comma-separated seed list makes a cluster client")
-	_, err = limiter.LoadScripts(context.Background(), admin)
+	_, err = scripts.Load(context.Background(), admin)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(limiter.MissingScripts(context.Background(), admin)).To(BeEmpty())
+	g.Expect(scripts.Missing(context.Background(), admin)).To(BeEmpty())
 
 	keys := make([]string, 6)
 	for i := range keys {

@@ -2,7 +2,7 @@
 // as the one shared counter. It knows nothing of Kubernetes: a key and a Limit go in, a Result
 // comes out.
 //
-// Every decision is one Lua script (one per Algorithm, embedded from lua/*.lua) run with
+// Every decision is one Lua script (one per Algorithm, in package scripts) run with
 // EVALSHA, so read-modify-write is atomic in Redis, every key gets its TTL in the same script
 // that writes it, and every timestamp comes from Redis's TIME rather than from a pod's clock.
 // The scripts rely on effects replication, the default since Redis 5. Keys follow
@@ -12,13 +12,14 @@
 // Around the scripts, a Limiter
 //   - batches concurrent decisions into pipelines (one per node on a cluster), so Redis round
 //     trips per decision fall as concurrency rises, and decides inline when it is idle;
-//   - answers NOSCRIPT (restart, failover, SCRIPT FLUSH) with SCRIPT LOAD and one retry;
+//   - answers NOSCRIPT (restart, failover, SCRIPT FLUSH) with SCRIPT LOAD and one retry
+//     (scripts.Exec);
 //   - remembers refused keys until their retry-after (the pre-check), in a bounded LRU;
 //   - wraps Redis in a circuit breaker, and while it is open decides by the limit's
-//     FailureMode: admit, refuse, or enforce Requests / live replicas locally, the replica count
-//     coming from heartbeats in Redis;
+//     FailureMode: admit, refuse, or enforce Requests / Limit.Replicas locally, the replica
+//     count coming from heartbeats in Redis (package fleet);
 //   - in shadow mode computes and counts the decision but admits.
 //
-// The manager uses LoadScripts and MissingScripts to load the scripts on every master and to
-// check them after a reconnect; the sidecar uses NewClient, New and Allow.
+// The manager loads and checks the scripts with package scripts; the sidecar builds its client
+// with package redisconn and decides with New and Allow.
 package limiter

@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
 // exactLimit is a limit whose window outlasts any test run, so that "admitted == Requests" is
@@ -151,5 +152,5 @@ func TestScriptFlushMidRun(t *testing.T) {
 		_, err := ls[0].Allow(context.Background(), uniqueKey(t), exactLimit(alg, 1), 1)
 		g.Expect(err).NotTo(HaveOccurred())
 	}
-	g.Expect(limiter.MissingScripts(context.Background(), admin)).To(BeEmpty(), "one decision per algorithm after the last flush reloads every script")
+	g.Expect(scripts.Missing(context.Background(), admin)).To(BeEmpty(), "one decision per algorithm after the last flush reloads every script")
 }

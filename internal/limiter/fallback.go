@@ -42,11 +42,7 @@ func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, c
 			Err:        cause,
 		}
 	}
-	replicas := l.replicas.Load()
-	if limit.Replicas > 0 {
-		replicas = limit.Replicas
-	}
-	return l.fallback.allow(key, limit, cost, replicas, now, cause)
+	return l.fallback.allow(key, limit, cost, limit.Replicas, now, cause)
 }
 
 // allow decides against the local share of the limit. Local counters live on after Redis

@@ -10,7 +10,10 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -20,7 +23,7 @@ func TestPrecheckRefusesWithoutRedis(t *testing.T) {
 	c := newClient(t, shared.URL())
 	hook := &evalCounter{}
 	c.AddHook(hook)
-	_, err := limiter.LoadScripts(context.Background(), c) // as the manager does
+	_, err := scripts.Load(context.Background(), c) // as the manager does
 	g.Expect(err).NotTo(HaveOccurred())
 	l := newLimiter(t, c, limiter.Options{})
 	key := uniqueKey(t)
@@ -59,7 +62,7 @@ func TestPrecheckIsBounded(t *testing.T) {
 	c := newClient(t, shared.URL())
 	hook := &evalCounter{}
 	c.AddHook(hook)
-	_, err := limiter.LoadScripts(context.Background(), c)
+	_, err := scripts.Load(context.Background(), c)
 	g.Expect(err).NotTo(HaveOccurred())
 	l := newLimiter(t, c, limiter.Options{PrecheckSize: 10})
 	lim := exactLimit(limiter.TokenBucket, 1)
@@ -108,35 +111,34 @@ func TestRedisDown(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = srv.Close() })
 
-	fast := limiter.ClientOptions{
+	fast := redisconn.Options{
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond,
 		WriteTimeout: 500 * time.Millisecond, PoolTimeout: 500 * time.Millisecond,
 	}
 	const replicas, failures = 4, 3
 	var ls []*limiter.Limiter
+	var live int64
 	for i := range replicas {
-		c, err := limiter.NewClient(srv.URL(), fast)
+		c, err := redisconn.NewClient(srv.URL(), fast)
 		g.Expect(err).NotTo(HaveOccurred())
 		t.Cleanup(func() { _ = c.Close() })
 		l := newLimiter(t, c, limiter.Options{
 			BreakerFailures: failures,
 			BreakerOpenFor:  300 * time.Millisecond,
-			Heartbeat:       limiter.HeartbeatOptions{Group: "shop/checkout", Instance: fmt.Sprint("pod-", i)},
 		})
 		ls = append(ls, l)
-	}
-	for _, l := range ls {
-		_, err := l.Heartbeat(context.Background())
+		// Each replica announces itself as the sidecar does; the last announcement sees them all.
+		counts, err := fleet.Announce(context.Background(), c, "shop", fmt.Sprint("pod-", i), "cfg", time.Minute, []string{"checkout"})
 		g.Expect(err).NotTo(HaveOccurred())
+		live = counts[0]
 	}
-	n, err := ls[0].Heartbeat(context.Background())
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(n).To(Equal(replicas))
+	g.Expect(live).To(Equal(int64(replicas)))
 	l := ls[0]
 
 	lim := func(alg limiter.Algorithm, mode limiter.FailureMode) limiter.Limit {
 		li := exactLimit(alg, 100)
 		li.FailureMode = mode
+		li.Replicas = live // what the sidecar passes for the policy's group
 		return li
 	}
 	r, err := l.Allow(context.Background(), uniqueKey(t), lim(limiter.FixedWindow, limiter.FailOpen), 1)
@@ -208,7 +210,7 @@ func TestRedisSlow(t *testing.T) {
 	srv, err := redistest.Start()
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = srv.Close() })
-	c, err := limiter.NewClient(srv.URL(), limiter.ClientOptions{ReadTimeout: 100 * time.Millisecond})
+	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 100 * time.Millisecond})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = c.Close() })
 	const failures = 3
@@ -247,4 +249,31 @@ func TestRedisSlow(t *testing.T) {
 		r, _ := l.Allow(context.Background(), uniqueKey(t), lim, 1)
 		return r.Source
 	}).WithTimeout(10 * time.Second).WithPolling(50 * time.Millisecond).Should(Equal(limiter.SourceRedis))
+}
+
+// Limit.Replicas divides the local fallback by the limit's own group, not the limiter's count.
+func TestFallbackUsesLimitReplicas(t *testing.T) {
+	g := NewWithT(t)
+	srv, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{DialTimeout: 200 * time.Millisecond})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = c.Close() })
+	g.Expect(srv.Close()).To(Succeed())
+
+	l := newLimiter(t, c, limiter.Options{BreakerFailures: 1})
+	lim := exactLimit(limiter.FixedWindow, 100)
+	lim.FailureMode = limiter.FailLocal
+	lim.Replicas = 5
+	key := uniqueKey(t)
+	admitted := 0
+	for range 200 {
+		r, err := l.Allow(context.Background(), key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Source).To(Equal(limiter.SourceFallback))
+		if r.Allowed {
+			admitted++
+		}
+	}
+	g.Expect(admitted).To(BeNumerically("~", 100/5, 1))
 }

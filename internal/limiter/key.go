@@ -47,8 +47,16 @@ func Key(namespace, policy, rule string, parts ...string) string {
 	return b.String()
 }
 
-// writeEscaped writes s with every byte outside [A-Za-z0-9._-] as %XX. Kubernetes names pass
-// unchanged.
+// KeyPart returns s as Key writes a namespace, policy or rule: every byte outside
+// [A-Za-z0-9._-] as %XX, so Kubernetes names pass unchanged and no name can break out of a hash
+// tag. Other keys under rl:{...} (see package fleet) name their parts with it too.
+func KeyPart(s string) string {
+	var b strings.Builder
+	writeEscaped(&b, s)
+	return b.String()
+}
+
+// writeEscaped writes s as KeyPart returns it.
 func writeEscaped(b *strings.Builder, s string) {
 	const hexDigits = "0123456789ABCDEF"
 	for i := 0; i < len(s); i++ {

@@ -7,6 +7,20 @@ import (
 	"time"
 )
 
+// Algorithm names a rate limiting algorithm. The values match the API's enum.
+type Algorithm string
+
+// The algorithms Redline implements, one Lua script each (see package scripts).
+const (
+	FixedWindow          Algorithm = "FixedWindow"
+	SlidingWindowLog     Algorithm = "SlidingWindowLog"
+	SlidingWindowCounter Algorithm = "SlidingWindowCounter"
+	TokenBucket          Algorithm = "TokenBucket"
+)
+
+// Algorithms lists every algorithm in a stable order.
+var Algorithms = []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket}
+
 // Limit is one rate limit: at most Requests per Window, shaped by Algorithm.
 type Limit struct {
 	// Algorithm picks the script that decides.
@@ -21,9 +35,8 @@ type Limit struct {
 	FailureMode FailureMode
 	// Shadow computes and counts the decision but always admits.
 	Shadow bool
-	// Replicas, when positive, is the live replica count LocalFallback divides this limit by,
-	// instead of the limiter's own count. Callers whose limits apply to different sets of
-	// replicas (one heartbeat group per policy, see Announce) pass the count of the limit's group.
+	// Replicas is the live replica count LocalFallback divides this limit by (0 counts as 1):
+	// the count of the limit's heartbeat group, as Announce returns it.
 	Replicas int64
 }
 
@@ -112,7 +125,7 @@ func (l Limit) Capacity() int64 {
 
 // Validate reports whether the limit can be enforced.
 func (l Limit) Validate() error {
-	if _, ok := scriptFiles[l.Algorithm]; !ok {
+	if _, ok := shaArgs[l.Algorithm]; !ok {
 		return fmt.Errorf("%w: unknown algorithm %q", ErrInvalidLimit, l.Algorithm)
 	}
 	if l.Requests < 1 {

@@ -30,11 +30,6 @@ type Options struct {
 	// BreakerOpenFor is how long the breaker stays open before it lets one probe through
 	// (default 1s). FailClosed refusals carry it as their retry-after.
 	BreakerOpenFor time.Duration
-	// Replicas is the replica count LocalFallback divides by until a heartbeat has seen one
-	// (default 1).
-	Replicas int
-	// Heartbeat, when its Group is set, lets RunHeartbeat learn the live replica count.
-	Heartbeat HeartbeatOptions
 	// Now is the local clock, used only for the pre-check and the fallback limiters; decisions
 	// in Redis use Redis's clock (default time.Now).
 	Now func() time.Time
@@ -59,13 +54,9 @@ func (o Options) withDefaults() Options {
 	if o.BreakerOpenFor <= 0 {
 		o.BreakerOpenFor = time.Second
 	}
-	if o.Replicas <= 0 {
-		o.Replicas = 1
-	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	o.Heartbeat = o.Heartbeat.withDefaults()
 	return o
 }
 
@@ -90,7 +81,6 @@ type Limiter struct {
 	breaker  *gobreaker.CircuitBreaker[struct{}]
 	precheck *precheck
 	fallback *fallback
-	replicas atomic.Int64
 	stats    counters
 	calls    sync.Pool
 }
@@ -108,7 +98,6 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		slots:  make(chan struct{}, o.Flushers),
 		quit:   make(chan struct{}),
 	}
-	l.replicas.Store(int64(o.Replicas))
 	var err error
 	if l.precheck, err = newPrecheck(o.PrecheckSize); err != nil {
 		return nil, fmt.Errorf("creating pre-check cache: %w", err)
@@ -211,7 +200,7 @@ func (l *Limiter) tryInline(c *call) bool {
 		return false
 	}
 	c.self[0] = c
-	l.run(c.self[:], nil)
+	l.run(c.self[:], c.cmd[:0])
 	<-l.slots
 	<-c.done
 	return true
@@ -241,9 +230,6 @@ func finish(r Result, limit Limit) Result {
 	return r
 }
 
-// Client returns the Redis client the limiter uses.
-func (l *Limiter) Client() redis.UniversalClient { return l.client }
-
 // Stats are counters since the limiter was created, for metrics.
 type Stats struct {
 	// RedisDecisions were answered by a script in Redis.
@@ -258,8 +244,6 @@ type Stats struct {
 	ScriptLoads uint64
 	// BreakerOpen says the circuit breaker is open now.
 	BreakerOpen bool
-	// Replicas is the replica count LocalFallback divides by.
-	Replicas int
 }
 
 type counters struct {
@@ -275,6 +259,5 @@ func (l *Limiter) Stats() Stats {
 		Pipelines:         l.stats.pipelines.Load(),
 		ScriptLoads:       l.stats.scriptLoads.Load(),
 		BreakerOpen:       l.breaker.State() == gobreaker.StateOpen,
-		Replicas:          int(l.replicas.Load()),
 	}
 }

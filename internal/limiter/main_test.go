@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -50,7 +51,7 @@ func run(m *testing.M) int {
 
 // keysWithoutTTL scans every key and returns those that would live forever.
 func keysWithoutTTL(url string) []string {
-	c, err := limiter.NewClient(url, testClientOptions)
+	c, err := redisconn.NewClient(url, testClientOptions)
 	if err != nil {
 		return []string{err.Error()}
 	}
@@ -71,7 +72,7 @@ func keysWithoutTTL(url string) []string {
 
 // testClientOptions are generous: the test machine is shared and slow, and a timeout would turn
 // an exactness test into a failure-mode test.
-var testClientOptions = limiter.ClientOptions{
+var testClientOptions = redisconn.Options{
 	PoolSize:     8,
 	PoolTimeout:  10 * time.Second,
 	DialTimeout:  5 * time.Second,
@@ -81,7 +82,7 @@ var testClientOptions = limiter.ClientOptions{
 
 func newClient(t testing.TB, url string) redis.UniversalClient {
 	t.Helper()
-	c, err := limiter.NewClient(url, testClientOptions)
+	c, err := redisconn.NewClient(url, testClientOptions)
 	if err != nil {
 		t.Fatalf("creating client for %s: %v", url, err)
 	}

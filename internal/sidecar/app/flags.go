@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -75,7 +76,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "longest wait for in-flight requests to finish on SIGTERM")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep serving (unready) this long before closing listeners, while endpoints update")
-	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", 5*time.Second, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", fleet.DefaultInterval, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 16, "Redis connections kept per node")

@@ -20,7 +20,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
+	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
@@ -64,7 +66,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if instance == "" {
 		instance, _ = os.Hostname()
 	}
-	client, err := limiter.NewClient(cfg.RedisURL, limiter.ClientOptions{
+	client, err := redisconn.NewClient(cfg.RedisURL, redisconn.Options{
 		PoolSize: cfg.RedisPoolSize, ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout,
 		Password: cfg.RedisPassword, ClientName: "redline-sidecar",
 	})
@@ -305,12 +307,12 @@ func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.
 	instance string, now <-chan struct{}, m *metrics.Metrics) {
 	t := time.NewTicker(cfg.HeartbeatInterval)
 	defer t.Stop()
-	ttl := 3 * cfg.HeartbeatInterval
+	ttl := fleet.TTL(cfg.HeartbeatInterval)
 	failing := false
 	for {
 		if set := store.Current(); set != nil && len(set.Policies) > 0 {
 			hctx, cancel := context.WithTimeout(ctx, cfg.HeartbeatInterval)
-			counts, err := limiter.Announce(hctx, client, set.Namespace, instance, set.Hash, ttl, set.PolicyNames())
+			counts, err := fleet.Announce(hctx, client, set.Namespace, instance, set.Hash, ttl, set.PolicyNames())
 			cancel()
 			switch {
 			case err != nil && ctx.Err() == nil:

@@ -1,4 +1,0 @@
-package limiter
-
-// RedactURL returns a Redis URL fit for logs: any credentials are replaced by ***.
-func RedactURL(raw string) string { return redact(raw) }

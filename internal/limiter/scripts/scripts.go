@@ -1,0 +1,146 @@
+// Package scripts holds the Lua scripts Redline runs in Redis and the one way they are run:
+// EVALSHA, and on NOSCRIPT (Redis restarted, failed over, or SCRIPT FLUSH) SCRIPT LOAD and one
+// retry (see Exec). It also loads the limiter's scripts on every master of a cluster and checks
+// them there, for the manager. It knows nothing of Kubernetes nor of what the scripts decide.
+package scripts
+
+import (
+	"context"
+	"crypto/sha1" //nolint:gosec // SHA1 is what Redis uses to name scripts, not a security boundary.
+	"embed"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Script is a Lua source and the SHA1 under which Redis stores it.
+type Script struct {
+	// Name says what the script is for; the limiter's scripts are named after their algorithm.
+	Name   string
+	Source string
+	SHA    string
+}
+
+// New returns the script of source under name.
+func New(name, source string) Script {
+	sum := sha1.Sum([]byte(source)) //nolint:gosec // see import.
+	return Script{Name: name, Source: source, SHA: hex.EncodeToString(sum[:])}
+}
+
+//go:embed lua/*.lua
+var luaFS embed.FS
+
+// limiterFiles names the limiter's scripts, one per algorithm, in the limiter's order.
+var limiterFiles = []struct{ name, file string }{
+	{"FixedWindow", "lua/fixed_window.lua"},
+	{"SlidingWindowLog", "lua/sliding_window_log.lua"},
+	{"SlidingWindowCounter", "lua/sliding_window_counter.lua"},
+	{"TokenBucket", "lua/token_bucket.lua"},
+}
+
+var limiterScripts = sync.OnceValue(func() []Script {
+	out := make([]Script, 0, len(limiterFiles))
+	for _, f := range limiterFiles {
+		src, err := luaFS.ReadFile(f.file)
+		if err != nil {
+			panic(fmt.Sprintf("embedded script %s missing: %v", f.file, err))
+		}
+		out = append(out, New(f.name, string(src)))
+	}
+	return out
+})
+
+// All returns the limiter's scripts, one per algorithm, in a stable order.
+func All() []Script { return slices.Clone(limiterScripts()) }
+
+// For returns the limiter's script named name (an algorithm).
+func For(name string) (Script, bool) {
+	for _, s := range limiterScripts() {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Script{}, false
+}
+
+// SHAs returns the SHA of each of the limiter's scripts by name.
+func SHAs() map[string]string {
+	out := make(map[string]string, len(limiterFiles))
+	for _, s := range limiterScripts() {
+		out[s.Name] = s.SHA
+	}
+	return out
+}
+
+// forEachNode runs fn on every master of a cluster, or on the single server otherwise.
+// Scripts are per node in Redis Cluster, so loading on one master is not enough.
+func forEachNode(ctx context.Context, c redis.UniversalClient, fn func(context.Context, redis.UniversalClient) error) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			if err := fn(ctx, node); err != nil {
+				return fmt.Errorf("on %s: %w", node.Options().Addr, err)
+			}
+			return nil
+		})
+	}
+	return fn(ctx, c)
+}
+
+// Load loads the limiter's scripts into Redis (every master of a cluster) with SCRIPT LOAD and
+// returns their SHAs by name. It fails if Redis names a script differently than expected.
+func Load(ctx context.Context, c redis.UniversalClient) (map[string]string, error) {
+	err := forEachNode(ctx, c, func(ctx context.Context, node redis.UniversalClient) error {
+		for _, s := range limiterScripts() {
+			sha, err := node.ScriptLoad(ctx, s.Source).Result()
+			if err != nil {
+				return fmt.Errorf("loading script %s: %w", s.Name, err)
+			}
+			if sha != s.SHA {
+				return fmt.Errorf("loading script %s: redis returned sha %s, expected %s", s.Name, sha, s.SHA)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return SHAs(), nil
+}
+
+// Missing asks every node with SCRIPT EXISTS and returns the names of the limiter's scripts
+// absent on at least one of them, sorted. An empty result means every script is loaded everywhere.
+func Missing(ctx context.Context, c redis.UniversalClient) ([]string, error) {
+	all := limiterScripts()
+	shas := make([]string, len(all))
+	for i, s := range all {
+		shas[i] = s.SHA
+	}
+	var mu sync.Mutex
+	missing := map[string]bool{}
+	err := forEachNode(ctx, c, func(ctx context.Context, node redis.UniversalClient) error {
+		exists, err := node.ScriptExists(ctx, shas...).Result()
+		if err != nil {
+			return fmt.Errorf("checking scripts: %w", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for i, ok := range exists {
+			if !ok {
+				missing[all[i].Name] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(missing))
+	for name := range missing {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out, nil
+}

@@ -1,0 +1,139 @@
+package scripts_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/redisconn"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+func newClient(t *testing.T) redis.UniversalClient {
+	t.Helper()
+	srv, err := redistest.Start()
+	if err != nil {
+		t.Fatalf("starting redis-server: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("creating client: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+var echo = scripts.New("Echo", "return {tonumber(ARGV[1]), #KEYS}")
+
+func evals(ctx context.Context, n int) []redis.Cmder {
+	cmds := make([]redis.Cmder, n)
+	for i := range cmds {
+		cmds[i] = scripts.EvalSha(ctx, echo, []string{"k"}, i)
+	}
+	return cmds
+}
+
+func results(g *WithT, cmds []redis.Cmder) []any {
+	out := make([]any, len(cmds))
+	for i, c := range cmds {
+		v, err := c.(*redis.Cmd).Slice()
+		g.Expect(err).NotTo(HaveOccurred())
+		out[i] = v
+	}
+	return out
+}
+
+// A script Redis does not hold is loaded once and every command that met NOSCRIPT runs again.
+func TestExecLoadsAfterNoScript(t *testing.T) {
+	g := NewWithT(t)
+	c := newClient(t)
+	ctx := context.Background()
+	for _, n := range []int{1, 3} {
+		g.Expect(c.ScriptFlush(ctx).Err()).To(Succeed())
+		cmds := evals(ctx, n)
+		got := scripts.Exec(ctx, c, cmds, []scripts.Script{echo})
+		g.Expect(got).To(Equal(scripts.Counts{RoundTrips: 2, Loads: 1}), "%d commands", n)
+		want := make([]any, n)
+		for i := range want {
+			want[i] = []any{int64(i), int64(1)}
+		}
+		g.Expect(results(g, cmds)).To(Equal(want))
+
+		cmds = evals(ctx, n)
+		g.Expect(scripts.Exec(ctx, c, cmds, []scripts.Script{echo})).To(Equal(scripts.Counts{RoundTrips: 1}), "loaded scripts cost one round trip")
+		g.Expect(results(g, cmds)).To(Equal(want))
+	}
+}
+
+// flushAfterLoad flushes the scripts right after every SCRIPT LOAD, the race a flush loop in
+// production can hit between the load and the retry.
+type flushAfterLoad struct{ admin redis.UniversalClient }
+
+func (h flushAfterLoad) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h flushAfterLoad) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "script" {
+			_ = h.admin.ScriptFlush(ctx).Err()
+		}
+		return err
+	}
+}
+func (h flushAfterLoad) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Scripts flushed again between the load and the retry: the body goes with EVAL, the command
+// keeps its type, and nothing fails.
+func TestExecEvalsWhenFlushedAgain(t *testing.T) {
+	g := NewWithT(t)
+	c := newClient(t)
+	ctx := context.Background()
+	admin, err := redisconn.NewClient("redis://"+c.(*redis.Client).Options().Addr, redisconn.Options{ReadTimeout: 5 * time.Second})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = admin.Close() })
+	c.AddHook(flushAfterLoad{admin: admin})
+
+	cmds := evals(ctx, 2)
+	got := scripts.Exec(ctx, c, cmds, []scripts.Script{echo})
+	g.Expect(got).To(Equal(scripts.Counts{RoundTrips: 3, Loads: 1}))
+	g.Expect(cmds[0].Name()).To(Equal("eval"))
+	g.Expect(results(g, cmds)).To(Equal([]any{[]any{int64(0), int64(1)}, []any{int64(1), int64(1)}}))
+	g.Expect(c.ScriptExists(ctx, echo.SHA).Val()).To(Equal([]bool{true}), "EVAL cached the script again")
+}
+
+// A command whose script Exec was not given cannot be healed: it fails, saying so.
+func TestExecUnknownScript(t *testing.T) {
+	g := NewWithT(t)
+	c := newClient(t)
+	ctx := context.Background()
+	cmds := evals(ctx, 1)
+	g.Expect(scripts.Exec(ctx, c, cmds, nil)).To(Equal(scripts.Counts{RoundTrips: 1}))
+	g.Expect(cmds[0].Err()).To(MatchError(ContainSubstring("no source")))
+}
+
+// Load puts every algorithm's script into Redis under the SHA the limiter sends; Missing sees
+// what a flush took away.
+func TestLoadAndMissing(t *testing.T) {
+	g := NewWithT(t)
+	c := newClient(t)
+	ctx := context.Background()
+	g.Expect(scripts.Missing(ctx, c)).To(HaveLen(len(limiter.Algorithms)))
+	shas, err := scripts.Load(ctx, c)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(shas).To(HaveLen(len(limiter.Algorithms)))
+	for _, alg := range limiter.Algorithms {
+		s, ok := scripts.For(string(alg))
+		g.Expect(ok).To(BeTrue(), "a script for %s", alg)
+		g.Expect(shas).To(HaveKeyWithValue(string(alg), s.SHA))
+	}
+	g.Expect(scripts.Missing(ctx, c)).To(BeEmpty())
+	g.Expect(c.ScriptFlush(ctx).Err()).To(Succeed())
+	g.Expect(scripts.Missing(ctx, c)).To(Equal([]string{"FixedWindow", "SlidingWindowCounter", "SlidingWindowLog", "TokenBucket"}))
+}

@@ -1,0 +1,154 @@
+package redisconn
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// parseURL turns a URL of NewClient's grammar into client options. go-redis's ParseURL reads
+// the credentials, the database, client_name and the TLS settings. What it lacks stays here: a
+// comma-separated host list (a cluster's seeds or the sentinels, which net/url refuses), the
+// redis+sentinel schemes with the master in the path and the sentinel port as default, the
+// cluster parameter, and a short list of parameters, since the pool and the timeouts come from
+// Options and not from a URL. ParseClusterURL and ParseFailoverURL do not serve: they take extra
+// hosts only as addr= parameters, the first ignores the database and the second defaults
+// sentinels to port 6379.
+func parseURL(raw string) (*redis.UniversalOptions, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return nil, fmt.Errorf("%w: %q has no scheme", ErrInvalidURL, redact(raw))
+	}
+	base, sentinel := scheme, false
+	switch scheme {
+	case "redis", "rediss":
+	case "redis+sentinel", "rediss+sentinel":
+		base, sentinel = strings.TrimSuffix(scheme, "+sentinel"), true
+	default:
+		return nil, fmt.Errorf("%w: scheme %q, want redis, rediss, redis+sentinel or rediss+sentinel", ErrInvalidURL, scheme)
+	}
+	authority, pathQuery := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority, pathQuery = rest[:i], rest[i:]
+	}
+	userinfo, hosts := "", authority
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		userinfo, hosts = authority[:i+1], authority[i+1:]
+	}
+	defPort := "6379"
+	if sentinel {
+		defPort = "26379"
+	}
+	addrs, err := parseHosts(hosts, defPort)
+	if err != nil {
+		return nil, err
+	}
+	path, query, _ := strings.Cut(pathQuery, "?")
+	params, err := url.ParseQuery(query)
+	if err != nil {
+		return nil, fmt.Errorf("%w: query: %w", ErrInvalidURL, err)
+	}
+	cluster, masterName := len(addrs) > 1 && !sentinel, ""
+	if sentinel {
+		// The master is the first path segment; what follows is the database.
+		segs := strings.FieldsFunc(path, func(r rune) bool { return r == '/' })
+		if len(segs) > 0 {
+			masterName, path = segs[0], "/"+strings.Join(segs[1:], "/")
+		}
+	}
+	for k, v := range params {
+		val := v[len(v)-1]
+		switch k {
+		case "cluster":
+			if cluster, err = strconv.ParseBool(val); err != nil {
+				return nil, fmt.Errorf("%w: cluster=%q: %w", ErrInvalidURL, val, err)
+			}
+			params.Del(k)
+		case "master_name":
+			masterName = val
+			params.Del(k)
+		case "client_name":
+		default:
+			return nil, fmt.Errorf("%w: unknown parameter %q", ErrInvalidURL, k)
+		}
+	}
+	first := base + "://" + userinfo + addrs[0] + path
+	if len(params) > 0 {
+		first += "?" + params.Encode()
+	}
+	o, err := redis.ParseURL(first)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidURL, redactError(err))
+	}
+	if o.DB < 0 {
+		return nil, fmt.Errorf("%w: database %d is negative", ErrInvalidURL, o.DB)
+	}
+	if sentinel && masterName == "" {
+		return nil, fmt.Errorf("%w: sentinel URL needs a master name (path or master_name)", ErrInvalidURL)
+	}
+	if cluster && o.DB != 0 {
+		return nil, fmt.Errorf("%w: Redis Cluster has only database 0", ErrInvalidURL)
+	}
+	uo := &redis.UniversalOptions{
+		Addrs:         addrs,
+		DB:            o.DB,
+		Username:      o.Username,
+		Password:      o.Password,
+		ClientName:    o.ClientName,
+		TLSConfig:     o.TLSConfig,
+		MasterName:    masterName,
+		IsClusterMode: cluster,
+	}
+	if sentinel {
+		// With Sentinel, URL credentials authenticate to the sentinels and to the master.
+		uo.SentinelUsername, uo.SentinelPassword = o.Username, o.Password
+	}
+	return uo, nil
+}
+
+// parseHosts reads a comma-separated host[:port] list; a host without a port gets defPort.
+func parseHosts(hosts, defPort string) ([]string, error) {
+	var addrs []string
+	for h := range strings.SplitSeq(hosts, ",") {
+		if h == "" {
+			return nil, fmt.Errorf("%w: empty host in %q", ErrInvalidURL, hosts)
+		}
+		host, port, err := net.SplitHostPort(h)
+		if err != nil {
+			host, port = strings.Trim(h, "[]"), defPort
+		}
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return nil, fmt.Errorf("%w: port of %q: %w", ErrInvalidURL, h, err)
+		}
+		addrs = append(addrs, net.JoinHostPort(host, port))
+	}
+	return addrs, nil
+}
+
+// redactError keeps the credentials of a URL that net/url quotes in its errors out of ours.
+func redactError(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return &url.Error{Op: ue.Op, URL: redact(ue.URL), Err: ue.Err}
+	}
+	return err
+}
+
+// RedactURL returns a Redis URL fit for logs: any credentials are replaced by ***.
+func RedactURL(raw string) string { return redact(raw) }
+
+// redact hides the credentials of a URL quoted in an error or a log, keeping its scheme.
+func redact(raw string) string {
+	i := strings.LastIndexByte(raw, '@')
+	if i < 0 {
+		return raw
+	}
+	if scheme, _, ok := strings.Cut(raw[:i], "://"); ok && !strings.ContainsAny(scheme, "/@") {
+		return scheme + "://***" + raw[i:]
+	}
+	return "***" + raw[i:]
+}
