@@ -30,12 +30,12 @@ type FailureMode string
 
 // The failure modes.
 const (
-	// FailOpen admits every request while Redis is unavailable.
-	FailOpen FailureMode = "Open"
-	// FailClosed refuses every request while Redis is unavailable.
-	FailClosed FailureMode = "Closed"
-	// LocalFallback enforces limit / live replicas in each sidecar while Redis is unavailable.
-	LocalFallback FailureMode = "LocalFallback"
+	// FailureModeOpen admits every request while Redis is unavailable.
+	FailureModeOpen FailureMode = "Open"
+	// FailureModeClosed refuses every request while Redis is unavailable.
+	FailureModeClosed FailureMode = "Closed"
+	// FailureModeLocalFallback enforces limit / live replicas in each sidecar while Redis is unavailable.
+	FailureModeLocalFallback FailureMode = "LocalFallback"
 )
 
 // Mode says whether a rule's decisions are applied.

@@ -156,7 +156,7 @@ func benchAddedLatency(b *testing.B, s, baseline *sidecar, up *upstream, engine 
 		resp.Body.Close()
 		return time.Since(start), resp.StatusCode == http.StatusOK
 	}
-	lim := limiter.Limit{Requests: 1_000_000_000, Window: time.Minute, Algorithm: limiter.SlidingWindowCounter, FailureMode: limiter.FailOpen}
+	lim := limiter.Limit{Requests: 1_000_000_000, Window: time.Minute, Algorithm: limiter.SlidingWindowCounter, FailureMode: limiter.FailureModeOpen}
 	decide := func(key int) (time.Duration, bool) {
 		start := time.Now()
 		res, err := engine.Allow(context.Background(), limiter.Key("bench", "p", "r", strconv.Itoa(key)), lim, 1)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -114,7 +114,7 @@ func newEnv(t testing.TB, app string) *env {
 // write publishes a policies document the way kubelet updates a mounted ConfigMap.
 func (e *env) write(t testing.TB, doc []byte) {
 	t.Helper()
-	if err := kubeletdir.Write(e.configDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
+	if err := kubeletdir.Write(e.configDir, map[string][]byte{policydoc.DataKey: doc}); err != nil {
 		t.Fatal(err)
 	}
 }

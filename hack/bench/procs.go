@@ -18,7 +18,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -44,22 +44,22 @@ const (
 
 // policiesDocument builds the compiled document the sidecars load.
 func policiesDocument() ([]byte, error) {
-	key := []compiled.KeyPart{{Header: keyHeader}}
-	bench := compiled.Policy{
-		Name: benchPolicy, Generation: 1, Selector: compiled.Selector{MatchLabels: map[string]string{"app": "bench"}},
+	key := []policydoc.KeyPart{{Header: keyHeader}}
+	bench := policydoc.Policy{
+		Name: benchPolicy, Generation: 1, Selector: policydoc.Selector{MatchLabels: map[string]string{"app": "bench"}},
 		FailureMode: "LocalFallback",
-		Rules: []compiled.Rule{{Name: benchRule, Key: key, Algorithm: "SlidingWindowCounter",
+		Rules: []policydoc.Rule{{Name: benchRule, Key: key, Algorithm: "SlidingWindowCounter",
 			Requests: benchLimit, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce"}},
 	}
-	acc := compiled.Policy{
-		Name: accPolicy, Generation: 1, Selector: compiled.Selector{MatchLabels: map[string]string{"app": "bench"}},
+	acc := policydoc.Policy{
+		Name: accPolicy, Generation: 1, Selector: policydoc.Selector{MatchLabels: map[string]string{"app": "bench"}},
 		FailureMode: "Closed",
 	}
 	for _, a := range algorithms {
-		acc.Rules = append(acc.Rules, compiled.Rule{Name: strings.ToLower(a), Match: &compiled.Match{PathPrefix: "/acc/"},
+		acc.Rules = append(acc.Rules, policydoc.Rule{Name: strings.ToLower(a), Match: &policydoc.Match{PathPrefix: "/acc/"},
 			Key: key, Algorithm: a, Requests: accLimit, WindowMS: accWindow.Milliseconds(), Mode: "Enforce"})
 	}
-	_, data, err := compiled.Build(benchNamespace, []compiled.Policy{bench, acc}, map[string]string{})
+	_, data, err := policydoc.Build(benchNamespace, []policydoc.Policy{bench, acc}, map[string]string{})
 	if err != nil {
 		return nil, fmt.Errorf("building the policies document: %w", err)
 	}
@@ -226,7 +226,7 @@ func writeSidecarFiles(dir string) (cfgDir, labels string, err error) {
 		return "", "", err
 	}
 	cfgDir, info := filepath.Join(dir, "policies"), filepath.Join(dir, "podinfo")
-	if err := kubeletdir.Write(cfgDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
+	if err := kubeletdir.Write(cfgDir, map[string][]byte{policydoc.DataKey: doc}); err != nil {
 		return "", "", fmt.Errorf("writing the policies: %w", err)
 	}
 	if err := kubeletdir.Write(info, map[string][]byte{"labels": []byte("app=\"bench\"\n")}); err != nil {

@@ -7,17 +7,17 @@ import (
 	"strings"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 // CompilePolicy checks what the API server's schema cannot (label selectors, among others) and
 // compiles one policy into the document's form. The error
 // says what a person must change.
-func CompilePolicy(p *v1alpha1.RateLimitPolicy) (compiled.Policy, error) {
+func CompilePolicy(p *v1alpha1.RateLimitPolicy) (policydoc.Policy, error) {
 	var errs []error
-	sel := compiled.Selector{MatchLabels: p.Spec.TargetSelector.MatchLabels}
+	sel := policydoc.Selector{MatchLabels: p.Spec.TargetSelector.MatchLabels}
 	for _, e := range p.Spec.TargetSelector.MatchExpressions {
-		sel.MatchExpressions = append(sel.MatchExpressions, compiled.Requirement{
+		sel.MatchExpressions = append(sel.MatchExpressions, policydoc.Requirement{
 			Key: e.Key, Operator: string(e.Operator), Values: slices.Clone(e.Values),
 		})
 	}
@@ -25,11 +25,11 @@ func CompilePolicy(p *v1alpha1.RateLimitPolicy) (compiled.Policy, error) {
 		errs = append(errs, fmt.Errorf("spec.targetSelector: %w", err))
 	}
 
-	out := compiled.Policy{
+	out := policydoc.Policy{
 		Name:        p.Name,
 		Generation:  p.Generation,
 		Selector:    sel,
-		FailureMode: string(orDefault(p.Spec.FailureMode, v1alpha1.LocalFallback)),
+		FailureMode: string(orDefault(p.Spec.FailureMode, v1alpha1.FailureModeLocalFallback)),
 		// Always is the default, so a spec without the field compiles to the same bytes.
 		HeadersOnRefusal: p.Spec.RateLimitHeaders == v1alpha1.HeadersOnRefusal,
 	}
@@ -50,12 +50,12 @@ func CompilePolicy(p *v1alpha1.RateLimitPolicy) (compiled.Policy, error) {
 		errs = append(errs, errors.New("spec.rules: at least one rule is required"))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return compiled.Policy{}, err
+		return policydoc.Policy{}, err
 	}
 	return out, nil
 }
 
-func compileRule(r v1alpha1.Rule) (compiled.Rule, error) {
+func compileRule(r v1alpha1.Rule) (policydoc.Rule, error) {
 	alg := orDefault(r.Algorithm, v1alpha1.SlidingWindowCounter)
 	window := r.Limit.Window.Duration
 	// The schema enforces these bounds too; objects stored before a bound existed meet them here.
@@ -65,17 +65,17 @@ func compileRule(r v1alpha1.Rule) (compiled.Rule, error) {
 	}
 	switch {
 	case r.Limit.Requests < 1 || r.Limit.Requests > maxRequests:
-		return compiled.Rule{}, fmt.Errorf("limit.requests must be between 1 and %d with algorithm %s", maxRequests, alg)
+		return policydoc.Rule{}, fmt.Errorf("limit.requests must be between 1 and %d with algorithm %s", maxRequests, alg)
 	case window < v1alpha1.MinWindow || window > v1alpha1.MaxWindow:
-		return compiled.Rule{}, fmt.Errorf("limit.window %s must be between 1s and 24h", window)
+		return policydoc.Rule{}, fmt.Errorf("limit.window %s must be between 1s and 24h", window)
 	case r.Limit.Burst != nil && (*r.Limit.Burst < 1 || *r.Limit.Burst > v1alpha1.MaxRequests):
-		return compiled.Rule{}, fmt.Errorf("limit.burst must be between 1 and %d", v1alpha1.MaxRequests)
+		return policydoc.Rule{}, fmt.Errorf("limit.burst must be between 1 and %d", v1alpha1.MaxRequests)
 	case r.Limit.Burst != nil && alg != v1alpha1.TokenBucket:
-		return compiled.Rule{}, errors.New("limit.burst is only valid with algorithm TokenBucket")
+		return policydoc.Rule{}, errors.New("limit.burst is only valid with algorithm TokenBucket")
 	case len(r.Key) == 0:
-		return compiled.Rule{}, errors.New("key needs at least one part")
+		return policydoc.Rule{}, errors.New("key needs at least one part")
 	}
-	out := compiled.Rule{
+	out := policydoc.Rule{
 		Name:      r.Name,
 		Algorithm: string(alg),
 		Requests:  r.Limit.Requests,
@@ -96,24 +96,24 @@ func compileRule(r v1alpha1.Rule) (compiled.Rule, error) {
 			}
 		}
 		if set != 1 {
-			return compiled.Rule{}, fmt.Errorf("key[%d] must set exactly one of header, attribute or constant", j)
+			return policydoc.Rule{}, fmt.Errorf("key[%d] must set exactly one of header, attribute or constant", j)
 		}
-		out.Key = append(out.Key, compiled.KeyPart{Header: strings.ToLower(k.Header), Attribute: string(k.Attribute), Constant: k.Constant})
+		out.Key = append(out.Key, policydoc.KeyPart{Header: strings.ToLower(k.Header), Attribute: string(k.Attribute), Constant: k.Constant})
 	}
 	if m := r.Match; m != nil && (m.PathPrefix != "" || len(m.Methods) > 0 || len(m.Headers) > 0) {
 		if m.PathPrefix != "" && !strings.HasPrefix(m.PathPrefix, "/") {
-			return compiled.Rule{}, errors.New("match.pathPrefix must start with '/'")
+			return policydoc.Rule{}, errors.New("match.pathPrefix must start with '/'")
 		}
-		cm := &compiled.Match{PathPrefix: m.PathPrefix}
+		cm := &policydoc.Match{PathPrefix: m.PathPrefix}
 		for _, meth := range m.Methods {
 			cm.Methods = append(cm.Methods, string(meth))
 		}
 		slices.Sort(cm.Methods)
 		cm.Methods = slices.Compact(cm.Methods)
 		for _, h := range m.Headers {
-			cm.Headers = append(cm.Headers, compiled.HeaderMatch{Name: strings.ToLower(h.Name), Value: h.Value})
+			cm.Headers = append(cm.Headers, policydoc.HeaderMatch{Name: strings.ToLower(h.Name), Value: h.Value})
 		}
-		slices.SortStableFunc(cm.Headers, func(a, b compiled.HeaderMatch) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortStableFunc(cm.Headers, func(a, b policydoc.HeaderMatch) int { return strings.Compare(a.Name, b.Name) })
 		out.Match = cm
 	}
 	return out, nil

@@ -8,7 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 func testPolicy(name string, requests int64) *v1alpha1.RateLimitPolicy {
@@ -35,9 +35,9 @@ func testPolicy(name string, requests int64) *v1alpha1.RateLimitPolicy {
 	}
 }
 
-func compileAll(t *testing.T, ps ...*v1alpha1.RateLimitPolicy) []compiled.Policy {
+func compileAll(t *testing.T, ps ...*v1alpha1.RateLimitPolicy) []policydoc.Policy {
 	t.Helper()
-	var out []compiled.Policy
+	var out []policydoc.Policy
 	for _, p := range ps {
 		c, err := CompilePolicy(p)
 		if err != nil {
@@ -52,7 +52,7 @@ func TestBuildIsDeterministic(t *testing.T) {
 	g := NewWithT(t)
 	scripts := map[string]string{"FixedWindow": "aa", "TokenBucket": "bb"}
 	a, b := testPolicy("a", 10), testPolicy("b", 20)
-	_, data1, err := compiled.Build("shop", compileAll(t, a, b), scripts)
+	_, data1, err := policydoc.Build("shop", compileAll(t, a, b), scripts)
 	g.Expect(err).NotTo(HaveOccurred())
 
 	// Same meaning, other order of policies, selector values and expressions.
@@ -61,14 +61,14 @@ func TestBuildIsDeterministic(t *testing.T) {
 	ex := b2.Spec.TargetSelector.MatchExpressions
 	ex[0], ex[1] = ex[1], ex[0]
 	b2.Spec.Rules[0].Match.Methods = []v1alpha1.HTTPMethod{"GET", "POST"}
-	_, data2, err := compiled.Build("shop", compileAll(t, b2, a), scripts)
+	_, data2, err := policydoc.Build("shop", compileAll(t, b2, a), scripts)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(string(data2)).To(Equal(string(data1)))
 
-	_, data3, err := compiled.Build("shop", compileAll(t, a, testPolicy("b", 21)), scripts)
+	_, data3, err := policydoc.Build("shop", compileAll(t, a, testPolicy("b", 21)), scripts)
 	g.Expect(err).NotTo(HaveOccurred())
-	d1, _ := compiled.Parse(data1)
-	d3, _ := compiled.Parse(data3)
+	d1, _ := policydoc.Parse(data1)
+	d3, _ := policydoc.Parse(data3)
 	g.Expect(d3.Hash).NotTo(Equal(d1.Hash), "a changed limit changes the hash")
 }
 
@@ -82,7 +82,7 @@ func TestCompileDefaultsAndNormalises(t *testing.T) {
 	g.Expect(r.Algorithm).To(Equal("SlidingWindowCounter"))
 	g.Expect(r.Mode).To(Equal("Enforce"))
 	g.Expect(r.WindowMS).To(BeEquivalentTo(60000))
-	g.Expect(r.Key).To(Equal([]compiled.KeyPart{{Header: "x-api-key"}, {Attribute: "Method"}}))
+	g.Expect(r.Key).To(Equal([]policydoc.KeyPart{{Header: "x-api-key"}, {Attribute: "Method"}}))
 	g.Expect(r.Match.Methods).To(Equal([]string{"GET", "POST"}))
 	g.Expect(r.Match.Headers[0].Name).To(Equal("x-a"))
 	g.Expect(r.Burst).To(BeZero())

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 // ReasonUndecodable is the Event reason on a stored policy that does not decode into v1alpha1.
@@ -37,7 +37,7 @@ func newPolicyList() *unstructured.UnstructuredList {
 	return l
 }
 
-func (r *RateLimitPolicyReconciler) policyReader() client.Reader {
+func (r *NamespaceReconciler) policyReader() client.Reader {
 	if r.Policies != nil {
 		return r.Policies
 	}
@@ -52,7 +52,7 @@ type undecodable struct {
 }
 
 // listPolicies returns the live policies of ns that decode, and those that do not.
-func (r *RateLimitPolicyReconciler) listPolicies(ctx context.Context, ns string) ([]*v1alpha1.RateLimitPolicy, []undecodable, error) {
+func (r *NamespaceReconciler) listPolicies(ctx context.Context, ns string) ([]*v1alpha1.RateLimitPolicy, []undecodable, error) {
 	list := newPolicyList()
 	if err := r.policyReader().List(ctx, list, client.InNamespace(ns)); err != nil {
 		return nil, nil, fmt.Errorf("listing policies of %s: %w", ns, err)
@@ -117,7 +117,7 @@ func undecodableErr(bad []undecodable, p *v1alpha1.RateLimitPolicy) error {
 // updateUndecodableStatus writes the status of an undecodable policy with a merge patch on the
 // unstructured object (a typed patch would fail decoding the reply), which also replaces a
 // status that was itself the undecodable part, and records an Event on the object.
-func (r *RateLimitPolicyReconciler) updateUndecodableStatus(ctx context.Context, u *undecodable, o outcome, doc *compiled.Document) error {
+func (r *NamespaceReconciler) updateUndecodableStatus(ctx context.Context, u *undecodable, o outcome, doc *policydoc.Document) error {
 	want := desiredStatus(o, doc)
 	if apiequality.Semantic.DeepEqual(u.policy.Status, want) {
 		if _, ok, _ := unstructured.NestedFieldNoCopy(u.object.Object, "status", "conditions"); ok {

@@ -8,7 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 // MaxConfigMapBytes is what the API server lets a ConfigMap's data and binaryData hold
@@ -29,9 +29,9 @@ type payload struct {
 // policies.json.gz (JSON compresses about tenfold). A document that fits neither way is an
 // error that names the sizes and what to do; nothing is written, so the ConfigMap in place
 // stays in force.
-func encodeDocument(ns string, doc *compiled.Document, data []byte, limit int, current *corev1.ConfigMap) (payload, error) {
+func encodeDocument(ns string, doc *policydoc.Document, data []byte, limit int, current *corev1.ConfigMap) (payload, error) {
 	if len(data) <= limit {
-		return payload{data: map[string]string{compiled.DataKey: string(data)}}, nil
+		return payload{data: map[string]string{policydoc.DataKey: string(data)}}, nil
 	}
 	var buf bytes.Buffer
 	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
@@ -45,7 +45,7 @@ func encodeDocument(ns string, doc *compiled.Document, data []byte, limit int, c
 		return payload{}, fmt.Errorf("compressing policies of %s: %w", ns, err)
 	}
 	if buf.Len() <= limit {
-		return payload{binary: map[string][]byte{compiled.GzipDataKey: buf.Bytes()}}, nil
+		return payload{binary: map[string][]byte{policydoc.GzipDataKey: buf.Bytes()}}, nil
 	}
 	rules := 0
 	for _, p := range doc.Policies {
@@ -53,7 +53,7 @@ func encodeDocument(ns string, doc *compiled.Document, data []byte, limit int, c
 	}
 	inForce := "no ConfigMap exists yet, so none of them is enforced"
 	if current != nil {
-		inForce = fmt.Sprintf("ConfigMap %s keeps the last configuration that fit (hash %.12s) in force", compiled.ConfigMapName, current.Annotations[HashAnnotation])
+		inForce = fmt.Sprintf("ConfigMap %s keeps the last configuration that fit (hash %.12s) in force", policydoc.ConfigMapName, current.Annotations[HashAnnotation])
 	}
 	return payload{}, &tenantError{reason: ReasonConfigMapTooLarge, err: fmt.Errorf(
 		"the policies of namespace %s compile to %d bytes (%d gzip-compressed), over the %d bytes a ConfigMap holds; %s. "+
@@ -71,12 +71,12 @@ func (p payload) matches(cm *corev1.ConfigMap) bool {
 
 // documentOf returns the document bytes a ConfigMap carries, in either form.
 func documentOf(cm *corev1.ConfigMap) ([]byte, error) {
-	if gz, ok := cm.BinaryData[compiled.GzipDataKey]; ok {
-		data, err := compiled.Decompress(gz)
+	if gz, ok := cm.BinaryData[policydoc.GzipDataKey]; ok {
+		data, err := policydoc.Decompress(gz)
 		if err != nil {
 			return nil, fmt.Errorf("reading configmap %s/%s: %w", cm.Namespace, cm.Name, err)
 		}
 		return data, nil
 	}
-	return []byte(cm.Data[compiled.DataKey]), nil
+	return []byte(cm.Data[policydoc.DataKey]), nil
 }

@@ -6,7 +6,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 // Typical policies (one rule with a match, a two-part key and a two-expression selector,
@@ -15,16 +15,16 @@ import (
 func TestConfigMapCapacity(t *testing.T) {
 	g := NewWithT(t)
 	const n = 2000
-	ps := make([]compiled.Policy, 0, n)
+	ps := make([]policydoc.Policy, 0, n)
 	for i := range n {
 		ps = append(ps, compileAll(t, testPolicy(fmt.Sprintf("team-%d-checkout-per-api-key", i), int64(100+i)))...)
 	}
-	doc, data, err := compiled.Build("shop", ps, map[string]string{"FixedWindow": "0123456789abcdef0123456789abcdef01234567"})
+	doc, data, err := policydoc.Build("shop", ps, map[string]string{"FixedWindow": "0123456789abcdef0123456789abcdef01234567"})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(len(data)).To(BeNumerically(">", MaxConfigMapBytes), "the plain form overflows")
 	p, err := encodeDocument("shop", doc, data, MaxConfigMapBytes, nil)
 	g.Expect(err).NotTo(HaveOccurred(), "the gzip form fits")
-	gz := len(p.binary[compiled.GzipDataKey])
+	gz := len(p.binary[policydoc.GzipDataKey])
 	t.Logf("typical policies per ConfigMap: %d plain (%d B each), %d gzip (%d B each)",
 		MaxConfigMapBytes*n/len(data), len(data)/n, MaxConfigMapBytes*n/gz, gz/n)
 	g.Expect(gz * 5).To(BeNumerically("<", len(data)))
@@ -33,18 +33,18 @@ func TestConfigMapCapacity(t *testing.T) {
 func TestEncodeDocumentPicksTheFormThatFits(t *testing.T) {
 	g := NewWithT(t)
 	ps := compileAll(t, testPolicy("a", 1), testPolicy("b", 2))
-	doc, data, err := compiled.Build("shop", ps, nil)
+	doc, data, err := policydoc.Build("shop", ps, nil)
 	g.Expect(err).NotTo(HaveOccurred())
 
 	p, err := encodeDocument("shop", doc, data, len(data), nil)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(p.data).To(HaveKey(compiled.DataKey))
+	g.Expect(p.data).To(HaveKey(policydoc.DataKey))
 	g.Expect(p.binary).To(BeEmpty())
 
 	p, err = encodeDocument("shop", doc, data, len(data)-1, nil)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(p.data).To(BeEmpty())
-	back, err := compiled.Decompress(p.binary[compiled.GzipDataKey])
+	back, err := policydoc.Decompress(p.binary[policydoc.GzipDataKey])
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(back).To(Equal(data))
 

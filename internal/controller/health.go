@@ -77,7 +77,7 @@ func (h *reconcileHealth) check() error {
 
 // ReadyCheck is the manager's readiness: ready once the informer caches have synced and while
 // no namespace's reconciles keep failing.
-func (r *RateLimitPolicyReconciler) ReadyCheck(c cache.Cache) healthz.Checker {
+func (r *NamespaceReconciler) ReadyCheck(c cache.Cache) healthz.Checker {
 	return func(req *http.Request) error {
 		ctx, cancel := context.WithTimeout(req.Context(), time.Second)
 		defer cancel()

@@ -23,8 +23,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -202,4 +202,4 @@ func newPolicyObject(ns, name string) client.Object {
 	return p
 }
 
-var _ = compiled.ConfigMapName
+var _ = policydoc.ConfigMapName

@@ -63,7 +63,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	}); err != nil {
 		return err
 	}
-	r := &RateLimitPolicyReconciler{
+	r := &NamespaceReconciler{
 		Client:         mgr.GetClient(),
 		Policies:       mgr.GetCache(),
 		Scripts:        store,

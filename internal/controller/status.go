@@ -15,11 +15,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 // desiredStatus is the status a policy should carry after this reconcile.
-func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicyStatus {
+func desiredStatus(o outcome, doc *policydoc.Document) v1alpha1.RateLimitPolicyStatus {
 	p := o.policy
 	st := *p.Status.DeepCopy()
 	st.ObservedGeneration = p.Generation
@@ -39,7 +39,7 @@ func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicySt
 	switch {
 	case o.compileErr != nil && o.keptGeneration > 0:
 		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonInvalid,
-			fmt.Sprintf("spec generation %d is invalid; generation %d stays in ConfigMap %s", p.Generation, o.keptGeneration, compiled.ConfigMapName))
+			fmt.Sprintf("spec generation %d is invalid; generation %d stays in ConfigMap %s", p.Generation, o.keptGeneration, policydoc.ConfigMapName))
 	case o.compileErr != nil:
 		set(v1alpha1.ConditionProgrammed, metav1.ConditionFalse, ReasonInvalid,
 			"spec is invalid; the policy is not enforced")
@@ -55,7 +55,7 @@ func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicySt
 			truncate("scripts cannot be loaded into Redis; sidecars apply the policy's failureMode: "+o.scriptErr.Error()))
 	default:
 		set(v1alpha1.ConditionProgrammed, metav1.ConditionTrue, ReasonProgrammed,
-			fmt.Sprintf("in ConfigMap %s (hash %.12s) with its scripts loaded in Redis", compiled.ConfigMapName, doc.Hash))
+			fmt.Sprintf("in ConfigMap %s (hash %.12s) with its scripts loaded in Redis", policydoc.ConfigMapName, doc.Hash))
 	}
 	if !o.inDocument() {
 		set(v1alpha1.ConditionEnforced, metav1.ConditionFalse, ReasonInvalid, "the policy is not in the configuration")
@@ -73,7 +73,7 @@ func desiredStatus(o outcome, doc *compiled.Document) v1alpha1.RateLimitPolicySt
 }
 
 // scriptsOf lists the scripts the policy's compiled rules run.
-func scriptsOf(doc *compiled.Document, name string) []v1alpha1.ScriptStatus {
+func scriptsOf(doc *policydoc.Document, name string) []v1alpha1.ScriptStatus {
 	var out []v1alpha1.ScriptStatus
 	for _, p := range doc.Policies {
 		if p.Name != name {
@@ -102,7 +102,7 @@ func truncate(s string) string {
 
 // updateStatus writes the status only when it changed, and records an Event when Accepted or
 // Programmed changes, which is what a person wants to be told about.
-func (r *RateLimitPolicyReconciler) updateStatus(ctx context.Context, o outcome, doc *compiled.Document) error {
+func (r *NamespaceReconciler) updateStatus(ctx context.Context, o outcome, doc *policydoc.Document) error {
 	p := o.policy
 	want := desiredStatus(o, doc)
 	if apiequality.Semantic.DeepEqual(p.Status, want) {
@@ -120,7 +120,7 @@ func (r *RateLimitPolicyReconciler) updateStatus(ctx context.Context, o outcome,
 	return nil
 }
 
-func (r *RateLimitPolicyReconciler) recordChanges(before, after *v1alpha1.RateLimitPolicy) {
+func (r *NamespaceReconciler) recordChanges(before, after *v1alpha1.RateLimitPolicy) {
 	if r.Recorder == nil {
 		return
 	}

@@ -31,9 +31,9 @@ func newFallback(size int) (*fallback, error) {
 func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, cause error) Result {
 	l.stats.degraded.Add(1)
 	switch limit.FailureMode {
-	case FailOpen:
+	case FailureModeOpen:
 		return Result{Allowed: true, Remaining: limit.Capacity(), Source: SourceFailOpen, Err: cause}
-	case FailClosed:
+	case FailureModeClosed:
 		return Result{
 			OverLimit:  true,
 			RetryAfter: l.opts.BreakerOpenFor,

@@ -14,7 +14,7 @@ func TestLocalFallbackAdmitsAtMostItsShareInAnyWindow(t *testing.T) {
 	g := NewWithT(t)
 	f, err := newFallback(16)
 	g.Expect(err).NotTo(HaveOccurred())
-	limit := Limit{Algorithm: TokenBucket, Requests: 100, Window: time.Minute, FailureMode: FailLocal}
+	limit := Limit{Algorithm: TokenBucket, Requests: 100, Window: time.Minute, FailureMode: FailureModeLocalFallback}
 	const replicas = 4 // share 25
 	start := time.Unix(1_700_000_000, 0)
 	var admittedAt []time.Time
@@ -45,7 +45,7 @@ func TestLocalFallbackRetryAfterIsEnough(t *testing.T) {
 	g := NewWithT(t)
 	f, err := newFallback(16)
 	g.Expect(err).NotTo(HaveOccurred())
-	limit := Limit{Algorithm: FixedWindow, Requests: 10, Window: 10 * time.Second, FailureMode: FailLocal}
+	limit := Limit{Algorithm: FixedWindow, Requests: 10, Window: 10 * time.Second, FailureMode: FailureModeLocalFallback}
 	now := time.Unix(1_700_000_000, 0)
 	for range 10 {
 		g.Expect(f.allow("k", limit, 1, 1, now, nil).Allowed).To(BeTrue())

@@ -141,7 +141,7 @@ func TestRedisDown(t *testing.T) {
 		li.Replicas = live // what the sidecar passes for the policy's group
 		return li
 	}
-	r, err := l.Allow(context.Background(), uniqueKey(t), lim(limiter.FixedWindow, limiter.FailOpen), 1)
+	r, err := l.Allow(context.Background(), uniqueKey(t), lim(limiter.FixedWindow, limiter.FailureModeOpen), 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(r.Source).To(Equal(limiter.SourceRedis))
 
@@ -149,7 +149,7 @@ func TestRedisDown(t *testing.T) {
 
 	attempts := 0
 	for {
-		r, err := l.Allow(context.Background(), uniqueKey(t), lim(limiter.FixedWindow, limiter.FailOpen), 1)
+		r, err := l.Allow(context.Background(), uniqueKey(t), lim(limiter.FixedWindow, limiter.FailureModeOpen), 1)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(r.Allowed).To(BeTrue())
 		g.Expect(r.Source).To(Equal(limiter.SourceFailOpen))
@@ -162,12 +162,12 @@ func TestRedisDown(t *testing.T) {
 	}
 	g.Expect(l.Stats().BreakerOpen).To(BeTrue())
 
-	r, _ = l.Allow(context.Background(), uniqueKey(t), lim(limiter.TokenBucket, limiter.FailClosed), 1)
+	r, _ = l.Allow(context.Background(), uniqueKey(t), lim(limiter.TokenBucket, limiter.FailureModeClosed), 1)
 	g.Expect(r.Allowed).To(BeFalse())
 	g.Expect(r.Source).To(Equal(limiter.SourceFailClosed))
 	g.Expect(r.RetryAfter).To(BeNumerically(">", 0))
 
-	shadow := lim(limiter.TokenBucket, limiter.FailClosed)
+	shadow := lim(limiter.TokenBucket, limiter.FailureModeClosed)
 	shadow.Shadow = true
 	r, _ = l.Allow(context.Background(), uniqueKey(t), shadow, 1)
 	g.Expect(r.Allowed).To(BeTrue(), "shadow mode admits even when failing closed")
@@ -177,7 +177,7 @@ func TestRedisDown(t *testing.T) {
 		key := uniqueKey(t)
 		admitted := 0
 		for range 200 {
-			r, _ := l.Allow(context.Background(), key, lim(alg, limiter.FailLocal), 1)
+			r, _ := l.Allow(context.Background(), key, lim(alg, limiter.FailureModeLocalFallback), 1)
 			g.Expect(r.Source).To(Equal(limiter.SourceFallback))
 			if r.Allowed {
 				admitted++
@@ -189,16 +189,16 @@ func TestRedisDown(t *testing.T) {
 	g.Expect(srv.Start()).To(Succeed())
 	key := uniqueKey(t)
 	g.Eventually(func() limiter.Source {
-		r, _ := l.Allow(context.Background(), key, lim(limiter.FixedWindow, limiter.FailOpen), 1)
+		r, _ := l.Allow(context.Background(), key, lim(limiter.FixedWindow, limiter.FailureModeOpen), 1)
 		return r.Source
 	}).WithTimeout(10*time.Second).WithPolling(50*time.Millisecond).Should(Equal(limiter.SourceRedis), "the breaker closes once Redis answers")
 	for _, o := range ls[1:] {
 		g.Eventually(func() limiter.Source {
-			r, _ := o.Allow(context.Background(), key, lim(limiter.FixedWindow, limiter.FailOpen), 1)
+			r, _ := o.Allow(context.Background(), key, lim(limiter.FixedWindow, limiter.FailureModeOpen), 1)
 			return r.Source
 		}).WithTimeout(10 * time.Second).WithPolling(50 * time.Millisecond).Should(Equal(limiter.SourceRedis))
 	}
-	got := hammer(t, ls, []string{uniqueKey(t)}, lim(limiter.SlidingWindowLog, limiter.FailClosed), 16, 10)
+	got := hammer(t, ls, []string{uniqueKey(t)}, lim(limiter.SlidingWindowLog, limiter.FailureModeClosed), 16, 10)
 	g.Expect(got[0]).To(Equal(int64(100)), "shared counting resumes after the restart")
 	g.Expect(keysWithoutTTL(srv.URL())).To(BeEmpty())
 }
@@ -216,7 +216,7 @@ func TestRedisSlow(t *testing.T) {
 	const failures = 3
 	l := newLimiter(t, c, limiter.Options{BreakerFailures: failures, BreakerOpenFor: 200 * time.Millisecond})
 	lim := exactLimit(limiter.TokenBucket, 10)
-	lim.FailureMode = limiter.FailClosed
+	lim.FailureMode = limiter.FailureModeClosed
 	r, err := l.Allow(context.Background(), uniqueKey(t), lim, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(r.Source).To(Equal(limiter.SourceRedis))
@@ -263,7 +263,7 @@ func TestFallbackUsesLimitReplicas(t *testing.T) {
 
 	l := newLimiter(t, c, limiter.Options{BreakerFailures: 1})
 	lim := exactLimit(limiter.FixedWindow, 100)
-	lim.FailureMode = limiter.FailLocal
+	lim.FailureMode = limiter.FailureModeLocalFallback
 	lim.Replicas = 5
 	key := uniqueKey(t)
 	admitted := 0

@@ -45,12 +45,12 @@ type FailureMode string
 
 // The failure modes.
 const (
-	// FailOpen admits every request.
-	FailOpen FailureMode = "Open"
-	// FailClosed refuses every request, with a retry-after of the breaker's open period.
-	FailClosed FailureMode = "Closed"
-	// FailLocal enforces Requests / live replicas per key in this process.
-	FailLocal FailureMode = "LocalFallback"
+	// FailureModeOpen admits every request.
+	FailureModeOpen FailureMode = "Open"
+	// FailureModeClosed refuses every request, with a retry-after of the breaker's open period.
+	FailureModeClosed FailureMode = "Closed"
+	// FailureModeLocalFallback enforces Requests / live replicas per key in this process.
+	FailureModeLocalFallback FailureMode = "LocalFallback"
 )
 
 // Source says where a decision came from.
@@ -141,7 +141,7 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("%w: burst must not be negative, got %d", ErrInvalidLimit, l.Burst)
 	}
 	switch l.FailureMode {
-	case "", FailOpen, FailClosed, FailLocal:
+	case "", FailureModeOpen, FailureModeClosed, FailureModeLocalFallback:
 	default:
 		return fmt.Errorf("%w: unknown failure mode %q", ErrInvalidLimit, l.FailureMode)
 	}

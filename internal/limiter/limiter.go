@@ -28,7 +28,7 @@ type Options struct {
 	// breaker (default 5).
 	BreakerFailures uint32
 	// BreakerOpenFor is how long the breaker stays open before it lets one probe through
-	// (default 1s). FailClosed refusals carry it as their retry-after.
+	// (default 1s). FailureModeClosed refusals carry it as their retry-after.
 	BreakerOpenFor time.Duration
 	// Now is the local clock, used only for the pre-check and the fallback limiters; decisions
 	// in Redis use Redis's clock (default time.Now).

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 )
@@ -49,7 +49,7 @@ var _ = Describe("Redline on a local cluster", Ordered, func() {
 			))
 			Expect(pod.Spec.Volumes).To(ContainElements(
 				SatisfyAll(HaveField("Name", contract.PoliciesVolume),
-					HaveField("ConfigMap.LocalObjectReference.Name", compiled.ConfigMapName)),
+					HaveField("ConfigMap.LocalObjectReference.Name", policydoc.ConfigMapName)),
 				SatisfyAll(HaveField("Name", contract.PodInfoVolume), HaveField("DownwardAPI", Not(BeNil()))),
 			))
 			// The app container is untouched.
@@ -92,7 +92,7 @@ var _ = Describe("Redline on a local cluster", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		const newLimit = 20
 		start := time.Now()
-		Expect(st.ApplyPolicy(ctx, policy(updateName, updatePrefix, v1alpha1.SlidingWindowLog, newLimit, v1alpha1.FailOpen))).To(Succeed())
+		Expect(st.ApplyPolicy(ctx, policy(updateName, updatePrefix, v1alpha1.SlidingWindowLog, newLimit, v1alpha1.FailureModeOpen))).To(Succeed())
 		// One at a time and round-robin: the requests past the new limit reach every replica, so
 		// exactly newLimit admitted means all three enforce it (one still on 100 would admit more).
 		Eventually(func(g Gomega) {
@@ -159,7 +159,7 @@ var _ = Describe("Redline on a local cluster", Ordered, func() {
 		// LocalFallback divides by the replica count the heartbeats recorded while Redis was up.
 		Eventually(func(g Gomega) {
 			for _, sc := range sidecars {
-				v, err := sc.Metric(ctx, "redline_sidecar_policy_replicas", map[string]string{"policy": failName(v1alpha1.LocalFallback)})
+				v, err := sc.Metric(ctx, "redline_sidecar_policy_replicas", map[string]string{"policy": failName(v1alpha1.FailureModeLocalFallback)})
 				g.Expect(err).NotTo(HaveOccurred())
 				g.Expect(v).To(BeEquivalentTo(replicas), "sidecar of %s", sc.Pod.Name)
 			}
@@ -174,17 +174,17 @@ var _ = Describe("Redline on a local cluster", Ordered, func() {
 		}()
 
 		By("Open admits everything")
-		t := send(ctx, failPrefix(v1alpha1.FailOpen), freshKey("open"), 2*failLimit, 6)
+		t := send(ctx, failPrefix(v1alpha1.FailureModeOpen), freshKey("open"), 2*failLimit, 6)
 		Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
 		Expect(t.Admitted).To(Equal(2 * failLimit))
 
 		By("Closed refuses everything")
-		t = send(ctx, failPrefix(v1alpha1.FailClosed), freshKey("closed"), 2*failLimit, 6)
+		t = send(ctx, failPrefix(v1alpha1.FailureModeClosed), freshKey("closed"), 2*failLimit, 6)
 		Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
 		Expect(t.Limited).To(Equal(2 * failLimit))
 
 		By("LocalFallback admits limit/replicas on each replica")
-		t = send(ctx, failPrefix(v1alpha1.LocalFallback), freshKey("fallback"), 3*failLimit, 6)
+		t = send(ctx, failPrefix(v1alpha1.FailureModeLocalFallback), freshKey("fallback"), 3*failLimit, 6)
 		Expect(t.Failed).To(BeZero(), "first failure: %s", t.FirstFailure)
 		for i, c := range t.PerTarget {
 			Expect(c.Admitted).To(Equal(failLimit/replicas), "sidecar %d", i)
@@ -192,10 +192,10 @@ var _ = Describe("Redline on a local cluster", Ordered, func() {
 		// Every one of those decisions was made by the failure mode, none reached Redis.
 		for _, m := range failureModes {
 			source := map[v1alpha1.FailureMode]string{
-				v1alpha1.FailOpen: "failopen", v1alpha1.FailClosed: "failclosed", v1alpha1.LocalFallback: "fallback",
+				v1alpha1.FailureModeOpen: "failopen", v1alpha1.FailureModeClosed: "failclosed", v1alpha1.FailureModeLocalFallback: "fallback",
 			}[m]
-			sent := map[v1alpha1.FailureMode]int{v1alpha1.FailOpen: 2 * failLimit, v1alpha1.FailClosed: 2 * failLimit,
-				v1alpha1.LocalFallback: 3 * failLimit}[m]
+			sent := map[v1alpha1.FailureMode]int{v1alpha1.FailureModeOpen: 2 * failLimit, v1alpha1.FailureModeClosed: 2 * failLimit,
+				v1alpha1.FailureModeLocalFallback: 3 * failLimit}[m]
 			Expect(sumMetric(Default, ctx, "redline_sidecar_decisions_total",
 				map[string]string{"policy": failName(m), "source": source})).To(BeEquivalentTo(sent), "policy %s", failName(m))
 		}

@@ -34,7 +34,7 @@ func exactPrefix(a v1alpha1.Algorithm) string { return "/exact/" + strings.ToLow
 // Failure modes: while Redis is down, LocalFallback admits failLimit/replicas per replica.
 const failLimit = 30
 
-var failureModes = []v1alpha1.FailureMode{v1alpha1.FailOpen, v1alpha1.FailClosed, v1alpha1.LocalFallback}
+var failureModes = []v1alpha1.FailureMode{v1alpha1.FailureModeOpen, v1alpha1.FailureModeClosed, v1alpha1.FailureModeLocalFallback}
 
 func failName(m v1alpha1.FailureMode) string   { return "fail-" + strings.ToLower(string(m)) }
 func failPrefix(m v1alpha1.FailureMode) string { return "/fail/" + strings.ToLower(string(m)) + "/" }

@@ -83,10 +83,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 func allPolicies() []*v1alpha1.RateLimitPolicy {
 	ps := []*v1alpha1.RateLimitPolicy{}
 	for _, a := range algorithms {
-		ps = append(ps, policy(exactName(a), exactPrefix(a), a, exactLimit, v1alpha1.LocalFallback))
+		ps = append(ps, policy(exactName(a), exactPrefix(a), a, exactLimit, v1alpha1.FailureModeLocalFallback))
 	}
 	for _, m := range failureModes {
 		ps = append(ps, policy(failName(m), failPrefix(m), v1alpha1.FixedWindow, failLimit, m))
 	}
-	return append(ps, policy(updateName, updatePrefix, v1alpha1.SlidingWindowLog, 100, v1alpha1.FailOpen))
+	return append(ps, policy(updateName, updatePrefix, v1alpha1.SlidingWindowLog, 100, v1alpha1.FailureModeOpen))
 }

@@ -24,12 +24,12 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
-	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/metrics"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // Run starts the sidecar and serves until ctx ends, then shuts down gracefully. It returns the
@@ -79,16 +79,16 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		return fmt.Errorf("creating limiter: %w", err)
 	}
 
-	store := &config.Store{}
+	store := &ruleset.Store{}
 	m := metrics.New(lim.Stats, store)
 	client.AddHook(m.RedisHook())
 	beat := make(chan struct{}, 1)
 	// healthSrv is the gRPC health service, set before the watcher starts reloading.
 	var healthSrv *health.Server
-	loader := &config.Loader{
-		Dir: cfg.ConfigDir, LabelsFile: cfg.PodLabels, Builder: config.NewBuilder(limiter.FailureMode(cfg.FailureMode)),
+	loader := &ruleset.Loader{
+		Dir: cfg.ConfigDir, LabelsFile: cfg.PodLabels, Builder: ruleset.NewBuilder(limiter.FailureMode(cfg.FailureMode)),
 		Store: store, Log: log, Resync: cfg.Resync, OnError: func(error) { m.ReloadFailed() },
-		OnLoad: func(s *config.Set) {
+		OnLoad: func(s *ruleset.Set) {
 			m.ConfigLoaded(s)
 			if hs := healthSrv; hs != nil {
 				rls.SetServing(hs)
@@ -229,7 +229,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 
 // adminMux serves health, readiness (false while draining) and metrics, and the profiler when
 // asked for.
-func adminMux(cfg *Config, store *config.Store, m *metrics.Metrics, draining *atomic.Bool) *http.ServeMux {
+func adminMux(cfg *Config, store *ruleset.Store, m *metrics.Metrics, draining *atomic.Bool) *http.ServeMux {
 	admin := http.NewServeMux()
 	admin.HandleFunc("GET "+contract.HealthzPath, func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
@@ -303,7 +303,7 @@ func listenAll(cfg *Config) (*listeners, error) {
 
 // heartbeat announces this replica in the group of every policy it enforces while Redis is
 // reachable, and records each group's live count for LocalFallback.
-func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.UniversalClient, store *config.Store,
+func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.UniversalClient, store *ruleset.Store,
 	instance string, now <-chan struct{}, m *metrics.Metrics) {
 	t := time.NewTicker(cfg.HeartbeatInterval)
 	defer t.Stop()

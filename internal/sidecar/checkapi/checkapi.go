@@ -19,8 +19,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // Path is where the API is served.
@@ -98,7 +98,7 @@ type Result struct {
 // Handler serves POST /v1/check.
 type Handler struct {
 	Engine *decide.Engine
-	Store  *config.Store
+	Store  *ruleset.Store
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -167,7 +167,7 @@ func Decode(r io.Reader) (*Request, error) {
 	return &req, nil
 }
 
-func (h *Handler) decide(r *http.Request, set *config.Set, req *Request) (decide.Decision, error) {
+func (h *Handler) decide(r *http.Request, set *ruleset.Set, req *Request) (decide.Decision, error) {
 	cost := max(req.Cost, 1)
 	hits := make([]decide.Hit, 0, len(req.Hits)+1)
 	if req.Policy != "" || req.Rule != "" {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
-	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
@@ -74,7 +74,7 @@ func TestCheckRequests(t *testing.T) {
 	g.Expect(json.Unmarshal(do(h, http.MethodPost, `{"policy":"p","rule":"r","key":["a"]}`).Body.Bytes(), &resp)).To(Succeed())
 	g.Expect(resp.Headers).To(Equal(map[string]string{"RateLimit-Policy": `"p/r";q=10;w=60`, "RateLimit": `"p/r";r=9;t=60`}))
 
-	empty := &checkapi.Handler{Engine: h.Engine, Store: &config.Store{}}
+	empty := &checkapi.Handler{Engine: h.Engine, Store: &ruleset.Store{}}
 	g.Expect(do(empty, http.MethodPost, `{"policy":"p","rule":"r"}`).Code).To(Equal(http.StatusServiceUnavailable))
 }
 

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/limiter"
-	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // Allower decides one limit; *limiter.Limiter is one.
@@ -47,7 +47,7 @@ type Hit struct {
 
 // Outcome is one rule's decision.
 type Outcome struct {
-	Rule   *config.Rule
+	Rule   *ruleset.Rule
 	Result limiter.Result
 }
 
@@ -71,7 +71,7 @@ type Engine struct {
 	// are trusted to; see ClientIP.
 	TrustedHops int
 	// Observe, if set, hears of every outcome (metrics).
-	Observe func(*config.Rule, limiter.Result)
+	Observe func(*ruleset.Rule, limiter.Result)
 }
 
 // ErrUnknownRule is wrapped by errors about a Hit that names no rule of the set.
@@ -79,7 +79,7 @@ var ErrUnknownRule = errors.New("unknown policy or rule")
 
 // Decide evaluates every rule of set that matches req, each under its own key, cost units each.
 // A nil set (no policies loaded) admits.
-func (e *Engine) Decide(ctx context.Context, set *config.Set, req *Request, cost int64) Decision {
+func (e *Engine) Decide(ctx context.Context, set *ruleset.Set, req *Request, cost int64) Decision {
 	if set == nil || len(set.Rules) == 0 {
 		return Decision{Allowed: true}
 	}
@@ -96,7 +96,7 @@ func (e *Engine) Decide(ctx context.Context, set *config.Set, req *Request, cost
 
 // DecideHits evaluates the named rules with the given key parts, each hit cost units (or its
 // own Cost), as one batch: the hits are asked concurrently, so the limiter pipelines them.
-func (e *Engine) DecideHits(ctx context.Context, set *config.Set, hits []Hit, cost int64) (Decision, error) {
+func (e *Engine) DecideHits(ctx context.Context, set *ruleset.Set, hits []Hit, cost int64) (Decision, error) {
 	if set == nil {
 		return Decision{}, errors.New("deciding hits: no policies loaded")
 	}
@@ -116,7 +116,7 @@ func (e *Engine) DecideHits(ctx context.Context, set *config.Set, hits []Hit, co
 }
 
 type call struct {
-	rule *config.Rule
+	rule *ruleset.Rule
 	key  string
 	cost int64
 }
@@ -177,7 +177,7 @@ func (e *Engine) one(ctx context.Context, c call) Outcome {
 // without a limiter there is no local count to enforce.
 func failureResult(lim limiter.Limit, cost int64, err error) limiter.Result {
 	r := limiter.Result{Allowed: true, Remaining: max(lim.Requests-cost, 0), Source: limiter.SourceFailOpen, Err: err}
-	if lim.FailureMode == limiter.FailClosed {
+	if lim.FailureMode == limiter.FailureModeClosed {
 		r = limiter.Result{OverLimit: true, RetryAfter: time.Second, ResetAfter: time.Second, Source: limiter.SourceFailClosed, Err: err}
 		if lim.Shadow {
 			r.Allowed = true
@@ -187,7 +187,7 @@ func failureResult(lim limiter.Limit, cost int64, err error) limiter.Result {
 }
 
 // Matches reports whether a rule's match admits the request. A nil match matches everything.
-func Matches(m *config.Match, req *Request) bool {
+func Matches(m *ruleset.Match, req *Request) bool {
 	if m == nil {
 		return true
 	}
@@ -223,7 +223,7 @@ type attrs struct {
 	resolved bool
 }
 
-func (a *attrs) parts(key []config.KeyPart) []string {
+func (a *attrs) parts(key []ruleset.KeyPart) []string {
 	out := make([]string, len(key))
 	for i, k := range key {
 		switch {
@@ -237,16 +237,16 @@ func (a *attrs) parts(key []config.KeyPart) []string {
 				// All values count, so a second header field cannot be used to pick a new key.
 				out[i] = strings.Join(vals, ",")
 			}
-		case k.Attribute == config.AttrRemoteAddress:
+		case k.Attribute == ruleset.AttrRemoteAddress:
 			out[i] = hostOnly(a.req.RemoteAddr)
-		case k.Attribute == config.AttrForwardedFor:
+		case k.Attribute == ruleset.AttrForwardedFor:
 			if !a.resolved {
 				a.clientIP, a.resolved = ClientIP(a.req.Header.Values("X-Forwarded-For"), hostOnly(a.req.RemoteAddr), a.hops), true
 			}
 			out[i] = a.clientIP
-		case k.Attribute == config.AttrPath:
+		case k.Attribute == ruleset.AttrPath:
 			out[i] = a.req.Path
-		case k.Attribute == config.AttrMethod:
+		case k.Attribute == ruleset.AttrMethod:
 			out[i] = a.req.Method
 		default:
 			out[i] = k.Constant

@@ -9,10 +9,10 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/limiter"
-	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // fakeLimiter counts per key in memory and admits Requests per key.
@@ -48,28 +48,28 @@ func (f *fakeLimiter) Allow(_ context.Context, key string, l limiter.Limit, cost
 
 //go:fix inline
 
-func testSet(t *testing.T, override limiter.FailureMode) *config.Set {
+func testSet(t *testing.T, override limiter.FailureMode) *ruleset.Set {
 	t.Helper()
-	pols := []compiled.Policy{
+	pols := []policydoc.Policy{
 		{
 			Name: "api", FailureMode: "LocalFallback",
-			Rules: []compiled.Rule{
-				{Name: "per-key", Match: &compiled.Match{PathPrefix: "/api/", Methods: []string{"POST"}},
-					Key: []compiled.KeyPart{{Header: "x-api-key"}}, Algorithm: "FixedWindow", Requests: 2, WindowMS: 60000, Mode: "Enforce"},
-				{Name: "per-ip", Key: []compiled.KeyPart{{Attribute: "ForwardedFor"}}, Algorithm: "SlidingWindowCounter",
+			Rules: []policydoc.Rule{
+				{Name: "per-key", Match: &policydoc.Match{PathPrefix: "/api/", Methods: []string{"POST"}},
+					Key: []policydoc.KeyPart{{Header: "x-api-key"}}, Algorithm: "FixedWindow", Requests: 2, WindowMS: 60000, Mode: "Enforce"},
+				{Name: "per-ip", Key: []policydoc.KeyPart{{Attribute: "ForwardedFor"}}, Algorithm: "SlidingWindowCounter",
 					Requests: 3, WindowMS: 1500, Mode: "Enforce"},
-				{Name: "trial", Match: &compiled.Match{Headers: []compiled.HeaderMatch{{Name: "x-tier", Value: new("free")}}},
-					Key: []compiled.KeyPart{{Constant: "all"}}, Algorithm: "TokenBucket", Requests: 1, WindowMS: 1000, Burst: 1, Mode: "Shadow"},
+				{Name: "trial", Match: &policydoc.Match{Headers: []policydoc.HeaderMatch{{Name: "x-tier", Value: new("free")}}},
+					Key: []policydoc.KeyPart{{Constant: "all"}}, Algorithm: "TokenBucket", Requests: 1, WindowMS: 1000, Burst: 1, Mode: "Shadow"},
 			},
 		},
 		{Name: "other-app", Selector: metaSelector("app", "other"), FailureMode: "Open",
-			Rules: []compiled.Rule{{Name: "r", Key: []compiled.KeyPart{{Constant: "x"}}, Algorithm: "FixedWindow", Requests: 1, WindowMS: 1000, Mode: "Enforce"}}},
+			Rules: []policydoc.Rule{{Name: "r", Key: []policydoc.KeyPart{{Constant: "x"}}, Algorithm: "FixedWindow", Requests: 1, WindowMS: 1000, Mode: "Enforce"}}},
 	}
-	doc, _, err := compiled.Build("shop", pols, nil)
+	doc, _, err := policydoc.Build("shop", pols, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := config.NewBuilder(override).Build(doc, map[string]string{"app": "checkout"})
+	set, err := ruleset.NewBuilder(override).Build(doc, map[string]string{"app": "checkout"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,9 +149,9 @@ func TestDecideHits(t *testing.T) {
 
 func TestFailureModeOverrideAndLimiterErrors(t *testing.T) {
 	g := NewWithT(t)
-	set := testSet(t, limiter.FailClosed)
+	set := testSet(t, limiter.FailureModeClosed)
 	for _, r := range set.Rules {
-		g.Expect(r.Limit.FailureMode).To(Equal(limiter.FailClosed))
+		g.Expect(r.Limit.FailureMode).To(Equal(limiter.FailureModeClosed))
 	}
 	e := &decide.Engine{Limiter: &fakeLimiter{err: limiter.ErrClosed}}
 	d := e.Decide(context.Background(), set, req("GET", "/", "1.2.3.4:1"), 1)
@@ -159,7 +159,7 @@ func TestFailureModeOverrideAndLimiterErrors(t *testing.T) {
 	g.Expect(d.Fields().RetryAfter).To(Equal("1"))
 
 	e = &decide.Engine{Limiter: &fakeLimiter{err: limiter.ErrClosed}}
-	d = e.Decide(context.Background(), testSet(t, limiter.FailOpen), req("GET", "/", "1.2.3.4:1"), 1)
+	d = e.Decide(context.Background(), testSet(t, limiter.FailureModeOpen), req("GET", "/", "1.2.3.4:1"), 1)
 	g.Expect(d.Allowed).To(BeTrue())
 }
 
@@ -203,21 +203,21 @@ func TestCeilSecondsAndQuoting(t *testing.T) {
 	g.Expect(decide.CeilSeconds(-1)).To(Equal(int64(0)))
 }
 
-func metaSelector(k, v string) compiled.Selector {
-	return compiled.Selector{MatchLabels: map[string]string{k: v}}
+func metaSelector(k, v string) policydoc.Selector {
+	return policydoc.Selector{MatchLabels: map[string]string{k: v}}
 }
 
 // A policy with rateLimitHeaders: OnRefusal keeps its limits off admitted responses and
 // publishes them on the 429.
 func TestHeadersOnRefusalOnly(t *testing.T) {
 	g := NewWithT(t)
-	doc, _, err := compiled.Build("shop", []compiled.Policy{{
+	doc, _, err := policydoc.Build("shop", []policydoc.Policy{{
 		Name: "quiet", FailureMode: "Open", HeadersOnRefusal: true,
-		Rules: []compiled.Rule{{Name: "r", Key: []compiled.KeyPart{{Constant: "all"}}, Algorithm: "FixedWindow",
+		Rules: []policydoc.Rule{{Name: "r", Key: []policydoc.KeyPart{{Constant: "all"}}, Algorithm: "FixedWindow",
 			Requests: 1, WindowMS: 60000, Mode: "Enforce"}},
 	}}, nil)
 	g.Expect(err).NotTo(HaveOccurred())
-	set, err := config.NewBuilder("").Build(doc, nil)
+	set, err := ruleset.NewBuilder("").Build(doc, nil)
 	g.Expect(err).NotTo(HaveOccurred())
 	e := &decide.Engine{Limiter: &fakeLimiter{}}
 

@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/limiter"
-	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 const ns = "redline_sidecar"
@@ -40,7 +40,7 @@ type Metrics struct {
 
 // New registers the collectors. stats reads the limiter's counters and store the set in force
 // at scrape time; either may be nil.
-func New(stats func() limiter.Stats, store *config.Store) *Metrics {
+func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -78,7 +78,7 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 // Observe counts one rule decision.
-func (m *Metrics) Observe(r *config.Rule, res limiter.Result) {
+func (m *Metrics) Observe(r *ruleset.Rule, res limiter.Result) {
 	result := ResultAllowed
 	switch {
 	case res.OverLimit && r.Shadow:
@@ -90,7 +90,7 @@ func (m *Metrics) Observe(r *config.Rule, res limiter.Result) {
 }
 
 // ConfigLoaded records the set now in force.
-func (m *Metrics) ConfigLoaded(s *config.Set) {
+func (m *Metrics) ConfigLoaded(s *ruleset.Set) {
 	m.reloads.Inc()
 	m.configInfo.Reset()
 	m.configInfo.WithLabelValues(s.Namespace, s.Hash).Set(1)
@@ -131,7 +131,7 @@ func (l latencyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // for them.
 type limiterCollector struct {
 	stats func() limiter.Stats
-	store *config.Store
+	store *ruleset.Store
 }
 
 var (
@@ -155,7 +155,7 @@ func (c *limiterCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
-	var set *config.Set
+	var set *ruleset.Set
 	if c.store != nil {
 		set = c.store.Current()
 	}
@@ -175,7 +175,7 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 		fallback := false
 		if set != nil && s.BreakerOpen {
 			for _, p := range set.Policies {
-				fallback = fallback || p.FailureMode == limiter.FailLocal || p.FailureMode == ""
+				fallback = fallback || p.FailureMode == limiter.FailureModeLocalFallback || p.FailureMode == ""
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(descFallback, prometheus.GaugeValue, b2f(fallback))

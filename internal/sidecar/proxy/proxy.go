@@ -20,8 +20,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // Options configure a Handler.
@@ -29,7 +29,7 @@ type Options struct {
 	// Upstream is the application's host:port.
 	Upstream string
 	Engine   *decide.Engine
-	Store    *config.Store
+	Store    *ruleset.Store
 	// Headers adds the RateLimit fields to admitted responses too (refusals always carry them).
 	Headers bool
 	// ResponseHeaderTimeout bounds the wait for the application's response headers (0: none).

@@ -22,9 +22,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/redline-dev/redline/internal/limiter"
-	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
@@ -154,7 +154,7 @@ func TestGRPCClient(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(first.Status).To(Equal(healthpb.HealthCheckResponse_SERVING))
 
-		empty, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: &countingLimiter{}}, Store: &config.Store{}})
+		empty, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: &countingLimiter{}}, Store: &ruleset.Store{}})
 		resp, err := healthpb.NewHealthClient(dial(t, empty)).Check(ctxTimeout(t, 10*time.Second), &healthpb.HealthCheckRequest{})
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(resp.Status).To(Equal(healthpb.HealthCheckResponse_NOT_SERVING), "no policies loaded")

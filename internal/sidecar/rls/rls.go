@@ -41,8 +41,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // Descriptor entry keys that select a rule.
@@ -66,7 +66,7 @@ const (
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	Engine *decide.Engine
-	Store  *config.Store
+	Store  *ruleset.Store
 }
 
 // ShouldRateLimit decides every descriptor in one batch; the request is over limit when any
@@ -199,7 +199,7 @@ func HitFor(d *rlv3.RateLimitDescriptor) (decide.Hit, bool) {
 }
 
 // currentLimit expresses a rule's window in the largest unit that divides it.
-func currentLimit(r *config.Rule) *rlsv3.RateLimitResponse_RateLimit {
+func currentLimit(r *ruleset.Rule) *rlsv3.RateLimitResponse_RateLimit {
 	l := &rlsv3.RateLimitResponse_RateLimit{
 		Name:            r.ID,
 		RequestsPerUnit: uint32(min(r.Limit.Requests, math.MaxUint32)),

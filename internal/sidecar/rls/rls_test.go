@@ -19,9 +19,9 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/redline-dev/redline/internal/limiter"
-	"github.com/redline-dev/redline/internal/sidecar/config"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
@@ -124,7 +124,7 @@ func ctxTimeout(t testing.TB, d time.Duration) context.Context {
 func TestShouldRateLimit(t *testing.T) {
 	g := NewWithT(t)
 	set := sidecartest.Store(t, 10, 2*time.Hour).Current()
-	store := &config.Store{}
+	store := &ruleset.Store{}
 	lim := &countingLimiter{}
 	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: store})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))

@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 // Document returns the bytes of a valid policies document of namespace with one policy named
@@ -21,17 +21,17 @@ func Document(namespace, policy, rule, app string, requests int64, window time.D
 
 // DocumentAlgorithm is Document with another algorithm.
 func DocumentAlgorithm(namespace, policy, rule, app string, requests int64, window time.Duration, keyHeader, mode, algorithm string) []byte {
-	p := compiled.Policy{
+	p := policydoc.Policy{
 		Name:        policy,
 		Generation:  1,
-		Selector:    compiled.Selector{MatchLabels: map[string]string{"app": app}},
+		Selector:    policydoc.Selector{MatchLabels: map[string]string{"app": app}},
 		FailureMode: mode,
-		Rules: []compiled.Rule{{
-			Name: rule, Key: []compiled.KeyPart{{Header: keyHeader}}, Algorithm: algorithm,
+		Rules: []policydoc.Rule{{
+			Name: rule, Key: []policydoc.KeyPart{{Header: keyHeader}}, Algorithm: algorithm,
 			Requests: requests, WindowMS: window.Milliseconds(), Mode: "Enforce",
 		}},
 	}
-	_, data, err := compiled.Build(namespace, []compiled.Policy{p}, map[string]string{})
+	_, data, err := policydoc.Build(namespace, []policydoc.Policy{p}, map[string]string{})
 	if err != nil {
 		panic(fmt.Sprintf("building test document: %v", err))
 	}
@@ -41,17 +41,17 @@ func DocumentAlgorithm(namespace, policy, rule, app string, requests int64, wind
 // Store returns a store holding the rule set of a Document (namespace "ns", policy "p", rule
 // "r", app=web, limit requests per window, keyed on X-Key, failing open), as a pod labelled
 // app=web would load it.
-func Store(t testing.TB, requests int64, window time.Duration) *config.Store {
+func Store(t testing.TB, requests int64, window time.Duration) *ruleset.Store {
 	t.Helper()
-	doc, err := compiled.Parse(Document("ns", "p", "r", "web", requests, window, "x-key", "Open"))
+	doc, err := policydoc.Parse(Document("ns", "p", "r", "web", requests, window, "x-key", "Open"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := config.NewBuilder("").Build(doc, map[string]string{"app": "web"})
+	set, err := ruleset.NewBuilder("").Build(doc, map[string]string{"app": "web"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := &config.Store{}
+	store := &ruleset.Store{}
 	store.Swap(set)
 	return store
 }

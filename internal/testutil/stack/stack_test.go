@@ -7,7 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	sidecarconfig "github.com/redline-dev/redline/internal/sidecar/config"
+	sidecarconfig "github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 func TestRewriteArg(t *testing.T) {

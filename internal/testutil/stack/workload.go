@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -94,14 +94,14 @@ func (s *Stack) WaitProgrammed(ctx context.Context, namespace, name string, time
 }
 
 // PoliciesDocument reads and parses the namespace's compiled ConfigMap.
-func (s *Stack) PoliciesDocument(ctx context.Context, namespace string) (*compiled.Document, *corev1.ConfigMap, error) {
+func (s *Stack) PoliciesDocument(ctx context.Context, namespace string) (*policydoc.Document, *corev1.ConfigMap, error) {
 	var cm corev1.ConfigMap
-	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: compiled.ConfigMapName}, &cm); err != nil {
-		return nil, nil, fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, compiled.ConfigMapName, err)
+	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: policydoc.ConfigMapName}, &cm); err != nil {
+		return nil, nil, fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, policydoc.ConfigMapName, err)
 	}
-	doc, err := compiled.Parse([]byte(cm.Data[compiled.DataKey]))
+	doc, err := policydoc.Parse([]byte(cm.Data[policydoc.DataKey]))
 	if err != nil {
-		return nil, &cm, fmt.Errorf("ConfigMap %s/%s: %w", namespace, compiled.ConfigMapName, err)
+		return nil, &cm, fmt.Errorf("ConfigMap %s/%s: %w", namespace, policydoc.ConfigMapName, err)
 	}
 	return doc, &cm, nil
 }

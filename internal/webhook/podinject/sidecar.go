@@ -7,7 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -112,7 +112,7 @@ func httpProbe(path string, period, failures int32) *corev1.Probe {
 func sidecarVolumes() []corev1.Volume {
 	return []corev1.Volume{
 		{Name: contract.PoliciesVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-			LocalObjectReference: corev1.LocalObjectReference{Name: compiled.ConfigMapName},
+			LocalObjectReference: corev1.LocalObjectReference{Name: policydoc.ConfigMapName},
 			// Pods start before the namespace's first policy; the sidecar sees the file appear.
 			Optional:    new(true),
 			DefaultMode: ptr.To[int32](0o444),

@@ -1,4 +1,4 @@
-package compiled
+package policydoc
 
 import (
 	"errors"

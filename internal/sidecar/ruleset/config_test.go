@@ -1,4 +1,4 @@
-package config_test
+package ruleset_test
 
 import (
 	"bytes"
@@ -15,36 +15,36 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/compiled"
-	"github.com/redline-dev/redline/internal/sidecar/config"
+	"github.com/redline-dev/redline/internal/policydoc"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
 func TestParseLabels(t *testing.T) {
 	g := NewWithT(t)
-	got, err := config.ParseLabels([]byte("app=\"checkout\"\npod-template-hash=\"7d4f\"\n\nnote=\"a \\\"quoted\\\" = value\\n\"\n"))
+	got, err := ruleset.ParseLabels([]byte("app=\"checkout\"\npod-template-hash=\"7d4f\"\n\nnote=\"a \\\"quoted\\\" = value\\n\"\n"))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(map[string]string{"app": "checkout", "pod-template-hash": "7d4f", "note": "a \"quoted\" = value\n"}))
 
 	for _, bad := range []string{"app", "app=checkout", "=\"x\"", "app=\"open"} {
-		_, err := config.ParseLabels([]byte(bad))
+		_, err := ruleset.ParseLabels([]byte(bad))
 		g.Expect(err).To(HaveOccurred(), bad)
 	}
 }
 
 type loaderFixture struct {
 	dir, labels string
-	store       *config.Store
-	loader      *config.Loader
+	store       *ruleset.Store
+	loader      *ruleset.Loader
 	errors      atomic.Int64
 	logs        *bytes.Buffer
 }
 
 func newLoader(t *testing.T) *loaderFixture {
 	t.Helper()
-	f := &loaderFixture{dir: filepath.Join(t.TempDir(), "policies"), labels: filepath.Join(t.TempDir(), "podinfo", "labels"), store: &config.Store{}, logs: &bytes.Buffer{}}
-	f.loader = &config.Loader{
-		Dir: f.dir, LabelsFile: f.labels, Builder: config.NewBuilder(""), Store: f.store,
+	f := &loaderFixture{dir: filepath.Join(t.TempDir(), "policies"), labels: filepath.Join(t.TempDir(), "podinfo", "labels"), store: &ruleset.Store{}, logs: &bytes.Buffer{}}
+	f.loader = &ruleset.Loader{
+		Dir: f.dir, LabelsFile: f.labels, Builder: ruleset.NewBuilder(""), Store: f.store,
 		Log:     slog.New(slog.NewJSONHandler(f.logs, nil)),
 		OnError: func(error) { f.errors.Add(1) },
 		Resync:  time.Hour,
@@ -57,12 +57,12 @@ func newLoader(t *testing.T) *loaderFixture {
 
 func (f *loaderFixture) write(t *testing.T, data []byte) {
 	t.Helper()
-	if err := kubeletdir.Write(f.dir, map[string][]byte{compiled.DataKey: data}); err != nil {
+	if err := kubeletdir.Write(f.dir, map[string][]byte{policydoc.DataKey: data}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func requestsInForce(s *config.Store) int64 {
+func requestsInForce(s *ruleset.Store) int64 {
 	if set := s.Current(); set != nil && len(set.Rules) > 0 {
 		return set.Rules[0].Limit.Requests
 	}
@@ -144,7 +144,7 @@ func TestLoaderWatchesKubeletSwaps(t *testing.T) {
 
 // A namespace whose document only fits compressed gets it as binaryData policies.json.gz; the
 // loader reads that form, and switches back when the plain form returns. A compressed file
-// that expands past compiled.MaxDocumentBytes is refused and the set in force kept.
+// that expands past policydoc.MaxDocumentBytes is refused and the set in force kept.
 func TestLoaderReadsTheGzipForm(t *testing.T) {
 	g := NewWithT(t)
 	f := newLoader(t)
@@ -153,16 +153,16 @@ func TestLoaderReadsTheGzipForm(t *testing.T) {
 	_, err := zw.Write(sidecartest.Document("shop", "p", "r", "checkout", 42, time.Minute, "x-key", "Open"))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(zw.Close()).To(Succeed())
-	g.Expect(kubeletdir.Write(f.dir, map[string][]byte{compiled.GzipDataKey: gz.Bytes()})).To(Succeed())
+	g.Expect(kubeletdir.Write(f.dir, map[string][]byte{policydoc.GzipDataKey: gz.Bytes()})).To(Succeed())
 	g.Expect(f.loader.Load()).To(Succeed())
 	g.Expect(requestsInForce(f.store)).To(Equal(int64(42)))
 
 	var bomb bytes.Buffer
 	zw = gzip.NewWriter(&bomb)
-	_, err = zw.Write(make([]byte, compiled.MaxDocumentBytes+1))
+	_, err = zw.Write(make([]byte, policydoc.MaxDocumentBytes+1))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(zw.Close()).To(Succeed())
-	g.Expect(kubeletdir.Write(f.dir, map[string][]byte{compiled.GzipDataKey: bomb.Bytes()})).To(Succeed())
+	g.Expect(kubeletdir.Write(f.dir, map[string][]byte{policydoc.GzipDataKey: bomb.Bytes()})).To(Succeed())
 	g.Expect(f.loader.Load()).To(MatchError(ContainSubstring("exceeds")))
 	g.Expect(requestsInForce(f.store)).To(Equal(int64(42)))
 

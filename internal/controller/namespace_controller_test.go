@@ -15,10 +15,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 const (
@@ -49,21 +49,21 @@ func policy(ns, name string, requests int64) *v1alpha1.RateLimitPolicy {
 }
 
 // document reads and parses the namespace's compiled ConfigMap.
-func document(g Gomega, ctx context.Context, ns string) (*compiled.Document, *corev1.ConfigMap) {
+func document(g Gomega, ctx context.Context, ns string) (*policydoc.Document, *corev1.ConfigMap) {
 	var cm corev1.ConfigMap
-	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: compiled.ConfigMapName}, &cm)).To(Succeed())
-	data := []byte(cm.Data[compiled.DataKey])
-	if gz, ok := cm.BinaryData[compiled.GzipDataKey]; ok {
+	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: policydoc.ConfigMapName}, &cm)).To(Succeed())
+	data := []byte(cm.Data[policydoc.DataKey])
+	if gz, ok := cm.BinaryData[policydoc.GzipDataKey]; ok {
 		var err error
-		data, err = compiled.Decompress(gz)
+		data, err = policydoc.Decompress(gz)
 		g.Expect(err).NotTo(HaveOccurred())
 	}
-	doc, err := compiled.Parse(data)
+	doc, err := policydoc.Parse(data)
 	g.Expect(err).NotTo(HaveOccurred())
 	return doc, &cm
 }
 
-func policyNames(doc *compiled.Document) []string {
+func policyNames(doc *policydoc.Document) []string {
 	var out []string
 	for _, p := range doc.Policies {
 		out = append(out, p.Name)
@@ -105,7 +105,7 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		Expect(k8s.Create(ctx, policy(ns, "checkout", 100))).To(Succeed())
 		p := expectProgrammed(ctx, ns, "checkout")
 
-		var doc *compiled.Document
+		var doc *policydoc.Document
 		Eventually(func(g Gomega) {
 			var cm *corev1.ConfigMap
 			doc, cm = document(g, ctx, ns)
@@ -117,7 +117,7 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		rule := doc.Policies[0].Rules[0]
 		Expect(rule.Requests).To(BeEquivalentTo(100))
 		Expect(rule.WindowMS).To(BeEquivalentTo(60000))
-		Expect(rule.Key).To(Equal([]compiled.KeyPart{{Header: "x-api-key"}}))
+		Expect(rule.Key).To(Equal([]policydoc.KeyPart{{Header: "x-api-key"}}))
 		Expect(doc.Policies[0].FailureMode).To(Equal("LocalFallback"), "the API server defaults failureMode")
 		Expect(p.Status.ConfigHash).To(Equal(doc.Hash))
 
@@ -166,7 +166,7 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		Expect(k8s.Create(ctx, policy(ns, "b", 50))).To(Succeed())
 		expectProgrammed(ctx, ns, "a")
 		expectProgrammed(ctx, ns, "b")
-		var first *compiled.Document
+		var first *policydoc.Document
 		Eventually(func(g Gomega) {
 			first, _ = document(g, ctx, ns)
 			g.Expect(policyNames(first)).To(Equal([]string{"a", "b"}))
@@ -200,7 +200,7 @@ var _ = Describe("RateLimitPolicy controller", func() {
 
 		Expect(k8s.Delete(ctx, policy(ns, "b", 0))).To(Succeed())
 		Eventually(func() bool {
-			err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: compiled.ConfigMapName}, &corev1.ConfigMap{})
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: policydoc.ConfigMapName}, &corev1.ConfigMap{})
 			return apierrors.IsNotFound(err)
 		}, timeout, interval).Should(BeTrue(), "the ConfigMap goes with the last policy")
 	})
@@ -222,7 +222,7 @@ var _ = Describe("RateLimitPolicy controller", func() {
 
 		Expect(k8s.Delete(ctx, policy(ns1, "same-name", 0))).To(Succeed())
 		Eventually(func() bool {
-			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns1, Name: compiled.ConfigMapName}, &corev1.ConfigMap{}))
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns1, Name: policydoc.ConfigMapName}, &corev1.ConfigMap{}))
 		}, timeout, interval).Should(BeTrue())
 		Consistently(func(g Gomega) {
 			d2, _ := document(g, ctx, ns2)
@@ -286,11 +286,11 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		ns := newNamespace(ctx)
 		Expect(k8s.Create(ctx, policy(ns, "p", 100))).To(Succeed())
 		expectProgrammed(ctx, ns, "p")
-		var doc *compiled.Document
+		var doc *policydoc.Document
 		var cm *corev1.ConfigMap
 		Eventually(func(g Gomega) { doc, cm = document(g, ctx, ns) }, timeout, interval).Should(Succeed())
 
-		cm.Data[compiled.DataKey] = `{"not":"a document"}`
+		cm.Data[policydoc.DataKey] = `{"not":"a document"}`
 		Expect(k8s.Update(ctx, cm)).To(Succeed())
 		Eventually(func(g Gomega) {
 			again, _ := document(g, ctx, ns)

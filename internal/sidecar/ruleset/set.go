@@ -1,7 +1,7 @@
-// Package config turns the namespace's compiled policies document and the pod's labels into
+// Package ruleset turns the namespace's compiled policies document and the pod's labels into
 // the immutable rule set the sidecar enforces, and keeps it current as the mounted ConfigMap
 // changes.
-package config
+package ruleset
 
 import (
 	"fmt"
@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 // Attributes a key part can take from a request; the values of the API's enum.
@@ -101,7 +101,7 @@ func NewBuilder(failureMode limiter.FailureMode) *Builder {
 
 // Build keeps the policies of doc that select podLabels and compiles their rules. Builds must
 // not run concurrently (the watcher runs them one at a time).
-func (b *Builder) Build(doc *compiled.Document, podLabels map[string]string) (*Set, error) {
+func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*Set, error) {
 	s := &Set{Namespace: doc.Namespace, Hash: doc.Hash, Total: len(doc.Policies)}
 	for i := range doc.Policies {
 		cp := &doc.Policies[i]
@@ -140,7 +140,7 @@ func (b *Builder) replicasOf(policy string) *atomic.Int64 {
 	return r
 }
 
-func buildRule(p *Policy, cr compiled.Rule) (*Rule, error) {
+func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 	r := &Rule{
 		Policy: p,
 		Name:   cr.Name,

@@ -1,4 +1,4 @@
-package config
+package ruleset
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 // Store holds the rule set in force. Readers take it with Current on every request; the
@@ -47,7 +47,7 @@ func (s *Store) Swap(set *Set) { s.set.Store(set) }
 // Loader reads the policies document and the pod labels, builds the set and puts it in Store,
 // again whenever the mounted files change.
 type Loader struct {
-	// Dir is the mounted ConfigMap directory; the document is compiled.DataKey inside it.
+	// Dir is the mounted ConfigMap directory; the document is policydoc.DataKey inside it.
 	Dir string
 	// LabelsFile is the downward API labels file ("" for no labels).
 	LabelsFile string
@@ -67,7 +67,7 @@ type Loader struct {
 }
 
 // Path is the document's path.
-func (l *Loader) Path() string { return filepath.Join(l.Dir, compiled.DataKey) }
+func (l *Loader) Path() string { return filepath.Join(l.Dir, policydoc.DataKey) }
 
 // Load reads the files once and swaps in a new set when they changed and are valid. A refused
 // document leaves the set in force as it is.
@@ -103,9 +103,9 @@ func (l *Loader) Load() error {
 	// while the namespace has policies, so its absence means "nothing to enforce", both before
 	// the first policy and after the last one is deleted. A document that is present must be
 	// valid.
-	doc := &compiled.Document{Version: compiled.FormatVersion}
+	doc := &policydoc.Document{Version: policydoc.FormatVersion}
 	if !absent {
-		if doc, err = compiled.Parse(data); err != nil {
+		if doc, err = policydoc.Parse(data); err != nil {
 			return l.refuse(&sum, fmt.Errorf("loading %s: %w", l.Path(), err))
 		}
 	}
@@ -129,16 +129,16 @@ func (l *Loader) Load() error {
 }
 
 // readDocument reads the document: gzip-compressed when the controller had to compress it to
-// fit the ConfigMap (compiled.GzipDataKey), plain otherwise.
+// fit the ConfigMap (policydoc.GzipDataKey), plain otherwise.
 func (l *Loader) readDocument() ([]byte, error) {
-	gz, err := os.ReadFile(filepath.Join(l.Dir, compiled.GzipDataKey))
+	gz, err := os.ReadFile(filepath.Join(l.Dir, policydoc.GzipDataKey))
 	if errors.Is(err, fs.ErrNotExist) {
 		return os.ReadFile(l.Path())
 	}
 	if err != nil {
 		return nil, err
 	}
-	return compiled.Decompress(gz)
+	return policydoc.Decompress(gz)
 }
 
 func (l *Loader) refuse(sum *[sha256.Size]byte, err error) error {

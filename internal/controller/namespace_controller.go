@@ -25,8 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/compiled"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 // Labels on the ConfigMaps the controller owns. The manager's cache only holds ConfigMaps that
@@ -50,10 +50,10 @@ const (
 	ReasonNoSidecars       = "NoSidecars"
 )
 
-// RateLimitPolicyReconciler compiles all the policies of a namespace into ConfigMap
+// NamespaceReconciler compiles all the policies of a namespace into ConfigMap
 // redline-policies and records in each policy's status what is enforced. Its requests are keyed
 // by namespace (Name is the ConfigMap's), so one namespace is only ever written by one worker.
-type RateLimitPolicyReconciler struct {
+type NamespaceReconciler struct {
 	client.Client
 	// Policies reads RateLimitPolicies as unstructured objects (the manager's cache); nil reads
 	// through Client. See listPolicies for why they are not read typed.
@@ -83,13 +83,13 @@ type RateLimitPolicyReconciler struct {
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile brings the ConfigMap and the status of every policy of req.Namespace up to date.
-func (r *RateLimitPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *NamespaceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	res, err := r.reconcile(ctx, req.Namespace)
 	r.health.record(req.Namespace, err)
 	return res, err
 }
 
-func (r *RateLimitPolicyReconciler) reconcile(ctx context.Context, ns string) (ctrl.Result, error) {
+func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Result, error) {
 	logger := log.FromContext(ctx)
 	live, undecodable, err := r.listPolicies(ctx, ns)
 	if err != nil {
@@ -108,13 +108,13 @@ func (r *RateLimitPolicyReconciler) reconcile(ctx context.Context, ns string) (c
 	// invalid update keeps the last accepted version of that policy enforced.
 	previous := previousPolicies(current)
 	var outcomes []outcome
-	var compiledPolicies []compiled.Policy
+	var compiledPolicies []policydoc.Policy
 	for _, u := range undecodable {
 		live = append(live, u.policy)
 	}
 	outcomes = make([]outcome, len(live))
 	for i, p := range live {
-		var cp compiled.Policy
+		var cp policydoc.Policy
 		err := undecodableErr(undecodable, p)
 		if err == nil {
 			cp, err = CompilePolicy(p)
@@ -130,7 +130,7 @@ func (r *RateLimitPolicyReconciler) reconcile(ctx context.Context, ns string) (c
 		}
 	}
 
-	doc, data, err := compiled.Build(ns, compiledPolicies, scripts.SHAs())
+	doc, data, err := policydoc.Build(ns, compiledPolicies, scripts.SHAs())
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -152,7 +152,7 @@ func (r *RateLimitPolicyReconciler) reconcile(ctx context.Context, ns string) (c
 		}
 		update := r.updateStatus
 		if u := findUndecodable(undecodable, o.policy); u != nil {
-			update = func(ctx context.Context, o outcome, doc *compiled.Document) error {
+			update = func(ctx context.Context, o outcome, doc *policydoc.Document) error {
 				return r.updateUndecodableStatus(ctx, u, o, doc)
 			}
 		}
@@ -175,14 +175,14 @@ func (r *RateLimitPolicyReconciler) reconcile(ctx context.Context, ns string) (c
 	return ctrl.Result{RequeueAfter: r.resyncInterval()}, nil
 }
 
-func (r *RateLimitPolicyReconciler) resyncInterval() time.Duration {
+func (r *NamespaceReconciler) resyncInterval() time.Duration {
 	if r.ResyncInterval > 0 {
 		return r.ResyncInterval
 	}
 	return 15 * time.Second
 }
 
-func (r *RateLimitPolicyReconciler) enforcement(ctx context.Context, ns, policy string) enforcement {
+func (r *NamespaceReconciler) enforcement(ctx context.Context, ns, policy string) enforcement {
 	if r.Sidecars == nil {
 		return enforcement{err: errors.New("sidecar reports are not configured")}
 	}
@@ -216,7 +216,7 @@ type tenantError struct {
 func (e *tenantError) Error() string { return e.err.Error() }
 func (e *tenantError) Unwrap() error { return e.err }
 
-func (r *RateLimitPolicyReconciler) redisTimeout() time.Duration {
+func (r *NamespaceReconciler) redisTimeout() time.Duration {
 	if r.RedisTimeout > 0 {
 		return r.RedisTimeout
 	}
@@ -237,22 +237,22 @@ type outcome struct {
 // current one, or the last accepted one kept while the current spec is invalid.
 func (o *outcome) inDocument() bool { return o.compileErr == nil || o.keptGeneration > 0 }
 
-func (r *RateLimitPolicyReconciler) currentConfigMap(ctx context.Context, ns string) (*corev1.ConfigMap, error) {
+func (r *NamespaceReconciler) currentConfigMap(ctx context.Context, ns string) (*corev1.ConfigMap, error) {
 	var cm corev1.ConfigMap
-	err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: compiled.ConfigMapName}, &cm)
+	err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: policydoc.ConfigMapName}, &cm)
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, nil
 	case err != nil:
-		return nil, fmt.Errorf("reading configmap %s/%s: %w", ns, compiled.ConfigMapName, err)
+		return nil, fmt.Errorf("reading configmap %s/%s: %w", ns, policydoc.ConfigMapName, err)
 	}
 	return &cm, nil
 }
 
 // previousPolicies indexes the policies of the ConfigMap now in place. A document that does not
 // parse contributes nothing.
-func previousPolicies(cm *corev1.ConfigMap) map[string]compiled.Policy {
-	out := map[string]compiled.Policy{}
+func previousPolicies(cm *corev1.ConfigMap) map[string]policydoc.Policy {
+	out := map[string]policydoc.Policy{}
 	if cm == nil {
 		return out
 	}
@@ -260,7 +260,7 @@ func previousPolicies(cm *corev1.ConfigMap) map[string]compiled.Policy {
 	if err != nil {
 		return out
 	}
-	doc, err := compiled.Parse(data)
+	doc, err := policydoc.Parse(data)
 	if err != nil {
 		return out
 	}
@@ -270,23 +270,23 @@ func previousPolicies(cm *corev1.ConfigMap) map[string]compiled.Policy {
 	return out
 }
 
-func (r *RateLimitPolicyReconciler) writeConfigMap(ctx context.Context, ns string, current *corev1.ConfigMap, doc *compiled.Document, data []byte) error {
+func (r *NamespaceReconciler) writeConfigMap(ctx context.Context, ns string, current *corev1.ConfigMap, doc *policydoc.Document, data []byte) error {
 	payload, err := encodeDocument(ns, doc, data, r.maxDocumentBytes(), current)
 	if err != nil {
 		return err
 	}
 	if current == nil {
 		cm := &corev1.ConfigMap{}
-		cm.Namespace, cm.Name = ns, compiled.ConfigMapName
+		cm.Namespace, cm.Name = ns, policydoc.ConfigMapName
 		cm.Labels = map[string]string{ManagedByLabel: ManagedByValue}
 		cm.Annotations = map[string]string{HashAnnotation: doc.Hash}
 		payload.apply(cm)
 		if err := r.Create(ctx, cm); err != nil {
 			if apierrors.IsAlreadyExists(err) {
 				return &tenantError{err: fmt.Errorf("configmap %s/%s exists but is not managed by redline (label %s=%s missing); delete or rename it: %w",
-					ns, compiled.ConfigMapName, ManagedByLabel, ManagedByValue, err)}
+					ns, policydoc.ConfigMapName, ManagedByLabel, ManagedByValue, err)}
 			}
-			return fmt.Errorf("creating configmap %s/%s: %w", ns, compiled.ConfigMapName, err)
+			return fmt.Errorf("creating configmap %s/%s: %w", ns, policydoc.ConfigMapName, err)
 		}
 		return nil
 	}
@@ -302,19 +302,19 @@ func (r *RateLimitPolicyReconciler) writeConfigMap(ctx context.Context, ns strin
 	// Update, not patch: the resourceVersion makes a concurrent writer fail instead of being
 	// overwritten silently.
 	if err := r.Update(ctx, updated); err != nil {
-		return fmt.Errorf("updating configmap %s/%s: %w", ns, compiled.ConfigMapName, err)
+		return fmt.Errorf("updating configmap %s/%s: %w", ns, policydoc.ConfigMapName, err)
 	}
 	return nil
 }
 
-func (r *RateLimitPolicyReconciler) maxDocumentBytes() int {
+func (r *NamespaceReconciler) maxDocumentBytes() int {
 	if r.MaxDocumentBytes > 0 {
 		return r.MaxDocumentBytes
 	}
 	return MaxConfigMapBytes
 }
 
-func (r *RateLimitPolicyReconciler) deleteConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
+func (r *NamespaceReconciler) deleteConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
 	if cm == nil {
 		return nil
 	}
@@ -327,7 +327,7 @@ func (r *RateLimitPolicyReconciler) deleteConfigMap(ctx context.Context, cm *cor
 
 // SetupWithManager registers the reconciler. Policy events, events on the managed ConfigMaps
 // (someone edited or deleted one) and script health changes all map to a namespace request.
-func (r *RateLimitPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *NamespaceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	maxBackoff := r.MaxBackoff
 	if maxBackoff == 0 {
 		maxBackoff = 30 * time.Second
@@ -340,7 +340,7 @@ func (r *RateLimitPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.ConfigMap{},
 			handler.EnqueueRequestsFromMapFunc(namespaceRequest),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-				return o.GetName() == compiled.ConfigMapName
+				return o.GetName() == policydoc.ConfigMapName
 			}))).
 		WithOptions(controller.Options{
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, maxBackoff),
@@ -352,10 +352,10 @@ func (r *RateLimitPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 func namespaceRequest(_ context.Context, o client.Object) []reconcile.Request {
-	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: compiled.ConfigMapName}}}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: policydoc.ConfigMapName}}}
 }
 
-func (r *RateLimitPolicyReconciler) allNamespaces(ctx context.Context, _ client.Object) []reconcile.Request {
+func (r *NamespaceReconciler) allNamespaces(ctx context.Context, _ client.Object) []reconcile.Request {
 	list := newPolicyList()
 	if err := r.policyReader().List(ctx, list); err != nil {
 		log.FromContext(ctx).Error(err, "listing policies to recheck after a redis change")

@@ -1,4 +1,4 @@
-// Package compiled is the document that carries the RateLimitPolicies of a namespace to its
+// Package policydoc is the document that carries the RateLimitPolicies of a namespace to its
 // sidecars (ConfigMap redline-policies, key policies.json): its types, how it is built and
 // how it is read back.
 //
@@ -6,7 +6,7 @@
 // API server listed them in, so its content hash changes only when what is enforced changes.
 // The package imports nothing of Kubernetes, so the sidecar stays small; the controller
 // compiles API objects into it.
-package compiled
+package policydoc
 
 import (
 	"bytes"
