@@ -36,14 +36,16 @@ fmt: ## go fmt.
 	go fmt ./...
 
 .PHONY: vet
-vet: ## go vet (the product module and hack/bench's own).
+vet: ## go vet (the product module and the modules of hack/bench and hack/ratelimitcompare).
 	go vet ./...
 	cd hack/bench && go vet ./...
+	cd hack/ratelimitcompare && go vet ./...
 
 .PHONY: lint
-lint: golangci-lint ## Run golangci-lint with .golangci.yml (the product module and hack/bench's own).
+lint: golangci-lint ## Run golangci-lint with .golangci.yml (the product module and the modules of hack/bench and hack/ratelimitcompare).
 	$(GOLANGCI_LINT) run ./...
 	cd hack/bench && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
+	cd hack/ratelimitcompare && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: envtest
 envtest: ## Install etcd, kube-apiserver and kube-controller-manager (downloads, or builds them from Go modules).
@@ -111,3 +113,11 @@ BENCH_FLAGS ?=
 .PHONY: bench
 bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json) in about 2 minutes; needs redis-server and redis-benchmark, and wrk for the wrk rows.
 	cd hack/bench && go run . -root $(CURDIR) -out $(CURDIR)/results $(BENCH_FLAGS)
+
+ENVOY_RATELIMIT_BIN ?=
+COMPARE_FLAGS ?=
+.PHONY: compare-envoy
+compare-envoy: ## Envoy RLS face vs envoyproxy/ratelimit on one redis-server (ENVOY_RATELIMIT_BIN=path of its built server; see README) into results/compare-envoy.md, about 1 minute.
+	@if [ -z "$(ENVOY_RATELIMIT_BIN)" ]; then echo "compare-envoy: set ENVOY_RATELIMIT_BIN to an envoyproxy/ratelimit server binary (go build -o /tmp/ratelimit ./src/service_cmd in a checkout of it; README, Benchmarks)" >&2; exit 2; fi
+	@if [ ! -x "$(ENVOY_RATELIMIT_BIN)" ]; then echo "compare-envoy: ENVOY_RATELIMIT_BIN=$(ENVOY_RATELIMIT_BIN) is not an executable file" >&2; exit 2; fi
+	cd hack/ratelimitcompare && go run . -root $(CURDIR) -envoy-ratelimit "$(abspath $(ENVOY_RATELIMIT_BIN))" -out $(CURDIR)/results/compare-envoy.md $(COMPARE_FLAGS)
