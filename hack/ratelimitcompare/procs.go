@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redline-dev/redline/internal/compiled"
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
@@ -52,16 +52,16 @@ descriptors:
 
 // policiesDocument is the compiled document the sidecar loads: the same two limits.
 func policiesDocument() ([]byte, error) {
-	rule := func(name string, requests int64) compiled.Rule {
-		return compiled.Rule{Name: name, Key: []compiled.KeyPart{{Header: entryKey}}, Algorithm: "FixedWindow",
+	rule := func(name string, requests int64) policydoc.Rule {
+		return policydoc.Rule{Name: name, Key: []policydoc.KeyPart{{Header: entryKey}}, Algorithm: "FixedWindow",
 			Requests: requests, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce"}
 	}
-	p := compiled.Policy{
-		Name: domain, Generation: 1, Selector: compiled.Selector{MatchLabels: map[string]string{"app": domain}},
+	p := policydoc.Policy{
+		Name: domain, Generation: 1, Selector: policydoc.Selector{MatchLabels: map[string]string{"app": domain}},
 		FailureMode: "Closed", // a decision Redis did not make is an error here, not an admission
-		Rules:       []compiled.Rule{rule(benchRule, benchLimit), rule(probeRule, 1)},
+		Rules:       []policydoc.Rule{rule(benchRule, benchLimit), rule(probeRule, 1)},
 	}
-	_, data, err := compiled.Build(domain, []compiled.Policy{p}, map[string]string{})
+	_, data, err := policydoc.Build(domain, []policydoc.Policy{p}, map[string]string{})
 	if err != nil {
 		return nil, fmt.Errorf("building the policies document: %w", err)
 	}
@@ -231,7 +231,7 @@ func startSidecar(ctx context.Context, bin, dir, redisURL string, extraArgs []st
 		return nil, err
 	}
 	cfgDir, info := filepath.Join(dir, "policies"), filepath.Join(dir, "podinfo")
-	if err := kubeletdir.Write(cfgDir, map[string][]byte{compiled.DataKey: doc}); err != nil {
+	if err := kubeletdir.Write(cfgDir, map[string][]byte{policydoc.DataKey: doc}); err != nil {
 		return nil, fmt.Errorf("writing the policies: %w", err)
 	}
 	if err := kubeletdir.Write(info, map[string][]byte{"labels": []byte("app=\"" + domain + "\"\n")}); err != nil {
