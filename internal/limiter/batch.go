@@ -18,6 +18,7 @@ type call struct {
 	alg  Algorithm
 	args []any // the whole EVALSHA command
 	res  Result
+	g    grant
 	err  error
 	done chan struct{}
 	self [1]*call       // a batch of one, for deciding inline without allocating
@@ -36,16 +37,16 @@ var shaArgs = func() map[Algorithm]any {
 	return m
 }()
 
-func (c *call) prepare(stateKey string, limit Limit, cost int64) {
+func (c *call) prepare(stateKey string, limit Limit, cost, want int64) {
 	c.alg = limit.Algorithm
 	c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 1, stateKey)
-	c.args = limit.scriptArgs(c.args, cost)
+	c.args = limit.scriptArgs(c.args, cost, want)
 }
 
 func (c *call) reset() {
 	clear(c.args)
 	c.args = c.args[:0]
-	c.res, c.err, c.self[0], c.cmd[0] = Result{}, nil, nil, nil
+	c.res, c.g, c.err, c.self[0], c.cmd[0] = Result{}, grant{}, nil, nil, nil
 }
 
 // flusher sends queued decisions to Redis. It takes whatever has queued up while the previous
@@ -133,7 +134,7 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 			}
 			continue
 		}
-		if c.res, err = decodeReply(vals); err != nil {
+		if c.res, c.g, err = decodeReply(vals); err != nil {
 			c.err = fmt.Errorf("decoding %s script reply: %w", c.alg, err)
 		}
 	}

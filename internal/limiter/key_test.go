@@ -68,7 +68,7 @@ func FuzzDecodeReply(f *testing.F) {
 		if n >= 0 && n <= len(vals) {
 			vals = vals[:n]
 		}
-		r, err := decodeReply(vals)
+		r, _, err := decodeReply(vals)
 		if err != nil {
 			if r != (Result{}) {
 				t.Fatalf("error %v with a non-zero result %+v", err, r)

@@ -71,9 +71,12 @@ const (
 	// SourceCapacity is a refusal made without Redis because the cost exceeds what the limit
 	// can ever admit.
 	SourceCapacity
+	// SourceLease is an admission from a lease this limiter holds: units Redis counted when it
+	// granted them, admitted without a call.
+	SourceLease
 )
 
-var sourceNames = [...]string{"unknown", "redis", "precheck", "fallback", "failopen", "failclosed", "capacity"}
+var sourceNames = [...]string{"unknown", "redis", "precheck", "fallback", "failopen", "failclosed", "capacity", "lease"}
 
 // String returns the lower-case name used in metrics labels.
 func (s Source) String() string {
@@ -148,14 +151,26 @@ func (l Limit) Validate() error {
 	return nil
 }
 
-// scriptArgs appends the script's ARGV for this limit and cost to dst.
-func (l Limit) scriptArgs(dst []any, cost int64) []any {
+// scriptArgs appends the script's ARGV for this limit and cost to dst; want, when above cost,
+// asks a leasing algorithm for a lease of that many units.
+func (l Limit) scriptArgs(dst []any, cost, want int64) []any {
 	dst = append(dst, l.Requests, l.Window.Milliseconds(), cost)
-	if l.Algorithm == TokenBucket {
+	switch {
+	case l.Algorithm == TokenBucket:
 		dst = append(dst, l.burst())
+	case want > cost && l.Algorithm.leases():
+		dst = append(dst, want)
 	}
 	return dst
 }
+
+// leases says whether the algorithm's script grants leases. FixedWindow and
+// SlidingWindowCounter count a lease in the current window, which is exact: every leased unit
+// was counted before it is admitted, and a lease ends with its window. SlidingWindowLog is the
+// precise algorithm by definition and stays per request. TokenBucket stays per request too: a
+// held lease would be tokens outside the bucket while it refills, so a replica could admit
+// more than the burst in one instant.
+func (a Algorithm) leases() bool { return a == FixedWindow || a == SlidingWindowCounter }
 
 // suffix is the key suffix of the algorithm's state, so that two algorithms never share a key.
 func (a Algorithm) suffix() string {
@@ -175,11 +190,32 @@ func (a Algorithm) suffix() string {
 // errBadReply is wrapped by errors about a script reply of an unexpected shape.
 var errBadReply = errors.New("unexpected script reply")
 
-// decodeReply turns a script's {allowed, remaining, retry_after_ms, reset_after_ms} into a Result.
-func decodeReply(n []int64) (Result, error) {
-	if len(n) != 4 {
-		return Result{}, fmt.Errorf("%w: want 4 integers, got %d", errBadReply, len(n))
+// grant is the lease part of a leasing script's reply.
+type grant struct {
+	units       int64 // counted in Redis for this call, cost included
+	windowStart int64 // the window they were counted in, ms on Redis's clock
+}
+
+// decodeReply turns a script's {allowed, remaining, retry_after_ms, reset_after_ms} into a
+// Result, and a leasing script's {..., granted, window_start_ms} also into its grant.
+func decodeReply(n []int64) (Result, grant, error) {
+	var g grant
+	switch len(n) {
+	case 4:
+	case 6:
+		g = grant{units: n[4], windowStart: n[5]}
+		if g.units < 0 || (n[0] == 1) != (g.units > 0) {
+			return Result{}, grant{}, fmt.Errorf("%w: grant %d with allowed %d", errBadReply, g.units, n[0])
+		}
+		n = n[:4]
+	default:
+		return Result{}, grant{}, fmt.Errorf("%w: want 4 or 6 integers, got %d", errBadReply, len(n))
 	}
+	r, err := decodeResult(n)
+	return r, g, err
+}
+
+func decodeResult(n []int64) (Result, error) {
 	if n[0] != 0 && n[0] != 1 {
 		return Result{}, fmt.Errorf("%w: allowed flag %d", errBadReply, n[0])
 	}

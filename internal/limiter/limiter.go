@@ -30,8 +30,16 @@ type Options struct {
 	// BreakerOpenFor is how long the breaker stays open before it lets one probe through
 	// (default 1s). FailureModeClosed refusals carry it as their retry-after.
 	BreakerOpenFor time.Duration
-	// Now is the local clock, used only for the pre-check and the fallback limiters; decisions
-	// in Redis use Redis's clock (default time.Now).
+	// LeaseHorizon sizes leases: a key asks for what it admitted locally over about this long
+	// (default 2s; negative turns leases off, every decision then asks Redis). A lease unused
+	// for this long goes back. See lease.go.
+	LeaseHorizon time.Duration
+	// LeaseSize bounds the keys holding a lease (default 65536) and MaxLease the units of one
+	// lease (default 10000).
+	LeaseSize int
+	MaxLease  int64
+	// Now is the local clock, used only for the pre-check, the fallback limiters and leases'
+	// local deadlines; decisions in Redis use Redis's clock (default time.Now).
 	Now func() time.Time
 }
 
@@ -53,6 +61,15 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BreakerOpenFor <= 0 {
 		o.BreakerOpenFor = time.Second
+	}
+	if o.LeaseHorizon == 0 {
+		o.LeaseHorizon = 2 * time.Second
+	}
+	if o.LeaseSize <= 0 {
+		o.LeaseSize = 65536
+	}
+	if o.MaxLease <= 0 {
+		o.MaxLease = 10000
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -81,6 +98,7 @@ type Limiter struct {
 	breaker  *gobreaker.CircuitBreaker[struct{}]
 	precheck *precheck
 	fallback *fallback
+	leases   *leases // nil when leases are off
 	stats    counters
 	calls    sync.Pool
 }
@@ -104,6 +122,12 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	}
 	if l.fallback, err = newFallback(o.FallbackSize); err != nil {
 		return nil, fmt.Errorf("creating fallback cache: %w", err)
+	}
+	if o.LeaseHorizon > 0 {
+		if l.leases, err = newLeases(o.LeaseSize, o.LeaseHorizon, o.MaxLease, o.Now); err != nil {
+			return nil, fmt.Errorf("creating lease cache: %w", err)
+		}
+		l.wg.Go(func() { l.leases.run(client, l.quit) })
 	}
 	l.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "redis",
@@ -148,33 +172,72 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 	}
 	sk := stateKey(key, limit.Algorithm)
 	now := l.opts.Now()
+	if l.leases == nil || !limit.Algorithm.leases() {
+		res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now)
+		return finish(res, limit), err
+	}
+	for waited := false; ; waited = true {
+		r, ok, want, wait, e := l.leases.take(sk, limit, cost, now)
+		if ok {
+			l.stats.leased.Add(1)
+			return finish(r, limit), nil
+		}
+		if wait == nil {
+			res, g, answered, err := l.ask(ctx, sk, limit, cost, want, now)
+			l.leases.settle(sk, e, res, g, cost, now, l.opts.Now(), answered)
+			if answered && g.units > cost {
+				l.stats.grants.Add(1)
+			}
+			return finish(res, limit), err
+		}
+		if waited {
+			// Another caller is asking for this key again: ask for this cost alone rather
+			// than queue behind a second round trip.
+			res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now)
+			return finish(res, limit), err
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return finish(l.degraded(sk, limit, cost, now, ctx.Err()), limit), nil
+		case <-l.quit:
+			return Result{}, ErrClosed
+		}
+		now = l.opts.Now()
+	}
+}
+
+// ask decides cost units of sk in Redis, asking a leasing script for want units, or by the
+// failure mode when Redis cannot answer. answered says Redis decided (g is then its grant).
+func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want int64, now time.Time) (Result, grant, bool, error) {
 	if r, ok := l.precheck.check(sk, limit, cost, now); ok {
 		l.stats.precheck.Add(1)
-		return finish(r, limit), nil
+		return r, grant{}, false, nil
 	}
 	if l.breaker.State() == gobreaker.StateOpen {
-		return finish(l.degraded(sk, limit, cost, now, ErrCircuitOpen), limit), nil
+		return l.degraded(sk, limit, cost, now, ErrCircuitOpen), grant{}, false, nil
 	}
 
 	c := l.calls.Get().(*call)
-	c.prepare(sk, limit, cost)
+	c.prepare(sk, limit, cost, want)
 	if l.tryInline(c) {
 		return l.settle(c, sk, limit, cost, now)
 	}
 	select {
 	case l.queue <- c:
 	case <-l.quit:
-		return Result{}, ErrClosed
+		return Result{}, grant{}, false, ErrClosed
 	case <-ctx.Done():
 		c.reset()
 		l.calls.Put(c)
-		return finish(l.degraded(sk, limit, cost, now, ctx.Err()), limit), nil
+		return l.degraded(sk, limit, cost, now, ctx.Err()), grant{}, false, nil
 	}
 	select {
 	case <-c.done:
 	case <-ctx.Done():
-		// The flusher still owns c; leave it to the garbage collector.
-		return finish(l.degraded(sk, limit, cost, now, ctx.Err()), limit), nil
+		// The flusher still owns c; leave it to the garbage collector. Should Redis grant it a
+		// lease, those units stay counted unused: under-admission, never over.
+		return l.degraded(sk, limit, cost, now, ctx.Err()), grant{}, false, nil
 	case <-l.quit:
 		// c may have been queued after the flushers drained the queue; once they are gone,
 		// nobody else will answer it.
@@ -182,7 +245,7 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 		select {
 		case <-c.done:
 		default:
-			return finish(l.degraded(sk, limit, cost, now, ErrClosed), limit), nil
+			return l.degraded(sk, limit, cost, now, ErrClosed), grant{}, false, nil
 		}
 	}
 	return l.settle(c, sk, limit, cost, now)
@@ -206,20 +269,26 @@ func (l *Limiter) tryInline(c *call) bool {
 	return true
 }
 
-// settle turns a finished call into the caller's Result and recycles it.
-func (l *Limiter) settle(c *call, sk string, limit Limit, cost int64, now time.Time) (Result, error) {
-	res, err := c.res, c.err
+// settle turns a finished call into its Result and grant and recycles it.
+func (l *Limiter) settle(c *call, sk string, limit Limit, cost int64, now time.Time) (Result, grant, bool, error) {
+	res, g, err := c.res, c.g, c.err
 	c.reset()
 	l.calls.Put(c)
 	if err != nil {
-		return finish(l.degraded(sk, limit, cost, now, err), limit), nil
+		return l.degraded(sk, limit, cost, now, err), grant{}, false, nil
 	}
 	l.stats.redis.Add(1)
 	if res.OverLimit && res.RetryAfter > 0 {
 		// now was taken before the call, so the local refusal ends no later than Redis's would.
-		l.precheck.refuse(sk, limit, cost, res, now)
+		// Where leases run, units another replica gives back can free the window before its
+		// end: the refusal is repeated for one lease horizon at most, then Redis is asked again.
+		var repeatFor time.Duration
+		if l.leases != nil && limit.Algorithm.leases() {
+			repeatFor = l.opts.LeaseHorizon
+		}
+		l.precheck.refuse(sk, limit, cost, res, now, repeatFor)
 	}
-	return finish(res, limit), nil
+	return res, g, true, nil
 }
 
 // finish applies shadow mode: the decision stands in OverLimit, the request passes.
@@ -236,6 +305,10 @@ type Stats struct {
 	RedisDecisions uint64
 	// PrecheckRefusals were refused locally without a Redis call.
 	PrecheckRefusals uint64
+	// LeaseDecisions were admitted locally from a lease, without a Redis call.
+	LeaseDecisions uint64
+	// LeaseGrants are Redis decisions that granted a lease of more than their own cost.
+	LeaseGrants uint64
 	// DegradedDecisions were made by a failure mode (open, closed or local fallback).
 	DegradedDecisions uint64
 	// Pipelines is the number of Redis round trips made for decisions, NOSCRIPT retries included.
@@ -247,7 +320,7 @@ type Stats struct {
 }
 
 type counters struct {
-	redis, precheck, degraded, pipelines, scriptLoads atomic.Uint64
+	redis, precheck, degraded, pipelines, scriptLoads, leased, grants atomic.Uint64
 }
 
 // Stats returns the limiter's counters.
@@ -255,6 +328,8 @@ func (l *Limiter) Stats() Stats {
 	return Stats{
 		RedisDecisions:    l.stats.redis.Load(),
 		PrecheckRefusals:  l.stats.precheck.Load(),
+		LeaseDecisions:    l.stats.leased.Load(),
+		LeaseGrants:       l.stats.grants.Load(),
 		DegradedDecisions: l.stats.degraded.Load(),
 		Pipelines:         l.stats.pipelines.Load(),
 		ScriptLoads:       l.stats.scriptLoads.Load(),

@@ -15,10 +15,11 @@ type precheck struct {
 }
 
 type refusal struct {
-	until time.Time
-	limit Limit
-	cost  int64
-	res   Result
+	until   time.Time // the refusal is repeated until then
+	retryAt time.Time // when Redis said the cost would fit again
+	limit   Limit
+	cost    int64
+	res     Result
 }
 
 func newPrecheck(size int) (*precheck, error) {
@@ -49,7 +50,7 @@ func (p *precheck) check(key string, limit Limit, cost int64, now time.Time) (Re
 	if cost < r.cost {
 		return Result{}, false
 	}
-	left := r.until.Sub(now)
+	left := r.retryAt.Sub(now)
 	res := r.res
 	res.RetryAfter = left
 	res.ResetAfter = max(res.ResetAfter-r.res.RetryAfter+left, left)
@@ -58,11 +59,16 @@ func (p *precheck) check(key string, limit Limit, cost int64, now time.Time) (Re
 }
 
 // refuse records a refusal from Redis.
-func (p *precheck) refuse(key string, limit Limit, cost int64, res Result, now time.Time) {
+// It is repeated for at most repeatFor (0: until its retry-after).
+func (p *precheck) refuse(key string, limit Limit, cost int64, res Result, now time.Time, repeatFor time.Duration) {
 	if p.cache == nil {
 		return
 	}
-	p.cache.Add(key, refusal{until: now.Add(res.RetryAfter), limit: sharedPart(limit), cost: cost, res: res})
+	r := refusal{until: now.Add(res.RetryAfter), retryAt: now.Add(res.RetryAfter), limit: sharedPart(limit), cost: cost, res: res}
+	if repeatFor > 0 && repeatFor < res.RetryAfter {
+		r.until = now.Add(repeatFor)
+	}
+	p.cache.Add(key, r)
 }
 
 // sharedPart is what of a limit Redis decided by: a change of the local replica count does not

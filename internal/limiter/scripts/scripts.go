@@ -53,6 +53,17 @@ var limiterScripts = sync.OnceValue(func() []Script {
 	return out
 })
 
+// LeaseReturn gives the unused units of a lease back to the FixedWindow or SlidingWindowCounter
+// window they were counted in (see lua/lease_return.lua). It is not an algorithm: Exec loads it
+// on NOSCRIPT like the others, and the manager does not record it.
+var LeaseReturn = sync.OnceValue(func() Script {
+	src, err := luaFS.ReadFile("lua/lease_return.lua")
+	if err != nil {
+		panic(fmt.Sprintf("embedded script lease_return.lua missing: %v", err))
+	}
+	return New("LeaseReturn", string(src))
+})
+
 // All returns the limiter's scripts, one per algorithm, in a stable order.
 func All() []Script { return slices.Clone(limiterScripts()) }
 

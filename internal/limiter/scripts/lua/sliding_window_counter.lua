@@ -1,17 +1,23 @@
 -- Sliding window counter: the previous fixed window's count, weighted by how much of it still
 -- overlaps the sliding window, plus the current window's count.
 -- KEYS[1] hash with fields s (current window start, ms), c (its count), p (previous window count).
--- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost.
--- Returns {allowed, remaining, retry_after_ms, reset_after_ms}; retry_after_ms is -1 when the
--- cost can never fit in the limit.
+-- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost, ARGV[4] (optional) the units wanted, at
+-- least cost: a lease.
+-- Returns {allowed, remaining, retry_after_ms, reset_after_ms, granted, window_start_ms};
+-- retry_after_ms is -1 when the cost can never fit in the limit.
 --
 -- Both windows live in one hash so the script touches exactly one declared key. Windows are
 -- aligned on Redis's clock. The hash lives until the end of the next window, when the current
 -- count stops mattering.
+--
+-- A lease: when the cost fits, up to ARGV[4] units are granted (never more than the estimate
+-- leaves room for) and counted in the current window at once. A replica admits them until the
+-- current window ends, so they weigh on the estimate exactly as if admitted when granted.
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local want = math.max(tonumber(ARGV[4]) or cost, cost)
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -43,7 +49,7 @@ local function remaining(est)
 end
 
 if cost > limit then
-  return {0, remaining(estimate), -1, reset_after(cur)}
+  return {0, remaining(estimate), -1, reset_after(cur), 0, start}
 end
 if estimate + cost > limit then
   local retry
@@ -59,10 +65,12 @@ if estimate + cost > limit then
     end
     retry = (window - elapsed) + math.max(need, 0)
   end
-  return {0, remaining(estimate), math.max(retry, 1), reset_after(cur)}
+  return {0, remaining(estimate), math.max(retry, 1), reset_after(cur), 0, start}
 end
 
-cur = cur + cost
+-- estimate + cost <= limit and cost is whole, so the room's floor is at least cost.
+local grant = math.min(want, math.floor(limit - estimate))
+cur = cur + grant
 redis.call('HSET', key, 's', start, 'c', cur, 'p', prev)
 redis.call('PEXPIRE', key, 2 * window - elapsed)
-return {1, remaining(estimate + cost), 0, reset_after(cur)}
+return {1, remaining(estimate + grant), 0, reset_after(cur), grant, start}

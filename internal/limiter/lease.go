@@ -1,0 +1,233 @@
+package limiter
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+)
+
+// Leases take Redis off the path of most admitted requests without giving up the shared limit.
+//
+// A decision that has to ask Redis asks the script for a lease of several units instead of one;
+// the script grants them only if they fit (used + granted <= limit) and counts them at once. The
+// limiter then admits from the lease locally until it is spent or its window ends. Every unit a
+// replica admits was counted in the one shared counter first, so all replicas together never
+// admit more than the limit: leases can only cost under-admission, units leased to one replica
+// while another is refused. To keep that small:
+//
+//   - a cold key asks for one unit, today's exact path; a warm key asks for its recent local
+//     rate times the horizon, never more than the shared budget left at its last grant divided
+//     by twice the live replicas, so near the limit leases shrink to one unit again;
+//   - a lease ends with the window its units were counted in (its deadline is the time of the
+//     request that got it plus what Redis said was left of the window, so it ends no later than
+//     the window does), and unused units of an idle lease, of a rule that changed and of every
+//     lease on Close go back to the counter while their window stands;
+//   - one caller per key asks Redis at a time; the others wait for its answer and take from it.
+//
+// Only FixedWindow and SlidingWindowCounter lease (see Algorithm.leases).
+type leases struct {
+	cache   *lru.Cache[string, *lease]
+	horizon time.Duration
+	max     int64
+	returns chan leaseReturn
+	now     func() time.Time
+}
+
+// lease is one key's local budget.
+type lease struct {
+	mu          sync.Mutex
+	limit       Limit     // the limit it was granted under (Replicas and modes aside)
+	units       int64     // unspent
+	deadline    time.Time // local time by which its window has surely ended
+	windowStart int64
+	remaining   int64 // what Redis had left after the last grant
+	grantedAt   time.Time
+	served      int64 // units admitted since grantedAt, the grant's own cost included
+	lastUse     time.Time
+	fetching    chan struct{} // closed when the caller asking Redis for this key has its answer
+	gone        bool          // evicted: units granted to it from now on go straight back
+}
+
+// leaseReturn is units to give back to one window.
+type leaseReturn struct {
+	key         string
+	window      time.Duration
+	windowStart int64
+	units       int64
+}
+
+func newLeases(size int, horizon time.Duration, maxUnits int64, now func() time.Time) (*leases, error) {
+	ls := &leases{horizon: horizon, max: maxUnits, returns: make(chan leaseReturn, 4096), now: now}
+	c, err := lru.NewWithEvict[string, *lease](size, func(key string, e *lease) { ls.drop(key, e, true) })
+	if err != nil {
+		return nil, err
+	}
+	ls.cache = c
+	return ls, nil
+}
+
+// sameLimit says whether a lease granted under a still holds under b: the live replica count
+// and the failure mode may change, the counted quantity may not.
+func sameLimit(a, b Limit) bool {
+	return a.Algorithm == b.Algorithm && a.Requests == b.Requests && a.Window == b.Window && a.Burst == b.Burst
+}
+
+// take admits cost units of key from its lease. Otherwise it returns how many units to ask
+// Redis for, and then the caller must settle e with the answer; or, when another caller is
+// already asking for this key, a channel to wait on before taking again.
+func (ls *leases) take(key string, limit Limit, cost int64, now time.Time) (r Result, ok bool, want int64, wait <-chan struct{}, e *lease) {
+	e, found := ls.cache.Get(key)
+	if !found {
+		e = &lease{limit: limit}
+		if prev, had, _ := ls.cache.PeekOrAdd(key, e); had {
+			e = prev
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !sameLimit(e.limit, limit) {
+		// The rule changed (a reload): what was leased under the old limit is not admitted
+		// under the new one, and goes back.
+		ls.giveBack(key, e, now)
+		e.limit, e.deadline, e.windowStart, e.remaining = limit, time.Time{}, 0, 0
+		e.grantedAt, e.served = time.Time{}, 0
+	}
+	if e.units > 0 && !now.Before(e.deadline) {
+		e.units = 0 // its window has ended, and its units with it
+	}
+	if e.units >= cost {
+		e.units -= cost
+		e.served += cost
+		e.lastUse = now
+		return Result{
+			Allowed: true, Remaining: e.remaining + e.units, ResetAfter: e.deadline.Sub(now), Source: SourceLease,
+		}, true, 0, nil, e
+	}
+	if e.fetching != nil {
+		return Result{}, false, 0, e.fetching, e
+	}
+	e.fetching = make(chan struct{})
+	return Result{}, false, ls.want(e, limit, cost, now), nil, e
+}
+
+// want sizes the next lease of e: its local rate over the horizon, within a fair share of what
+// is left, at least cost, and cost alone for a key never granted before.
+func (ls *leases) want(e *lease, limit Limit, cost int64, now time.Time) int64 {
+	if e.grantedAt.IsZero() {
+		return cost
+	}
+	elapsed := max(now.Sub(e.grantedAt), time.Millisecond)
+	w := int64(float64(e.served) * float64(ls.horizon) / float64(elapsed))
+	replicas := max(limit.Replicas, 1)
+	w = min(w, e.remaining/(2*replicas), ls.max, limit.Requests)
+	return max(w, cost)
+}
+
+// settle records what the fetching caller got from Redis and wakes the waiters. sent is when
+// the request left, so that the deadline is no later than the window's end on Redis's clock.
+func (ls *leases) settle(key string, e *lease, res Result, g grant, cost int64, sent, now time.Time, answered bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if answered && res.Allowed && g.units > 0 {
+		if g.windowStart != e.windowStart {
+			e.units = 0
+		}
+		e.units += g.units - cost
+		e.deadline = sent.Add(res.ResetAfter)
+		e.windowStart = g.windowStart
+		e.remaining = res.Remaining
+		e.grantedAt, e.served, e.lastUse = now, cost, now
+		if e.gone {
+			ls.giveBack(key, e, now)
+		}
+	}
+	if e.fetching != nil {
+		close(e.fetching)
+		e.fetching = nil
+	}
+}
+
+// giveBack queues e's unspent units for return to their window; e.mu is held.
+func (ls *leases) giveBack(key string, e *lease, now time.Time) {
+	if e.units > 0 && now.Before(e.deadline) {
+		select {
+		case ls.returns <- leaseReturn{key: key, window: e.limit.Window, windowStart: e.windowStart, units: e.units}:
+		default: // the returner is behind: the units stay counted, which only under-admits
+		}
+	}
+	e.units = 0
+}
+
+// drop is the eviction callback: the key's lease goes back.
+func (ls *leases) drop(key string, e *lease, evicted bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ls.giveBack(key, e, ls.now())
+	e.gone = evicted
+}
+
+// sweep gives back the leases idle for longer than the horizon, oldest first, and stops at the
+// first one in use: the cache's order is the order of last use.
+func (ls *leases) sweep(now time.Time) {
+	for range 1024 {
+		key, e, ok := ls.cache.GetOldest()
+		if !ok {
+			return
+		}
+		e.mu.Lock()
+		idle := e.fetching == nil && now.Sub(e.lastUse) > ls.horizon
+		e.mu.Unlock()
+		if !idle {
+			return
+		}
+		ls.cache.Remove(key) // the eviction callback gives its units back
+	}
+}
+
+// run sweeps idle leases and sends returns until quit closes, then gives back every lease.
+func (ls *leases) run(client redis.UniversalClient, quit <-chan struct{}) {
+	t := time.NewTicker(max(ls.horizon/4, 50*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-quit:
+			ls.cache.Purge() // every lease to the return queue
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ls.send(ctx, client)
+			cancel()
+			return
+		case <-t.C:
+			ls.sweep(ls.now())
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ls.send(ctx, client)
+			cancel()
+		}
+	}
+}
+
+// send gives queued units back in one pipeline. A return that fails leaves its units counted:
+// the window admits less, never more.
+func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
+	var cmds []redis.Cmder
+	for {
+		select {
+		case r := <-ls.returns:
+			cmds = append(cmds, scripts.EvalSha(ctx, scripts.LeaseReturn(), []string{r.key},
+				r.window.Milliseconds(), r.windowStart, r.units))
+			if len(cmds) < 256 {
+				continue
+			}
+		default:
+		}
+		if len(cmds) == 0 {
+			return
+		}
+		scripts.Exec(ctx, client, cmds, []scripts.Script{scripts.LeaseReturn()})
+		cmds = cmds[:0]
+	}
+}
