@@ -24,7 +24,8 @@ type Config struct {
 	AdminListen       string
 	GRPCListen        string
 	CheckListen       string
-	MaxDecisionConns  int
+	MaxCheckConns     int
+	MaxGRPCConns      int
 	ConfigDir         string
 	PodLabels         string
 	FailureMode       string
@@ -42,6 +43,7 @@ type Config struct {
 	RedisPassword     string
 	RedisPoolSize     int
 	RedisTimeout      time.Duration
+	LeaseHorizon      time.Duration
 	LogLevel          slog.Level
 	Pprof             bool
 	// MaxProcs is the GOMAXPROCS Run sets; 0 keeps the runtime's. It is 0 when a GOMAXPROCS
@@ -63,7 +65,8 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 		"address of the decision API, POST /v1/check; loopback keeps it inside the pod; empty disables it")
 	fs.StringVar(&c.GRPCListen, contract.FlagGRPCListen, fmt.Sprintf("%s:%d", contract.LoopbackHost, contract.GRPCPort),
 		"address of the Envoy rate limit service (gRPC); loopback keeps it inside the pod; empty disables it")
-	fs.IntVar(&c.MaxDecisionConns, "max-decision-conns", 32, "most client connections each decision face (/v1/check, gRPC) holds open at once; more wait to be accepted")
+	fs.IntVar(&c.MaxCheckConns, "max-check-conns", 512, "most client connections /v1/check holds open at once (HTTP/1: one per concurrent caller); more wait to be accepted")
+	fs.IntVar(&c.MaxGRPCConns, "max-grpc-conns", 32, "most client connections the rate limit service holds open at once, each with up to 64 concurrent calls; more wait to be accepted")
 	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the admin address (for diagnosing a sidecar, not for production traffic)")
 	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
 	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")
@@ -81,6 +84,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 16, "Redis connections kept per node")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 50*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
+	fs.DurationVar(&c.LeaseHorizon, "lease-horizon", 2*time.Second, "FixedWindow and SlidingWindowCounter rules admit from leases of about this long's local demand, counted in Redis when granted (exact across replicas); 0 asks Redis for every decision")
 	fs.IntVar(&c.MaxProcs, contract.FlagMaxProcs, 1, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -117,8 +121,8 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	if c.MaxProcs < 0 {
 		errs = append(errs, errors.New("--max-procs must not be negative"))
 	}
-	if c.MaxDecisionConns < 1 {
-		errs = append(errs, errors.New("--max-decision-conns must be at least 1"))
+	if c.MaxCheckConns < 1 || c.MaxGRPCConns < 1 {
+		errs = append(errs, errors.New("--max-check-conns and --max-grpc-conns must be at least 1"))
 	}
 	if c.MaxHeaderBytes < 4096 {
 		errs = append(errs, errors.New("--max-header-bytes must be at least 4096"))

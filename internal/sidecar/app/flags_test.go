@@ -28,7 +28,8 @@ func TestParseConfigContract(t *testing.T) {
 	g.Expect(c.GRPCListen).To(Equal("127.0.0.1:9092"), "decision faces stay inside the pod by default")
 	g.Expect(c.CheckListen).To(Equal("127.0.0.1:9093"), "decision faces stay inside the pod by default")
 	g.Expect(c.AdminListen).To(Equal(":9091"))
-	g.Expect(c.MaxDecisionConns).To(Equal(32))
+	g.Expect(c.MaxCheckConns).To(Equal(512))
+	g.Expect(c.MaxGRPCConns).To(Equal(32))
 	g.Expect(c.RateLimitHeaders).To(BeTrue())
 	g.Expect(c.TrustedHops).To(BeZero())
 	g.Expect(c.HeartbeatInterval).To(Equal(5 * time.Second))
@@ -48,7 +49,7 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"stray argument":     {"--upstream=127.0.0.1:1", "extra"},
 		"unknown flag":       {"--upstream=127.0.0.1:1", "--nope"},
 		"tiny header budget": {"--upstream=127.0.0.1:1", "--max-header-bytes=10"},
-		"no decision conns":  {"--upstream=127.0.0.1:1", "--max-decision-conns=0"},
+		"no decision conns":  {"--upstream=127.0.0.1:1", "--max-grpc-conns=0"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := app.ParseConfig(args, env(map[string]string{"REDLINE_REDIS_URL": "redis://r"}), io.Discard)

@@ -74,7 +74,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		return fmt.Errorf("creating redis client: %w", err)
 	}
 	defer client.Close()
-	lim, err := limiter.New(client, limiter.Options{})
+	leaseHorizon := cfg.LeaseHorizon
+	if leaseHorizon <= 0 {
+		leaseHorizon = -1 // off: every decision asks Redis
+	}
+	lim, err := limiter.New(client, limiter.Options{LeaseHorizon: leaseHorizon})
 	if err != nil {
 		return fmt.Errorf("creating limiter: %w", err)
 	}
@@ -260,7 +264,7 @@ type listeners struct {
 }
 
 // listenAll opens every configured address, or none. The decision faces accept at most
-// cfg.MaxDecisionConns connections each (netutil.LimitListener): one client opening sockets
+// cfg.MaxCheckConns and cfg.MaxGRPCConns connections (netutil.LimitListener): one client opening sockets
 // without end cannot exhaust the sidecar's memory or descriptors.
 func listenAll(cfg *Config) (*listeners, error) {
 	var (
@@ -289,12 +293,12 @@ func listenAll(cfg *Config) (*listeners, error) {
 		return nil, err
 	}
 	if cfg.CheckListen != "" {
-		if lns.check, err = open("the decision API", cfg.CheckListen, cfg.MaxDecisionConns); err != nil {
+		if lns.check, err = open("the decision API", cfg.CheckListen, cfg.MaxCheckConns); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.GRPCListen != "" {
-		if lns.grpc, err = open("the rate limit service", cfg.GRPCListen, cfg.MaxDecisionConns); err != nil {
+		if lns.grpc, err = open("the rate limit service", cfg.GRPCListen, cfg.MaxGRPCConns); err != nil {
 			return nil, err
 		}
 	}

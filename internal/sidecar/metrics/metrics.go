@@ -137,6 +137,8 @@ type limiterCollector struct {
 var (
 	descRedisDecisions = prometheus.NewDesc(ns+"_redis_decisions_total", "Decisions answered by a script in Redis.", nil, nil)
 	descPrecheck       = prometheus.NewDesc(ns+"_precheck_hits_total", "Refusals repeated from the local pre-check cache without a Redis call.", nil, nil)
+	descLeased         = prometheus.NewDesc(ns+"_lease_decisions_total", "Admissions from a lease this sidecar holds: counted in Redis when granted, decided without a call.", nil, nil)
+	descLeaseGrants    = prometheus.NewDesc(ns+"_lease_grants_total", "Redis decisions that granted a lease of more than their own cost.", nil, nil)
 	descDegraded       = prometheus.NewDesc(ns+"_degraded_decisions_total", "Decisions made by a failure mode because Redis could not answer.", nil, nil)
 	descRoundTrips     = prometheus.NewDesc(ns+"_redis_round_trips_total", "Redis round trips made for decisions (pipelines and single commands, NOSCRIPT retries included).", nil, nil)
 	descPerDecision    = prometheus.NewDesc(ns+"_redis_round_trips_per_decision", "Redis round trips per Redis decision since start; below 1 when batching merges concurrent decisions.", nil, nil)
@@ -148,7 +150,7 @@ var (
 )
 
 func (c *limiterCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRedisDecisions, descPrecheck, descDegraded, descRoundTrips, descPerDecision,
+	for _, d := range []*prometheus.Desc{descRedisDecisions, descPrecheck, descLeased, descLeaseGrants, descDegraded, descRoundTrips, descPerDecision,
 		descScriptLoads, descBreaker, descFallback, descReplicas, descPolicies} {
 		ch <- d
 	}
@@ -163,6 +165,8 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 		s := c.stats()
 		ch <- prometheus.MustNewConstMetric(descRedisDecisions, prometheus.CounterValue, float64(s.RedisDecisions))
 		ch <- prometheus.MustNewConstMetric(descPrecheck, prometheus.CounterValue, float64(s.PrecheckRefusals))
+		ch <- prometheus.MustNewConstMetric(descLeased, prometheus.CounterValue, float64(s.LeaseDecisions))
+		ch <- prometheus.MustNewConstMetric(descLeaseGrants, prometheus.CounterValue, float64(s.LeaseGrants))
 		ch <- prometheus.MustNewConstMetric(descDegraded, prometheus.CounterValue, float64(s.DegradedDecisions))
 		ch <- prometheus.MustNewConstMetric(descRoundTrips, prometheus.CounterValue, float64(s.Pipelines))
 		ch <- prometheus.MustNewConstMetric(descScriptLoads, prometheus.CounterValue, float64(s.ScriptLoads))
