@@ -3,7 +3,10 @@ package limiter_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
@@ -55,4 +58,51 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 		})
 	}
 	g.Expect(keysWithoutTTL(cl.URL())).To(BeEmpty())
+}
+
+// On a cluster a hot key loads one master with every decision of every replica; with leases
+// that master sees a script call per lease instead. Measured on the master itself (INFO
+// commandstats), with leases off and on, for the same load.
+func TestClusterHotKeyShardCallsFallWithLeases(t *testing.T) {
+	g := NewWithT(t)
+	cl, err := redistest.StartCluster(3)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = cl.Close() })
+	admin := newClient(t, cl.URL()).(*redis.ClusterClient)
+	_, err = scripts.Load(context.Background(), admin)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	calls := func(node *redis.Client) int64 {
+		info, err := node.Info(context.Background(), "commandstats").Result()
+		g.Expect(err).NotTo(HaveOccurred())
+		var n int64
+		for line := range strings.SplitSeq(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+				n, _ = strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			}
+		}
+		return n
+	}
+	const decisions = 3 * 16 * 100
+	for _, c := range []struct {
+		name    string
+		horizon time.Duration
+		most    float64
+	}{{"leases off", -1, 1.01}, {"leases on", 2 * time.Second, 0.2}} {
+		t.Run(c.name, func(t *testing.T) {
+			g := NewWithT(t)
+			key := limiter.Key("shop", "checkout", "hot", c.name)
+			node, err := admin.MasterForKey(context.Background(), key+":fw")
+			g.Expect(err).NotTo(HaveOccurred())
+			ls := instances(t, cl.URL(), 3, limiter.Options{LeaseHorizon: c.horizon})
+			lim := exactLimit(limiter.FixedWindow, 1_000_000)
+			lim.Replicas = 3
+			before := calls(node)
+			got, _ := flood(t, ls, []string{key}, lim, 16, 100)
+			g.Expect(got[0]).To(Equal(int64(decisions)))
+			per := float64(calls(node)-before) / decisions
+			t.Logf("%s: the hot key's master ran %.3f scripts per decision", c.name, per)
+			g.Expect(per).To(BeNumerically("<", c.most))
+		})
+	}
 }
