@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -13,8 +14,11 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
 // Leases across sidecar processes: n sidecars x 64 callers ask /v1/check for twice the limit,
@@ -145,4 +149,117 @@ func checkFlood(scs []*sidecar, callers, total int, keyOf func(int) string) (map
 	}
 	wg.Wait()
 	return admitted, failed.Load()
+}
+
+// A reload that lowers the limit while sidecars hold leases granted under the old one: those
+// leases are not admitted under the new limit, so the window never admits more than the limit
+// now in force.
+func TestLeasesAndALowerLimitOnReload(t *testing.T) {
+	for _, alg := range []string{"FixedWindow", "SlidingWindowCounter"} {
+		t.Run(alg, func(t *testing.T) {
+			g := NewWithT(t)
+			e := newEnv(t, "web")
+			e.write(t, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "web", 1000, 24*time.Hour, "x-key", "Closed", alg))
+			var scs []*sidecar
+			for i := range 3 {
+				scs = append(scs, start(t, fmt.Sprint("reload-", i), e, shared.URL(), "127.0.0.1:1", true))
+			}
+			key := fmt.Sprint("reload-", time.Now().UnixNano())
+			before, failed := checkFlood(scs, 8, 390, func(int) string { return key })
+			g.Expect(failed).To(BeZero())
+			g.Expect(before[key]).To(Equal(int64(390)), "under 1000 every request passes")
+			leased := 0.0
+			for _, s := range scs {
+				leased += s.metric(t, "redline_sidecar_lease_decisions_total")
+			}
+			g.Expect(leased).To(BeNumerically(">", 0), "the sidecars admitted from leases, and hold some")
+
+			e.write(t, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "web", 400, 24*time.Hour, "x-key", "Closed", alg))
+			for _, s := range scs {
+				g.Eventually(func() int64 { return limitInForce(s, "p", "r") }).WithTimeout(20 * time.Second).Should(Equal(int64(400)))
+			}
+			after, failed := checkFlood(scs, 64, 2000, func(int) string { return key })
+			g.Expect(failed).To(BeZero())
+			t.Logf("%s: 390 admitted under 1000, then %d under 400", alg, after[key])
+			g.Expect(before[key] + after[key]).To(BeNumerically("<=", 400), "no window admits more than the limit in force")
+		})
+	}
+}
+
+// Redis killed while sidecars hold leases: they admit what they hold (counted already), then
+// the failure mode (Closed) refuses; when Redis is back, the shared counter decides again.
+func TestLeasesWhileRedisIsKilled(t *testing.T) {
+	g := NewWithT(t)
+	srv, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = srv.Close() })
+	e := newEnv(t, "web")
+	e.write(t, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "web", 1000, 24*time.Hour, "x-key", "Closed", "FixedWindow"))
+	var scs []*sidecar
+	for i := range 3 {
+		scs = append(scs, start(t, fmt.Sprint("kill-", i), e, srv.URL(), "127.0.0.1:1", true, "--lease-horizon=30s"))
+	}
+	key := fmt.Sprint("kill-", time.Now().UnixNano())
+	warm, failed := checkFlood(scs, 8, 300, func(int) string { return key })
+	g.Expect(failed).To(BeZero())
+	g.Expect(warm[key]).To(Equal(int64(300)))
+	counted, err := redisCounter(srv.URL(), limiter.Key(e.namespace, "p", "r", key)+":fw")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	g.Expect(srv.Stop()).To(Succeed())
+	down, refused := checkFloodSources(scs, 8, 2000, key)
+	t.Logf("Redis down: %d admitted from leases held (%d units were counted), %d refused by the failure mode", down, counted-300, refused)
+	g.Expect(300 + down).To(BeNumerically("<=", counted), "only units counted in Redis before it died are admitted")
+	g.Expect(refused).To(BeNumerically(">", 0), "then the failure mode refuses")
+
+	g.Expect(srv.Start()).To(Succeed())
+	g.Eventually(func() int64 {
+		admitted, _ := checkFlood(scs, 1, 3, func(int) string { return key })
+		return admitted[key]
+	}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).Should(BeNumerically(">", 0), "Redis decides again once it is back")
+}
+
+// redisCounter reads a FixedWindow counter.
+func redisCounter(url, stateKey string) (int64, error) {
+	c, err := redisconn.NewClient(url, redisconn.Options{})
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return c.Get(context.Background(), stateKey).Int64()
+}
+
+// checkFloodSources sends total checks on key and counts admissions and failure-mode refusals.
+func checkFloodSources(scs []*sidecar, callers, total int, key string) (admitted, failClosed int64) {
+	var a, f, next atomic.Int64
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: callers}}
+	defer client.CloseIdleConnections()
+	body := `{"policy":"p","rule":"r","key":["` + key + `"]}`
+	for _, s := range scs {
+		for range callers {
+			wg.Go(func() {
+				for next.Add(1) <= int64(total) {
+					resp, err := client.Post(s.check+checkapi.Path, "application/json", bytes.NewBufferString(body))
+					if err != nil {
+						continue
+					}
+					var d checkapi.Response
+					err = json.NewDecoder(resp.Body).Decode(&d)
+					resp.Body.Close()
+					if err != nil || len(d.Results) != 1 {
+						continue
+					}
+					switch {
+					case d.Allowed:
+						a.Add(1)
+					case d.Results[0].Source == "failclosed":
+						f.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return a.Load(), f.Load()
 }
