@@ -181,7 +181,7 @@ func TestLeasesAndALowerLimitOnReload(t *testing.T) {
 			after, failed := checkFlood(scs, 64, 2000, func(int) string { return key })
 			g.Expect(failed).To(BeZero())
 			t.Logf("%s: 390 admitted under 1000, then %d under 400", alg, after[key])
-			g.Expect(before[key] + after[key]).To(BeNumerically("<=", 400), "no window admits more than the limit in force")
+			g.Expect(before[key]+after[key]).To(BeNumerically("<=", 400), "no window admits more than the limit in force")
 		})
 	}
 }
@@ -209,14 +209,14 @@ func TestLeasesWhileRedisIsKilled(t *testing.T) {
 	g.Expect(srv.Stop()).To(Succeed())
 	down, refused := checkFloodSources(scs, 8, 2000, key)
 	t.Logf("Redis down: %d admitted from leases held (%d units were counted), %d refused by the failure mode", down, counted-300, refused)
-	g.Expect(300 + down).To(BeNumerically("<=", counted), "only units counted in Redis before it died are admitted")
+	g.Expect(300+down).To(BeNumerically("<=", counted), "only units counted in Redis before it died are admitted")
 	g.Expect(refused).To(BeNumerically(">", 0), "then the failure mode refuses")
 
 	g.Expect(srv.Start()).To(Succeed())
 	g.Eventually(func() int64 {
 		admitted, _ := checkFlood(scs, 1, 3, func(int) string { return key })
 		return admitted[key]
-	}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).Should(BeNumerically(">", 0), "Redis decides again once it is back")
+	}).WithTimeout(30*time.Second).WithPolling(200*time.Millisecond).Should(BeNumerically(">", 0), "Redis decides again once it is back")
 }
 
 // redisCounter reads a FixedWindow counter.
