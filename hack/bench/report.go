@@ -128,8 +128,9 @@ func markdown(r *Report) string {
 // engineRatios says, per concurrency of the under-limit workload, how the default engine
 // compares with one EVALSHA per decision and with the redis-benchmark ceiling.
 func engineRatios(cells []RoundTripCell, ceil float64) string {
-	const engineMode, plainMode = "engine, batching + pre-check (default)", "EVALSHA per decision"
+	const engineMode, plainMode = "engine, batching + pre-check + leases (default)", "EVALSHA per decision"
 	byConc := map[int]map[string]float64{}
+	calls := map[int]float64{}
 	var concs []int
 	for _, c := range cells {
 		if c.Workload != workAdmit || c.Mode != engineMode && c.Mode != plainMode {
@@ -140,6 +141,9 @@ func engineRatios(cells []RoundTripCell, ceil float64) string {
 			concs = append(concs, c.Concurrency)
 		}
 		byConc[c.Concurrency][c.Mode] = c.PerSec
+		if c.Mode == engineMode {
+			calls[c.Concurrency] = c.Commands
+		}
 	}
 	var b strings.Builder
 	for _, n := range concs {
@@ -147,7 +151,7 @@ func engineRatios(cells []RoundTripCell, ceil float64) string {
 		if e == 0 || p == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "\nUnder limit, %d callers: the engine decides %.2fx as fast as one EVALSHA per decision, at %s of the ceiling.", n, e/p, pct(e, ceil))
+		fmt.Fprintf(&b, "\nUnder limit, %d callers: the engine decides %.2fx as fast as one EVALSHA per decision, at %s of the ceiling, with %.3f Redis commands per decision.", n, e/p, pct(e, ceil), calls[n])
 	}
 	if b.Len() > 0 {
 		b.WriteString("\n")

@@ -68,10 +68,13 @@ type rtMode struct {
 	build func(c redis.UniversalClient) (decider, func(), error)
 }
 
-// engine returns the limiter engine with batching and pre-check on or off.
-func engine(name string, batch, precheck bool) rtMode {
+// engine returns the limiter engine with batching, pre-check and leases on or off.
+func engine(name string, batch, precheck, leases bool) rtMode {
 	return rtMode{name, func(c redis.UniversalClient) (decider, func(), error) {
-		o := limiter.Options{}
+		o := limiter.Options{LeaseHorizon: -1}
+		if leases {
+			o.LeaseHorizon = 0 // the default
+		}
 		if !batch {
 			o.MaxBatch = 1
 		}
@@ -87,7 +90,7 @@ func engine(name string, batch, precheck bool) rtMode {
 			if err != nil {
 				return false, fmt.Errorf("allow: %w", err)
 			}
-			if r.Source != limiter.SourceRedis && r.Source != limiter.SourcePrecheck {
+			if r.Source != limiter.SourceRedis && r.Source != limiter.SourcePrecheck && r.Source != limiter.SourceLease {
 				return false, fmt.Errorf("decision from %s: %w", r.Source, r.Err)
 			}
 			return !r.Allowed, nil
@@ -118,10 +121,11 @@ var rtModes = []rtMode{
 			return len(r) == 0 || r[0] != 1, nil
 		}, func() {}, nil
 	}},
-	engine("engine, no batching, no pre-check", false, false),
-	engine("engine, batching, no pre-check", true, false),
-	engine("engine, no batching, pre-check", false, true),
-	engine("engine, batching + pre-check (default)", true, true),
+	engine("engine, no batching, no pre-check", false, false, false),
+	engine("engine, batching, no pre-check", true, false, false),
+	engine("engine, no batching, pre-check", false, true, false),
+	engine("engine, batching + pre-check", true, true, false),
+	engine("engine, batching + pre-check + leases (default)", true, true, true),
 }
 
 // runRoundTrips measures every mode under both workloads at each concurrency of concs.
