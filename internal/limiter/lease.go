@@ -21,7 +21,7 @@ import (
 // while another is refused. To keep that small:
 //
 //   - a cold key asks for one unit, today's exact path; a warm key asks for its recent local
-//     rate times the horizon, never more than the shared budget left at its last grant divided
+//     rate times the horizon (16 units at least), never more than the shared budget left at its last grant divided
 //     by twice the live replicas, so near the limit leases shrink to one unit again;
 //   - a lease ends with the window its units were counted in (its deadline is the time of the
 //     request that got it plus what Redis said was left of the window, so it ends no later than
@@ -37,6 +37,9 @@ type leases struct {
 	returns chan leaseReturn
 	now     func() time.Time
 }
+
+// minWarmLease is the least a key that was granted before asks for.
+const minWarmLease = 16
 
 // lease is one key's local budget.
 type lease struct {
@@ -123,6 +126,9 @@ func (ls *leases) want(e *lease, limit Limit, cost int64, now time.Time) int64 {
 	}
 	elapsed := max(now.Sub(e.grantedAt), time.Millisecond)
 	w := int64(float64(e.served) * float64(ls.horizon) / float64(elapsed))
+	// A warm key asks for a few units at least, so that a key used about once a horizon is not
+	// a round trip per decision: the cap below still shrinks it to one near the limit.
+	w = max(w, minWarmLease)
 	replicas := max(limit.Replicas, 1)
 	w = min(w, e.remaining/(2*replicas), ls.max, limit.Requests)
 	return max(w, cost)
