@@ -59,7 +59,7 @@ func runAccuracy(ctx context.Context, sidecars []*Sidecar, replicaCounts []int, 
 				if r.Allowed {
 					admitted.Add(1)
 				}
-				if len(r.Results) > 0 && r.Results[0].Source != "redis" && r.Results[0].Source != "precheck" {
+				if len(r.Results) > 0 && r.Results[0].Source != "redis" && r.Results[0].Source != "precheck" && r.Results[0].Source != "lease" {
 					degraded.Add(1)
 				}
 				return nil

@@ -21,8 +21,10 @@ import (
 // while another is refused. To keep that small:
 //
 //   - a cold key asks for one unit, today's exact path; a warm key asks for its recent local
-//     rate times the horizon (16 units at least), never more than the shared budget left at its last grant divided
-//     by twice the live replicas, so near the limit leases shrink to one unit again;
+//     rate times the horizon (16 units at least), never more than the shared budget left at
+//     its last grant divided by twice the live replicas, so near the limit leases shrink to
+//     one unit again, and never more than a twentieth of the limit divided by the live
+//     replicas, so all the units held at any moment are at most 5% of the limit;
 //   - a lease ends with the window its units were counted in (its deadline is the time of the
 //     request that got it plus what Redis said was left of the window, so it ends no later than
 //     the window does), and unused units of an idle lease, of a rule that changed and of every
@@ -129,8 +131,12 @@ func (ls *leases) want(e *lease, limit Limit, cost int64, now time.Time) int64 {
 	// A warm key asks for a few units at least, so that a key used about once a horizon is not
 	// a round trip per decision: the cap below still shrinks it to one near the limit.
 	w = max(w, minWarmLease)
+	// Two caps. Half of what is left, shared among the replicas: near the end of a window
+	// leases shrink to one unit. And a twentieth of the limit per replica: all the units every
+	// replica holds come to 5% of the limit at most, so however demand stops, the replicas
+	// admit at least 95% of what the limit allows.
 	replicas := max(limit.Replicas, 1)
-	w = min(w, e.remaining/(2*replicas), ls.max, limit.Requests)
+	w = min(w, e.remaining/(2*replicas), limit.Requests/(20*replicas), ls.max)
 	return max(w, cost)
 }
 
