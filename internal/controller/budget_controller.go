@@ -20,9 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -61,6 +63,9 @@ type BudgetReconciler struct {
 	// Interval is how often the budget is recomputed without an event, to follow
 	// connected_clients (default 30s).
 	Interval time.Duration
+	// MaxBackoff caps the retry delay while Redis is down (default 30s), so that the condition
+	// recovers soon after Redis does.
+	MaxBackoff time.Duration
 
 	mu sync.Mutex
 	// last is each workload's connections at the last computed budget, to tell which one
@@ -313,8 +318,15 @@ func (r *BudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{budgetRequest}
 	})
+	maxBackoff := r.MaxBackoff
+	if maxBackoff == 0 {
+		maxBackoff = 30 * time.Second
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("redisconnectionbudget").
+		WithOptions(controller.Options{
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, maxBackoff),
+		}).
 		Watches(&appsv1.Deployment{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&appsv1.StatefulSet{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).

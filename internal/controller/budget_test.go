@@ -195,4 +195,35 @@ var _ = Describe("Redis connection budget", func() {
 			g.Expect(strings.Contains(c.Message, "search")).To(BeFalse())
 		}, timeout, interval).Should(Succeed())
 	})
+
+	It("counts a StatefulSet at its HPA's maxReplicas", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		d := injectedDeployment(ns, "ledger", 3, "4")
+		set := &appsv1.StatefulSet{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ledger"},
+			Spec: appsv1.StatefulSetSpec{
+				Replicas: d.Spec.Replicas, Selector: d.Spec.Selector, Template: d.Spec.Template, ServiceName: "ledger",
+			},
+		}
+		Expect(k8s.Create(ctx, set)).To(Succeed())
+		hpa := hpaFor(d, 6)
+		hpa.Spec.ScaleTargetRef.Kind = "StatefulSet"
+		Expect(k8s.Create(ctx, hpa)).To(Succeed())
+		DeferCleanup(func(ctx context.Context) {
+			for _, o := range []client.Object{hpa, set} {
+				Expect(client.IgnoreNotFound(k8s.Delete(ctx, o))).To(Succeed())
+			}
+		})
+		p := policy(ns, "ledger-limit", 100)
+		p.Spec.TargetSelector.MatchLabels = map[string]string{"app": "ledger"}
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+
+		Eventually(func(g Gomega) {
+			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
+			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Message).To(ContainSubstring("this policy's workloads: StatefulSet " + ns + "/ledger 6 x 4"))
+			g.Expect(gauge(g, "redline_redis_workload_connections_worst_case",
+				map[string]string{"namespace": ns, "kind": "StatefulSet", "name": "ledger"})).To(Equal(24.0))
+		}, timeout, interval).Should(Succeed())
+	})
 })

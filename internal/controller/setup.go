@@ -99,6 +99,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		ManagerConnections: cfg.ManagerConnections,
 		RedisTimeout:       cfg.RedisTimeout,
 		Interval:           cfg.BudgetInterval,
+		MaxBackoff:         cfg.MaxBackoff,
 	}
 	return b.SetupWithManager(mgr)
 }
