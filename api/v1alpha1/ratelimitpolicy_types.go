@@ -274,6 +274,10 @@ const (
 	ConditionProgrammed = "Programmed"
 	// ConditionEnforced is True when sidecars report applying the current configuration.
 	ConditionEnforced = "Enforced"
+	// ConditionRedisConnectionBudget is False when the workloads the policy targets are part of
+	// a worst case (every injected workload at its maxReplicas, each pod with its full Redis
+	// pool) that exceeds Redis's maxclients.
+	ConditionRedisConnectionBudget = "RedisConnectionBudget"
 )
 
 // RateLimitPolicyStatus is what the controller observed about a policy.
@@ -282,7 +286,7 @@ type RateLimitPolicyStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions: Accepted, Programmed and Enforced.
+	// conditions: Accepted, Programmed, Enforced and RedisConnectionBudget.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

@@ -42,6 +42,8 @@ func run() error {
 		redisTimeout, checkInterval time.Duration
 		maxBackoff                  time.Duration
 		heartbeatTTL, resync        time.Duration
+		redisMaxClients             int64
+		budgetInterval              time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 turns it off.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
@@ -56,6 +58,8 @@ func run() error {
 	flag.DurationVar(&maxBackoff, "max-backoff", 30*time.Second, "Longest retry delay while Redis is unavailable.")
 	flag.DurationVar(&heartbeatTTL, "heartbeat-ttl", fleet.TTL(fleet.DefaultInterval), "How long a sidecar counts as live after its last heartbeat (match the sidecars').")
 	flag.DurationVar(&resync, "resync-interval", 15*time.Second, "How often each namespace is re-read to follow sidecar heartbeats into the Enforced condition.")
+	flag.Int64Var(&redisMaxClients, "redis-maxclients", 0, "Redis's maxclients, for a Redis that refuses CONFIG GET (managed services); 0 reads it with CONFIG GET.")
+	flag.DurationVar(&budgetInterval, "budget-interval", 30*time.Second, "How often the Redis connection budget is recomputed without a workload change (follows connected_clients).")
 	// Pod injection webhook flags (--sidecar-*, --webhook-*, --native-sidecars).
 	webhookCfg := podinject.DefaultConfig()
 	webhookCfg.BindFlags(flag.CommandLine)
@@ -74,7 +78,7 @@ func run() error {
 	}
 	// The manager's calls are not on a request path: timeouts of seconds, a small pool.
 	rdb, err := redisconn.NewClient(redisURL, redisconn.Options{
-		PoolSize: 4, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+		PoolSize: controller.ManagerRedisPoolSize, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 		PoolTimeout: 3 * time.Second, Password: password, ClientName: "redline-manager",
 	})
 	if err != nil {
@@ -108,6 +112,7 @@ func run() error {
 	if err := controller.Setup(mgr, controller.Config{
 		Redis: rdb, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
 		HeartbeatTTL: heartbeatTTL, ResyncInterval: resync,
+		RedisMaxClients: redisMaxClients, BudgetInterval: budgetInterval,
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
 	}

@@ -31,6 +31,14 @@ type Config struct {
 	// ResyncInterval is how often each namespace is re-read to follow sidecar heartbeats into
 	// the Enforced condition (default 15s).
 	ResyncInterval time.Duration
+	// RedisMaxClients, when positive, is Redis's maxclients, for a Redis that refuses CONFIG GET.
+	RedisMaxClients int64
+	// ManagerConnections are the manager's own connections per Redis node, counted in the
+	// budget (default ManagerRedisPoolSize).
+	ManagerConnections int64
+	// BudgetInterval is how often the connection budget is recomputed without an event
+	// (default 30s).
+	BudgetInterval time.Duration
 }
 
 // CacheOptions restricts the manager's ConfigMap cache to the ConfigMaps Redline manages, so
@@ -45,7 +53,7 @@ func CacheOptions(opts cache.Options) cache.Options {
 	return opts
 }
 
-// Setup adds the policy reconciler and the script watcher to mgr.
+// Setup adds the policy reconciler, the script watcher and the connection budget to mgr.
 func Setup(mgr ctrl.Manager, cfg Config) error {
 	if cfg.CheckInterval == 0 {
 		cfg.CheckInterval = 10 * time.Second
@@ -77,5 +85,21 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	if err := mgr.AddReadyzCheck("policies", r.ReadyCheck(mgr.GetCache())); err != nil {
 		return fmt.Errorf("adding readiness check: %w", err)
 	}
-	return r.SetupWithManager(mgr)
+	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if cfg.ManagerConnections == 0 {
+		cfg.ManagerConnections = ManagerRedisPoolSize
+	}
+	b := &BudgetReconciler{
+		Client:             mgr.GetClient(),
+		Policies:           mgr.GetCache(),
+		Redis:              &RedisClients{Client: cfg.Redis, MaxClients: cfg.RedisMaxClients},
+		Recorder:           mgr.GetEventRecorder("redline-controller"),
+		ManagerConnections: cfg.ManagerConnections,
+		RedisTimeout:       cfg.RedisTimeout,
+		Interval:           cfg.BudgetInterval,
+		MaxBackoff:         cfg.MaxBackoff,
+	}
+	return b.SetupWithManager(mgr)
 }

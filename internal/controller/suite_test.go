@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -46,7 +47,8 @@ var _ = BeforeSuite(func() {
 		"KUBEBUILDER_ASSETS is not set: run the tests with `make test`, which installs etcd and kube-apiserver (hack/setup-envtest.sh)")
 
 	var err error
-	redisSrv, err = redistest.Start()
+	// A low maxclients, so that the connection budget test goes over it with a few replicas.
+	redisSrv, err = redistest.Start("--maxclients", strconv.Itoa(budgetMaxClients))
 	Expect(err).NotTo(HaveOccurred())
 	rdb = redis.NewClient(&redis.Options{Addr: redisSrv.Addr()})
 
@@ -76,7 +78,7 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(controller.Setup(mgr, controller.Config{
 		Redis: mgrRedis, RedisTimeout: time.Second, CheckInterval: 300 * time.Millisecond, MaxBackoff: 2 * time.Second,
-		HeartbeatTTL: 10 * time.Second, ResyncInterval: 300 * time.Millisecond,
+		HeartbeatTTL: 10 * time.Second, ResyncInterval: 300 * time.Millisecond, BudgetInterval: 300 * time.Millisecond,
 	})).To(Succeed())
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -32,9 +32,24 @@ const (
 	// outside the pod. Without it they listen on loopback only: anything that can reach the
 	// pod could otherwise spend any client's quota (ask with the victim's key until refused).
 	AnnotationExposeDecisionAPI = "redline.dev/expose-decision-api"
+	// AnnotationRedisPoolSize sets the sidecar's Redis pool: connections per Redis node,
+	// MinRedisPoolSize to MaxRedisPoolSize (default DefaultRedisPoolSize). The controller counts
+	// it, times the workload's maxReplicas, against Redis's maxclients.
+	AnnotationRedisPoolSize = "redline.dev/redis-pool-size"
 	// AnnotationInjected is written by the injector and records what it injected. A pod that
 	// carries it is never injected again.
 	AnnotationInjected = "redline.dev/injected"
+)
+
+// The sidecar's Redis pool, per Redis node (--redis-pool-size).
+const (
+	// DefaultRedisPoolSize is the pool of a sidecar whose pod does not set
+	// AnnotationRedisPoolSize.
+	DefaultRedisPoolSize = 16
+	// MinRedisPoolSize keeps batching and heartbeats working beside a blocked call.
+	MinRedisPoolSize = 2
+	// MaxRedisPoolSize bounds what one pod may ask for.
+	MaxRedisPoolSize = 1024
 )
 
 // Failure modes accepted by AnnotationFailureMode and the sidecar's --failure-mode flag.
@@ -97,6 +112,8 @@ const (
 	FlagPodLabels   = "pod-labels"   // PodLabelsFile
 	FlagFailureMode = "failure-mode" // only when AnnotationFailureMode is set
 	FlagMaxProcs    = "max-procs"    // only when AnnotationSidecarMaxProcs is set
+	// FlagRedisPoolSize is passed only when AnnotationRedisPoolSize is set.
+	FlagRedisPoolSize = "redis-pool-size"
 )
 
 // Environment variables set on the sidecar.

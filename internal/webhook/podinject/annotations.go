@@ -20,6 +20,8 @@ type params struct {
 	failureMode string
 	// maxProcs is 0 unless the pod sets it.
 	maxProcs int
+	// redisPoolSize is 0 unless the pod sets it.
+	redisPoolSize int
 	// exposeDecisionAPI serves /v1/check and the rate limit service on the pod network.
 	exposeDecisionAPI bool
 	resources         corev1.ResourceRequirements
@@ -80,6 +82,15 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 			return p, fmt.Errorf("annotation %s=%q: want a whole number of CPUs, 1-64", contract.AnnotationSidecarMaxProcs, raw)
 		}
 		p.maxProcs = n
+	}
+
+	if raw, ok := ann[contract.AnnotationRedisPoolSize]; ok {
+		n, err := strconv.Atoi(strings.TrimSpace(raw))
+		if err != nil || n < contract.MinRedisPoolSize || n > contract.MaxRedisPoolSize {
+			return p, fmt.Errorf("annotation %s=%q: want a whole number of connections per Redis node, %d-%d",
+				contract.AnnotationRedisPoolSize, raw, contract.MinRedisPoolSize, contract.MaxRedisPoolSize)
+		}
+		p.redisPoolSize = n
 	}
 
 	if raw, ok := ann[contract.AnnotationExposeDecisionAPI]; ok {

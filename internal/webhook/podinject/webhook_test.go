@@ -43,7 +43,7 @@ var _ = Describe("Pod injection through the API server", func() {
 
 	It("injects a native sidecar into an annotated pod", func() {
 		stored, warns := createAndGet(annotatedPod(ns, "checkout-1", contract.AnnotationFailureMode, contract.FailureModeClosed,
-			contract.AnnotationSidecarMaxProcs, "2"))
+			contract.AnnotationSidecarMaxProcs, "2", contract.AnnotationRedisPoolSize, "8"))
 		Expect(warns).To(BeEmpty())
 
 		Expect(stored.Spec.InitContainers).NotTo(BeEmpty())
@@ -55,7 +55,7 @@ var _ = Describe("Pod injection through the API server", func() {
 			"--listen=:8000", "--upstream=127.0.0.1:8080", "--admin-listen=:9091",
 			"--check-listen=127.0.0.1:9093", "--grpc-listen=127.0.0.1:9092",
 			"--config-dir=/etc/redline/policies", "--pod-labels=/etc/redline/podinfo/labels",
-			"--failure-mode=Closed", "--max-procs=2"), "the decision faces stay on loopback")
+			"--failure-mode=Closed", "--max-procs=2", "--redis-pool-size=8"), "the decision faces stay on loopback")
 		Expect(sc.Ports).To(ContainElement(And(
 			HaveField("Name", contract.ListenPortName), HaveField("ContainerPort", int32(8000)))))
 		Expect(sc.Ports).NotTo(ContainElement(HaveField("Name", contract.GRPCPortName)), "a loopback port is not a pod port")
@@ -154,6 +154,10 @@ var _ = Describe("Pod injection through the API server", func() {
 			contract.AnnotationSidecarMaxProcs, "0"),
 		Entry("fractional max procs", `redline.dev/sidecar-max-procs="1.5"`,
 			contract.AnnotationSidecarMaxProcs, "1.5"),
+		Entry("redis pool below the floor", `redline.dev/redis-pool-size="1"`,
+			contract.AnnotationRedisPoolSize, "1"),
+		Entry("redis pool not a number", `redline.dev/redis-pool-size="many"`,
+			contract.AnnotationRedisPoolSize, "many"),
 		Entry("listen on the decision API port", "taken by the sidecar",
 			contract.AnnotationListenPort, "9093"),
 		Entry("decision API exposure not a boolean", `redline.dev/expose-decision-api="yes"`,

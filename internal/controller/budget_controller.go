@@ -1,0 +1,335 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
+)
+
+// Reasons of the RedisConnectionBudget condition and of the budget's Events.
+const (
+	ReasonOverBudget          = "OverBudget"
+	ReasonWithinBudget        = "WithinBudget"
+	ReasonNoInjectedWorkloads = "NoInjectedWorkloads"
+	ReasonBudgetUnknown       = "RedisUnavailable"
+)
+
+// budgetRequest is the one key of the budget reconciler: one Redis serves every namespace, so
+// the budget is one cluster-wide sum and is computed by one worker.
+var budgetRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "redis-connection-budget"}}
+
+// BudgetReconciler adds up the Redis connections that injected workloads can open at their
+// maxReplicas and reports the total against Redis's maxclients. It is a reconciler of its own,
+// not part of NamespaceReconciler, because its answer is cluster-wide: one namespace's HPA
+// changes the condition of policies in every other namespace that shares the over-budget total.
+type BudgetReconciler struct {
+	client.Client
+	// Policies reads RateLimitPolicies as unstructured objects (see listPolicies).
+	Policies client.Reader
+	Redis    *RedisClients
+	Recorder events.EventRecorder
+	// ManagerConnections are the manager's own connections per Redis node.
+	ManagerConnections int64
+	// RedisTimeout bounds the Redis reads of one reconcile (default 5s).
+	RedisTimeout time.Duration
+	// Interval is how often the budget is recomputed without an event, to follow
+	// connected_clients (default 30s).
+	Interval time.Duration
+	// MaxBackoff caps the retry delay while Redis is down (default 30s), so that the condition
+	// recovers soon after Redis does.
+	MaxBackoff time.Duration
+
+	mu sync.Mutex
+	// last is each workload's connections at the last computed budget, to tell which one
+	// pushed the total over.
+	last    map[workloadRef]int64
+	wasOver bool
+	// blamed are the objects given an OverBudget Event, told when the total is back within.
+	blamed map[workloadRef]client.Object
+}
+
+// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch
+
+// Reconcile recomputes the budget and writes it to every policy's status, the metrics and,
+// on a change worth a person's attention, Events.
+func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	loads, err := r.workloads(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
+	nodes, redisErr := r.Redis.Nodes(rctx)
+	cancel()
+	var b budget
+	if redisErr == nil {
+		b = newBudget(loads, r.ManagerConnections, minMaxClients(nodes))
+		recordBudgetMetrics(b, nodes)
+		r.recordEvents(b)
+	} else {
+		log.FromContext(ctx).Info("redis connection budget unknown", "error", redisErr.Error())
+	}
+	if err := r.updatePolicies(ctx, b, loads, redisErr); err != nil {
+		return ctrl.Result{}, err
+	}
+	if redisErr != nil {
+		return ctrl.Result{}, wrapRedis(redisErr)
+	}
+	return ctrl.Result{RequeueAfter: r.interval()}, nil
+}
+
+func minMaxClients(nodes []NodeClients) int64 {
+	var m int64
+	for i, n := range nodes {
+		if i == 0 || n.MaxClients < m {
+			m = n.MaxClients
+		}
+	}
+	return m
+}
+
+// workloads lists the injected Deployments and StatefulSets with their largest replica count.
+func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error) {
+	var hpas autoscalingv2.HorizontalPodAutoscalerList
+	if err := r.List(ctx, &hpas); err != nil {
+		return nil, fmt.Errorf("listing horizontalpodautoscalers: %w", err)
+	}
+	scalers := map[workloadRef]*autoscalingv2.HorizontalPodAutoscaler{}
+	for i := range hpas.Items {
+		h := &hpas.Items[i]
+		t := h.Spec.ScaleTargetRef
+		gv, err := schema.ParseGroupVersion(t.APIVersion)
+		if err != nil || gv.Group != appsv1.GroupName {
+			continue
+		}
+		ref := workloadRef{Kind: t.Kind, Namespace: h.Namespace, Name: t.Name}
+		// Two HPAs on one workload is a misconfiguration; the larger bound is the worst case.
+		if old, ok := scalers[ref]; !ok || h.Spec.MaxReplicas > old.Spec.MaxReplicas {
+			scalers[ref] = h
+		}
+	}
+
+	var out []workloadLoad
+	add := func(kind string, obj client.Object, replicas *int32, tmpl *corev1.PodTemplateSpec) {
+		if tmpl.Annotations[contract.AnnotationInject] != "true" {
+			return
+		}
+		w := workloadLoad{
+			Ref:       workloadRef{Kind: kind, Namespace: obj.GetNamespace(), Name: obj.GetName()},
+			Replicas:  1,
+			Pool:      poolSize(tmpl.Annotations),
+			PodLabels: tmpl.Labels,
+			target:    obj,
+		}
+		if replicas != nil {
+			w.Replicas = int64(*replicas)
+		}
+		if h, ok := scalers[w.Ref]; ok {
+			w.Replicas, w.HPA, w.target = int64(h.Spec.MaxReplicas), h.Name, h
+		}
+		out = append(out, w)
+	}
+	var deps appsv1.DeploymentList
+	if err := r.List(ctx, &deps); err != nil {
+		return nil, fmt.Errorf("listing deployments: %w", err)
+	}
+	for i := range deps.Items {
+		d := &deps.Items[i]
+		add("Deployment", d, d.Spec.Replicas, &d.Spec.Template)
+	}
+	var sets appsv1.StatefulSetList
+	if err := r.List(ctx, &sets); err != nil {
+		return nil, fmt.Errorf("listing statefulsets: %w", err)
+	}
+	for i := range sets.Items {
+		s := &sets.Items[i]
+		add("StatefulSet", s, s.Spec.Replicas, &s.Spec.Template)
+	}
+	return out, nil
+}
+
+// poolSize is the pool the injector gives the pod: the annotation when valid, else the
+// default (the injector refuses to inject with an invalid one, so it opens nothing; counting
+// the default keeps the sum on the safe side).
+func poolSize(ann map[string]string) int64 {
+	if raw, ok := ann[contract.AnnotationRedisPoolSize]; ok {
+		n, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
+		if err == nil && n >= contract.MinRedisPoolSize && n <= contract.MaxRedisPoolSize {
+			return n
+		}
+	}
+	return contract.DefaultRedisPoolSize
+}
+
+// recordEvents tells a person which workload took the total over, and when it is back within.
+// The culprit is the workload whose connections grew since the last computation; after a
+// restart, with nothing to compare, it is the largest.
+func (r *BudgetReconciler) recordEvents(b budget) {
+	if r.blamed == nil {
+		r.blamed = map[workloadRef]client.Object{}
+	}
+	over := b.Over()
+	if over {
+		var pushers []workloadLoad
+		for _, w := range b.Workloads {
+			if prev, seen := r.last[w.Ref]; r.last != nil && (!seen || w.Connections() > prev) {
+				pushers = append(pushers, w)
+			}
+		}
+		if !r.wasOver && len(pushers) == 0 && len(b.Workloads) > 0 {
+			pushers = b.Workloads[:1]
+		}
+		for _, w := range pushers {
+			r.blamed[w.Ref] = w.target
+			if r.Recorder != nil {
+				r.Recorder.Eventf(w.target, nil, corev1.EventTypeWarning, ReasonOverBudget, "RedisConnectionBudget",
+					"%s at %d replicas x %d connections takes Redis over its connection budget: %s; lower maxReplicas or %s, or raise maxclients",
+					w.Ref, w.Replicas, w.Pool, b.Summary(), contract.AnnotationRedisPoolSize)
+			}
+		}
+	} else if r.wasOver {
+		for _, obj := range r.blamed {
+			if r.Recorder != nil {
+				r.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, ReasonWithinBudget, "RedisConnectionBudget",
+					"Redis connections are within budget again: %s", b.Summary())
+			}
+		}
+		clear(r.blamed)
+	}
+	r.wasOver = over
+	r.last = map[workloadRef]int64{}
+	for _, w := range b.Workloads {
+		r.last[w.Ref] = w.Connections()
+	}
+}
+
+// updatePolicies writes the RedisConnectionBudget condition of every policy, where it changed.
+func (r *BudgetReconciler) updatePolicies(ctx context.Context, b budget, loads []workloadLoad, redisErr error) error {
+	list := newPolicyList()
+	if err := r.policyReader().List(ctx, list); err != nil {
+		return fmt.Errorf("listing ratelimitpolicies: %w", err)
+	}
+	var errs []error
+	for i := range list.Items {
+		p, err := decodePolicy(&list.Items[i])
+		if err != nil {
+			continue // the namespace reconciler reports it Undecodable
+		}
+		status, reason, msg := budgetCondition(p, b, loads, redisErr)
+		want := p.Status.DeepCopy()
+		meta.SetStatusCondition(&want.Conditions, metav1.Condition{
+			Type: v1alpha1.ConditionRedisConnectionBudget, Status: status, Reason: reason,
+			Message: truncate(msg), ObservedGeneration: p.Generation,
+		})
+		if apiequality.Semantic.DeepEqual(p.Status, *want) {
+			continue
+		}
+		before := p.DeepCopy()
+		p.Status = *want
+		// The optimistic lock keeps a stale read from dropping the namespace reconciler's
+		// conditions; a conflict retries.
+		if err := r.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// budgetCondition is the condition one policy carries: False when a workload it targets is
+// part of an over-budget total.
+func budgetCondition(p *v1alpha1.RateLimitPolicy, b budget, loads []workloadLoad, redisErr error) (metav1.ConditionStatus, string, string) {
+	if redisErr != nil {
+		return metav1.ConditionUnknown, ReasonBudgetUnknown, "Redis's maxclients or connected_clients cannot be read: " + redisErr.Error()
+	}
+	var mine []string
+	if sel, err := metav1.LabelSelectorAsSelector(&p.Spec.TargetSelector); err == nil {
+		for _, w := range loads {
+			if w.Ref.Namespace == p.Namespace && sel.Matches(labels.Set(w.PodLabels)) {
+				mine = append(mine, fmt.Sprintf("%s %d x %d", w.Ref, w.Replicas, w.Pool))
+			}
+		}
+	}
+	if len(mine) == 0 {
+		return metav1.ConditionTrue, ReasonNoInjectedWorkloads, "no injected Deployment or StatefulSet of the namespace matches targetSelector; " + b.Summary()
+	}
+	targets := "; this policy's workloads: " + strings.Join(mine, ", ")
+	if b.Over() {
+		return metav1.ConditionFalse, ReasonOverBudget, b.Summary() + targets +
+			"; at that scale Redis refuses connections and every policy falls back to its failureMode: lower maxReplicas or " +
+			contract.AnnotationRedisPoolSize + ", or raise maxclients"
+	}
+	return metav1.ConditionTrue, ReasonWithinBudget, b.Summary() + targets
+}
+
+func (r *BudgetReconciler) policyReader() client.Reader {
+	if r.Policies != nil {
+		return r.Policies
+	}
+	return r.Client
+}
+
+func (r *BudgetReconciler) redisTimeout() time.Duration {
+	if r.RedisTimeout > 0 {
+		return r.RedisTimeout
+	}
+	return 5 * time.Second
+}
+
+func (r *BudgetReconciler) interval() time.Duration {
+	if r.Interval > 0 {
+		return r.Interval
+	}
+	return 30 * time.Second
+}
+
+// SetupWithManager registers the reconciler: every change of a workload, an HPA or a policy
+// maps to the one budget request.
+func (r *BudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{budgetRequest}
+	})
+	maxBackoff := r.MaxBackoff
+	if maxBackoff == 0 {
+		maxBackoff = 30 * time.Second
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("redisconnectionbudget").
+		WithOptions(controller.Options{
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, maxBackoff),
+		}).
+		Watches(&appsv1.Deployment{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&appsv1.StatefulSet{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Complete(r)
+}

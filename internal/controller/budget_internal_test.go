@@ -1,0 +1,111 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+func TestBudgetSummary(t *testing.T) {
+	load := func(ns, name string, replicas, pool int64) workloadLoad {
+		return workloadLoad{Ref: workloadRef{Kind: "Deployment", Namespace: ns, Name: name}, Replicas: replicas, Pool: pool}
+	}
+	tests := []struct {
+		name  string
+		loads []workloadLoad
+		max   int64
+		over  bool
+		want  string
+	}{{
+		name:  "the issue's example: largest first, thousands separated",
+		loads: []workloadLoad{load("shop", "search", 20, 16), load("shop", "checkout", 50, 16), load("ops", "reports", 1, 16), {Ref: workloadRef{Kind: "StatefulSet", Namespace: "shop", Name: "cart"}, Replicas: 50, Pool: 200}},
+		max:   10000,
+		over:  true,
+		want:  "worst case 11,140 connections per Redis node at maxReplicas (statefulset shop/cart 50 x 200, deployment shop/checkout 50 x 16, deployment shop/search 20 x 16, deployment ops/reports 1 x 16, manager 4), Redis maxclients 10,000",
+	}, {
+		name:  "exactly at maxclients is within",
+		loads: []workloadLoad{load("a", "x", 6, 16)},
+		max:   100,
+		want:  "worst case 100 connections per Redis node at maxReplicas (deployment a/x 6 x 16, manager 4), Redis maxclients 100",
+	}, {
+		name: "more than five workloads: the rest are counted",
+		loads: []workloadLoad{load("a", "a1", 1, 2), load("a", "a2", 1, 2), load("a", "a3", 1, 2),
+			load("a", "a4", 1, 2), load("a", "a5", 1, 2), load("a", "a6", 1, 2), load("a", "a7", 1, 2)},
+		max:  10,
+		over: true,
+		want: "worst case 18 connections per Redis node at maxReplicas (deployment a/a1 1 x 2, deployment a/a2 1 x 2, deployment a/a3 1 x 2, deployment a/a4 1 x 2, deployment a/a5 1 x 2, 2 more, manager 4), Redis maxclients 10",
+	}, {
+		name: "no injected workloads: the manager alone",
+		max:  1000000,
+		want: "worst case 4 connections per Redis node at maxReplicas (manager 4), Redis maxclients 1,000,000",
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			b := newBudget(tt.loads, ManagerRedisPoolSize, tt.max)
+			g.Expect(b.Summary()).To(Equal(tt.want))
+			g.Expect(b.Over()).To(Equal(tt.over))
+		})
+	}
+}
+
+func TestPoolSizeAnnotation(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(poolSize(nil)).To(Equal(int64(16)))
+	g.Expect(poolSize(map[string]string{"redline.dev/redis-pool-size": "4"})).To(Equal(int64(4)))
+	// The injector refuses these; the count stays on the safe side with the default.
+	g.Expect(poolSize(map[string]string{"redline.dev/redis-pool-size": "1"})).To(Equal(int64(16)))
+	g.Expect(poolSize(map[string]string{"redline.dev/redis-pool-size": "lots"})).To(Equal(int64(16)))
+}
+
+// A cluster is read on every master, and the smallest maxclients is the budget: every sidecar
+// holds its pool on each of them.
+func TestRedisClientsEveryMaster(t *testing.T) {
+	g := NewWithT(t)
+	cl, err := redistest.StartCluster(3)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { g.Expect(cl.Close()).To(Succeed()) }()
+	for i, addr := range cl.Addrs() {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		g.Expect(c.ConfigSet(context.Background(), "maxclients", fmt.Sprint(1000+i*500)).Err()).To(Succeed())
+		g.Expect(c.Close()).To(Succeed())
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	defer func() { _ = cc.Close() }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nodes, err := (&RedisClients{Client: cc}).Nodes(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(nodes).To(HaveLen(3))
+	g.Expect(minMaxClients(nodes)).To(Equal(int64(1000)))
+	for _, n := range nodes {
+		g.Expect(n.Connected).To(BeNumerically(">=", 1), "this client's own connection to %s", n.Addr)
+	}
+}
+
+// Managed Redis services often refuse CONFIG: the error says which flag gives maxclients, and
+// with it connected_clients is still read.
+func TestRedisClientsWithoutConfig(t *testing.T) {
+	g := NewWithT(t)
+	srv, err := redistest.Start("--rename-command", "CONFIG", "")
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { g.Expect(srv.Close()).To(Succeed()) }()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer func() { _ = c.Close() }()
+	ctx := context.Background()
+
+	_, err = (&RedisClients{Client: c}).Nodes(ctx)
+	g.Expect(err).To(MatchError(ContainSubstring("--redis-maxclients")))
+
+	nodes, err := (&RedisClients{Client: c, MaxClients: 500}).Nodes(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(nodes).To(ConsistOf(HaveField("MaxClients", int64(500))))
+	g.Expect(nodes[0].Connected).To(BeNumerically(">=", 1))
+}
