@@ -14,12 +14,20 @@ import (
 // The zero value gives defaults fit for a per-request hot path: a decision that cannot be made in
 // tens of milliseconds is better made by the failure mode than waited for.
 type Options struct {
-	// PoolSize is the number of connections kept per node (default 16).
+	// PoolSize is the number of connections a client may hold per node (default 16).
 	PoolSize int
-	// MaxActiveConns caps open connections per node, idle or busy (default 2*PoolSize).
+	// MaxActiveConns caps open connections per node, idle or busy (default PoolSize). go-redis
+	// lets a pool open more than PoolSize under a burst unless this caps it; with the cap a
+	// pod's connections never exceed its pool, which is what the controller's connection
+	// budget counts (maxReplicas x pool).
 	MaxActiveConns int
 	// MinIdleConns is kept open while idle, so a burst finds warm connections (default 2).
 	MinIdleConns int
+	// MaxIdleConns is the most idle connections kept per node (default 4) and ConnMaxIdleTime
+	// how long one may stay idle (default 1m): a scaled-out fleet at rest holds a few
+	// connections per pod, not its whole pool.
+	MaxIdleConns    int
+	ConnMaxIdleTime time.Duration
 	// PoolTimeout is how long a call waits for a free connection (default 50ms).
 	PoolTimeout time.Duration
 	// DialTimeout bounds opening a connection (default 250ms).
@@ -44,7 +52,14 @@ func (o Options) withDefaults() Options {
 		o.PoolSize = 16
 	}
 	if o.MaxActiveConns <= 0 {
-		o.MaxActiveConns = 2 * o.PoolSize
+		o.MaxActiveConns = o.PoolSize
+	}
+	if o.MaxIdleConns <= 0 {
+		o.MaxIdleConns = 4
+	}
+	o.MaxIdleConns = max(o.MaxIdleConns, o.MinIdleConns)
+	if o.ConnMaxIdleTime <= 0 {
+		o.ConnMaxIdleTime = time.Minute
 	}
 	if o.MinIdleConns <= 0 {
 		o.MinIdleConns = 2
@@ -85,6 +100,8 @@ func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 	uo.PoolSize = o.PoolSize
 	uo.MaxActiveConns = o.MaxActiveConns
 	uo.MinIdleConns = o.MinIdleConns
+	uo.MaxIdleConns = o.MaxIdleConns
+	uo.ConnMaxIdleTime = o.ConnMaxIdleTime
 	uo.PoolTimeout = o.PoolTimeout
 	uo.DialTimeout = o.DialTimeout
 	uo.ReadTimeout = o.ReadTimeout
