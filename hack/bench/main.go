@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 )
 
 // Options are the command's flags.
@@ -130,7 +131,7 @@ func run(o Options, command string) (err error) {
 	bin := o.Sidecar
 	if bin == "" {
 		progress("building ./cmd/sidecar")
-		if bin, err = buildSidecar(ctx, o.Root, dir); err != nil {
+		if bin, err = sidecarproc.Build(ctx, o.Root, dir); err != nil {
 			return err
 		}
 	}

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 )
 
 // The policies every bench sidecar enforces, in namespace benchNamespace.
@@ -64,20 +63,6 @@ func policiesDocument() ([]byte, error) {
 		return nil, fmt.Errorf("building the policies document: %w", err)
 	}
 	return data, nil
-}
-
-// buildSidecar compiles ./cmd/sidecar of the product module at root once into dir, with the
-// product's own go.mod (this tool's module pins other versions for its chart).
-func buildSidecar(ctx context.Context, root, dir string) (string, error) {
-	bin := filepath.Join(dir, "sidecar")
-	// As the Dockerfile builds it: the RSS measured is the shipped binary's.
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/sidecar")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/sidecar in %s: %w\n%s", root, err, out)
-	}
-	return bin, nil
 }
 
 // startUpstream serves a tiny "ok" application on a loopback port.
@@ -184,39 +169,13 @@ type Counters struct{ RedisDecisions, RoundTrips, Degraded, Precheck float64 }
 
 // counters scrapes the sidecar's limiter counters.
 func (s *Sidecar) counters(ctx context.Context) (Counters, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.Admin+"/metrics", nil)
+	m, err := sidecarproc.Scrape(ctx, "http://"+s.Admin+"/metrics", "redline_sidecar_redis_decisions_total",
+		"redline_sidecar_redis_round_trips_total", "redline_sidecar_degraded_decisions_total", "redline_sidecar_precheck_hits_total")
 	if err != nil {
-		return Counters{}, fmt.Errorf("building the metrics request: %w", err)
+		return Counters{}, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return Counters{}, fmt.Errorf("scraping metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	want := map[string]*float64{}
-	var c Counters
-	want["redline_sidecar_redis_decisions_total"] = &c.RedisDecisions
-	want["redline_sidecar_redis_round_trips_total"] = &c.RoundTrips
-	want["redline_sidecar_degraded_decisions_total"] = &c.Degraded
-	want["redline_sidecar_precheck_hits_total"] = &c.Precheck
-	found := 0
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if dst := want[name]; ok && dst != nil {
-			if *dst, err = strconv.ParseFloat(strings.TrimSpace(val), 64); err != nil {
-				return Counters{}, fmt.Errorf("metric %s: %w", name, err)
-			}
-			found++
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return Counters{}, fmt.Errorf("reading metrics: %w", err)
-	}
-	if found != len(want) {
-		return Counters{}, errors.New("limiter counters missing from /metrics")
-	}
-	return c, nil
+	return Counters{RedisDecisions: m["redline_sidecar_redis_decisions_total"], RoundTrips: m["redline_sidecar_redis_round_trips_total"],
+		Degraded: m["redline_sidecar_degraded_decisions_total"], Precheck: m["redline_sidecar_precheck_hits_total"]}, nil
 }
 
 // writeSidecarFiles writes the policies document and a labels file the way kubelet would.

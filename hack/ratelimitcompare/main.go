@@ -31,6 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 )
 
 // The two servers, in table order.
@@ -177,7 +178,7 @@ func run(ctx context.Context, o Options) error {
 	}
 	loadStart := loadAverage()
 	progress("building the sidecar from %s", root)
-	sidecarBin, err := buildSidecar(ctx, root, dir)
+	sidecarBin, err := sidecarproc.Build(ctx, root, dir)
 	if err != nil {
 		return err
 	}

@@ -204,19 +204,6 @@ func startEnvoyRatelimit(ctx context.Context, bin, dir, redisAddr string, extraE
 	return p, nil
 }
 
-// buildSidecar compiles ./cmd/sidecar of the product module at root into dir, as the
-// Dockerfile builds it.
-func buildSidecar(ctx context.Context, root, dir string) (string, error) {
-	bin := filepath.Join(dir, "sidecar")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/sidecar")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/sidecar in %s: %w\n%s", root, err, out)
-	}
-	return bin, nil
-}
-
 // sidecar is a Redline sidecar process; Admin serves /readyz and /metrics.
 type sidecar struct {
 	*proc

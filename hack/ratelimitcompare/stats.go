@@ -3,9 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
@@ -14,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 )
 
 // unknown stands for a fact that could not be read.
@@ -130,39 +130,13 @@ func redisAfter(ctx context.Context, rc *redis.Client, pattern string) (map[stri
 type sidecarCounters struct{ RedisDecisions, RoundTrips, Degraded float64 }
 
 func (s *sidecar) counters(ctx context.Context) (sidecarCounters, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.Admin+"/metrics", nil)
+	m, err := sidecarproc.Scrape(ctx, "http://"+s.Admin+"/metrics", "redline_sidecar_redis_decisions_total",
+		"redline_sidecar_redis_round_trips_total", "redline_sidecar_degraded_decisions_total")
 	if err != nil {
-		return sidecarCounters{}, fmt.Errorf("building the metrics request: %w", err)
+		return sidecarCounters{}, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return sidecarCounters{}, fmt.Errorf("scraping the sidecar's metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	var c sidecarCounters
-	want := map[string]*float64{
-		"redline_sidecar_redis_decisions_total":    &c.RedisDecisions,
-		"redline_sidecar_redis_round_trips_total":  &c.RoundTrips,
-		"redline_sidecar_degraded_decisions_total": &c.Degraded,
-	}
-	found := 0
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if dst := want[name]; ok && dst != nil {
-			if *dst, err = strconv.ParseFloat(strings.TrimSpace(val), 64); err != nil {
-				return sidecarCounters{}, fmt.Errorf("metric %s: %w", name, err)
-			}
-			found++
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return sidecarCounters{}, fmt.Errorf("reading metrics: %w", err)
-	}
-	if found != len(want) {
-		return sidecarCounters{}, errors.New("limiter counters missing from the sidecar's /metrics")
-	}
-	return c, nil
+	return sidecarCounters{RedisDecisions: m["redline_sidecar_redis_decisions_total"],
+		RoundTrips: m["redline_sidecar_redis_round_trips_total"], Degraded: m["redline_sidecar_degraded_decisions_total"]}, nil
 }
 
 // loadAverage is the 1, 5 and 15 minute load averages.

@@ -1,0 +1,69 @@
+// Package sidecarproc builds the sidecar binary and reads its metrics, for the harnesses under
+// hack/ that run it as a process beside other servers.
+package sidecarproc
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Build compiles ./cmd/sidecar of the product module at root into dir as the Dockerfile builds
+// it (static, stripped), with the product's own go.mod: what a harness measures, RSS above all,
+// is the shipped binary.
+func Build(ctx context.Context, root, dir string) (string, error) {
+	bin := filepath.Join(dir, "sidecar")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/sidecar")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/sidecar in %s: %w\n%s", root, err, out)
+	}
+	return bin, nil
+}
+
+// Scrape reads the named unlabelled samples from the Prometheus text at metricsURL. Every name
+// must be there.
+func Scrape(ctx context.Context, metricsURL string, names ...string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL, nil)
+	if err != nil {
+		return nil, fmt.Errorf("building the metrics request: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s: %w", metricsURL, err)
+	}
+	defer resp.Body.Close()
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		want[n] = true
+	}
+	out := make(map[string]float64, len(names))
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !want[name] {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			return nil, fmt.Errorf("metric %s: %w", name, err)
+		}
+		out[name] = v
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", metricsURL, err)
+	}
+	for _, n := range names {
+		if _, ok := out[n]; !ok {
+			return nil, fmt.Errorf("metric %s missing from %s", n, metricsURL)
+		}
+	}
+	return out, nil
+}
