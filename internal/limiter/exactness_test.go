@@ -20,43 +20,16 @@ func exactLimit(alg limiter.Algorithm, requests int64) limiter.Limit {
 	return limiter.Limit{Algorithm: alg, Requests: requests, Window: 24 * time.Hour}
 }
 
-// hammer runs goroutines per limiter, each making attempts decisions on every key, and returns
-// how many each key admitted. Every decision must come from Redis or the pre-check.
+// hammer runs goroutines per limiter, each making attempts decisions over keys, and returns
+// how many each key admitted. Every decision must come from Redis or the pre-check: these
+// limiters have leases off.
 func hammer(t *testing.T, ls []*limiter.Limiter, keys []string, lim limiter.Limit, goroutines, attempts int) []int64 {
 	t.Helper()
-	admitted := make([]atomic.Int64, len(keys))
-	var bad atomic.Value
-	var wg sync.WaitGroup
-	for _, l := range ls {
-		for g := range goroutines {
-			wg.Go(func() {
-				for a := range attempts {
-					k := (g + a) % len(keys)
-					r, err := l.Allow(context.Background(), keys[k], lim, 1)
-					if err != nil {
-						bad.Store(err.Error())
-						return
-					}
-					if r.Source != limiter.SourceRedis && r.Source != limiter.SourcePrecheck {
-						bad.Store(fmt.Sprintf("decision from %s: %v", r.Source, r.Err))
-						return
-					}
-					if r.Allowed {
-						admitted[k].Add(1)
-					}
-				}
-			})
-		}
+	admitted, leased := flood(t, ls, keys, lim, goroutines, attempts)
+	if leased > 0 {
+		t.Fatalf("%d decisions came from leases, which these limiters do not take", leased)
 	}
-	wg.Wait()
-	if b := bad.Load(); b != nil {
-		t.Fatalf("a decision failed: %s", b)
-	}
-	out := make([]int64, len(keys))
-	for i := range admitted {
-		out[i] = admitted[i].Load()
-	}
-	return out
+	return admitted
 }
 
 // instances returns n limiters, each with its own client and pool.
