@@ -21,13 +21,17 @@ type Options struct {
 	// pod's connections never exceed its pool, which is what the controller's connection
 	// budget counts (maxReplicas x pool).
 	MaxActiveConns int
-	// MinIdleConns is kept open while idle, so a burst finds warm connections (default 2).
+	// MinIdleConns is kept open while idle (default 0: connections open lazily, on the first
+	// call that needs one). A warm connection saves a burst one dial, but a fleet of thousands
+	// of pods at rest would hold MinIdleConns each on every node for nothing.
 	MinIdleConns int
 	// MaxIdleConns is the most idle connections kept per node (default 4) and ConnMaxIdleTime
-	// how long one may stay idle (default 1m): a scaled-out fleet at rest holds a few
-	// connections per pod, not its whole pool.
+	// how long one may stay idle before its socket is closed (default 1m; see idle.go): a
+	// scaled-out fleet at rest holds the connection its heartbeat uses per pod, not its pool.
 	MaxIdleConns    int
 	ConnMaxIdleTime time.Duration
+	// Stats, when set, counts the client's sockets: open now, dialed, closed for being idle.
+	Stats *ConnStats
 	// PoolTimeout is how long a call waits for a free connection (default 50ms).
 	PoolTimeout time.Duration
 	// DialTimeout bounds opening a connection (default 250ms).
@@ -58,12 +62,13 @@ func (o Options) withDefaults() Options {
 		o.MaxIdleConns = 4
 	}
 	o.MaxIdleConns = max(o.MaxIdleConns, o.MinIdleConns)
+	if o.Stats == nil {
+		o.Stats = &ConnStats{}
+	}
 	if o.ConnMaxIdleTime <= 0 {
 		o.ConnMaxIdleTime = time.Minute
 	}
-	if o.MinIdleConns <= 0 {
-		o.MinIdleConns = 2
-	}
+	o.MinIdleConns = max(o.MinIdleConns, 0)
 	if o.PoolTimeout <= 0 {
 		o.PoolTimeout = 50 * time.Millisecond
 	}
@@ -124,5 +129,10 @@ func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 	if o.ClientName != "" {
 		uo.ClientName = o.ClientName
 	}
+	// The dialer go-redis would use (TCP keep-alive, TLS when configured), with every
+	// connection tracked so that idle ones close (idle.go).
+	uo.Dialer = newReaper(o.ConnMaxIdleTime, o.Stats).dialer(redis.NewDialer(&redis.Options{
+		DialTimeout: o.DialTimeout, TLSConfig: uo.TLSConfig,
+	}))
 	return redis.NewUniversalClient(uo), nil
 }

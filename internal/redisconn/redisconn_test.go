@@ -21,6 +21,7 @@ func TestNewClientDefaultsFitTheHotPath(t *testing.T) {
 	g.Expect(o.Password).To(Equal("from-secret"))
 	g.Expect(o.PoolSize).To(Equal(16))
 	g.Expect(o.MaxActiveConns).To(Equal(16), "a pod never opens more than its pool")
+	g.Expect(o.MinIdleConns).To(BeZero(), "connections open on the first call that needs one")
 	g.Expect(o.MaxIdleConns).To(Equal(4))
 	g.Expect(o.ConnMaxIdleTime).To(Equal(time.Minute))
 	g.Expect(o.ReadTimeout).To(Equal(50 * time.Millisecond))
