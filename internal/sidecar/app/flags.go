@@ -42,6 +42,8 @@ type Config struct {
 	RedisURL          string
 	RedisPassword     string
 	RedisPoolSize     int
+	RedisMaxIdle      int
+	RedisIdleTimeout  time.Duration
 	RedisTimeout      time.Duration
 	LeaseHorizon      time.Duration
 	LogLevel          slog.Level
@@ -82,7 +84,9 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", fleet.DefaultInterval, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
-	fs.IntVar(&c.RedisPoolSize, contract.FlagRedisPoolSize, contract.DefaultRedisPoolSize, "most Redis connections per node, a hard bound (idle ones beyond 4 close; so do those idle for a minute)")
+	fs.IntVar(&c.RedisPoolSize, contract.FlagRedisPoolSize, contract.DefaultRedisPoolSize, "most Redis connections per node, a hard bound; they open when a call needs one")
+	fs.IntVar(&c.RedisMaxIdle, "redis-max-idle-conns", 4, "idle Redis connections kept per node; one returned beyond them closes")
+	fs.DurationVar(&c.RedisIdleTimeout, "redis-idle-timeout", time.Minute, "a Redis connection idle this long closes (a pod at rest keeps the one its heartbeat uses)")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 50*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
 	fs.DurationVar(&c.LeaseHorizon, "lease-horizon", 2*time.Second, "FixedWindow and SlidingWindowCounter rules admit from leases of about this long's local demand, counted in Redis when granted (exact across replicas); 0 asks Redis for every decision")
 	fs.IntVar(&c.MaxProcs, contract.FlagMaxProcs, 1, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
@@ -120,6 +124,9 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	}
 	if c.MaxProcs < 0 {
 		errs = append(errs, errors.New("--max-procs must not be negative"))
+	}
+	if c.RedisMaxIdle < 1 || c.RedisIdleTimeout <= 0 {
+		errs = append(errs, errors.New("--redis-max-idle-conns must be at least 1 and --redis-idle-timeout positive"))
 	}
 	if c.MaxCheckConns < 1 || c.MaxGRPCConns < 1 {
 		errs = append(errs, errors.New("--max-check-conns and --max-grpc-conns must be at least 1"))

@@ -33,6 +33,8 @@ func TestParseConfigContract(t *testing.T) {
 	g.Expect(c.RateLimitHeaders).To(BeTrue())
 	g.Expect(c.TrustedHops).To(BeZero())
 	g.Expect(c.HeartbeatInterval).To(Equal(5 * time.Second))
+	g.Expect(c.RedisMaxIdle).To(Equal(4))
+	g.Expect(c.RedisIdleTimeout).To(Equal(time.Minute))
 	g.Expect(c.MaxProcs).To(Equal(1), "one P by default: a sidecar's work is mostly waiting")
 
 	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--max-procs=4"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "GOMAXPROCS": "3"}), io.Discard)
@@ -50,6 +52,7 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"unknown flag":       {"--upstream=127.0.0.1:1", "--nope"},
 		"tiny header budget": {"--upstream=127.0.0.1:1", "--max-header-bytes=10"},
 		"no decision conns":  {"--upstream=127.0.0.1:1", "--max-grpc-conns=0"},
+		"no idle redis time": {"--upstream=127.0.0.1:1", "--redis-idle-timeout=0"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := app.ParseConfig(args, env(map[string]string{"REDLINE_REDIS_URL": "redis://r"}), io.Discard)

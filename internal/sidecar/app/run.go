@@ -66,9 +66,13 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if instance == "" {
 		instance, _ = os.Hostname()
 	}
+	// Connections open lazily and idle ones close: nothing at start needs Redis (readiness
+	// is the policies file; the heartbeat and the scripts dial when they first run).
+	conns := &redisconn.ConnStats{}
 	client, err := redisconn.NewClient(cfg.RedisURL, redisconn.Options{
-		PoolSize: cfg.RedisPoolSize, ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout,
-		Password: cfg.RedisPassword, ClientName: "redline-sidecar",
+		PoolSize: cfg.RedisPoolSize, MaxIdleConns: cfg.RedisMaxIdle, ConnMaxIdleTime: cfg.RedisIdleTimeout,
+		ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout,
+		Password: cfg.RedisPassword, ClientName: contract.RedisClientName, Stats: conns,
 	})
 	if err != nil {
 		return fmt.Errorf("creating redis client: %w", err)
@@ -86,6 +90,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	store := &ruleset.Store{}
 	m := metrics.New(lim.Stats, store)
 	client.AddHook(m.RedisHook())
+	m.WatchPool(client, conns, cfg.RedisPoolSize)
 	beat := make(chan struct{}, 1)
 	// healthSrv is the gRPC health service, set before the watcher starts reloading.
 	var healthSrv *health.Server

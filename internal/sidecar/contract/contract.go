@@ -50,6 +50,9 @@ const (
 	MinRedisPoolSize = 2
 	// MaxRedisPoolSize bounds what one pod may ask for.
 	MaxRedisPoolSize = 1024
+	// RedisClientName is the name every sidecar connection gives itself (CLIENT SETNAME):
+	// CLIENT LIST tells sidecars' connections from others' by it.
+	RedisClientName = "redline-sidecar"
 )
 
 // Failure modes accepted by AnnotationFailureMode and the sidecar's --failure-mode flag.

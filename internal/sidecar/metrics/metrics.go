@@ -5,7 +5,10 @@ package metrics
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
@@ -36,6 +40,7 @@ type Metrics struct {
 	reloadErrors prometheus.Counter
 	configInfo   *prometheus.GaugeVec
 	heartbeatErr prometheus.Counter
+	redisErrors  *prometheus.CounterVec
 }
 
 // New registers the collectors. stats reads the limiter's counters and store the set in force
@@ -65,8 +70,16 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 		heartbeatErr: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "heartbeat_errors_total", Help: "Heartbeats that Redis did not record.",
 		}),
+		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "redis_errors_total",
+			Help: "Failed Redis round trips, connection handshakes included, by kind: " +
+				"maxclients (Redis refused a new connection), pool_timeout (no free connection in the pool in time), timeout, network, reply (an error reply).",
+		}, []string{"kind"}),
 	}
-	m.Registry.MustRegister(m.decisions, m.redisLatency, m.reloads, m.reloadErrors, m.configInfo, m.heartbeatErr,
+	for _, k := range []string{RedisErrMaxClients, RedisErrPoolTimeout, RedisErrTimeout, RedisErrNetwork, RedisErrReply} {
+		m.redisErrors.WithLabelValues(k) // every kind shows, at 0, from the start
+	}
+	m.Registry.MustRegister(m.decisions, m.redisLatency, m.reloads, m.reloadErrors, m.configInfo, m.heartbeatErr, m.redisErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&limiterCollector{stats: stats, store: store})
 	return m
@@ -102,10 +115,13 @@ func (m *Metrics) ReloadFailed() { m.reloadErrors.Inc() }
 // HeartbeatFailed counts a failed heartbeat.
 func (m *Metrics) HeartbeatFailed() { m.heartbeatErr.Inc() }
 
-// RedisHook returns a go-redis hook that times every round trip.
-func (m *Metrics) RedisHook() redis.Hook { return latencyHook{h: m.redisLatency} }
+// RedisHook returns a go-redis hook that times every round trip and counts the failed ones.
+func (m *Metrics) RedisHook() redis.Hook { return latencyHook{h: m.redisLatency, errs: m.redisErrors} }
 
-type latencyHook struct{ h prometheus.Histogram }
+type latencyHook struct {
+	h    prometheus.Histogram
+	errs *prometheus.CounterVec
+}
 
 func (latencyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -114,6 +130,7 @@ func (l latencyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		start := time.Now()
 		err := next(ctx, cmd)
 		l.h.Observe(time.Since(start).Seconds())
+		l.count(err)
 		return err
 	}
 }
@@ -123,8 +140,89 @@ func (l latencyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		start := time.Now()
 		err := next(ctx, cmds)
 		l.h.Observe(time.Since(start).Seconds())
+		l.count(err)
 		return err
 	}
+}
+
+func (l latencyHook) count(err error) {
+	if k := RedisErrorKind(err); k != "" {
+		l.errs.WithLabelValues(k).Inc()
+	}
+}
+
+// Kinds of failed Redis round trips, the values of redis_errors_total's kind label.
+const (
+	RedisErrMaxClients  = "maxclients"
+	RedisErrPoolTimeout = "pool_timeout"
+	RedisErrTimeout     = "timeout"
+	RedisErrNetwork     = "network"
+	RedisErrReply       = "reply"
+)
+
+// RedisErrorKind classifies a round trip's error; "" for none (a nil reply is not an error).
+// A connection refused for maxclients fails in its handshake (Redis accepts the socket, answers
+// the first command with the error and closes it), which go-redis runs through the same hooks.
+func RedisErrorKind(err error) string {
+	switch {
+	case err == nil || errors.Is(err, redis.Nil):
+		return ""
+	case errors.Is(err, redis.ErrPoolTimeout):
+		return RedisErrPoolTimeout
+	case strings.Contains(err.Error(), "max number of clients reached"):
+		return RedisErrMaxClients
+	}
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		return RedisErrTimeout
+	}
+	if _, ok := errors.AsType[redis.Error](err); ok {
+		return RedisErrReply
+	}
+	return RedisErrNetwork
+}
+
+// WatchPool exports the Redis client's connections at scrape time: sockets open (what Redis
+// counts), dialed and closed for idleness (from conns), go-redis's pool counters, and the pool
+// size, the bound the controller's connection budget counts per pod.
+func (m *Metrics) WatchPool(client redis.UniversalClient, conns *redisconn.ConnStats, poolSize int) {
+	m.Registry.MustRegister(&poolCollector{client: client, conns: conns, size: poolSize})
+}
+
+var (
+	descConns       = prometheus.NewDesc(ns+"_redis_connections", "Sockets open to Redis now, idle or busy, over all nodes.", nil, nil)
+	descConnsMax    = prometheus.NewDesc(ns+"_redis_pool_max_connections", "The pool: most connections per Redis node (--redis-pool-size), a hard bound.", nil, nil)
+	descConnsIdle   = prometheus.NewDesc(ns+"_redis_pool_idle_connections", "Idle connections in go-redis's pool (closed sockets included until the pool next looks at them).", nil, nil)
+	descConnsDialed = prometheus.NewDesc(ns+"_redis_connections_dialed_total", "Connections opened to Redis, refused ones included.", nil, nil)
+	descConnsReaped = prometheus.NewDesc(ns+"_redis_connections_idle_closed_total", "Connections closed after --redis-idle-timeout unused.", nil, nil)
+	descPoolHits    = prometheus.NewDesc(ns+"_redis_pool_hits_total", "Calls that found an idle connection in the pool.", nil, nil)
+	descPoolMisses  = prometheus.NewDesc(ns+"_redis_pool_misses_total", "Calls that found no idle connection and dialed or waited.", nil, nil)
+	descPoolWaits   = prometheus.NewDesc(ns+"_redis_pool_waits_total", "Calls that waited for a connection: the pool was at its bound.", nil, nil)
+	descPoolTimeout = prometheus.NewDesc(ns+"_redis_pool_timeouts_total", "Calls that waited for a connection in vain and were decided by the failure mode.", nil, nil)
+)
+
+type poolCollector struct {
+	client redis.UniversalClient
+	conns  *redisconn.ConnStats
+	size   int
+}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descConns, descConnsMax, descConnsIdle, descConnsDialed, descConnsReaped, descPoolHits, descPoolMisses, descPoolWaits, descPoolTimeout} {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descConns, prometheus.GaugeValue, float64(c.conns.Open()))
+	ch <- prometheus.MustNewConstMetric(descConnsMax, prometheus.GaugeValue, float64(c.size))
+	ch <- prometheus.MustNewConstMetric(descConnsDialed, prometheus.CounterValue, float64(c.conns.Dialed()))
+	ch <- prometheus.MustNewConstMetric(descConnsReaped, prometheus.CounterValue, float64(c.conns.Reaped()))
+	s := c.client.PoolStats()
+	ch <- prometheus.MustNewConstMetric(descConnsIdle, prometheus.GaugeValue, float64(s.IdleConns))
+	ch <- prometheus.MustNewConstMetric(descPoolHits, prometheus.CounterValue, float64(s.Hits))
+	ch <- prometheus.MustNewConstMetric(descPoolMisses, prometheus.CounterValue, float64(s.Misses))
+	ch <- prometheus.MustNewConstMetric(descPoolWaits, prometheus.CounterValue, float64(s.WaitCount))
+	ch <- prometheus.MustNewConstMetric(descPoolTimeout, prometheus.CounterValue, float64(s.Timeouts))
 }
 
 // limiterCollector reads the limiter's counters at scrape time, so the hot path pays nothing
