@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 )
@@ -52,6 +53,7 @@ type Report struct {
 	Wrk        []WrkCell       `json:"wrk"`
 	WrkSkipped string          `json:"wrkSkipped,omitempty"`
 	Memory     Memory          `json:"memory"`
+	Conns      Conns           `json:"redisConnections"`
 }
 
 // Memory is the first sidecar's resident set, and the other replicas' when idle.
@@ -179,17 +181,29 @@ func run(o Options, command string) (err error) {
 	sidecars = append(sidecars, first)
 	time.Sleep(2 * time.Second) // let start-up garbage settle before reading idle RSS
 	rep.Memory.IdleMiB = rssMiB(first.Pid())
-	progress("sidecar ready; RSS idle %.1f MiB", rep.Memory.IdleMiB)
+	rep.Conns = Conns{MaxIdle: contract.DefaultRedisMaxIdleConns, IdleTimeoutSecs: contract.DefaultRedisIdleTimeoutSeconds}
+	var pool float64
+	if rep.Conns.FirstAtRest, pool, err = sidecarConns(ctx, first); err != nil {
+		return err
+	}
+	rep.Conns.Pool = int(pool)
+	progress("sidecar ready; RSS idle %.1f MiB; %.0f Redis connections at rest (pool %d)", rep.Memory.IdleMiB, rep.Conns.FirstAtRest, rep.Conns.Pool)
 
 	progress("faces, concurrency %v, each cell at most %s or %d requests", o.Concurrency, o.CellTime, o.CellOps)
 	stopSampling := sampleRSS(first.Pid())
+	stopConns := samplePeak(func() (float64, error) { open, _, err := sidecarConns(ctx, first); return open, err })
 	rep.Faces, err = runFaces(ctx, first, upstream, o.Concurrency, cellBounds)
 	rep.Memory.PeakLoadMiB = stopSampling()
+	rep.Conns.FirstUnderLoad = stopConns()
 	if err != nil {
 		return err
 	}
 	rep.Memory.AfterLoadMiB = rssMiB(first.Pid())
-	progress("RSS peak under load %.1f MiB, after %.1f MiB", rep.Memory.PeakLoadMiB, rep.Memory.AfterLoadMiB)
+	if rep.Conns.FirstAfterLoad, _, err = sidecarConns(ctx, first); err != nil {
+		return err
+	}
+	progress("RSS peak under load %.1f MiB, after %.1f MiB; Redis connections peak %.0f, after %.0f",
+		rep.Memory.PeakLoadMiB, rep.Memory.AfterLoadMiB, rep.Conns.FirstUnderLoad, rep.Conns.FirstAfterLoad)
 
 	progress("wrk, 64 connections, %s per face", o.WrkTime)
 	if rep.Wrk, rep.WrkSkipped, err = runWrk(ctx, dir, first, o.WrkTime); err != nil {
@@ -214,10 +228,27 @@ func run(o Options, command string) (err error) {
 	for _, s := range sidecars[1:] {
 		rep.Memory.ReplicasIdleMiB = append(rep.Memory.ReplicasIdleMiB, rssMiB(s.Pid()))
 	}
-	progress("accuracy: %d times the limit of %d, round-robin over the replicas", 3, accLimit)
-	if rep.Accuracy, err = runAccuracy(ctx, sidecars, o.Replicas, 3); err != nil {
+	fleet, err := newFleetConns(srv.URL())
+	if err != nil {
 		return err
 	}
+	defer fleet.close()
+	rep.Conns.Replicas = len(sidecars)
+	if rep.Conns.FleetAtRest, err = fleet.count(ctx); err != nil {
+		return err
+	}
+	progress("accuracy: %d times the limit of %d, round-robin over the replicas", 3, accLimit)
+	stopConns = samplePeak(func() (float64, error) { n, err := fleet.count(ctx); return float64(n), err })
+	rep.Accuracy, err = runAccuracy(ctx, sidecars, o.Replicas, 3)
+	rep.Conns.FleetUnderLoad = int(stopConns())
+	if err != nil {
+		return err
+	}
+	if rep.Conns.FleetAfterLoad, err = fleet.count(ctx); err != nil {
+		return err
+	}
+	progress("Redis connections of %d sidecars: %d at rest, peak %d under load, %d after",
+		rep.Conns.Replicas, rep.Conns.FleetAtRest, rep.Conns.FleetUnderLoad, rep.Conns.FleetAfterLoad)
 
 	rep.Machine.LoadAtEnd = loadAverage()
 	rep.Machine.WallSeconds = time.Since(began).Seconds()

@@ -121,6 +121,7 @@ func markdown(r *Report) string {
 	if len(r.Memory.ReplicasIdleMiB) > 0 {
 		fmt.Fprintf(&b, "| %d more replicas, idle (min–max) | %.1f–%.1f MiB |\n", len(r.Memory.ReplicasIdleMiB), slices.Min(r.Memory.ReplicasIdleMiB), slices.Max(r.Memory.ReplicasIdleMiB))
 	}
+	b.WriteString(connsMarkdown(r.Conns))
 	fmt.Fprintf(&b, "\n![decisions per second and p99 latency per face, with the Redis ceiling](bench.png)\n")
 	return b.String()
 }
