@@ -293,3 +293,27 @@ func scrape(s *sidecar, name string) (float64, error) {
 	}
 	return 0, fmt.Errorf("no %s in %s's metrics", name, s.name)
 }
+
+// A sidecar opens no Redis connection until something needs one: without policies (nothing to
+// decide, no heartbeat to send) it holds none; with them, the one its heartbeat uses.
+func TestSidecarConnectsToRedisLazily(t *testing.T) {
+	g := NewWithT(t)
+	srv, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = srv.Close() })
+	admin, err := redisconn.NewClient(srv.URL(), redisconn.Options{PoolSize: 1, ReadTimeout: 5 * time.Second, ClientName: "lazy-admin"})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = admin.Close() })
+
+	e := newEnv(t, "web")
+	s := start(t, "lazy", e, srv.URL(), "127.0.0.1:1", false)
+	g.Consistently(func(g Gomega) int { return sidecarClients(g, admin) }).
+		WithTimeout(1500*time.Millisecond).WithPolling(100*time.Millisecond).Should(BeZero(), "no policies: no connection")
+	g.Expect(s.metric(t, "redline_sidecar_redis_connections")).To(BeZero())
+
+	e.write(t, sidecartest.Document(e.namespace, "p", "r", "web", 10, time.Minute, "x-key", "Closed"))
+	g.Eventually(func(g Gomega) int { return sidecarClients(g, admin) }).
+		WithTimeout(20*time.Second).WithPolling(100*time.Millisecond).Should(Equal(1), "policies: the heartbeat's connection")
+	g.Consistently(func(g Gomega) int { return sidecarClients(g, admin) }).
+		WithTimeout(1500*time.Millisecond).WithPolling(100*time.Millisecond).Should(Equal(1), "and only that one while at rest")
+}

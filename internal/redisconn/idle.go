@@ -10,13 +10,12 @@ import (
 )
 
 // go-redis drops a connection idle past ConnMaxIdleTime only when a caller next takes it from
-// the pool, and it takes the most recently used one first. A quiet client therefore keeps every
-// connection of its last burst open, and so does a sidecar whose heartbeat reuses the same one
-// connection every few seconds: a fleet at rest would hold MaxIdleConns per pod instead of the
-// one its heartbeat needs. The reaper closes those sockets itself: every connection is wrapped
-// to count its reads and writes, and one whose count has not moved for ConnMaxIdleTime plus a
-// grace, with no read or write in progress, is closed. go-redis discards it when it next meets
-// it (its own idle check fails first: the grace is why), so a caller never gets a closed one.
+// the pool; it has no reaper of its own. A quiet client therefore keeps every connection of its
+// last burst open for as long as it stays quiet (TestIdleConnectionsClose/quiet fails without
+// this file). The reaper closes those sockets itself: every connection is wrapped to count its
+// reads and writes, and one whose count has not moved for ConnMaxIdleTime plus a grace, with no
+// read or write in progress, is closed. go-redis discards it when it next meets it (its own idle
+// check fails first: the grace is why), so a caller never gets a closed one.
 
 // ConnStats counts the sockets of the clients it is given to (Options.Stats). Safe for
 // concurrent use; the zero value is ready.
