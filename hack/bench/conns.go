@@ -27,7 +27,6 @@ type Conns struct {
 	FleetAtRest     int     `json:"fleetAtRest"`
 	FleetUnderLoad  int     `json:"fleetUnderLoadPeak"`
 	FleetAfterLoad  int     `json:"fleetAfterLoad"`
-	MaxIdle         int     `json:"maxIdle"`
 	IdleTimeoutSecs float64 `json:"idleTimeoutSeconds"`
 }
 
@@ -91,8 +90,8 @@ func samplePeak(read func() (float64, error)) func() float64 {
 func connsMarkdown(c Conns) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## Redis connections per sidecar\n\n")
-	fmt.Fprintf(&b, "Sockets a sidecar holds open to Redis (its `redline_sidecar_redis_connections`; the fleet's from Redis's `CLIENT LIST`, by client name `%s`), against its pool of %d, the bound the controller's connection budget counts. Connections open on first use; at most %d stay idle, and those idle for %.0f s close (not waited for here). Under load: the largest of samples 100 ms apart.\n\n",
-		contract.RedisClientName, c.Pool, c.MaxIdle, c.IdleTimeoutSecs)
+	fmt.Fprintf(&b, "Sockets a sidecar holds open to Redis (its `redline_sidecar_redis_connections`; the fleet's from Redis's `CLIENT LIST`, by client name `%s`), against its pool of %d, the bound the controller's connection budget counts. Connections open on first use and stay while used; those idle for %.0f s close (not waited for here). Under load: the largest of samples 100 ms apart.\n\n",
+		contract.RedisClientName, c.Pool, c.IdleTimeoutSecs)
 	fmt.Fprintf(&b, "| sidecars | when | connections per sidecar | all sidecars | pool bound |\n| ---: | --- | ---: | ---: | ---: |\n")
 	fmt.Fprintf(&b, "| 1 | at rest, after start (heartbeats only) | %.0f | – | %d |\n", c.FirstAtRest, c.Pool)
 	fmt.Fprintf(&b, "| 1 | under load: the face cells, up to 64 clients | %.0f | – | %d |\n", c.FirstUnderLoad, c.Pool)

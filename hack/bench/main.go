@@ -181,7 +181,7 @@ func run(o Options, command string) (err error) {
 	sidecars = append(sidecars, first)
 	time.Sleep(2 * time.Second) // let start-up garbage settle before reading idle RSS
 	rep.Memory.IdleMiB = rssMiB(first.Pid())
-	rep.Conns = Conns{MaxIdle: contract.DefaultRedisMaxIdleConns, IdleTimeoutSecs: contract.DefaultRedisIdleTimeoutSeconds}
+	rep.Conns = Conns{IdleTimeoutSecs: contract.DefaultRedisIdleTimeoutSeconds}
 	var pool float64
 	if rep.Conns.FirstAtRest, pool, err = sidecarConns(ctx, first); err != nil {
 		return err

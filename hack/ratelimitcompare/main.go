@@ -110,7 +110,7 @@ func parseFlags(args []string) (Options, error) {
 	callers := fs.String("callers", "16,256", "concurrent callers of the cells, comma-separated")
 	fs.IntVar(&o.Keys, "keys", 10000, "distinct keys the callers cycle through")
 	fs.IntVar(&o.Conns, "conns", 1, "gRPC connections of the client to each server (callers share them round robin)")
-	fs.IntVar(&o.Warmup, "warmup", 2000, "requests sent before each cell is measured")
+	fs.IntVar(&o.Warmup, "warmup", 0, "requests sent before each cell is measured (default: twice the keys, so that both servers are measured in their steady state, every key seen before)")
 	fs.Var((*listFlag)(&o.EnvoyEnv), "envoy-env", "extra KEY=VALUE for envoyproxy/ratelimit's environment (repeatable), e.g. REDIS_PIPELINE_WINDOW=150us")
 	fs.Var((*listFlag)(&o.SidecarArgs), "sidecar-arg", "extra flag for the sidecar (repeatable), e.g. --max-procs=2")
 	fs.BoolVar(&o.KeepTempDirs, "keep", false, "keep the temporary directory (server logs) after the run")
@@ -144,6 +144,11 @@ func parseFlags(args []string) (Options, error) {
 		return o, errors.New("-keys must be at least 1")
 	case o.Conns < 1:
 		return o, errors.New("-conns must be at least 1")
+	case o.Warmup < 0:
+		return o, errors.New("-warmup must not be negative")
+	}
+	if o.Warmup == 0 {
+		o.Warmup = 2 * o.Keys
 	}
 	return o, nil
 }
@@ -243,7 +248,7 @@ func run(ctx context.Context, o Options) error {
 	meta := Meta{
 		Date: began.UTC().Format("2006-01-02 15:04 UTC"), EnvoyCommit: o.EnvoyCommit, CPU: cpuModel(), Cores: cores(),
 		Go: runtime.Version(), Redis: redisVersion(redisBin), LoadStart: loadStart, LoadEnd: loadAverage(),
-		Duration: o.Duration, Rounds: o.Rounds, Keys: o.Keys, Conns: o.Conns, EnvoyEnv: o.EnvoyEnv, SidecarArgs: o.SidecarArgs,
+		Duration: o.Duration, Rounds: o.Rounds, Keys: o.Keys, Conns: o.Conns, Warmup: o.Warmup, EnvoyEnv: o.EnvoyEnv, SidecarArgs: o.SidecarArgs,
 	}
 	report := renderReport(meta, o.Callers, cells)
 	fmt.Print(report)
@@ -273,7 +278,9 @@ func runCell(ctx context.Context, o Options, rc *redis.Client, c *client, sc *si
 	if err := warmUp(ctx, c, o.Warmup); err != nil {
 		return cell, err
 	}
-	if err := resetRedis(ctx, rc); err != nil {
+	// The counters the warm-up wrote stay: the sidecar's leases were carved from them, and
+	// both servers go on counting in them as they would in the steady state.
+	if err := resetStats(ctx, rc); err != nil {
 		return cell, err
 	}
 	before, err := sc.counters(ctx)

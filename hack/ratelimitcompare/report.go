@@ -12,7 +12,7 @@ type Meta struct {
 	Date, EnvoyCommit, CPU, Go, Redis, LoadStart, LoadEnd string
 	Cores                                                 int
 	Duration                                              time.Duration
-	Rounds, Keys, Conns                                   int
+	Rounds, Keys, Conns, Warmup                           int
 	EnvoyEnv, SidecarArgs                                 []string
 }
 
@@ -50,7 +50,7 @@ func renderReport(m Meta, callers []int, cells []Cell) string {
 	fmt.Fprintf(&b, "%s · envoyproxy/ratelimit %s · %s, %d cores · %s · redis-server %s · load average %s at start, %s at end\n\n",
 		m.Date, commit, m.CPU, m.Cores, m.Go, m.Redis, m.LoadStart, m.LoadEnd)
 	fmt.Fprintf(&b, "One redis-server, one closed-loop grpc-go client (%d connection(s) per server), %d keys, FixedWindow 1,000,000/min "+
-		"(never reached), %s per cell, %d rounds; Redis flushed and its statistics reset before every cell.", m.Conns, m.Keys, m.Duration, m.Rounds)
+		"(never reached), %s per cell, %d rounds. Before every cell: Redis flushed, %d warm-up requests (each key seen before, the steady state), then Redis's statistics reset.", m.Conns, m.Keys, m.Duration, m.Rounds, m.Warmup)
 	if len(m.EnvoyEnv) > 0 {
 		fmt.Fprintf(&b, " envoyproxy/ratelimit environment added: `%s`.", strings.Join(m.EnvoyEnv, " "))
 	}

@@ -94,11 +94,8 @@ func perDecision(calls map[string]int64, decisions int64) string {
 	return strings.Join(parts, ", ")
 }
 
-// resetRedis empties the database and the command statistics before a cell.
-func resetRedis(ctx context.Context, rc *redis.Client) error {
-	if err := rc.FlushAll(ctx).Err(); err != nil {
-		return fmt.Errorf("FLUSHALL: %w", err)
-	}
+// resetStats resets the command statistics before a cell is measured.
+func resetStats(ctx context.Context, rc *redis.Client) error {
 	if err := rc.ConfigResetStat(ctx).Err(); err != nil {
 		return fmt.Errorf("CONFIG RESETSTAT: %w", err)
 	}

@@ -2,7 +2,9 @@ package limiter
 
 import (
 	"context"
+	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -38,6 +40,12 @@ type leases struct {
 	max     int64
 	returns chan leaseReturn
 	now     func() time.Time
+	// warm remembers, by hash, keys whose idle lease went back, so that a key used again after
+	// a pause asks for a warm lease at once instead of one unit and then a lease: a key paused
+	// for longer than the horizon costs one Redis call to resume, not two. It holds no units
+	// and no pointers (8 bytes a slot); a collision only makes a key cold, today's exact path.
+	warm     []atomic.Uint64
+	warmSeed maphash.Seed
 }
 
 // minWarmLease is the least a key that was granted before asks for.
@@ -56,6 +64,7 @@ type lease struct {
 	lastUse     time.Time
 	fetching    chan struct{} // closed when the caller asking Redis for this key has its answer
 	gone        bool          // evicted: units granted to it from now on go straight back
+	leased      bool          // was granted more than one decision's cost at least once
 }
 
 // leaseReturn is units to give back to one window.
@@ -67,13 +76,40 @@ type leaseReturn struct {
 }
 
 func newLeases(size int, horizon time.Duration, maxUnits int64, now func() time.Time) (*leases, error) {
-	ls := &leases{horizon: horizon, max: maxUnits, returns: make(chan leaseReturn, 4096), now: now}
+	ls := &leases{horizon: horizon, max: maxUnits, returns: make(chan leaseReturn, 4096), now: now,
+		warm: make([]atomic.Uint64, warmSlots(size)), warmSeed: maphash.MakeSeed()}
 	c, err := lru.NewWithEvict[string, *lease](size, func(key string, e *lease) { ls.drop(key, e, true) })
 	if err != nil {
 		return nil, err
 	}
 	ls.cache = c
 	return ls, nil
+}
+
+// warmSlots is the power of two at least size, so that a slot is a mask away.
+func warmSlots(size int) int {
+	n := 1
+	for n < size {
+		n <<= 1
+	}
+	return n
+}
+
+// warmHash is key's hash in the warm table, never 0 (an empty slot).
+func (ls *leases) warmHash(key string) uint64 {
+	return maphash.String(ls.warmSeed, key) | 1
+}
+
+// rememberWarm records that key held a lease.
+func (ls *leases) rememberWarm(key string) {
+	h := ls.warmHash(key)
+	ls.warm[h&uint64(len(ls.warm)-1)].Store(h)
+}
+
+// wasWarm says whether key held a lease before it was swept, and forgets it.
+func (ls *leases) wasWarm(key string) bool {
+	h := ls.warmHash(key)
+	return ls.warm[h&uint64(len(ls.warm)-1)].CompareAndSwap(h, 0)
 }
 
 // sameLimit says whether a lease granted under a still holds under b: the live replica count
@@ -89,6 +125,13 @@ func (ls *leases) take(key string, limit Limit, cost int64, now time.Time) (r Re
 	e, found := ls.cache.Get(key)
 	if !found {
 		e = &lease{limit: limit}
+		if ls.wasWarm(key) {
+			// Resuming after a pause: size the lease as a warm key's, at its floor (no rate
+			// yet); a lease granted at least a window ago has nothing in remaining to cap it,
+			// so the limit stands in, and the script never grants more than fits.
+			e.grantedAt = now.Add(-limit.Window)
+			e.remaining = limit.Requests
+		}
 		if prev, had, _ := ls.cache.PeekOrAdd(key, e); had {
 			e = prev
 		}
@@ -154,6 +197,7 @@ func (ls *leases) settle(key string, e *lease, res Result, g grant, cost int64, 
 		e.windowStart = g.windowStart
 		e.remaining = res.Remaining
 		e.grantedAt, e.served, e.lastUse = now, cost, now
+		e.leased = e.leased || g.units > cost
 		if e.gone {
 			ls.giveBack(key, e, now)
 		}
@@ -193,11 +237,18 @@ func (ls *leases) sweep(now time.Time) {
 		}
 		e.mu.Lock()
 		idle := e.fetching == nil && now.Sub(e.lastUse) > ls.horizon
+		leased := e.leased
 		e.mu.Unlock()
 		if !idle {
 			return
 		}
 		ls.cache.Remove(key) // the eviction callback gives its units back
+		if leased {
+			// A key that was used enough to lease resumes warm; a key used once (a
+			// per-user key seen once a window, say) stays cold, so a pause does not cost it a
+			// lease and a return of what it did not use.
+			ls.rememberWarm(key)
+		}
 	}
 }
 

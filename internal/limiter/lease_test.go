@@ -236,3 +236,43 @@ func TestIdleLeaseGoesBack(t *testing.T) {
 		})
 	}
 }
+
+// A key that leased and then paused past the horizon resumes with a lease at its first decision
+// (one Redis call for the next 16 decisions), while a key used once before its pause resumes
+// cold, one unit at a time, as a key never seen does.
+func TestPausedKeyResumesWarm(t *testing.T) {
+	for _, alg := range leasing {
+		t.Run(string(alg), func(t *testing.T) {
+			g := NewWithT(t)
+			evals := &evalCounter{}
+			c := newClient(t, shared.URL())
+			c.AddHook(evals)
+			l := newLimiter(t, c, limiter.Options{LeaseHorizon: 200 * time.Millisecond})
+			lim := exactLimit(alg, 1_000_000)
+			hot, once := uniqueKey(t), uniqueKey(t)
+			decide := func(key string) limiter.Result {
+				r, err := l.Allow(context.Background(), key, lim, 1)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(r.Allowed).To(BeTrue())
+				return r
+			}
+			for range 40 {
+				decide(hot)
+			}
+			decide(once)
+			g.Eventually(func() int { return l.Stats().LeaseKeys }).WithTimeout(10*time.Second).
+				Should(BeZero(), "both keys' leases go back once idle for the horizon")
+
+			before := evals.n.Load()
+			g.Expect(decide(hot).Source).To(Equal(limiter.SourceRedis))
+			for i := range 15 {
+				g.Expect(decide(hot).Source).To(Equal(limiter.SourceLease), "decision %d after the pause", i+2)
+			}
+			g.Expect(evals.n.Load()-before).To(Equal(int64(1)), "the hot key resumes with one call for 16 decisions")
+
+			g.Expect(decide(once).Source).To(Equal(limiter.SourceRedis))
+			g.Expect(decide(once).Source).To(Equal(limiter.SourceRedis), "a key used once resumes cold: one unit, then a lease")
+			g.Expect(decide(once).Source).To(Equal(limiter.SourceLease))
+		})
+	}
+}

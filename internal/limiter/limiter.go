@@ -316,12 +316,21 @@ type Stats struct {
 	Pipelines uint64
 	// ScriptLoads counts SCRIPT LOADs after NOSCRIPT.
 	ScriptLoads uint64
+	// LeaseKeys is the number of keys in the lease table now (holding a lease, or about to).
+	LeaseKeys int
 	// BreakerOpen says the circuit breaker is open now.
 	BreakerOpen bool
 }
 
 type counters struct {
 	redis, precheck, degraded, pipelines, scriptLoads, leased, grants atomic.Uint64
+}
+
+func (l *Limiter) leaseKeys() int {
+	if l.leases == nil {
+		return 0
+	}
+	return l.leases.cache.Len()
 }
 
 // Stats returns the limiter's counters.
@@ -334,6 +343,7 @@ func (l *Limiter) Stats() Stats {
 		DegradedDecisions: l.stats.degraded.Load(),
 		Pipelines:         l.stats.pipelines.Load(),
 		ScriptLoads:       l.stats.scriptLoads.Load(),
+		LeaseKeys:         l.leaseKeys(),
 		BreakerOpen:       l.breaker.State() == gobreaker.StateOpen,
 	}
 }

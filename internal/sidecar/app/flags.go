@@ -85,7 +85,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
 	fs.IntVar(&c.RedisPoolSize, contract.FlagRedisPoolSize, contract.DefaultRedisPoolSize, "most Redis connections per node, a hard bound; they open when a call needs one")
-	fs.IntVar(&c.RedisMaxIdle, "redis-max-idle-conns", contract.DefaultRedisMaxIdleConns, "idle Redis connections kept per node; one returned beyond them closes")
+	fs.IntVar(&c.RedisMaxIdle, "redis-max-idle-conns", 0, "idle Redis connections kept per node (0: the pool); one returned beyond them closes, and under load is redialed")
 	fs.DurationVar(&c.RedisIdleTimeout, "redis-idle-timeout", contract.DefaultRedisIdleTimeoutSeconds*time.Second, "a Redis connection idle this long closes (a pod at rest keeps the one its heartbeat uses)")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 50*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
 	fs.DurationVar(&c.LeaseHorizon, "lease-horizon", 2*time.Second, "FixedWindow and SlidingWindowCounter rules admit from leases of about this long's local demand, counted in Redis when granted (exact across replicas); 0 asks Redis for every decision")
@@ -125,8 +125,8 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	if c.MaxProcs < 0 {
 		errs = append(errs, errors.New("--max-procs must not be negative"))
 	}
-	if c.RedisMaxIdle < 1 || c.RedisIdleTimeout <= 0 {
-		errs = append(errs, errors.New("--redis-max-idle-conns must be at least 1 and --redis-idle-timeout positive"))
+	if c.RedisMaxIdle < 0 || c.RedisIdleTimeout <= 0 {
+		errs = append(errs, errors.New("--redis-max-idle-conns must not be negative and --redis-idle-timeout must be positive"))
 	}
 	if c.MaxCheckConns < 1 || c.MaxGRPCConns < 1 {
 		errs = append(errs, errors.New("--max-check-conns and --max-grpc-conns must be at least 1"))

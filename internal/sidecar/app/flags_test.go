@@ -33,7 +33,7 @@ func TestParseConfigContract(t *testing.T) {
 	g.Expect(c.RateLimitHeaders).To(BeTrue())
 	g.Expect(c.TrustedHops).To(BeZero())
 	g.Expect(c.HeartbeatInterval).To(Equal(5 * time.Second))
-	g.Expect(c.RedisMaxIdle).To(Equal(4))
+	g.Expect(c.RedisMaxIdle).To(BeZero(), "idle connections up to the pool: none redialed under load")
 	g.Expect(c.RedisIdleTimeout).To(Equal(time.Minute))
 	g.Expect(c.MaxProcs).To(Equal(1), "one P by default: a sidecar's work is mostly waiting")
 

@@ -50,10 +50,9 @@ const (
 	MinRedisPoolSize = 2
 	// MaxRedisPoolSize bounds what one pod may ask for.
 	MaxRedisPoolSize = 1024
-	// DefaultRedisMaxIdleConns is how many idle connections a sidecar keeps per node and
-	// DefaultRedisIdleTimeoutSeconds how long one may stay idle (--redis-max-idle-conns,
-	// --redis-idle-timeout): at rest a sidecar holds the one its heartbeat uses.
-	DefaultRedisMaxIdleConns       = 4
+	// DefaultRedisIdleTimeoutSeconds is how long a sidecar's Redis connection may stay idle
+	// before it closes (--redis-idle-timeout): at rest a sidecar holds the one its heartbeat
+	// uses.
 	DefaultRedisIdleTimeoutSeconds = 60
 	// RedisClientName is the name every sidecar connection gives itself (CLIENT SETNAME):
 	// CLIENT LIST tells sidecars' connections from others' by it.
