@@ -71,7 +71,8 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	conns := &redisconn.ConnStats{}
 	client, err := redisconn.NewClient(cfg.RedisURL, redisconn.Options{
 		PoolSize: cfg.RedisPoolSize, MaxIdleConns: cfg.RedisMaxIdle, ConnMaxIdleTime: cfg.RedisIdleTimeout,
-		ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout,
+		// Waiting for a free connection is part of a decision's wait for Redis.
+		ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout, PoolTimeout: cfg.RedisTimeout,
 		Password: cfg.RedisPassword, ClientName: contract.RedisClientName, Stats: conns,
 	})
 	if err != nil {
