@@ -57,11 +57,47 @@ func TestBudgetSummary(t *testing.T) {
 
 func TestPoolSizeAnnotation(t *testing.T) {
 	g := NewWithT(t)
-	g.Expect(poolSize(nil)).To(Equal(int64(16)))
-	g.Expect(poolSize(map[string]string{"redline.dev/redis-pool-size": "4"})).To(Equal(int64(4)))
+	pool, explicit := poolSize(nil)
+	g.Expect(explicit).To(BeFalse(), "no annotation: the budget sizes the pool")
+	g.Expect(pool).To(BeZero())
+	pool, explicit = poolSize(map[string]string{"redline.dev/redis-pool-size": "4"})
+	g.Expect(explicit).To(BeTrue())
+	g.Expect(pool).To(Equal(int64(4)))
 	// The injector refuses these; the count stays on the safe side with the default.
-	g.Expect(poolSize(map[string]string{"redline.dev/redis-pool-size": "1"})).To(Equal(int64(16)))
-	g.Expect(poolSize(map[string]string{"redline.dev/redis-pool-size": "lots"})).To(Equal(int64(16)))
+	for _, bad := range []string{"1", "lots"} {
+		pool, explicit = poolSize(map[string]string{"redline.dev/redis-pool-size": bad})
+		g.Expect(explicit).To(BeTrue())
+		g.Expect(pool).To(Equal(int64(16)), bad)
+	}
+}
+
+// What the reconciler counts for a workload without the annotation is what the injector
+// injects: connbudget.PoolSize over the same snapshot.
+func TestSizePoolsCountsWhatTheInjectorInjects(t *testing.T) {
+	g := NewWithT(t)
+	r := &BudgetReconciler{ManagerConnections: 4, maxClients: 10000}
+	load := func(name string, replicas, pool int64) workloadLoad {
+		return workloadLoad{Ref: workloadRef{Kind: "Deployment", Namespace: "shop", Name: name}, Replicas: replicas, Pool: pool, Explicit: pool > 0}
+	}
+	loads := []workloadLoad{load("checkout", 500, 0), load("search", 200, 0), load("reports", 75, 0), load("pinned", 10, 32)}
+	snap := r.snapshot(loads)
+	sizePools(loads, snap)
+	g.Expect(snap.Reserve).To(Equal(int64(504)))
+	g.Expect(snap.Workloads).To(HaveLen(4))
+	// (10,000 - 504) / 4 = 2,374 each.
+	g.Expect(loads).To(HaveEach(HaveField("Pool", BeNumerically(">=", 2))))
+	g.Expect([]int64{loads[0].Pool, loads[1].Pool, loads[2].Pool, loads[3].Pool}).To(Equal([]int64{4, 11, 16, 32}))
+	for _, w := range loads[:3] {
+		g.Expect(w.Pool).To(Equal(snap.PoolSize(w.Ref, w.Replicas)))
+	}
+	b := newBudget(loads, 4, 10000)
+	g.Expect(b.WorstCase()).To(Equal(int64(500*4 + 200*11 + 75*16 + 10*32 + 4)))
+	g.Expect(b.Over()).To(BeFalse())
+
+	r.maxClients = 0
+	unknown := []workloadLoad{load("checkout", 500, 0)}
+	sizePools(unknown, r.snapshot(unknown))
+	g.Expect(unknown[0].Pool).To(Equal(int64(16)), "maxclients unknown: the sidecar's default")
 }
 
 // A cluster is read on every master, and the smallest maxclients is the budget: every sidecar

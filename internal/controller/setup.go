@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
+	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/fleet"
 )
 
@@ -39,6 +40,9 @@ type Config struct {
 	// BudgetInterval is how often the connection budget is recomputed without an event
 	// (default 30s).
 	BudgetInterval time.Duration
+	// Budget receives every computed budget, for the pod injector to size pools from (the
+	// manager gives the same Publisher to podinject.Config.Budget); nil publishes nothing.
+	Budget *connbudget.Publisher
 }
 
 // CacheOptions restricts the manager's ConfigMap cache to the ConfigMaps Redline manages, so
@@ -100,6 +104,8 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		RedisTimeout:       cfg.RedisTimeout,
 		Interval:           cfg.BudgetInterval,
 		MaxBackoff:         cfg.MaxBackoff,
+		Budget:             cfg.Budget,
+		Elected:            mgr.Elected(),
 	}
 	return b.SetupWithManager(mgr)
 }
