@@ -76,9 +76,9 @@ type Snapshot struct {
 // Known reports whether the snapshot can size pools.
 func (s *Snapshot) Known() bool { return s != nil && s.MaxClients > 0 }
 
-// count is the number of workloads sharing Redis, w among them: a workload the reconciler has
+// Count is the number of workloads sharing Redis, w among them: a workload the reconciler has
 // not seen yet (its pods come right after it) is added, not left out of the division.
-func (s *Snapshot) count(w Workload) int {
+func (s *Snapshot) Count(w Workload) int {
 	n := len(s.Workloads)
 	if _, ok := s.Workloads[w]; !ok {
 		n++
@@ -88,7 +88,7 @@ func (s *Snapshot) count(w Workload) int {
 
 // Share is w's even share (see Share).
 func (s *Snapshot) Share(w Workload) int64 {
-	return Share(s.MaxClients, s.Reserve, s.count(w))
+	return Share(s.MaxClients, s.Reserve, s.Count(w))
 }
 
 // PoolSize is the pool of each pod of w (see PoolSize); the default when s is not Known.
@@ -96,7 +96,7 @@ func (s *Snapshot) PoolSize(w Workload, maxReplicas int64) int64 {
 	if !s.Known() {
 		return contract.DefaultRedisPoolSize
 	}
-	return PoolSize(s.MaxClients, s.Reserve, s.count(w), maxReplicas)
+	return PoolSize(s.MaxClients, s.Reserve, s.Count(w), maxReplicas)
 }
 
 // Publisher hands the latest Snapshot from the budget reconciler to the injector, which run in
