@@ -22,7 +22,7 @@ import (
 )
 
 func controllerRef(kind, name string) []metav1.OwnerReference {
-	return []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: kind, Name: name, UID: "u", Controller: ptr.To(true)}}
+	return []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: kind, Name: name, UID: "u", Controller: new(true)}}
 }
 
 // budgetPod is a pod at admission: a generateName and its controller, no name yet.
@@ -125,7 +125,7 @@ func TestPoolFromBudget(t *testing.T) {
 		{name: "a bare pod: the default", pod: budgetPod("", "solo")},
 		{name: "a Job's pod: the default", pod: func() *corev1.Pod {
 			p := budgetPod("", "job")
-			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "job", UID: "u", Controller: ptr.To(true)}}
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "job", UID: "u", Controller: new(true)}}
 			return p
 		}()},
 		{name: "owner missing everywhere: the default", pod: budgetPod("ReplicaSet", "gone")},
