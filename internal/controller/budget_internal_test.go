@@ -8,7 +8,19 @@ import (
 
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/connbudget"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -144,4 +156,69 @@ func TestRedisClientsWithoutConfig(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(nodes).To(ConsistOf(HaveField("MaxClients", int64(500))))
 	g.Expect(nodes[0].Connected).To(BeNumerically(">=", 1))
+}
+
+// Every replica publishes the budget for its own webhook; only the leader writes status.
+func TestBudgetOnFollowers(t *testing.T) {
+	g := NewWithT(t)
+	srv, err := redistest.Start("--maxclients", "300")
+	g.Expect(err).NotTo(HaveOccurred())
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = srv.Close()
+		}
+	}()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	defer func() { _ = rdb.Close() }()
+
+	scheme := runtime.NewScheme()
+	g.Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
+	g.Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
+	labels := map[string]string{"app": "checkout"}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "checkout"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](20), Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{
+			Labels: labels, Annotations: map[string]string{contract.AnnotationInject: "true"},
+		}}},
+	}
+	p := &v1alpha1.RateLimitPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "p"},
+		Spec:       v1alpha1.RateLimitPolicySpec{TargetSelector: metav1.LabelSelector{MatchLabels: labels}},
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(d, p).WithStatusSubresource(p).Build()
+	elected := make(chan struct{})
+	budget := &connbudget.Publisher{}
+	r := &BudgetReconciler{
+		Client: c, Redis: &RedisClients{Client: rdb}, ManagerConnections: 4, Budget: budget, Elected: elected,
+	}
+	budgetCondition := func() *metav1.Condition {
+		got := &v1alpha1.RateLimitPolicy{}
+		g.Expect(c.Get(context.Background(), client.ObjectKeyFromObject(p), got)).To(Succeed())
+		return meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionRedisConnectionBudget)
+	}
+
+	_, err = r.Reconcile(context.Background(), budgetRequest)
+	g.Expect(err).NotTo(HaveOccurred())
+	snap := budget.Load()
+	g.Expect(snap.Known()).To(BeTrue())
+	g.Expect(snap.MaxClients).To(Equal(int64(300)))
+	g.Expect(snap.Reserve).To(Equal(int64(4 + 15)))
+	g.Expect(snap.Workloads).To(HaveKey(connbudget.Workload{Kind: "Deployment", Namespace: "shop", Name: "checkout"}))
+	g.Expect(snap.PoolSize(connbudget.Workload{Kind: "Deployment", Namespace: "shop", Name: "checkout"}, 20)).To(Equal(int64(14)))
+	g.Expect(budgetCondition()).To(BeNil(), "a follower writes no status")
+
+	close(elected)
+	_, err = r.Reconcile(context.Background(), budgetRequest)
+	g.Expect(err).NotTo(HaveOccurred())
+	cond := budgetCondition()
+	g.Expect(cond).NotTo(BeNil(), "the leader writes status")
+	g.Expect(cond.Message).To(HaveSuffix("Deployment shop/checkout 20 x 14"))
+
+	// Redis gone: the last maxclients read is kept for the injector.
+	g.Expect(srv.Close()).To(Succeed())
+	stopped = true
+	_, err = r.Reconcile(context.Background(), budgetRequest)
+	g.Expect(err).To(HaveOccurred())
+	g.Expect(budget.Load().MaxClients).To(Equal(int64(300)))
 }
