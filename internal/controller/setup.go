@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -46,7 +47,8 @@ type Config struct {
 }
 
 // CacheOptions restricts the manager's ConfigMap cache to the ConfigMaps Redline manages, so
-// the operator does not hold every ConfigMap of the cluster in memory.
+// the operator does not hold every ConfigMap of the cluster in memory, and keeps only what
+// the connection budget reads of ReplicaSets.
 func CacheOptions(opts cache.Options) cache.Options {
 	if opts.ByObject == nil {
 		opts.ByObject = map[client.Object]cache.ByObject{}
@@ -54,7 +56,18 @@ func CacheOptions(opts cache.Options) cache.Options {
 	opts.ByObject[&corev1.ConfigMap{}] = cache.ByObject{
 		Label: labels.SelectorFromSet(labels.Set{ManagedByLabel: ManagedByValue}),
 	}
+	// Every Deployment keeps up to ten old ReplicaSets, each with a full pod template. The
+	// budget and the injector read their owners, replicas and template metadata only.
+	opts.ByObject[&appsv1.ReplicaSet{}] = cache.ByObject{Transform: slimReplicaSet}
 	return opts
+}
+
+func slimReplicaSet(obj any) (any, error) {
+	if rs, ok := obj.(*appsv1.ReplicaSet); ok {
+		rs.ManagedFields = nil
+		rs.Spec.Template.Spec = corev1.PodSpec{}
+	}
+	return obj, nil
 }
 
 // Setup adds the policy reconciler, the script watcher and the connection budget to mgr.
