@@ -19,6 +19,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -109,10 +110,14 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
+	// The budget reconciler publishes the connection budget; the injector sizes new pods'
+	// Redis pools from it, in this process.
+	budget := &connbudget.Publisher{}
+	webhookCfg.Budget = budget
 	if err := controller.Setup(mgr, controller.Config{
 		Redis: rdb, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
 		HeartbeatTTL: heartbeatTTL, ResyncInterval: resync,
-		RedisMaxClients: redisMaxClients, BudgetInterval: budgetInterval,
+		RedisMaxClients: redisMaxClients, BudgetInterval: budgetInterval, Budget: budget,
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
 	}

@@ -7,17 +7,15 @@ import (
 	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/redline-dev/redline/internal/connbudget"
 )
 
 // ManagerRedisPoolSize is the manager's own Redis pool (cmd/manager), counted in the budget.
 const ManagerRedisPoolSize = 4
 
-// workloadRef names a Deployment or StatefulSet.
-type workloadRef struct {
-	Kind, Namespace, Name string
-}
-
-func (w workloadRef) String() string { return w.Kind + " " + w.Namespace + "/" + w.Name }
+// workloadRef names a Deployment, StatefulSet or ReplicaSet without a Deployment.
+type workloadRef = connbudget.Workload
 
 // workloadLoad is what one injected workload can open to each Redis node at its largest.
 type workloadLoad struct {
@@ -26,8 +24,11 @@ type workloadLoad struct {
 	Replicas int64
 	// HPA names the HorizontalPodAutoscaler Replicas comes from; empty without one.
 	HPA string
-	// Pool is each pod's Redis pool per node.
+	// Pool is each pod's Redis pool per node: the annotation's, else what connbudget.PoolSize
+	// gives the workload, which is what the injector gives its new pods.
 	Pool int64
+	// Explicit is true when Pool comes from the annotation.
+	Explicit bool
 	// PodLabels are the pod template's labels, matched against policies' targetSelectors.
 	PodLabels map[string]string
 	// target receives the budget's Events: the HPA when there is one, else the workload.

@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -31,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -67,7 +67,17 @@ type BudgetReconciler struct {
 	// recovers soon after Redis does.
 	MaxBackoff time.Duration
 
+	// Budget receives the snapshot the pod injector sizes pools from; nil publishes nothing.
+	Budget *connbudget.Publisher
+	// Elected is closed once this replica leads (ctrl.Manager.Elected); nil means it always
+	// does. The budget is computed on every replica, because every replica's webhook sizes
+	// pools from it; only the leader writes status and Events.
+	Elected <-chan struct{}
+
 	mu sync.Mutex
+	// maxClients is the last maxclients read, kept while Redis cannot be read: maxclients
+	// rarely changes, and forgetting it would give every pod admitted meanwhile the default.
+	maxClients int64
 	// last is each workload's connections at the last computed budget, to tell which one
 	// pushed the total over.
 	last    map[workloadRef]int64
@@ -76,11 +86,12 @@ type BudgetReconciler struct {
 	blamed map[workloadRef]client.Object
 }
 
-// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets;replicasets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch
 
-// Reconcile recomputes the budget and writes it to every policy's status, the metrics and,
-// on a change worth a person's attention, Events.
+// Reconcile recomputes the budget, publishes it to the injector and writes it to the
+// metrics and, on the leader, to every policy's status and, on a change worth a person's
+// attention, to Events.
 func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -91,21 +102,71 @@ func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 	rctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
 	nodes, redisErr := r.Redis.Nodes(rctx)
 	cancel()
+	switch {
+	case redisErr == nil:
+		r.maxClients = minMaxClients(nodes)
+	case r.Redis.MaxClients > 0:
+		r.maxClients = r.Redis.MaxClients
+	}
+	snap := r.snapshot(loads)
+	sizePools(loads, snap)
+	if r.Budget != nil {
+		r.Budget.Publish(snap)
+	}
+	leader := r.leader()
 	var b budget
 	if redisErr == nil {
-		b = newBudget(loads, r.ManagerConnections, minMaxClients(nodes))
+		b = newBudget(loads, r.ManagerConnections, r.maxClients)
 		recordBudgetMetrics(b, nodes)
-		r.recordEvents(b)
+		if leader {
+			r.recordEvents(b)
+		}
 	} else {
 		log.FromContext(ctx).Info("redis connection budget unknown", "error", redisErr.Error())
 	}
-	if err := r.updatePolicies(ctx, b, loads, redisErr); err != nil {
-		return ctrl.Result{}, err
+	if leader {
+		if err := r.updatePolicies(ctx, b, loads, redisErr); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if redisErr != nil {
 		return ctrl.Result{}, wrapRedis(redisErr)
 	}
 	return ctrl.Result{RequeueAfter: r.interval()}, nil
+}
+
+// snapshot is what the injector needs to size the pools of new pods as loads are counted.
+func (r *BudgetReconciler) snapshot(loads []workloadLoad) *connbudget.Snapshot {
+	s := &connbudget.Snapshot{
+		MaxClients: r.maxClients,
+		Reserve:    connbudget.Reserve(r.maxClients, r.ManagerConnections),
+		Workloads:  make(map[connbudget.Workload]struct{}, len(loads)),
+	}
+	for _, w := range loads {
+		s.Workloads[w.Ref] = struct{}{}
+	}
+	return s
+}
+
+// sizePools gives the workloads without the annotation the pool the injector gives their pods.
+func sizePools(loads []workloadLoad, s *connbudget.Snapshot) {
+	for i := range loads {
+		if !loads[i].Explicit {
+			loads[i].Pool = s.PoolSize(loads[i].Ref, loads[i].Replicas)
+		}
+	}
+}
+
+func (r *BudgetReconciler) leader() bool {
+	if r.Elected == nil {
+		return true
+	}
+	select {
+	case <-r.Elected:
+		return true
+	default:
+		return false
+	}
 }
 
 func minMaxClients(nodes []NodeClients) int64 {
@@ -118,26 +179,14 @@ func minMaxClients(nodes []NodeClients) int64 {
 	return m
 }
 
-// workloads lists the injected Deployments and StatefulSets with their largest replica count.
+// workloads lists the injected Deployments, StatefulSets and ReplicaSets without a Deployment,
+// with their largest replica count and, where the annotation sets it, their pool.
 func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error) {
 	var hpas autoscalingv2.HorizontalPodAutoscalerList
 	if err := r.List(ctx, &hpas); err != nil {
 		return nil, fmt.Errorf("listing horizontalpodautoscalers: %w", err)
 	}
-	scalers := map[workloadRef]*autoscalingv2.HorizontalPodAutoscaler{}
-	for i := range hpas.Items {
-		h := &hpas.Items[i]
-		t := h.Spec.ScaleTargetRef
-		gv, err := schema.ParseGroupVersion(t.APIVersion)
-		if err != nil || gv.Group != appsv1.GroupName {
-			continue
-		}
-		ref := workloadRef{Kind: t.Kind, Namespace: h.Namespace, Name: t.Name}
-		// Two HPAs on one workload is a misconfiguration; the larger bound is the worst case.
-		if old, ok := scalers[ref]; !ok || h.Spec.MaxReplicas > old.Spec.MaxReplicas {
-			scalers[ref] = h
-		}
-	}
+	scalers := connbudget.Scalers(hpas.Items)
 
 	var out []workloadLoad
 	add := func(kind string, obj client.Object, replicas *int32, tmpl *corev1.PodTemplateSpec) {
@@ -146,16 +195,14 @@ func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error
 		}
 		w := workloadLoad{
 			Ref:       workloadRef{Kind: kind, Namespace: obj.GetNamespace(), Name: obj.GetName()},
-			Replicas:  1,
-			Pool:      poolSize(tmpl.Annotations),
 			PodLabels: tmpl.Labels,
 			target:    obj,
 		}
-		if replicas != nil {
-			w.Replicas = int64(*replicas)
-		}
-		if h, ok := scalers[w.Ref]; ok {
-			w.Replicas, w.HPA, w.target = int64(h.Spec.MaxReplicas), h.Name, h
+		w.Pool, w.Explicit = poolSize(tmpl.Annotations)
+		h := scalers[w.Ref]
+		w.Replicas = connbudget.MaxReplicas(replicas, h)
+		if h != nil {
+			w.HPA, w.target = h.Name, h
 		}
 		out = append(out, w)
 	}
@@ -175,20 +222,37 @@ func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error
 		s := &sets.Items[i]
 		add("StatefulSet", s, s.Spec.Replicas, &s.Spec.Template)
 	}
+	var rss appsv1.ReplicaSetList
+	if err := r.List(ctx, &rss); err != nil {
+		return nil, fmt.Errorf("listing replicasets: %w", err)
+	}
+	for i := range rss.Items {
+		rs := &rss.Items[i]
+		// A Deployment's ReplicaSets are counted as the Deployment.
+		if !ownedByDeployment(rs) {
+			add("ReplicaSet", rs, rs.Spec.Replicas, &rs.Spec.Template)
+		}
+	}
 	return out, nil
 }
 
-// poolSize is the pool the injector gives the pod: the annotation when valid, else the
-// default (the injector refuses to inject with an invalid one, so it opens nothing; counting
-// the default keeps the sum on the safe side).
-func poolSize(ann map[string]string) int64 {
+func ownedByDeployment(obj metav1.Object) bool {
+	ref := metav1.GetControllerOf(obj)
+	return ref != nil && ref.Kind == "Deployment" && strings.HasPrefix(ref.APIVersion, appsv1.GroupName+"/")
+}
+
+// poolSize is the annotation's pool, when it is set and valid. An invalid one counts as the
+// default: the injector refuses to inject with it, so it opens nothing, and the default keeps
+// the sum on the safe side.
+func poolSize(ann map[string]string) (pool int64, explicit bool) {
 	if raw, ok := ann[contract.AnnotationRedisPoolSize]; ok {
 		n, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
 		if err == nil && n >= contract.MinRedisPoolSize && n <= contract.MaxRedisPoolSize {
-			return n
+			return n, true
 		}
+		return contract.DefaultRedisPoolSize, true
 	}
-	return contract.DefaultRedisPoolSize
+	return 0, false
 }
 
 // recordEvents tells a person which workload took the total over, and when it is back within.
@@ -280,15 +344,17 @@ func budgetCondition(p *v1alpha1.RateLimitPolicy, b budget, loads []workloadLoad
 		}
 	}
 	if len(mine) == 0 {
-		return metav1.ConditionTrue, ReasonNoInjectedWorkloads, "no injected Deployment or StatefulSet of the namespace matches targetSelector; " + b.Summary()
+		// No total here, nor in WithinBudget: a message that carried the cluster's total would
+		// rewrite every policy's status on every change of any workload.
+		return metav1.ConditionTrue, ReasonNoInjectedWorkloads, "no injected Deployment, StatefulSet or ReplicaSet of the namespace matches targetSelector"
 	}
-	targets := "; this policy's workloads: " + strings.Join(mine, ", ")
+	targets := "this policy's workloads at maxReplicas x pool: " + strings.Join(mine, ", ")
 	if b.Over() {
-		return metav1.ConditionFalse, ReasonOverBudget, b.Summary() + targets +
+		return metav1.ConditionFalse, ReasonOverBudget, b.Summary() + "; " + targets +
 			"; at that scale Redis refuses connections and every policy falls back to its failureMode: lower maxReplicas or " +
 			contract.AnnotationRedisPoolSize + ", or raise maxclients"
 	}
-	return metav1.ConditionTrue, ReasonWithinBudget, b.Summary() + targets
+	return metav1.ConditionTrue, ReasonWithinBudget, "within Redis's connection budget; " + targets
 }
 
 func (r *BudgetReconciler) policyReader() client.Reader {
@@ -325,10 +391,14 @@ func (r *BudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("redisconnectionbudget").
 		WithOptions(controller.Options{
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, maxBackoff),
+			// Every replica computes the budget for its own webhook (see Elected).
+			NeedLeaderElection: new(false),
+			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, maxBackoff),
 		}).
 		Watches(&appsv1.Deployment{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&appsv1.StatefulSet{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&appsv1.ReplicaSet{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{},
+			predicate.NewPredicateFuncs(func(o client.Object) bool { return !ownedByDeployment(o) }))).
 		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)

@@ -8,7 +8,19 @@ import (
 
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/connbudget"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -57,11 +69,47 @@ func TestBudgetSummary(t *testing.T) {
 
 func TestPoolSizeAnnotation(t *testing.T) {
 	g := NewWithT(t)
-	g.Expect(poolSize(nil)).To(Equal(int64(16)))
-	g.Expect(poolSize(map[string]string{"redline.dev/redis-pool-size": "4"})).To(Equal(int64(4)))
+	pool, explicit := poolSize(nil)
+	g.Expect(explicit).To(BeFalse(), "no annotation: the budget sizes the pool")
+	g.Expect(pool).To(BeZero())
+	pool, explicit = poolSize(map[string]string{"redline.dev/redis-pool-size": "4"})
+	g.Expect(explicit).To(BeTrue())
+	g.Expect(pool).To(Equal(int64(4)))
 	// The injector refuses these; the count stays on the safe side with the default.
-	g.Expect(poolSize(map[string]string{"redline.dev/redis-pool-size": "1"})).To(Equal(int64(16)))
-	g.Expect(poolSize(map[string]string{"redline.dev/redis-pool-size": "lots"})).To(Equal(int64(16)))
+	for _, bad := range []string{"1", "lots"} {
+		pool, explicit = poolSize(map[string]string{"redline.dev/redis-pool-size": bad})
+		g.Expect(explicit).To(BeTrue())
+		g.Expect(pool).To(Equal(int64(16)), bad)
+	}
+}
+
+// What the reconciler counts for a workload without the annotation is what the injector
+// injects: connbudget.PoolSize over the same snapshot.
+func TestSizePoolsCountsWhatTheInjectorInjects(t *testing.T) {
+	g := NewWithT(t)
+	r := &BudgetReconciler{ManagerConnections: 4, maxClients: 10000}
+	load := func(name string, replicas, pool int64) workloadLoad {
+		return workloadLoad{Ref: workloadRef{Kind: "Deployment", Namespace: "shop", Name: name}, Replicas: replicas, Pool: pool, Explicit: pool > 0}
+	}
+	loads := []workloadLoad{load("checkout", 500, 0), load("search", 200, 0), load("reports", 75, 0), load("pinned", 10, 32)}
+	snap := r.snapshot(loads)
+	sizePools(loads, snap)
+	g.Expect(snap.Reserve).To(Equal(int64(504)))
+	g.Expect(snap.Workloads).To(HaveLen(4))
+	// (10,000 - 504) / 4 = 2,374 each.
+	g.Expect(loads).To(HaveEach(HaveField("Pool", BeNumerically(">=", 2))))
+	g.Expect([]int64{loads[0].Pool, loads[1].Pool, loads[2].Pool, loads[3].Pool}).To(Equal([]int64{4, 11, 16, 32}))
+	for _, w := range loads[:3] {
+		g.Expect(w.Pool).To(Equal(snap.PoolSize(w.Ref, w.Replicas)))
+	}
+	b := newBudget(loads, 4, 10000)
+	g.Expect(b.WorstCase()).To(Equal(int64(500*4 + 200*11 + 75*16 + 10*32 + 4)))
+	g.Expect(b.Over()).To(BeFalse())
+
+	r.maxClients = 0
+	unknown := []workloadLoad{load("checkout", 500, 0)}
+	sizePools(unknown, r.snapshot(unknown))
+	g.Expect(unknown[0].Pool).To(Equal(int64(16)), "maxclients unknown: the sidecar's default")
 }
 
 // A cluster is read on every master, and the smallest maxclients is the budget: every sidecar
@@ -108,4 +156,69 @@ func TestRedisClientsWithoutConfig(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(nodes).To(ConsistOf(HaveField("MaxClients", int64(500))))
 	g.Expect(nodes[0].Connected).To(BeNumerically(">=", 1))
+}
+
+// Every replica publishes the budget for its own webhook; only the leader writes status.
+func TestBudgetOnFollowers(t *testing.T) {
+	g := NewWithT(t)
+	srv, err := redistest.Start("--maxclients", "300")
+	g.Expect(err).NotTo(HaveOccurred())
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = srv.Close()
+		}
+	}()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	defer func() { _ = rdb.Close() }()
+
+	scheme := runtime.NewScheme()
+	g.Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
+	g.Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
+	labels := map[string]string{"app": "checkout"}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "checkout"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](20), Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{
+			Labels: labels, Annotations: map[string]string{contract.AnnotationInject: "true"},
+		}}},
+	}
+	p := &v1alpha1.RateLimitPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "p"},
+		Spec:       v1alpha1.RateLimitPolicySpec{TargetSelector: metav1.LabelSelector{MatchLabels: labels}},
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(d, p).WithStatusSubresource(p).Build()
+	elected := make(chan struct{})
+	budget := &connbudget.Publisher{}
+	r := &BudgetReconciler{
+		Client: c, Redis: &RedisClients{Client: rdb}, ManagerConnections: 4, Budget: budget, Elected: elected,
+	}
+	budgetCondition := func() *metav1.Condition {
+		got := &v1alpha1.RateLimitPolicy{}
+		g.Expect(c.Get(context.Background(), client.ObjectKeyFromObject(p), got)).To(Succeed())
+		return meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionRedisConnectionBudget)
+	}
+
+	_, err = r.Reconcile(context.Background(), budgetRequest)
+	g.Expect(err).NotTo(HaveOccurred())
+	snap := budget.Load()
+	g.Expect(snap.Known()).To(BeTrue())
+	g.Expect(snap.MaxClients).To(Equal(int64(300)))
+	g.Expect(snap.Reserve).To(Equal(int64(4 + 15)))
+	g.Expect(snap.Workloads).To(HaveKey(connbudget.Workload{Kind: "Deployment", Namespace: "shop", Name: "checkout"}))
+	g.Expect(snap.PoolSize(connbudget.Workload{Kind: "Deployment", Namespace: "shop", Name: "checkout"}, 20)).To(Equal(int64(14)))
+	g.Expect(budgetCondition()).To(BeNil(), "a follower writes no status")
+
+	close(elected)
+	_, err = r.Reconcile(context.Background(), budgetRequest)
+	g.Expect(err).NotTo(HaveOccurred())
+	cond := budgetCondition()
+	g.Expect(cond).NotTo(BeNil(), "the leader writes status")
+	g.Expect(cond.Message).To(HaveSuffix("Deployment shop/checkout 20 x 14"))
+
+	// Redis gone: the last maxclients read is kept for the injector.
+	g.Expect(srv.Close()).To(Succeed())
+	stopped = true
+	_, err = r.Reconcile(context.Background(), budgetRequest)
+	g.Expect(err).To(HaveOccurred())
+	g.Expect(budget.Load().MaxClients).To(Equal(int64(300)))
 }

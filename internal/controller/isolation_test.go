@@ -36,9 +36,12 @@ var _ = Describe("One namespace cannot stop the others", Ordered, func() {
 	// policy of the cluster. The test stores one the same way, through the old schema.
 	It("keeps reconciling other namespaces while a stored policy does not decode", func() {
 		bad := newNamespace(ctx)
-		ext, err := client.New(cfg, client.Options{})
+		// A scheme of its own: adding to client-go's global one races with the manager's
+		// Event sink, which decodes with it.
+		extScheme := runtime.NewScheme()
+		Expect(apiextensionsv1.AddToScheme(extScheme)).To(Succeed())
+		ext, err := client.New(cfg, client.Options{Scheme: extScheme})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(apiextensionsv1.AddToScheme(ext.Scheme())).To(Succeed())
 		var crd apiextensionsv1.CustomResourceDefinition
 		Expect(ext.Get(ctx, client.ObjectKey{Name: "ratelimitpolicies.redline.dev"}, &crd)).To(Succeed())
 		released := crd.DeepCopy()

@@ -145,6 +145,7 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	cancel()
 
 	var statusErrs []error
+	stale := false
 	for _, o := range outcomes {
 		o.configErr, o.scriptErr = cmErr, scriptErr
 		if o.inDocument() {
@@ -156,7 +157,10 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 				return r.updateUndecodableStatus(ctx, u, o, doc)
 			}
 		}
-		if err := update(ctx, o, doc); err != nil {
+		switch err := update(ctx, o, doc); {
+		case errors.Is(err, errStaleStatus):
+			stale = true
+		case err != nil:
 			statusErrs = append(statusErrs, err)
 		}
 	}
@@ -171,9 +175,17 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	if err := errors.Join(append(statusErrs, cmErr, wrapRedis(scriptErr))...); err != nil {
 		return ctrl.Result{}, err
 	}
+	if stale {
+		// Another writer (the budget reconciler) got there first; the cache has its write by
+		// the time this comes back.
+		return ctrl.Result{RequeueAfter: staleRetry}, nil
+	}
 	// Sidecar heartbeats change without any Kubernetes event; come back to follow them.
 	return ctrl.Result{RequeueAfter: r.resyncInterval()}, nil
 }
+
+// staleRetry is how soon a status write refused as stale is tried again.
+const staleRetry = 100 * time.Millisecond
 
 func (r *NamespaceReconciler) resyncInterval() time.Duration {
 	if r.ResyncInterval > 0 {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
+	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/fleet"
 )
 
@@ -39,10 +41,14 @@ type Config struct {
 	// BudgetInterval is how often the connection budget is recomputed without an event
 	// (default 30s).
 	BudgetInterval time.Duration
+	// Budget receives every computed budget, for the pod injector to size pools from (the
+	// manager gives the same Publisher to podinject.Config.Budget); nil publishes nothing.
+	Budget *connbudget.Publisher
 }
 
 // CacheOptions restricts the manager's ConfigMap cache to the ConfigMaps Redline manages, so
-// the operator does not hold every ConfigMap of the cluster in memory.
+// the operator does not hold every ConfigMap of the cluster in memory, and keeps only what
+// the connection budget reads of ReplicaSets.
 func CacheOptions(opts cache.Options) cache.Options {
 	if opts.ByObject == nil {
 		opts.ByObject = map[client.Object]cache.ByObject{}
@@ -50,7 +56,18 @@ func CacheOptions(opts cache.Options) cache.Options {
 	opts.ByObject[&corev1.ConfigMap{}] = cache.ByObject{
 		Label: labels.SelectorFromSet(labels.Set{ManagedByLabel: ManagedByValue}),
 	}
+	// Every Deployment keeps up to ten old ReplicaSets, each with a full pod template. The
+	// budget and the injector read their owners, replicas and template metadata only.
+	opts.ByObject[&appsv1.ReplicaSet{}] = cache.ByObject{Transform: slimReplicaSet}
 	return opts
+}
+
+func slimReplicaSet(obj any) (any, error) {
+	if rs, ok := obj.(*appsv1.ReplicaSet); ok {
+		rs.ManagedFields = nil
+		rs.Spec.Template.Spec = corev1.PodSpec{}
+	}
+	return obj, nil
 }
 
 // Setup adds the policy reconciler, the script watcher and the connection budget to mgr.
@@ -100,6 +117,8 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		RedisTimeout:       cfg.RedisTimeout,
 		Interval:           cfg.BudgetInterval,
 		MaxBackoff:         cfg.MaxBackoff,
+		Budget:             cfg.Budget,
+		Elected:            mgr.Elected(),
 	}
 	return b.SetupWithManager(mgr)
 }

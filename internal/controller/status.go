@@ -100,6 +100,9 @@ func truncate(s string) string {
 	return s[:max-3] + "..."
 }
 
+// errStaleStatus reports a status write refused because the policy changed since it was read.
+var errStaleStatus = errors.New("policy changed since it was read")
+
 // updateStatus writes the status only when it changed, and records an Event when Accepted or
 // Programmed changes, which is what a person wants to be told about.
 func (r *NamespaceReconciler) updateStatus(ctx context.Context, o outcome, doc *policydoc.Document) error {
@@ -110,9 +113,16 @@ func (r *NamespaceReconciler) updateStatus(ctx context.Context, o outcome, doc *
 	}
 	before := p.DeepCopy()
 	p.Status = want
-	if err := r.Status().Patch(ctx, p, client.MergeFrom(before)); err != nil {
+	// A merge patch replaces the whole conditions list. Read from a cache that has not seen the
+	// budget reconciler's last write, it would drop RedisConnectionBudget until the next
+	// budget pass; the optimistic lock turns that stale read into a conflict, retried on a
+	// fresh read, so the conditions this reconciler does not own are kept.
+	if err := r.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
+		}
+		if apierrors.IsConflict(err) {
+			return errStaleStatus
 		}
 		return fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err)
 	}

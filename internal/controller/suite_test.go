@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,10 +22,13 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
 var (
@@ -34,6 +38,8 @@ var (
 	redisSrv  *redistest.Server
 	rdb       *redis.Client
 	cancelMgr context.CancelFunc
+	warnings  *warningRecorder
+	warnK8s   client.Client // k8s, with admission warnings recorded in warnings
 )
 
 func TestController(t *testing.T) {
@@ -55,6 +61,9 @@ var _ = BeforeSuite(func() {
 	testEnv = &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
+		// The pod injector runs beside the controllers, as in cmd/manager: it sizes pools from
+		// the budget they compute.
+		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: []string{filepath.Join("..", "..", "config", "webhook")}},
 	}
 	cfg, err = testEnv.Start()
 	Expect(err).NotTo(HaveOccurred())
@@ -64,11 +73,20 @@ var _ = BeforeSuite(func() {
 	Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
 	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
+	warnings = &warningRecorder{}
+	wcfg := rest.CopyConfig(cfg)
+	wcfg.WarningHandler = warnings
+	warnK8s, err = client.New(wcfg, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
 
+	wio := &testEnv.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache:   controller.CacheOptions(cache.Options{}),
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host: wio.LocalServingHost, Port: wio.LocalServingPort, CertDir: wio.LocalServingCertDir,
+		}),
 	})
 	Expect(err).NotTo(HaveOccurred())
 
@@ -76,10 +94,17 @@ var _ = BeforeSuite(func() {
 	mgrRedis := redis.NewClient(&redis.Options{
 		Addr: redisSrv.Addr(), DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1,
 	})
+	budget := &connbudget.Publisher{}
 	Expect(controller.Setup(mgr, controller.Config{
 		Redis: mgrRedis, RedisTimeout: time.Second, CheckInterval: 300 * time.Millisecond, MaxBackoff: 2 * time.Second,
 		HeartbeatTTL: 10 * time.Second, ResyncInterval: 300 * time.Millisecond, BudgetInterval: 300 * time.Millisecond,
+		Budget: budget,
 	})).To(Succeed())
+	webhookCfg := podinject.DefaultConfig()
+	webhookCfg.SidecarImage = "example.test/redline-sidecar:v0.1.0"
+	webhookCfg.NativeSidecars = podinject.NativeSidecarsTrue
+	webhookCfg.Budget = budget
+	Expect(podinject.Setup(mgr, webhookCfg)).To(Succeed())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancelMgr = cancel
@@ -103,3 +128,24 @@ var _ = AfterSuite(func() {
 		Expect(redisSrv.Close()).To(Succeed())
 	}
 })
+
+// warningRecorder keeps the admission warnings the API server returned.
+type warningRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warningRecorder) HandleWarningHeader(_ int, _ string, msg string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, msg)
+}
+
+// take returns the warnings recorded since the last call.
+func (w *warningRecorder) take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := w.msgs
+	w.msgs = nil
+	return out
+}

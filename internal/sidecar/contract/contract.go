@@ -33,8 +33,10 @@ const (
 	// pod could otherwise spend any client's quota (ask with the victim's key until refused).
 	AnnotationExposeDecisionAPI = "redline.dev/expose-decision-api"
 	// AnnotationRedisPoolSize sets the sidecar's Redis pool: connections per Redis node,
-	// MinRedisPoolSize to MaxRedisPoolSize (default DefaultRedisPoolSize). The controller counts
-	// it, times the workload's maxReplicas, against Redis's maxclients.
+	// MinRedisPoolSize to MaxRedisPoolSize. Without it the injector sizes the pool from the
+	// connection budget (internal/connbudget), between MinRedisPoolSize and
+	// DefaultRedisPoolSize. The controller counts it, times the workload's maxReplicas, against
+	// Redis's maxclients.
 	AnnotationRedisPoolSize = "redline.dev/redis-pool-size"
 	// AnnotationInjected is written by the injector and records what it injected. A pod that
 	// carries it is never injected again.
@@ -119,7 +121,8 @@ const (
 	FlagPodLabels   = "pod-labels"   // PodLabelsFile
 	FlagFailureMode = "failure-mode" // only when AnnotationFailureMode is set
 	FlagMaxProcs    = "max-procs"    // only when AnnotationSidecarMaxProcs is set
-	// FlagRedisPoolSize is passed only when AnnotationRedisPoolSize is set.
+	// FlagRedisPoolSize is passed when AnnotationRedisPoolSize is set or the connection
+	// budget sized the pool; without it the sidecar uses DefaultRedisPoolSize.
 	FlagRedisPoolSize = "redis-pool-size"
 )
 

@@ -11,8 +11,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/redline-dev/redline/internal/connbudget"
 )
 
 // Certificate modes of the webhook server.
@@ -63,6 +66,15 @@ type Config struct {
 	// WebhookConfigName names the MutatingWebhookConfiguration whose caBundle is patched in
 	// self-signed mode.
 	WebhookConfigName string
+
+	// Budget is the connection budget the controller publishes in the same manager (not a
+	// flag). With it, a pod without redline.dev/redis-pool-size gets the pool the budget gives
+	// its workload, and one with it a warning when it overspends; nil leaves pools to the
+	// annotation and the sidecar's default.
+	Budget *connbudget.Publisher
+	// BudgetLookupTimeout bounds the workload lookups of one admission (default 1s); past it,
+	// or on any lookup error, the pod gets the default pool.
+	BudgetLookupTimeout time.Duration
 
 	// DefaultCPURequest, DefaultMemoryRequest and DefaultMemoryLimit are the sidecar's resources
 	// unless the pod's annotations say otherwise.

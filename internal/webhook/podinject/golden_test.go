@@ -44,20 +44,21 @@ var _ = Describe("Injected spec", func() {
 			pod := annotatedPod(ns, "checkout-"+mode, extra...)
 			in := podinject.NewInjector(testConfig(podinject.NativeSidecarsAuto), native)
 
-			out, err := in.Inject(pod)
+			out, warns, err := in.Inject(ctx, pod)
+			Expect(warns).To(BeEmpty())
 			Expect(err).NotTo(HaveOccurred())
 			Expect(pod.Annotations).NotTo(HaveKey(contract.AnnotationInjected), "the input pod must not be modified")
 			expectGolden(mode+".golden.yaml", out)
 
 			By("injecting the injected pod again: nothing changes")
-			again, err := in.Inject(out)
+			again, _, err := in.Inject(ctx, out)
 			Expect(err).To(MatchError(podinject.ErrSkipped))
 			Expect(again).To(BeIdenticalTo(out))
 
 			By("running the mutators on an injected pod that lost its status annotation: nothing is duplicated")
 			stripped := out.DeepCopy()
 			delete(stripped.Annotations, contract.AnnotationInjected)
-			redone, err := in.Inject(stripped)
+			redone, _, err := in.Inject(ctx, stripped)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(redone).To(Equal(out))
 

@@ -33,7 +33,7 @@ func NewHandler(injector *Injector, scheme *runtime.Scheme, log logr.Logger) *Ha
 var _ admission.Handler = (*Handler)(nil)
 
 // Handle implements admission.Handler.
-func (h *Handler) Handle(_ context.Context, req admission.Request) (resp admission.Response) {
+func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admission.Response) {
 	log := h.log.WithValues("namespace", req.Namespace, "name", req.Name, "uid", req.UID)
 	defer func() {
 		// controller-runtime would turn a panic into an error response, which the API server
@@ -52,7 +52,10 @@ func (h *Handler) Handle(_ context.Context, req admission.Request) (resp admissi
 		log.Error(err, "decoding pod")
 		return admission.Allowed("").WithWarnings(WarningPrefix + "the pod could not be decoded")
 	}
-	out, err := h.injector.Inject(pod)
+	if pod.Namespace == "" {
+		pod.Namespace = req.Namespace // the workload lookups need it
+	}
+	out, warns, err := h.injector.Inject(ctx, pod)
 	switch {
 	case errors.Is(err, ErrSkipped):
 		return admission.Allowed("")
@@ -71,5 +74,5 @@ func (h *Handler) Handle(_ context.Context, req admission.Request) (resp admissi
 		return admission.Allowed("").WithWarnings(WarningPrefix + "the patch could not be computed")
 	}
 	log.V(1).Info("sidecar injected", "generateName", pod.GenerateName, "native", h.injector.Native(), "patches", len(resp.Patches))
-	return resp
+	return resp.WithWarnings(warns...)
 }

@@ -1,6 +1,7 @@
 package podinject
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -14,6 +15,8 @@ type Injector struct {
 	cfg      Config
 	native   bool
 	mutators []mutator
+	// sizer sizes pools from the connection budget; nil leaves them to the annotation.
+	sizer *poolSizer
 }
 
 // NewInjector returns an Injector for cfg. native selects a native sidecar (an init container
@@ -30,32 +33,34 @@ func (in *Injector) Native() bool { return in.native }
 var ErrSkipped = errors.New("not injected")
 
 // Inject returns the injected copy of pod, or pod itself when it is left unchanged; err then
-// says why, and is ErrSkipped when there is nothing to warn about.
+// says why, and is ErrSkipped when there is nothing to warn about. warnings are for the
+// person creating the pod when it is injected (a pool that overspends the connection budget).
 // pod is never modified.
-func (in *Injector) Inject(pod *corev1.Pod) (*corev1.Pod, error) {
+func (in *Injector) Inject(ctx context.Context, pod *corev1.Pod) (out *corev1.Pod, warnings []string, err error) {
 	if !wantsInjection(pod) {
-		return pod, ErrSkipped
+		return pod, nil, ErrSkipped
 	}
 	if _, done := pod.Annotations[contract.AnnotationInjected]; done {
-		return pod, ErrSkipped
+		return pod, nil, ErrSkipped
 	}
 	if in.cfg.SidecarImage == "" {
-		return pod, errors.New("the manager has no --sidecar-image, so injection is off")
+		return pod, nil, errors.New("the manager has no --sidecar-image, so injection is off")
 	}
 	p, err := parseParams(pod, &in.cfg)
 	if err != nil {
-		return pod, err
+		return pod, nil, err
 	}
+	warnings = in.sizer.size(ctx, pod, &p)
 	inj := &injection{
 		container: sidecarContainer(&in.cfg, p, in.native),
 		volumes:   sidecarVolumes(),
 		native:    in.native,
 	}
-	out := pod.DeepCopy()
+	out = pod.DeepCopy()
 	for _, m := range in.mutators {
 		if err := m.mutate(out, inj); err != nil {
-			return pod, fmt.Errorf("applying the %s mutator: %w", m.name(), err)
+			return pod, nil, fmt.Errorf("applying the %s mutator: %w", m.name(), err)
 		}
 	}
-	return out, nil
+	return out, warnings, nil
 }

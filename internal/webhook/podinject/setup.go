@@ -85,12 +85,19 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		}
 	}
 
-	srv.Register(Path, &webhook.Admission{Handler: NewHandler(NewInjector(cfg, native), mgr.GetScheme(), log)})
+	in := NewInjector(cfg, native)
+	if cfg.Budget != nil {
+		in.sizer = &poolSizer{
+			budget: cfg.Budget, cache: mgr.GetClient(), direct: mgr.GetAPIReader(),
+			timeout: cfg.BudgetLookupTimeout, log: log.WithName("budget"),
+		}
+	}
+	srv.Register(Path, &webhook.Admission{Handler: NewHandler(in, mgr.GetScheme(), log)})
 	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
 		return fmt.Errorf("adding the webhook readiness check: %w", err)
 	}
 	log.Info("pod injection webhook registered", "path", Path, "nativeSidecars", native,
-		"certMode", cfg.CertMode, "sidecarImage", cfg.SidecarImage)
+		"certMode", cfg.CertMode, "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Budget != nil)
 	return nil
 }
 

@@ -1,0 +1,96 @@
+package connbudget
+
+import (
+	"math"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestPoolSize(t *testing.T) {
+	tests := []struct {
+		name        string
+		maxClients  int64
+		workloads   int
+		maxReplicas int64
+		want        int64
+	}{
+		// README's worked example: maxclients 10,000, reserve 4 + 500, three workloads: a
+		// share of 3,165 each.
+		{"share split over maxReplicas", 10000, 3, 500, 6},
+		{"share split over fewer replicas", 10000, 3, 200, 15},
+		{"few replicas: capped at the default", 10000, 3, 75, 16},
+		{"unknown maxclients: the default", 0, 3, 500, 16},
+		{"no workload counted yet: the asking one is alone", 200, 0, 10, 16},
+		{"no workload counted yet, many replicas", 200, 0, 100, 2},
+		{"huge maxReplicas: the floor", 10000, 3, math.MaxInt32, 2},
+		{"tiny maxclients: the floor", 10, 3, 2, 2},
+		{"reserve takes everything: the floor", 4, 1, 1, 2},
+		{"maxReplicas 0 (a scaled-down workload) counts as 1", 1000, 1, 0, 16},
+		{"exact division", 1000 + 50 + 4 + 6, 2, 100, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			g.Expect(PoolSize(tt.maxClients, Reserve(tt.maxClients, 4), tt.workloads, tt.maxReplicas)).To(Equal(tt.want))
+		})
+	}
+}
+
+func TestReserveAndShare(t *testing.T) {
+	g := NewWithT(t)
+	g.Expect(Reserve(10000, 4)).To(Equal(int64(504)))
+	g.Expect(Reserve(200, 4)).To(Equal(int64(14)))
+	g.Expect(Share(10000, 504, 3)).To(Equal(int64(3165)))
+	g.Expect(Share(10, 14, 1)).To(BeZero())
+	g.Expect(Share(200, 14, 0)).To(Equal(int64(186)))
+}
+
+func TestSnapshotCountsTheAskingWorkload(t *testing.T) {
+	g := NewWithT(t)
+	a := Workload{Kind: "Deployment", Namespace: "shop", Name: "a"}
+	b := Workload{Kind: "Deployment", Namespace: "shop", Name: "b"}
+	s := &Snapshot{MaxClients: 200, Reserve: 14, Workloads: map[Workload]struct{}{a: {}}}
+	g.Expect(s.Share(a)).To(Equal(int64(186)))
+	g.Expect(s.Share(b)).To(Equal(int64(93)), "b is not counted yet: it shares with a")
+	g.Expect(s.PoolSize(a, 20)).To(Equal(int64(9)))
+	g.Expect(s.PoolSize(b, 20)).To(Equal(int64(4)))
+
+	var unknown *Snapshot
+	g.Expect(unknown.Known()).To(BeFalse())
+	g.Expect(unknown.PoolSize(a, 20)).To(Equal(int64(16)))
+	var p *Publisher
+	g.Expect(p.Load()).To(BeNil())
+	p = &Publisher{}
+	g.Expect(p.Load()).To(BeNil())
+	p.Publish(s)
+	g.Expect(p.Load()).To(BeIdenticalTo(s))
+}
+
+func TestScalers(t *testing.T) {
+	g := NewWithT(t)
+	hpa := func(name, apiVersion, kind, target string, maxReplicas int32) autoscalingv2.HorizontalPodAutoscaler {
+		return autoscalingv2.HorizontalPodAutoscaler{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name},
+			Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+				ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: apiVersion, Kind: kind, Name: target},
+				MaxReplicas:    maxReplicas,
+			},
+		}
+	}
+	m := Scalers([]autoscalingv2.HorizontalPodAutoscaler{
+		hpa("a", "apps/v1", "Deployment", "checkout", 5),
+		hpa("b", "apps/v1", "Deployment", "checkout", 9),
+		hpa("c", "example.com/v1", "Deployment", "search", 50),
+		hpa("d", "apps/v1", "ReplicaSet", "bare", 3),
+	})
+	checkout := Workload{Kind: "Deployment", Namespace: "shop", Name: "checkout"}
+	g.Expect(m).To(HaveLen(2))
+	g.Expect(MaxReplicas(nil, m[checkout])).To(Equal(int64(9)), "the larger of two HPAs")
+	g.Expect(m).To(HaveKey(Workload{Kind: "ReplicaSet", Namespace: "shop", Name: "bare"}))
+	three := int32(3)
+	g.Expect(MaxReplicas(&three, nil)).To(Equal(int64(3)))
+	g.Expect(MaxReplicas(nil, nil)).To(Equal(int64(1)))
+}

@@ -1,0 +1,201 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
+)
+
+// replicaSetOf is the ReplicaSet the Deployment controller would create for d (envtest runs
+// no kube-controller-manager).
+func replicaSetOf(d *appsv1.Deployment) *appsv1.ReplicaSet {
+	return &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: d.Namespace, Name: d.Name + "-7c9d",
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID, Controller: new(true),
+			}},
+		},
+		Spec: appsv1.ReplicaSetSpec{Replicas: d.Spec.Replicas, Selector: d.Spec.Selector, Template: d.Spec.Template},
+	}
+}
+
+// admitPod creates a pod of rs as its controller would (generateName and a controller
+// reference, no name) through the webhook, and returns its sidecar's --redis-pool-size
+// ("" when the flag is absent) and the admission warnings.
+func admitPod(g Gomega, ctx context.Context, rs *appsv1.ReplicaSet) (string, []string) {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: rs.Namespace, GenerateName: rs.Name + "-",
+			Labels: rs.Spec.Template.Labels, Annotations: rs.Spec.Template.Annotations,
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: new(true),
+			}},
+		},
+		Spec: rs.Spec.Template.Spec,
+	}
+	warnings.take()
+	g.Expect(warnK8s.Create(ctx, pod)).To(Succeed())
+	warns := warnings.take()
+	// The pods only carry the answer; they never run.
+	g.Expect(k8s.Delete(ctx, pod)).To(Succeed())
+	var sidecar *corev1.Container
+	for i, c := range pod.Spec.InitContainers {
+		if c.Name == contract.ContainerName {
+			sidecar = &pod.Spec.InitContainers[i]
+		}
+	}
+	g.Expect(sidecar).NotTo(BeNil(), "the webhook did not inject pod %s", pod.Name)
+	for _, a := range sidecar.Args {
+		if v, ok := strings.CutPrefix(a, "--"+contract.FlagRedisPoolSize+"="); ok {
+			return v, warns
+		}
+	}
+	return "", warns
+}
+
+func setMaxReplicas(ctx context.Context, d *appsv1.Deployment, n int32) {
+	GinkgoHelper()
+	hpa := hpaFor(d, 0)
+	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(hpa), hpa)).To(Succeed())
+	hpa.Spec.MaxReplicas = n
+	Expect(k8s.Update(ctx, hpa)).To(Succeed())
+}
+
+var _ = Describe("Pools sized from the Redis connection budget", func() {
+	// maxclients 200 - reserve (4 for the manager + 5% = 10) leaves 186 to share.
+	It("gives new pods the pool the budget allows, following the HPA's maxReplicas", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		checkout := injectedDeployment(ns, "checkout", 2, "")
+		Expect(k8s.Create(ctx, checkout)).To(Succeed())
+		rs := replicaSetOf(checkout)
+		Expect(k8s.Create(ctx, rs)).To(Succeed())
+		hpa := hpaFor(checkout, 5)
+		Expect(k8s.Create(ctx, hpa)).To(Succeed())
+		p := policy(ns, "checkout-limit", 100)
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		DeferCleanup(func(ctx context.Context) {
+			for _, o := range []client.Object{hpa, rs, checkout} {
+				Expect(client.IgnoreNotFound(k8s.Delete(ctx, o))).To(Succeed())
+			}
+		})
+
+		By("one workload at 5 replicas: 186 / 5 = 37, capped at 16")
+		Eventually(func(g Gomega) {
+			pool, warns := admitPod(g, ctx, rs)
+			g.Expect(pool).To(Equal("16"), "pool of a new pod at maxReplicas 5")
+			g.Expect(warns).To(BeEmpty())
+			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
+			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Message).To(HaveSuffix("Deployment " + ns + "/checkout 5 x 16"))
+		}, timeout, interval).Should(Succeed())
+
+		By("maxReplicas 40, where the default pool would open 640 of 200: 186 / 40 = 4")
+		setMaxReplicas(ctx, checkout, 40)
+		Eventually(func(g Gomega) {
+			pool, _ := admitPod(g, ctx, rs)
+			g.Expect(pool).To(Equal("4"), "pool of a new pod at maxReplicas 40")
+			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
+			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget), "the controller counts the pool the injector gives: 40 x 4 + 4 = 164")
+			g.Expect(c.Message).To(HaveSuffix("Deployment " + ns + "/checkout 40 x 4"))
+			g.Expect(gauge(g, "redline_redis_connections_worst_case", nil)).To(Equal(164.0))
+		}, timeout, interval).Should(Succeed())
+
+		By("back to maxReplicas 5: the pool returns")
+		setMaxReplicas(ctx, checkout, 5)
+		Eventually(func(g Gomega) {
+			pool, _ := admitPod(g, ctx, rs)
+			g.Expect(pool).To(Equal("16"), "pool of a new pod back at maxReplicas 5")
+			g.Expect(gauge(g, "redline_redis_connections_worst_case", nil)).To(Equal(84.0))
+		}, timeout, interval).Should(Succeed())
+	})
+
+	It("lets the annotation win, with a warning and OverBudget when it overspends", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		checkout := injectedDeployment(ns, "checkout", 2, "")
+		pinned := injectedDeployment(ns, "pinned", 2, "8")
+		var cleanup []client.Object
+		for _, d := range []*appsv1.Deployment{checkout, pinned} {
+			Expect(k8s.Create(ctx, d)).To(Succeed())
+			cleanup = append(cleanup, d)
+		}
+		checkoutRS, pinnedRS := replicaSetOf(checkout), replicaSetOf(pinned)
+		checkoutHPA, pinnedHPA := hpaFor(checkout, 5), hpaFor(pinned, 30)
+		for _, o := range []client.Object{checkoutRS, pinnedRS, checkoutHPA, pinnedHPA} {
+			Expect(k8s.Create(ctx, o)).To(Succeed())
+			cleanup = append(cleanup, o)
+		}
+		p := policy(ns, "pinned-limit", 100)
+		p.Spec.TargetSelector.MatchLabels = map[string]string{"app": "pinned"}
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		DeferCleanup(func(ctx context.Context) {
+			for _, o := range cleanup {
+				Expect(client.IgnoreNotFound(k8s.Delete(ctx, o))).To(Succeed())
+			}
+		})
+
+		By("two workloads share 186: 93 each; pinned asks 8 x 30 = 240")
+		Eventually(func(g Gomega) {
+			pool, warns := admitPod(g, ctx, pinnedRS)
+			g.Expect(pool).To(Equal("8"), "the annotation wins")
+			g.Expect(warns).To(ConsistOf(fmt.Sprintf("redline: redline.dev/redis-pool-size=8 x maxReplicas 30 = 240 connections per Redis node, "+
+				"more than Deployment %s/pinned's even share of Redis's connection budget, 93 (maxclients 200 - reserve 14, over 2 workloads); "+
+				"without the annotation its pods would get 3", ns)))
+			pool, warns = admitPod(g, ctx, checkoutRS)
+			g.Expect(pool).To(Equal("16"), "93 / 5, capped at the default")
+			g.Expect(warns).To(BeEmpty())
+
+			// 30 x 8 + 5 x 16 + 4 = 324 > 200.
+			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
+			g.Expect(c.Reason).To(Equal(controller.ReasonOverBudget))
+			g.Expect(c.Message).To(ContainSubstring("worst case 324 connections per Redis node at maxReplicas (deployment " + ns + "/pinned 30 x 8, deployment " + ns + "/checkout 5 x 16, manager 4)"))
+			g.Expect(eventsAbout(g, ctx, ns, "HorizontalPodAutoscaler", "pinned")).To(ContainElement(
+				HavePrefix("Warning/" + controller.ReasonOverBudget + ": Deployment " + ns + "/pinned at 30 replicas x 8 connections")))
+		}, timeout, interval).Should(Succeed())
+
+		By("pinned's maxReplicas 10: 80 fits its share, and the total is back within")
+		setMaxReplicas(ctx, pinned, 10)
+		Eventually(func(g Gomega) {
+			pool, warns := admitPod(g, ctx, pinnedRS)
+			g.Expect(pool).To(Equal("8"))
+			g.Expect(warns).To(BeEmpty())
+			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
+			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(eventsAbout(g, ctx, ns, "HorizontalPodAutoscaler", "pinned")).To(ContainElement(
+				HavePrefix("Normal/" + controller.ReasonWithinBudget + ": Redis connections are within budget again")))
+		}, timeout, interval).Should(Succeed())
+	})
+
+	It("counts a ReplicaSet without a Deployment as its own workload", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		d := injectedDeployment(ns, "worker", 3, "")
+		rs := &appsv1.ReplicaSet{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "worker"},
+			Spec:       appsv1.ReplicaSetSpec{Replicas: ptr.To[int32](30), Selector: d.Spec.Selector, Template: d.Spec.Template},
+		}
+		Expect(k8s.Create(ctx, rs)).To(Succeed())
+		DeferCleanup(func(ctx context.Context) { Expect(client.IgnoreNotFound(k8s.Delete(ctx, rs))).To(Succeed()) })
+		p := policy(ns, "worker-limit", 100)
+		p.Spec.TargetSelector.MatchLabels = map[string]string{"app": "worker"}
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+
+		Eventually(func(g Gomega) {
+			pool, _ := admitPod(g, ctx, rs)
+			g.Expect(pool).To(Equal("6"), "186 / 30")
+			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
+			g.Expect(c.Message).To(HaveSuffix("ReplicaSet " + ns + "/worker 30 x 6"))
+		}, timeout, interval).Should(Succeed())
+	})
+})
