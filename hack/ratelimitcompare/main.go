@@ -71,6 +71,9 @@ type Cell struct {
 	Degraded float64
 	// RoundTrips is the sidecar's Redis round trips per Redis decision (batching).
 	RoundTrips float64
+	// CPU is what the server, the client (this process) and redis-server spent during the
+	// measured cell; zero where /proc does not say.
+	CPU struct{ Server, Client, Redis time.Duration }
 }
 
 type listFlag []string
@@ -207,6 +210,10 @@ func run(ctx context.Context, o Options) error {
 	defer sc.stop()
 	progress("redis-server on %s, envoyproxy/ratelimit gRPC on %s, sidecar gRPC on %s", rs.Addr(), envoy.GRPC, sc.GRPC)
 
+	pids := map[string]cellPIDs{
+		serverEnvoy:   {server: envoy.pid(), redis: rs.Pid()},
+		serverSidecar: {server: sc.pid(), redis: rs.Pid()},
+	}
 	clients := map[string]*client{}
 	for name, addr := range map[string]string{serverEnvoy: envoy.GRPC, serverSidecar: sc.GRPC} {
 		c, err := newClient(addr, o.Conns, o.Keys)
@@ -235,7 +242,7 @@ func run(ctx context.Context, o Options) error {
 				slices.Reverse(order)
 			}
 			for _, name := range order {
-				c, err := runCell(ctx, o, rc, clients[name], sc, name, patterns[name], callers, round)
+				c, err := runCell(ctx, o, rc, clients[name], sc, pids[name], name, patterns[name], callers, round)
 				if err != nil {
 					return fmt.Errorf("%s, %d callers, round %d: %w", name, callers, round, err)
 				}
@@ -264,8 +271,22 @@ func run(ctx context.Context, o Options) error {
 	return nil
 }
 
+// cellPIDs are the processes whose CPU a cell reports besides this one (the client).
+type cellPIDs struct{ server, redis int }
+
+// cpu reads the server's, this process's and redis-server's CPU time; 0 where it cannot.
+func (p cellPIDs) cpu() [3]time.Duration {
+	var out [3]time.Duration
+	for i, pid := range []int{p.server, os.Getpid(), p.redis} {
+		if pid > 0 {
+			out[i], _ = sidecarproc.CPUTime(pid)
+		}
+	}
+	return out
+}
+
 // runCell measures one server at one concurrency on an emptied Redis.
-func runCell(ctx context.Context, o Options, rc *redis.Client, c *client, sc *sidecar, name, pattern string, callers, round int) (Cell, error) {
+func runCell(ctx context.Context, o Options, rc *redis.Client, c *client, sc *sidecar, pids cellPIDs, name, pattern string, callers, round int) (Cell, error) {
 	cell := Cell{Server: name, Callers: callers, Round: round}
 	if err := rc.FlushAll(ctx).Err(); err != nil {
 		return cell, fmt.Errorf("FLUSHALL: %w", err)
@@ -287,7 +308,10 @@ func runCell(ctx context.Context, o Options, rc *redis.Client, c *client, sc *si
 	if err != nil {
 		return cell, err
 	}
+	cpu0 := pids.cpu()
 	cell.Result = closedLoop(ctx, c, callers, o.Duration)
+	cpu1 := pids.cpu()
+	cell.CPU.Server, cell.CPU.Client, cell.CPU.Redis = cpu1[0]-cpu0[0], cpu1[1]-cpu0[1], cpu1[2]-cpu0[2]
 	if ctx.Err() != nil {
 		return cell, ctx.Err()
 	}

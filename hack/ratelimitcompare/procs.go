@@ -78,6 +78,14 @@ type proc struct {
 	GRPC string
 }
 
+// pid is the process's id, 0 before it started.
+func (p *proc) pid() int {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 func freeAddr() (string, error) {
 	p, err := redistest.FreePort()
 	if err != nil {

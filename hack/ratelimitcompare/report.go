@@ -39,6 +39,19 @@ func median[T int64 | float64 | time.Duration](xs []T) T {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// formatCPU is the CPU each process spent per decision of a cell, and the share of a core it
+// ran at: where the client nears a whole core, it is what bounds the cell.
+func formatCPU(c Cell) string {
+	n := c.Decisions + c.Errors
+	if n == 0 || c.Elapsed <= 0 || c.CPU.Client == 0 {
+		return "–"
+	}
+	part := func(d time.Duration) string {
+		return fmt.Sprintf("%.0f µs (%.0f%%)", float64(d.Microseconds())/float64(n), 100*d.Seconds()/c.Elapsed.Seconds())
+	}
+	return part(c.CPU.Server) + " / " + part(c.CPU.Client) + " / " + part(c.CPU.Redis)
+}
+
 // renderReport is the markdown report: every cell, then a summary per concurrency.
 func renderReport(m Meta, callers []int, cells []Cell) string {
 	var b strings.Builder
@@ -58,8 +71,8 @@ func renderReport(m Meta, callers []int, cells []Cell) string {
 		fmt.Fprintf(&b, " Sidecar flags added: `%s`.", strings.Join(m.SidecarArgs, " "))
 	}
 	b.WriteString("\n\n")
-	b.WriteString("| server | callers | round | decisions/s | p50 | p99 | errors | Redis commands per decision | sidecar/envoy |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n")
+	b.WriteString("| server | callers | round | decisions/s | p50 | p99 | errors | Redis commands per decision | CPU per decision: server / client / redis-server | sidecar/envoy |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |\n")
 	rounds := 0
 	for _, c := range cells {
 		rounds = max(rounds, c.Round)
@@ -79,8 +92,8 @@ func renderReport(m Meta, callers []int, cells []Cell) string {
 				if c.Degraded > 0 {
 					errs += fmt.Sprintf(" (%.0f by its failure mode)", c.Degraded)
 				}
-				fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %s | %s | %s | %s | %s |\n", s, n, r, c.PerSec, ms(c.P50), ms(c.P99), errs,
-					formatPerDecision(c.RedisCalls, c.Decisions+c.Errors, s == serverSidecar), ratio)
+				fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %s | %s | %s | %s | %s | %s |\n", s, n, r, c.PerSec, ms(c.P50), ms(c.P99), errs,
+					formatPerDecision(c.RedisCalls, c.Decisions+c.Errors, s == serverSidecar), formatCPU(c), ratio)
 			}
 		}
 	}

@@ -28,6 +28,14 @@ type Server struct {
 // Addr is host:port of the server.
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port)) }
 
+// Pid is the server process's id, 0 while it is not running.
+func (s *Server) Pid() int {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // URL is the redis:// URL of the server.
 func (s *Server) URL() string { return "redis://" + s.Addr() }
 

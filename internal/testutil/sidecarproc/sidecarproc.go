@@ -1,9 +1,10 @@
-// Package sidecarproc builds the sidecar binary and reads its metrics, for the harnesses under
-// hack/ that run it as a process beside other servers.
+// Package sidecarproc builds the sidecar binary and reads its metrics and CPU time, for the
+// harnesses under hack/ that run it as a process beside other servers.
 package sidecarproc
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Build compiles ./cmd/sidecar of the product module at root into dir as the Dockerfile builds
@@ -66,4 +68,28 @@ func Scrape(ctx context.Context, metricsURL string, names ...string) (map[string
 		}
 	}
 	return out, nil
+}
+
+// CPUTime is the user and system CPU time a process has used (from /proc/<pid>/stat, in
+// clock ticks of 10ms), or an error where /proc does not say.
+func CPUTime(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command name, which is in parentheses and may hold spaces.
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 || end+2 > len(data) {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(data[end+2:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	user, err1 := strconv.ParseInt(f[11], 10, 64)
+	sys, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q, stime %q", pid, f[11], f[12])
+	}
+	return time.Duration(user+sys) * 10 * time.Millisecond, nil
 }

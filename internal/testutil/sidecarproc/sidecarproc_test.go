@@ -5,7 +5,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 )
@@ -21,4 +23,23 @@ func TestScrape(t *testing.T) {
 	g.Expect(m).To(Equal(map[string]float64{"a_total": 12, "b_total": 4.5}), "labelled samples are other series")
 	_, err = Scrape(context.Background(), srv.URL, "a_total", "c_total")
 	g.Expect(err).To(MatchError(ContainSubstring("metric c_total missing")))
+}
+
+func TestCPUTime(t *testing.T) {
+	before, err := CPUTime(os.Getpid())
+	if err != nil {
+		t.Fatalf("CPUTime of this process: %v", err)
+	}
+	for start := time.Now(); time.Since(start) < 100*time.Millisecond; {
+	}
+	after, err := CPUTime(os.Getpid())
+	if err != nil {
+		t.Fatalf("CPUTime of this process: %v", err)
+	}
+	if after-before < 50*time.Millisecond {
+		t.Errorf("100ms of spinning counted %s of CPU", after-before)
+	}
+	if _, err := CPUTime(-1); err == nil {
+		t.Error("no error for a process that does not exist")
+	}
 }
