@@ -18,6 +18,7 @@ import (
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 )
 
 // Benchmarks of the built binary against the shared redis-server. Run with, e.g.:
@@ -67,17 +68,10 @@ func rssKiB(pid int) float64 {
 	return -1
 }
 
-// cpuTicks reads a process's user+system CPU time in clock ticks (1/100 s).
-func cpuTicks(pid int) int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return -1
-	}
-	// Fields after the command name, which is in parentheses and may hold spaces.
-	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + st
+// cpuTime is a process's user+system CPU time (0 if /proc cannot say).
+func cpuTime(pid int) time.Duration {
+	d, _ := sidecarproc.CPUTime(pid)
+	return d
 }
 
 // machineBusy reads /proc/stat's busy and total CPU ticks over all cores.
@@ -177,11 +171,11 @@ func benchAddedLatency(b *testing.B, s, baseline *sidecar, up *upstream, engine 
 		}
 	}
 	warm := rssKiB(s.cmd.Process.Pid) // after the warm-up requests; make bench reads the idle RSS after start
-	cpu0 := cpuTicks(s.cmd.Process.Pid)
+	cpu0 := cpuTime(s.cmd.Process.Pid)
 	var baseWarm float64
-	var baseCPU0 int64
+	var baseCPU0 time.Duration
 	if baseline != nil {
-		baseWarm, baseCPU0 = rssKiB(baseline.cmd.Process.Pid), cpuTicks(baseline.cmd.Process.Pid)
+		baseWarm, baseCPU0 = rssKiB(baseline.cmd.Process.Pid), cpuTime(baseline.cmd.Process.Pid)
 	}
 	busy0, total0 := machineBusy()
 	var mu sync.Mutex
@@ -220,7 +214,7 @@ func benchAddedLatency(b *testing.B, s, baseline *sidecar, up *upstream, engine 
 	elapsed := time.Since(start)
 	b.StopTimer()
 	load := rssKiB(s.cmd.Process.Pid)
-	sidecarCPU := time.Duration(cpuTicks(s.cmd.Process.Pid)-cpu0) * 10 * time.Millisecond
+	sidecarCPU := cpuTime(s.cmd.Process.Pid) - cpu0
 	busy1, total1 := machineBusy()
 	dp50, dp99 := percentile(direct, 0.5), percentile(direct, 0.99)
 	pp50, pp99 := percentile(proxied, 0.5), percentile(proxied, 0.99)
@@ -242,7 +236,7 @@ func benchAddedLatency(b *testing.B, s, baseline *sidecar, up *upstream, engine 
 	}
 	if baseline != nil {
 		bp50, bp99 := percentile(based, 0.5), percentile(based, 0.99)
-		baseCPU := time.Duration(cpuTicks(baseline.cmd.Process.Pid)-baseCPU0) * 10 * time.Millisecond
+		baseCPU := cpuTime(baseline.cmd.Process.Pid) - baseCPU0
 		b.ReportMetric(float64(bp50.Microseconds()), "baseline-proxy-p50-µs")
 		b.ReportMetric(float64(bp99.Microseconds()), "baseline-proxy-p99-µs")
 		b.ReportMetric(float64((bp50 - dp50).Microseconds()), "baseline-added-p50-µs")
