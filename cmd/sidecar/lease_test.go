@@ -268,3 +268,23 @@ func checkFloodSources(scs []*sidecar, callers, total int, key string) (admitted
 	wg.Wait()
 	return a.Load(), f.Load()
 }
+
+// --lease-keys bounds the lease table, and so the sidecar's memory for leases: with more hot
+// keys than it holds, the rest ask Redis per decision and every request is still decided.
+func TestLeaseKeysBoundTheLeaseTable(t *testing.T) {
+	g := NewWithT(t)
+	e := newEnv(t, "web")
+	e.write(t, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "web", 1_000_000, 24*time.Hour, "x-key", "Closed", "FixedWindow"))
+	s := start(t, "lease-keys", e, shared.URL(), "127.0.0.1:1", true, exactnessRedisTimeout, "--lease-keys=8")
+	prefix := fmt.Sprint("k-", time.Now().UnixNano(), "-")
+	admitted, failed := checkFlood([]*sidecar{s}, 16, 1000, func(i int) string { return fmt.Sprint(prefix, i%100) })
+	g.Expect(failed).To(BeZero())
+	var sum int64
+	for _, a := range admitted {
+		sum += a
+	}
+	g.Expect(sum).To(Equal(int64(1000)), "under the limit every request passes")
+	keys := s.metric(t, "redline_sidecar_lease_keys")
+	t.Logf("100 hot keys, --lease-keys=8: %.0f keys in the lease table", keys)
+	g.Expect(keys).To(And(BeNumerically(">", 0), BeNumerically("<=", 8)))
+}

@@ -34,9 +34,9 @@ type Options struct {
 	// (default 2s; negative turns leases off, every decision then asks Redis). A lease unused
 	// for this long goes back. See lease.go.
 	LeaseHorizon time.Duration
-	// LeaseSize bounds the keys holding a lease (default 16384, about 6 MiB with the garbage
-	// collector's headroom; the least recently used go back first) and MaxLease the units of
-	// one lease (default 10000).
+	// LeaseSize bounds the keys holding a lease (default 16384: about 400 bytes a key, twice
+	// that with the garbage collector's headroom; the least recently used go back first) and
+	// MaxLease the units of one lease (default 10000).
 	LeaseSize int
 	MaxLease  int64
 	// Now is the local clock, used only for the pre-check, the fallback limiters and leases'

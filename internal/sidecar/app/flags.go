@@ -46,6 +46,7 @@ type Config struct {
 	RedisIdleTimeout  time.Duration
 	RedisTimeout      time.Duration
 	LeaseHorizon      time.Duration
+	LeaseKeys         int
 	LogLevel          slog.Level
 	Pprof             bool
 	// MaxProcs is the GOMAXPROCS Run sets; 0 keeps the runtime's. It is 0 when a GOMAXPROCS
@@ -88,6 +89,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.IntVar(&c.RedisMaxIdle, "redis-max-idle-conns", 0, "idle Redis connections kept per node (0: the pool); one returned beyond them closes, and under load is redialed")
 	fs.DurationVar(&c.RedisIdleTimeout, "redis-idle-timeout", contract.DefaultRedisIdleTimeoutSeconds*time.Second, "a Redis connection idle this long closes (a pod at rest keeps the one its heartbeat uses)")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 50*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
+	fs.IntVar(&c.LeaseKeys, "lease-keys", 16384, "most keys holding a lease at once, about 400 bytes each (twice that with the garbage collector's headroom); beyond it the least recently used lease goes back and its key asks Redis per decision")
 	fs.DurationVar(&c.LeaseHorizon, "lease-horizon", 2*time.Second, "FixedWindow and SlidingWindowCounter rules admit from leases of about this long's local demand, counted in Redis when granted (exact across replicas); 0 asks Redis for every decision")
 	fs.IntVar(&c.MaxProcs, contract.FlagMaxProcs, 1, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
@@ -127,6 +129,9 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	}
 	if c.RedisMaxIdle < 0 || c.RedisIdleTimeout <= 0 {
 		errs = append(errs, errors.New("--redis-max-idle-conns must not be negative and --redis-idle-timeout must be positive"))
+	}
+	if c.LeaseKeys < 1 {
+		errs = append(errs, errors.New("--lease-keys must be at least 1"))
 	}
 	if c.MaxCheckConns < 1 || c.MaxGRPCConns < 1 {
 		errs = append(errs, errors.New("--max-check-conns and --max-grpc-conns must be at least 1"))

@@ -36,6 +36,7 @@ func TestParseConfigContract(t *testing.T) {
 	g.Expect(c.RedisMaxIdle).To(BeZero(), "idle connections up to the pool: none redialed under load")
 	g.Expect(c.RedisIdleTimeout).To(Equal(time.Minute))
 	g.Expect(c.MaxProcs).To(Equal(1), "one P by default: a sidecar's work is mostly waiting")
+	g.Expect(c.LeaseKeys).To(Equal(16384))
 
 	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--max-procs=4"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "GOMAXPROCS": "3"}), io.Discard)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -53,6 +54,7 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"tiny header budget": {"--upstream=127.0.0.1:1", "--max-header-bytes=10"},
 		"no decision conns":  {"--upstream=127.0.0.1:1", "--max-grpc-conns=0"},
 		"no idle redis time": {"--upstream=127.0.0.1:1", "--redis-idle-timeout=0"},
+		"no lease keys":      {"--upstream=127.0.0.1:1", "--lease-keys=0"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := app.ParseConfig(args, env(map[string]string{"REDLINE_REDIS_URL": "redis://r"}), io.Discard)

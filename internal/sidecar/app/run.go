@@ -83,7 +83,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if leaseHorizon <= 0 {
 		leaseHorizon = -1 // off: every decision asks Redis
 	}
-	lim, err := limiter.New(client, limiter.Options{LeaseHorizon: leaseHorizon})
+	lim, err := limiter.New(client, limiter.Options{LeaseHorizon: leaseHorizon, LeaseSize: cfg.LeaseKeys})
 	if err != nil {
 		return fmt.Errorf("creating limiter: %w", err)
 	}

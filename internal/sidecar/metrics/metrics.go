@@ -237,6 +237,7 @@ var (
 	descPrecheck       = prometheus.NewDesc(ns+"_precheck_hits_total", "Refusals repeated from the local pre-check cache without a Redis call.", nil, nil)
 	descLeased         = prometheus.NewDesc(ns+"_lease_decisions_total", "Admissions from a lease this sidecar holds: counted in Redis when granted, decided without a call.", nil, nil)
 	descLeaseGrants    = prometheus.NewDesc(ns+"_lease_grants_total", "Redis decisions that granted a lease of more than their own cost.", nil, nil)
+	descLeaseKeys      = prometheus.NewDesc(ns+"_lease_keys", "Keys in the lease table now (at most --lease-keys).", nil, nil)
 	descDegraded       = prometheus.NewDesc(ns+"_degraded_decisions_total", "Decisions made by a failure mode because Redis could not answer.", nil, nil)
 	descRoundTrips     = prometheus.NewDesc(ns+"_redis_round_trips_total", "Redis round trips made for decisions (pipelines and single commands, NOSCRIPT retries included).", nil, nil)
 	descPerDecision    = prometheus.NewDesc(ns+"_redis_round_trips_per_decision", "Redis round trips per Redis decision since start; below 1 when batching merges concurrent decisions.", nil, nil)
@@ -248,7 +249,7 @@ var (
 )
 
 func (c *limiterCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRedisDecisions, descPrecheck, descLeased, descLeaseGrants, descDegraded, descRoundTrips, descPerDecision,
+	for _, d := range []*prometheus.Desc{descRedisDecisions, descPrecheck, descLeased, descLeaseGrants, descLeaseKeys, descDegraded, descRoundTrips, descPerDecision,
 		descScriptLoads, descBreaker, descFallback, descReplicas, descPolicies} {
 		ch <- d
 	}
@@ -265,6 +266,7 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPrecheck, prometheus.CounterValue, float64(s.PrecheckRefusals))
 		ch <- prometheus.MustNewConstMetric(descLeased, prometheus.CounterValue, float64(s.LeaseDecisions))
 		ch <- prometheus.MustNewConstMetric(descLeaseGrants, prometheus.CounterValue, float64(s.LeaseGrants))
+		ch <- prometheus.MustNewConstMetric(descLeaseKeys, prometheus.GaugeValue, float64(s.LeaseKeys))
 		ch <- prometheus.MustNewConstMetric(descDegraded, prometheus.CounterValue, float64(s.DegradedDecisions))
 		ch <- prometheus.MustNewConstMetric(descRoundTrips, prometheus.CounterValue, float64(s.Pipelines))
 		ch <- prometheus.MustNewConstMetric(descScriptLoads, prometheus.CounterValue, float64(s.ScriptLoads))
