@@ -9,23 +9,15 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"github.com/redis/go-redis/v9"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
 var _ = Describe("One namespace cannot stop the others", Ordered, func() {
@@ -157,34 +149,7 @@ var _ = Describe("One namespace cannot stop the others", Ordered, func() {
 
 	It("is unready while its caches cannot sync", func() {
 		// A manager whose user may not list policies cannot sync its cache.
-		user, err := testEnv.AddUser(envtest.User{Name: "redline-unprivileged"}, nil)
-		Expect(err).NotTo(HaveOccurred())
-		port, err := redistest.FreePort()
-		Expect(err).NotTo(HaveOccurred())
-		scheme := runtime.NewScheme()
-		Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
-		Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
-		mgr, err := ctrl.NewManager(user.Config(), ctrl.Options{
-			Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"},
-			HealthProbeBindAddress: fmt.Sprintf("127.0.0.1:%d", port),
-			Cache:                  controller.CacheOptions(cache.Options{}),
-			// The suite's manager runs the same controller in this process.
-			Controller: config.Controller{SkipNameValidation: new(true)},
-		})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(controller.Setup(mgr, controller.Config{Redis: redis.NewClient(&redis.Options{Addr: redisSrv.Addr()})})).To(Succeed())
-		mctx, cancel := context.WithCancel(ctx)
-		DeferCleanup(cancel)
-		go func() { _ = mgr.Start(mctx) }()
-
-		readyz := func() int {
-			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
-			if err != nil {
-				return 0
-			}
-			_ = resp.Body.Close()
-			return resp.StatusCode
-		}
+		readyz := startManagerAs(ctx, "redline-unprivileged")
 		Eventually(readyz, timeout, interval).Should(Equal(http.StatusInternalServerError))
 		Consistently(readyz, 2*time.Second, interval).Should(Equal(http.StatusInternalServerError))
 

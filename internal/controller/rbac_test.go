@@ -80,32 +80,39 @@ var _ = Describe("The generated ClusterRole", Ordered, func() {
 
 		// The manager's controllers under that user alone: /readyz needs every cache synced,
 		// so any list or watch the role lacks keeps it unready.
-		u, err := testEnv.AddUser(envtest.User{Name: user}, nil)
-		Expect(err).NotTo(HaveOccurred())
-		port, err := redistest.FreePort()
-		Expect(err).NotTo(HaveOccurred())
-		scheme := runtime.NewScheme()
-		Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
-		Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
-		mgr, err := ctrl.NewManager(u.Config(), ctrl.Options{
-			Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"},
-			HealthProbeBindAddress: fmt.Sprintf("127.0.0.1:%d", port),
-			Cache:                  controller.CacheOptions(cache.Options{}),
-			// The suite's manager runs the same controllers in this process.
-			Controller: config.Controller{SkipNameValidation: new(true)},
-		})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(controller.Setup(mgr, controller.Config{Redis: redis.NewClient(&redis.Options{Addr: redisSrv.Addr()})})).To(Succeed())
-		mctx, cancel := context.WithCancel(ctx)
-		DeferCleanup(cancel)
-		go func() { _ = mgr.Start(mctx) }()
-		Eventually(func() int {
-			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
-			if err != nil {
-				return 0
-			}
-			_ = resp.Body.Close()
-			return resp.StatusCode
-		}, timeout, interval).Should(Equal(http.StatusOK), "every cache syncs under the generated role")
+		readyz := startManagerAs(ctx, user)
+		Eventually(readyz, timeout, interval).Should(Equal(http.StatusOK), "every cache syncs under the generated role")
 	})
 })
+
+// startManagerAs runs the manager's controllers in this process as user, with nothing granted
+// here, until the spec ends, and returns a probe of its /readyz status (0 while unreachable).
+func startManagerAs(ctx context.Context, user string) func() int {
+	u, err := testEnv.AddUser(envtest.User{Name: user}, nil)
+	Expect(err).NotTo(HaveOccurred())
+	port, err := redistest.FreePort()
+	Expect(err).NotTo(HaveOccurred())
+	scheme := runtime.NewScheme()
+	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
+	Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
+	mgr, err := ctrl.NewManager(u.Config(), ctrl.Options{
+		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: fmt.Sprintf("127.0.0.1:%d", port),
+		Cache:                  controller.CacheOptions(cache.Options{}),
+		// The suite's manager runs the same controllers in this process.
+		Controller: config.Controller{SkipNameValidation: new(true)},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(controller.Setup(mgr, controller.Config{Redis: redis.NewClient(&redis.Options{Addr: redisSrv.Addr()})})).To(Succeed())
+	mctx, cancel := context.WithCancel(ctx)
+	DeferCleanup(cancel)
+	go func() { _ = mgr.Start(mctx) }()
+	return func() int {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
+		if err != nil {
+			return 0
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+}

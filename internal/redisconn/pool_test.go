@@ -21,20 +21,7 @@ func TestPoolIsAHardBoundUnderABurst(t *testing.T) {
 	srv, err := redistest.Start()
 	g.Expect(err).NotTo(HaveOccurred(), "the test needs a real redis-server")
 	t.Cleanup(func() { _ = srv.Close() })
-	admin, err := NewClient(srv.URL(), Options{PoolSize: 1, ReadTimeout: 2 * time.Second})
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() { _ = admin.Close() })
-	connected := func() int {
-		info, err := admin.Info(context.Background(), "clients").Result()
-		g.Expect(err).NotTo(HaveOccurred())
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "connected_clients:"); ok {
-				n, _ := strconv.Atoi(v)
-				return n
-			}
-		}
-		return -1
-	}
+	connected := serverStat(t, srv.URL(), "clients", "connected_clients")
 
 	const pool = 3
 	c, err := NewClient(srv.URL(), Options{PoolSize: pool, ReadTimeout: 2 * time.Second, PoolTimeout: 5 * time.Second})
@@ -68,20 +55,7 @@ func TestPoolKeepsItsConnectionsUnderLoad(t *testing.T) {
 	srv, err := redistest.Start()
 	g.Expect(err).NotTo(HaveOccurred(), "the test needs a real redis-server")
 	t.Cleanup(func() { _ = srv.Close() })
-	admin, err := NewClient(srv.URL(), Options{PoolSize: 1, ReadTimeout: 2 * time.Second})
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() { _ = admin.Close() })
-	received := func() int {
-		info, err := admin.Info(context.Background(), "stats").Result()
-		g.Expect(err).NotTo(HaveOccurred())
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
-				n, _ := strconv.Atoi(v)
-				return n
-			}
-		}
-		return -1
-	}
+	received := serverStat(t, srv.URL(), "stats", "total_connections_received")
 
 	const pool, bursts = 8, 40
 	c, err := NewClient(srv.URL(), Options{PoolSize: pool, ReadTimeout: 2 * time.Second, PoolTimeout: 5 * time.Second})
@@ -105,4 +79,29 @@ func TestPoolKeepsItsConnectionsUnderLoad(t *testing.T) {
 	dialed := received() - before
 	t.Logf("%d bursts of %d calls on a pool of %d: %d connections dialed", bursts, pool, pool, dialed)
 	g.Expect(dialed).To(BeNumerically("<=", pool), "a connection returned to the pool stays open for the next burst")
+}
+
+// serverStat returns a reader of one INFO field of the server at url, over a connection of its
+// own (which the server counts).
+func serverStat(t *testing.T, url, section, field string) func() int {
+	t.Helper()
+	admin, err := NewClient(url, Options{PoolSize: 1, ReadTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("admin client: %v", err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	return func() int {
+		info, err := admin.Info(context.Background(), section).Result()
+		if err != nil {
+			t.Fatalf("INFO %s: %v", section, err)
+		}
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, field+":"); ok {
+				n, _ := strconv.Atoi(v)
+				return n
+			}
+		}
+		t.Fatalf("INFO %s has no %s", section, field)
+		return -1
+	}
 }
