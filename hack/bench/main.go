@@ -18,7 +18,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -259,24 +258,5 @@ func run(o Options, command string) (err error) {
 // sampleRSS reads a process's RSS every 100ms until the returned stop function is called,
 // which returns the largest value seen.
 func sampleRSS(pid int) func() float64 {
-	var peak float64
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			peak = max(peak, rssMiB(pid))
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	})
-	return func() float64 {
-		close(done)
-		wg.Wait()
-		return peak
-	}
+	return samplePeak(func() (float64, error) { return rssMiB(pid), nil })
 }
