@@ -63,7 +63,7 @@ func TestThreeReplicasShareOneLimit(t *testing.T) {
 	up := newUpstream(t)
 	var scs []*sidecar
 	for i := range 3 {
-		scs = append(scs, start(t, fmt.Sprint("pod-", i), e, shared.URL(), up.addr(), true, exactnessRedisTimeout))
+		scs = append(scs, start(t, fmt.Sprint("pod-", i), e, shared.URL(), up.addr(), true))
 	}
 
 	t.Run("proxy", func(t *testing.T) {

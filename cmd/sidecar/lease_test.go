@@ -33,7 +33,7 @@ func TestLeasesAcrossSidecarProcesses(t *testing.T) {
 				e.write(t, doc)
 				var scs []*sidecar
 				for i := range n {
-					scs = append(scs, start(t, fmt.Sprint("lease-", i), e, shared.URL(), "127.0.0.1:1", true, exactnessRedisTimeout))
+					scs = append(scs, start(t, fmt.Sprint("lease-", i), e, shared.URL(), "127.0.0.1:1", true))
 				}
 				// Heartbeats tell every sidecar how many share the policy, which sizes leases.
 				for _, s := range scs {
@@ -81,7 +81,7 @@ func TestLeasesOverManyKeysAcrossSidecars(t *testing.T) {
 				e.write(t, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "web", 20, 24*time.Hour, "x-key", "Closed", alg))
 				var scs []*sidecar
 				for i := range n {
-					scs = append(scs, start(t, fmt.Sprint("keys-", i), e, shared.URL(), "127.0.0.1:1", true, exactnessRedisTimeout))
+					scs = append(scs, start(t, fmt.Sprint("keys-", i), e, shared.URL(), "127.0.0.1:1", true))
 				}
 				prefix := fmt.Sprint("k-", time.Now().UnixNano(), "-")
 				admitted, failed := checkFlood(scs, 64, 40000, func(i int) string { return fmt.Sprint(prefix, i%1000) })
@@ -102,11 +102,6 @@ func TestLeasesOverManyKeysAcrossSidecars(t *testing.T) {
 		}
 	}
 }
-
-// exactnessRedisTimeout is the Redis timeout of sidecars whose tests count every decision made
-// in Redis or from a lease: a loaded test machine can hold a call past the 50ms default, and a
-// decision of the failure mode then is the sidecar doing its job, not a fault of the leases.
-const exactnessRedisTimeout = "--redis-timeout=2s"
 
 // checkFlood sends total checks round-robin over the sidecars from callers goroutines per
 // sidecar, the i-th on keyOf(i), and counts admissions per key.
@@ -167,7 +162,7 @@ func TestLeasesAndALowerLimitOnReload(t *testing.T) {
 			e.write(t, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "web", 1000, 24*time.Hour, "x-key", "Closed", alg))
 			var scs []*sidecar
 			for i := range 3 {
-				scs = append(scs, start(t, fmt.Sprint("reload-", i), e, shared.URL(), "127.0.0.1:1", true, exactnessRedisTimeout))
+				scs = append(scs, start(t, fmt.Sprint("reload-", i), e, shared.URL(), "127.0.0.1:1", true))
 			}
 			key := fmt.Sprint("reload-", time.Now().UnixNano())
 			before, failed := checkFlood(scs, 8, 390, func(int) string { return key })
@@ -275,7 +270,7 @@ func TestLeaseKeysBoundTheLeaseTable(t *testing.T) {
 	g := NewWithT(t)
 	e := newEnv(t, "web")
 	e.write(t, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "web", 1_000_000, 24*time.Hour, "x-key", "Closed", "FixedWindow"))
-	s := start(t, "lease-keys", e, shared.URL(), "127.0.0.1:1", true, exactnessRedisTimeout, "--lease-keys=8")
+	s := start(t, "lease-keys", e, shared.URL(), "127.0.0.1:1", true, "--lease-keys=8")
 	prefix := fmt.Sprint("k-", time.Now().UnixNano(), "-")
 	admitted, failed := checkFlood([]*sidecar{s}, 16, 1000, func(i int) string { return fmt.Sprint(prefix, i%100) })
 	g.Expect(failed).To(BeZero())

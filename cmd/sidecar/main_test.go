@@ -3,8 +3,10 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -138,30 +140,15 @@ func start(t testing.TB, name string, e *env, redisURL, upstream string, waitRea
 func startBinary(t testing.TB, bin, name string, e *env, redisURL, upstream string, waitReady bool, extra ...string) *sidecar {
 	t.Helper()
 	s := &sidecar{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), stopTimeout: 20 * time.Second}
-	listen, admin, check, grpcAddr := freePort(t), freePort(t), freePort(t), freePort(t)
-	s.proxy, s.admin, s.check, s.grpc = "http://"+listen, "http://"+admin, "http://"+check, grpcAddr
+	// Port 0 everywhere: the sidecar binds what the kernel gives and logs it ("listening"), so
+	// no other process can take a port between the test choosing it and the sidecar binding it.
+	const anyPort = "127.0.0.1:0"
 	args := append([]string{
-		"--listen=" + listen, "--upstream=" + upstream, "--admin-listen=" + admin, "--check-listen=" + check, "--grpc-listen=" + grpcAddr,
+		"--listen=" + anyPort, "--upstream=" + upstream, "--admin-listen=" + anyPort, "--check-listen=" + anyPort, "--grpc-listen=" + anyPort,
 		"--config-dir=" + e.configDir, "--pod-labels=" + e.labels, "--heartbeat-interval=500ms",
 		// The test machine is shared and slow: a Redis answer late by scheduling is not an outage.
 		"--redis-timeout=2s", "--log-level=debug",
 	}, extra...)
-	// Addresses given in extra win, as flags do; the test reaches the sidecar there.
-	for _, a := range extra {
-		name, v, _ := strings.Cut(a, "=")
-		local := strings.Replace(v, ":", "127.0.0.1:", 1)
-		if !strings.HasPrefix(v, ":") {
-			local = v
-		}
-		switch name {
-		case "--admin-listen":
-			s.admin = "http://" + local
-		case "--check-listen":
-			s.check = "http://" + local
-		case "--grpc-listen":
-			s.grpc = local
-		}
-	}
 	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+e.namespace, "REDLINE_REDIS_PASSWORD=")
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
@@ -175,6 +162,7 @@ func startBinary(t testing.TB, bin, name string, e *env, redisURL, upstream stri
 			t.Logf("logs of sidecar %s:\n%s", name, s.logs.String())
 		}
 	})
+	s.readAddrs(t)
 	path := "/healthz"
 	if waitReady {
 		path = "/readyz"
@@ -198,6 +186,42 @@ func startBinary(t testing.TB, bin, name string, e *env, redisURL, upstream stri
 			t.Fatalf("sidecar %s not answering %s after 20s:\n%s", name, path, s.logs.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// readAddrs waits for the sidecar's "listening" line and takes the addresses it bound, on
+// loopback where it bound every interface.
+func (s *sidecar) readAddrs(t testing.TB) {
+	t.Helper()
+	local := func(addr string) string {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || addr == "" {
+			return ""
+		}
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			host = "127.0.0.1"
+		}
+		return net.JoinHostPort(host, port)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		for line := range strings.SplitSeq(s.logs.String(), "\n") {
+			var l struct{ Msg, Proxy, Admin, Check, GRPC string }
+			if json.Unmarshal([]byte(line), &l) != nil || l.Msg != "listening" {
+				continue
+			}
+			s.proxy, s.admin, s.check, s.grpc = "http://"+local(l.Proxy), "http://"+local(l.Admin), "http://"+local(l.Check), local(l.GRPC)
+			return
+		}
+		select {
+		case <-s.exited:
+			t.Fatalf("sidecar %s exited (%v):\n%s", s.name, s.exitErr, s.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sidecar %s logged no \"listening\" line after 20s:\n%s", s.name, s.logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -160,6 +160,9 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The bound addresses, port 0 resolved: what a supervisor (or a test) connects to.
+	log.Info("listening", "proxy", lns.proxy.Addr().String(), "admin", lns.admin.Addr().String(),
+		"check", addrOf(lns.check), "grpc", addrOf(lns.grpc))
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var bgWG sync.WaitGroup
@@ -267,6 +270,14 @@ func adminMux(cfg *Config, store *ruleset.Store, m *metrics.Metrics, draining *a
 // listeners are the sidecar's sockets.
 type listeners struct {
 	proxy, admin, check, grpc net.Listener
+}
+
+// addrOf is ln's address, or "" for a face turned off.
+func addrOf(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
 }
 
 // listenAll opens every configured address, or none. The decision faces accept at most
