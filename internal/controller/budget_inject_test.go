@@ -46,9 +46,9 @@ func admitPod(g Gomega, ctx context.Context, rs *appsv1.ReplicaSet) (string, []s
 		},
 		Spec: rs.Spec.Template.Spec,
 	}
-	warnings.take()
+	warnings.Take()
 	g.Expect(warnK8s.Create(ctx, pod)).To(Succeed())
-	warns := warnings.take()
+	warns := warnings.Take()
 	// The pods only carry the answer; they never run.
 	g.Expect(k8s.Delete(ctx, pod)).To(Succeed())
 	var sidecar *corev1.Container

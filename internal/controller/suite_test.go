@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/testutil/apiwarn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
@@ -38,7 +38,7 @@ var (
 	redisSrv  *redistest.Server
 	rdb       *redis.Client
 	cancelMgr context.CancelFunc
-	warnings  *warningRecorder
+	warnings  *apiwarn.Recorder
 	warnK8s   client.Client // k8s, with admission warnings recorded in warnings
 )
 
@@ -73,7 +73,7 @@ var _ = BeforeSuite(func() {
 	Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
 	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
-	warnings = &warningRecorder{}
+	warnings = &apiwarn.Recorder{}
 	wcfg := rest.CopyConfig(cfg)
 	wcfg.WarningHandler = warnings
 	warnK8s, err = client.New(wcfg, client.Options{Scheme: scheme})
@@ -128,24 +128,3 @@ var _ = AfterSuite(func() {
 		Expect(redisSrv.Close()).To(Succeed())
 	}
 })
-
-// warningRecorder keeps the admission warnings the API server returned.
-type warningRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (w *warningRecorder) HandleWarningHeader(_ int, _ string, msg string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.msgs = append(w.msgs, msg)
-}
-
-// take returns the warnings recorded since the last call.
-func (w *warningRecorder) take() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := w.msgs
-	w.msgs = nil
-	return out
-}

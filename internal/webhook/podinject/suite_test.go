@@ -5,7 +5,6 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/redline-dev/redline/internal/testutil/apiwarn"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
@@ -32,7 +32,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata fr
 var (
 	restCfg   *rest.Config
 	k8s       client.Client
-	warnings  *warningRecorder
+	warnings  *apiwarn.Recorder
 	warnK8s   client.Client // k8s, with admission warnings recorded in warnings
 	testEnv   *envtest.Environment
 	cancelMgr context.CancelFunc
@@ -60,7 +60,7 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	k8s, err = client.New(restCfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
-	warnings = &warningRecorder{}
+	warnings = &apiwarn.Recorder{}
 	wcfg := rest.CopyConfig(restCfg)
 	wcfg.WarningHandler = warnings
 	warnK8s, err = client.New(wcfg, client.Options{Scheme: scheme})
@@ -155,25 +155,4 @@ func plainPod(namespace, name string) *corev1.Pod {
 			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
 		},
 	}
-}
-
-// warningRecorder keeps the admission warnings the API server returned.
-type warningRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (w *warningRecorder) HandleWarningHeader(_ int, _ string, msg string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.msgs = append(w.msgs, msg)
-}
-
-// take returns the warnings recorded since the last call.
-func (w *warningRecorder) take() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := w.msgs
-	w.msgs = nil
-	return out
 }

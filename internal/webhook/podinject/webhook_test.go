@@ -19,9 +19,9 @@ import (
 func createAndGet(pod *corev1.Pod) (*corev1.Pod, []string) {
 	GinkgoHelper()
 	ctx := context.Background()
-	warnings.take()
+	warnings.Take()
 	Expect(warnK8s.Create(ctx, pod)).To(Succeed())
-	got := warnings.take()
+	got := warnings.Take()
 	stored := &corev1.Pod{}
 	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pod), stored)).To(Succeed())
 	return stored, got
