@@ -56,6 +56,9 @@ type Config struct {
 	PodNamespace string
 }
 
+// maxLeaseKeys bounds --lease-keys: the table and its warm-key hashes are sized from it at start.
+const maxLeaseKeys = 1 << 20
+
 // ParseConfig reads flags from args and the environment through getenv.
 func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*Config, error) {
 	c := &Config{}
@@ -130,8 +133,8 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	if c.RedisMaxIdle < 0 || c.RedisIdleTimeout <= 0 {
 		errs = append(errs, errors.New("--redis-max-idle-conns must not be negative and --redis-idle-timeout must be positive"))
 	}
-	if c.LeaseKeys < 1 {
-		errs = append(errs, errors.New("--lease-keys must be at least 1"))
+	if c.LeaseKeys < 1 || c.LeaseKeys > maxLeaseKeys {
+		errs = append(errs, fmt.Errorf("--lease-keys must be 1 to %d (about 400 bytes a key)", maxLeaseKeys))
 	}
 	if c.MaxCheckConns < 1 || c.MaxGRPCConns < 1 {
 		errs = append(errs, errors.New("--max-check-conns and --max-grpc-conns must be at least 1"))

@@ -55,6 +55,7 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"no decision conns":  {"--upstream=127.0.0.1:1", "--max-grpc-conns=0"},
 		"no idle redis time": {"--upstream=127.0.0.1:1", "--redis-idle-timeout=0"},
 		"no lease keys":      {"--upstream=127.0.0.1:1", "--lease-keys=0"},
+		"lease keys beyond":  {"--upstream=127.0.0.1:1", "--lease-keys=1048577"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := app.ParseConfig(args, env(map[string]string{"REDLINE_REDIS_URL": "redis://r"}), io.Discard)
