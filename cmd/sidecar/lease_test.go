@@ -203,7 +203,7 @@ func TestLeasesWhileRedisIsKilled(t *testing.T) {
 	warm, failed := checkFlood(scs, 8, 300, func(int) string { return key })
 	g.Expect(failed).To(BeZero())
 	g.Expect(warm[key]).To(Equal(int64(300)))
-	counted, err := redisCounter(srv.URL(), limiter.Key(e.namespace, "p", "r", key)+":fw")
+	counted, err := redisCounter(srv.URL(), limiter.Key(e.namespace, "p", "r", key)+":swc")
 	g.Expect(err).NotTo(HaveOccurred())
 
 	g.Expect(srv.Stop()).To(Succeed())
@@ -219,14 +219,14 @@ func TestLeasesWhileRedisIsKilled(t *testing.T) {
 	}).WithTimeout(30*time.Second).WithPolling(200*time.Millisecond).Should(BeNumerically(">", 0), "Redis decides again once it is back")
 }
 
-// redisCounter reads a FixedWindow counter.
+// redisCounter reads the current window's count of a FixedWindow or SlidingWindowCounter.
 func redisCounter(url, stateKey string) (int64, error) {
 	c, err := redisconn.NewClient(url, redisconn.Options{})
 	if err != nil {
 		return 0, err
 	}
 	defer c.Close()
-	return c.Get(context.Background(), stateKey).Int64()
+	return c.HGet(context.Background(), stateKey, "c").Int64()
 }
 
 // checkFloodSources sends total checks on key and counts admissions and failure-mode refusals.

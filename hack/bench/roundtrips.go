@@ -114,7 +114,7 @@ var rtModes = []rtMode{
 	{"EVALSHA per decision", func(c redis.UniversalClient) (decider, func(), error) {
 		sha := scripts.SHAs()[string(limiter.SlidingWindowCounter)]
 		return func(ctx context.Context, key string, limit limiter.Limit) (bool, error) {
-			r, err := c.EvalSha(ctx, sha, []string{key + ":swc"}, limit.Requests, limit.Window.Milliseconds(), 1).Int64Slice()
+			r, err := c.EvalSha(ctx, sha, []string{key + ":swc"}, limit.Requests, limit.Window.Milliseconds(), 1, 0).Int64Slice() // cost 1, no deadline
 			if err != nil {
 				return false, fmt.Errorf("EVALSHA: %w", err)
 			}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
@@ -15,14 +17,16 @@ import (
 // call is one decision on its way through a flusher. Calls are pooled: a decision should cost
 // the garbage collector as little as possible.
 type call struct {
-	alg  Algorithm
-	args []any // the whole EVALSHA command
-	res  Result
-	g    grant
-	err  error
-	done chan struct{}
-	self [1]*call       // a batch of one, for deciding inline without allocating
-	cmd  [1]redis.Cmder // its command buffer
+	alg    Algorithm
+	window time.Duration
+	args   []any // the whole EVALSHA command
+	res    Result
+	g      grant
+	err    error
+	state  atomic.Int32 // callPending until a flusher answers it or its caller gives up on it
+	done   chan struct{}
+	self   [1]*call       // a batch of one, for deciding inline without allocating
+	cmd    [1]redis.Cmder // its command buffer
 }
 
 // decisionScripts are the algorithms' scripts, for scripts.Exec to load after NOSCRIPT.
@@ -37,8 +41,17 @@ var shaArgs = func() map[Algorithm]any {
 	return m
 }()
 
+// A call's states. The flusher that answers a call and a caller that stops waiting for it race
+// to move it out of callPending; whoever loses leaves it to the other.
+const (
+	callPending int32 = iota
+	callAnswered
+	callAbandoned
+)
+
 func (c *call) prepare(stateKey string, limit Limit, cost, want int64) {
-	c.alg = limit.Algorithm
+	c.alg, c.window = limit.Algorithm, limit.Window
+	c.state.Store(callPending)
 	c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 1, stateKey)
 	c.args = limit.scriptArgs(c.args, cost, want)
 }
@@ -86,7 +99,7 @@ func (l *Limiter) drainClosed() {
 		select {
 		case c := <-l.queue:
 			c.err = ErrClosed
-			c.done <- struct{}{}
+			l.answer(c)
 		default:
 			return
 		}
@@ -106,9 +119,24 @@ func (l *Limiter) run(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 		}
 	}
 	for _, c := range batch {
-		c.done <- struct{}{}
+		l.answer(c)
 	}
 	return cmds
+}
+
+// answer wakes c's caller, or, when the caller gave up waiting, gives back what Redis granted
+// it: nobody admits those units, and counted they would only under-admit to the window's end.
+func (l *Limiter) answer(c *call) {
+	if c.state.CompareAndSwap(callPending, callAnswered) {
+		c.done <- struct{}{}
+		return
+	}
+	if c.err == nil && c.g.units > 0 && l.leases != nil && c.alg.leases() {
+		start, _ := c.g.window(c.window)
+		l.leases.queueReturn(leaseReturn{key: c.args[3].(string), window: c.window, windowStart: start, units: c.g.units})
+	}
+	c.reset()
+	l.calls.Put(c)
 }
 
 // pipeline sends the batch's EVALSHAs in one round trip through scripts.Exec, which answers
@@ -116,12 +144,21 @@ func (l *Limiter) run(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 // cmds is the caller's buffer, returned for reuse so that a batch costs no slice.
 func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, error) {
 	ctx := context.Background()
+	sent := time.Now()
+	var deadline any = noDeadline
+	if l.opts.CallDeadline > 0 {
+		if d := l.clock.deadline(sent.Add(l.opts.CallDeadline)); d > 0 {
+			deadline = d
+		}
+	}
 	for _, c := range batch {
+		c.args[deadlineArg] = deadline
 		cmd := redis.NewIntSliceCmd(ctx, c.args...)
 		cmd.SetFirstKeyPos(3)
 		cmds = append(cmds, cmd)
 	}
 	n := scripts.Exec(ctx, l.client, cmds, decisionScripts)
+	read := time.Now()
 	l.stats.pipelines.Add(n.RoundTrips)
 	l.stats.scriptLoads.Add(n.Loads)
 	var trip error
@@ -134,7 +171,13 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 			}
 			continue
 		}
-		if c.res, c.g, err = decodeReply(vals); err != nil {
+		c.res, c.g, err = decodeReply(vals)
+		l.clock.observe(c.g.nowUS, read)
+		switch {
+		case errors.Is(err, errStale):
+			l.stats.stale.Add(1)
+			c.err = fmt.Errorf("running %s script: %w", c.alg, err)
+		case err != nil:
 			c.err = fmt.Errorf("decoding %s script reply: %w", c.alg, err)
 		}
 	}

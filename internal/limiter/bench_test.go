@@ -116,8 +116,8 @@ func BenchmarkEvalSha(b *testing.B) {
 			keys := benchKeyNames("evalsha")
 			b.ReportAllocs()
 			concurrently(b, n, func(i int64) error {
-				return c.EvalSha(context.Background(), sha, []string{keys[i%benchKeys] + ":fw"},
-					bigLimit.Requests, bigLimit.Window.Milliseconds(), 1).Err()
+				return c.EvalSha(context.Background(), sha, []string{keys[i%benchKeys] + ":swc"},
+					bigLimit.Requests, bigLimit.Window.Milliseconds(), 1, 0).Err()
 			})
 			report(b, h)
 		})

@@ -37,7 +37,7 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 	}
 	nodes := map[string]bool{}
 	for _, k := range keys {
-		addr, err := admin.(*redis.ClusterClient).MasterForKey(context.Background(), k+":fw")
+		addr, err := admin.(*redis.ClusterClient).MasterForKey(context.Background(), k+":swc")
 		g.Expect(err).NotTo(HaveOccurred())
 		nodes[addr.Options().Addr] = true
 	}
@@ -50,7 +50,7 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 				const limit = 60
 				ks := make([]string, len(keys))
 				for i, k := range keys {
-					ks[i] = k + fmt.Sprint(n) // fresh state per subtest, same slot spread
+					ks[i] = k + fmt.Sprint(n, alg) // fresh state per subtest (FixedWindow and SlidingWindowCounter share one), same slot spread
 				}
 				got := hammer(t, ls, ks, exactLimit(alg, limit), 64, 6)
 				NewWithT(t).Expect(got).To(HaveEach(int64(limit)))
@@ -92,7 +92,7 @@ func TestClusterHotKeyShardCallsFallWithLeases(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			g := NewWithT(t)
 			key := limiter.Key("shop", "checkout", "hot", c.name)
-			node, err := admin.MasterForKey(context.Background(), key+":fw")
+			node, err := admin.MasterForKey(context.Background(), key+":swc")
 			g.Expect(err).NotTo(HaveOccurred())
 			ls := instances(t, cl.URL(), 3, limiter.Options{LeaseHorizon: c.horizon})
 			lim := exactLimit(limiter.FixedWindow, 1_000_000)

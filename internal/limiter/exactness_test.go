@@ -17,7 +17,8 @@ import (
 // exactLimit is a limit whose window outlasts any test run, so that "admitted == Requests" is
 // the exact expectation for every algorithm.
 func exactLimit(alg limiter.Algorithm, requests int64) limiter.Limit {
-	return limiter.Limit{Algorithm: alg, Requests: requests, Window: 24 * time.Hour}
+	// Replicas 1: a lone limiter that has heard its heartbeat (leases wait for one).
+	return limiter.Limit{Algorithm: alg, Requests: requests, Window: 24 * time.Hour, Replicas: 1}
 }
 
 // hammer runs goroutines per limiter, each making attempts decisions over keys, and returns

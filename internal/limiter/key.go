@@ -19,7 +19,7 @@ const keyHashBytes = 16
 // the user-supplied key material (header values, addresses, ...); it enters the key only as a
 // fixed-length hash, so no client can choose key bytes, make keys long, or break out of the tag.
 // Namespace, policy and rule are escaped so that '{', '}', '/' and non-printable bytes cannot
-// appear raw. The algorithm appends its own suffix (":fw", ":tb", ...) when it calls Redis.
+// appear raw. The algorithm appends its own suffix (":swc", ":tb", ...) when it calls Redis.
 func Key(namespace, policy, rule string, parts ...string) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte

@@ -22,20 +22,28 @@ import (
 // admit more than the limit: leases can only cost under-admission, units leased to one replica
 // while another is refused. To keep that small:
 //
-//   - a cold key asks for one unit, today's exact path; a warm key asks for its recent local
-//     rate times the horizon (16 units at least), never more than the shared budget left at
-//     its last grant divided by twice the live replicas, so near the limit leases shrink to
-//     one unit again, and never more than a twentieth of the limit divided by the live
-//     replicas, so all the units held at any moment are at most 5% of the limit;
-//   - a lease ends with the window its units were counted in (its deadline is the time of the
-//     request that got it plus what Redis said was left of the window, so it ends no later than
-//     the window does), and unused units of an idle lease, of a rule that changed and of every
-//     lease on Close go back to the counter while their window stands;
+//   - a cold key asks for one unit, today's exact path, and so does every key until the live
+//     replicas are known (a heartbeat answered); a warm key asks for its recent local rate
+//     times the horizon (16 units at least), never more than the shared budget left at its
+//     last grant divided by twice the live replicas, so near the limit leases shrink to one
+//     unit again, and never more than a twentieth of the limit divided by the live replicas,
+//     so all the units held at any moment are at most 5% of the limit;
+//   - a lease ends with the window its units were counted in: its deadline is the time the
+//     request left plus what was left of that window when the script ran on Redis's clock, so
+//     it ends no later than the window does, for a SlidingWindowCounter too, whose state lives
+//     a window longer; a paused process that resumes finds it ended on its monotonic clock;
+//   - a grant answers the limit it was asked under: one still in flight when the rule changes,
+//     or granted to a caller that stopped waiting, goes back; unused units of an idle lease, of
+//     a rule that changed and of every lease on Close go back too, while their window stands;
+//   - the table holds at most size keys and never evicts a key in use to add one: a key beyond
+//     the bound asks Redis per decision (see add);
 //   - one caller per key asks Redis at a time; the others wait for its answer and take from it.
 //
 // Only FixedWindow and SlidingWindowCounter lease (see Algorithm.leases).
 type leases struct {
 	cache   *lru.Cache[string, *lease]
+	size    int
+	addMu   sync.Mutex // serialises adding keys, so that a full table never evicts to add one
 	horizon time.Duration
 	max     int64
 	returns chan leaseReturn
@@ -76,7 +84,7 @@ type leaseReturn struct {
 }
 
 func newLeases(size int, horizon time.Duration, maxUnits int64, now func() time.Time) (*leases, error) {
-	ls := &leases{horizon: horizon, max: maxUnits, returns: make(chan leaseReturn, 4096), now: now,
+	ls := &leases{size: size, horizon: horizon, max: maxUnits, returns: make(chan leaseReturn, 4096), now: now,
 		warm: make([]atomic.Uint64, warmSlots(size)), warmSeed: maphash.MakeSeed()}
 	c, err := lru.NewWithEvict[string, *lease](size, func(key string, e *lease) { ls.drop(key, e, true) })
 	if err != nil {
@@ -120,20 +128,13 @@ func sameLimit(a, b Limit) bool {
 
 // take admits cost units of key from its lease. Otherwise it returns how many units to ask
 // Redis for, and then the caller must settle e with the answer; or, when another caller is
-// already asking for this key, a channel to wait on before taking again.
+// already asking for this key, a channel to wait on before taking again. e is nil for a key
+// the table has no room for: it asks Redis for cost alone.
 func (ls *leases) take(key string, limit Limit, cost int64, now time.Time) (r Result, ok bool, want int64, wait <-chan struct{}, e *lease) {
 	e, found := ls.cache.Get(key)
 	if !found {
-		e = &lease{limit: limit}
-		if ls.wasWarm(key) {
-			// Resuming after a pause: size the lease as a warm key's, at its floor (no rate
-			// yet); a lease granted at least a window ago has nothing in remaining to cap it,
-			// so the limit stands in, and the script never grants more than fits.
-			e.grantedAt = now.Add(-limit.Window)
-			e.remaining = limit.Requests
-		}
-		if prev, had, _ := ls.cache.PeekOrAdd(key, e); had {
-			e = prev
+		if e = ls.add(key, limit, now); e == nil {
+			return Result{}, false, cost, nil, nil
 		}
 	}
 	e.mu.Lock()
@@ -163,10 +164,38 @@ func (ls *leases) take(key string, limit Limit, cost int64, now time.Time) (r Re
 	return Result{}, false, ls.want(e, limit, cost, now), nil, e
 }
 
+// add puts a new key in the table if there is room. A full table never evicts a key to make
+// room: every key in it was used within a horizon (the sweep gives back the others), and an
+// evicted key that comes back evicts another, leases again and strands what it was granted
+// until the next return. A key beyond the bound asks Redis per decision instead, exactly,
+// until the sweep frees a slot.
+func (ls *leases) add(key string, limit Limit, now time.Time) *lease {
+	ls.addMu.Lock()
+	defer ls.addMu.Unlock()
+	if e, ok := ls.cache.Peek(key); ok {
+		return e
+	}
+	if ls.cache.Len() >= ls.size {
+		return nil
+	}
+	e := &lease{limit: limit}
+	if ls.wasWarm(key) {
+		// Resuming after a pause: size the lease as a warm key's, at its floor (no rate
+		// yet); a lease granted at least a window ago has nothing in remaining to cap it,
+		// so the limit stands in, and the script never grants more than fits.
+		e.grantedAt = now.Add(-limit.Window)
+		e.remaining = limit.Requests
+	}
+	ls.cache.Add(key, e)
+	return e
+}
+
 // want sizes the next lease of e: its local rate over the horizon, within a fair share of what
 // is left, at least cost, and cost alone for a key never granted before.
 func (ls *leases) want(e *lease, limit Limit, cost int64, now time.Time) int64 {
-	if e.grantedAt.IsZero() {
+	if e.grantedAt.IsZero() || limit.Replicas < 1 {
+		// Never granted, or the live replicas are not known yet (no heartbeat answered): a
+		// replica that sized leases as if it were alone would hold the whole fleet's share.
 		return cost
 	}
 	elapsed := max(now.Sub(e.grantedAt), time.Millisecond)
@@ -183,23 +212,33 @@ func (ls *leases) want(e *lease, limit Limit, cost int64, now time.Time) int64 {
 	return max(w, cost)
 }
 
-// settle records what the fetching caller got from Redis and wakes the waiters. sent is when
-// the request left, so that the deadline is no later than the window's end on Redis's clock.
-func (ls *leases) settle(key string, e *lease, res Result, g grant, cost int64, sent, now time.Time, answered bool) {
+// settle records what the fetching caller got from Redis for limit and wakes the waiters. sent
+// is when the request left, so that the deadline is no later than the window's end on Redis's
+// clock. A grant answers the limit it was asked under: when the rule changed while it was in
+// flight, or the key left the table, what it granted beyond the caller's cost goes back.
+func (ls *leases) settle(key string, e *lease, limit Limit, res Result, g grant, cost int64, sent, now time.Time, answered bool) {
+	if e == nil {
+		return
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if answered && res.Allowed && g.units > 0 {
-		if g.windowStart != e.windowStart {
-			e.units = 0
-		}
-		e.units += g.units - cost
-		e.deadline = sent.Add(res.ResetAfter)
-		e.windowStart = g.windowStart
-		e.remaining = res.Remaining
-		e.grantedAt, e.served, e.lastUse = now, cost, now
-		e.leased = e.leased || g.units > cost
-		if e.gone {
-			ls.giveBack(key, e, now)
+		start, left := g.window(limit.Window)
+		switch {
+		case e.gone || !sameLimit(e.limit, limit):
+			ls.queueReturn(leaseReturn{key: key, window: limit.Window, windowStart: start, units: g.units - cost})
+		default:
+			if start != e.windowStart {
+				e.units = 0
+			}
+			e.units += g.units - cost
+			// The lease ends with the window its units were counted in: in the next one they
+			// would weigh on a SlidingWindowCounter only as the previous window's share.
+			e.deadline = sent.Add(left)
+			e.windowStart = start
+			e.remaining = res.Remaining
+			e.grantedAt, e.served, e.lastUse = now, cost, now
+			e.leased = e.leased || g.units > cost
 		}
 	}
 	if e.fetching != nil {
@@ -208,13 +247,21 @@ func (ls *leases) settle(key string, e *lease, res Result, g grant, cost int64, 
 	}
 }
 
+// queueReturn queues units for return to their window.
+func (ls *leases) queueReturn(r leaseReturn) {
+	if r.units <= 0 {
+		return
+	}
+	select {
+	case ls.returns <- r:
+	default: // the returner is behind: the units stay counted, which only under-admits
+	}
+}
+
 // giveBack queues e's unspent units for return to their window; e.mu is held.
 func (ls *leases) giveBack(key string, e *lease, now time.Time) {
-	if e.units > 0 && now.Before(e.deadline) {
-		select {
-		case ls.returns <- leaseReturn{key: key, window: e.limit.Window, windowStart: e.windowStart, units: e.units}:
-		default: // the returner is behind: the units stay counted, which only under-admits
-		}
+	if now.Before(e.deadline) {
+		ls.queueReturn(leaseReturn{key: key, window: e.limit.Window, windowStart: e.windowStart, units: e.units})
 	}
 	e.units = 0
 }

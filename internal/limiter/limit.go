@@ -152,9 +152,10 @@ func (l Limit) Validate() error {
 }
 
 // scriptArgs appends the script's ARGV for this limit and cost to dst; want, when above cost,
-// asks a leasing algorithm for a lease of that many units.
+// asks a leasing algorithm for a lease of that many units. ARGV[4], the call's deadline on
+// Redis's clock, is 0 (none) here: the pipeline sets it when it sends the call (see deadlineArg).
 func (l Limit) scriptArgs(dst []any, cost, want int64) []any {
-	dst = append(dst, l.Requests, l.Window.Milliseconds(), cost)
+	dst = append(dst, l.Requests, l.Window.Milliseconds(), cost, noDeadline)
 	switch {
 	case l.Algorithm == TokenBucket:
 		dst = append(dst, l.burst())
@@ -164,6 +165,13 @@ func (l Limit) scriptArgs(dst []any, cost, want int64) []any {
 	return dst
 }
 
+// noDeadline is ARGV[4] of a call sent without a deadline, boxed once.
+var noDeadline any = int64(0)
+
+// deadlineArg is the index in a call's EVALSHA arguments of its deadline: "evalsha", sha,
+// numkeys, key, limit, window, cost, deadline.
+const deadlineArg = 7
+
 // leases says whether the algorithm's script grants leases. FixedWindow and
 // SlidingWindowCounter count a lease in the current window, which is exact: every leased unit
 // was counted before it is admitted, and a lease ends with its window. SlidingWindowLog is the
@@ -172,15 +180,16 @@ func (l Limit) scriptArgs(dst []any, cost, want int64) []any {
 // more than the burst in one instant.
 func (a Algorithm) leases() bool { return a == FixedWindow || a == SlidingWindowCounter }
 
-// suffix is the key suffix of the algorithm's state, so that two algorithms never share a key.
+// suffix is the key suffix of the algorithm's state. Algorithms whose states mean different
+// things never share a key; FixedWindow and SlidingWindowCounter keep the same windows.
 func (a Algorithm) suffix() string {
 	switch a {
-	case FixedWindow:
-		return "fw"
+	case FixedWindow, SlidingWindowCounter:
+		// One state for both: a rule whose algorithm changes between them (or whose replicas
+		// run both while a reload reaches them) keeps counting the same windows.
+		return "swc"
 	case SlidingWindowLog:
 		return "swl"
-	case SlidingWindowCounter:
-		return "swc"
 	case TokenBucket:
 		return "tb"
 	}
@@ -190,28 +199,43 @@ func (a Algorithm) suffix() string {
 // errBadReply is wrapped by errors about a script reply of an unexpected shape.
 var errBadReply = errors.New("unexpected script reply")
 
-// grant is the lease part of a leasing script's reply.
+// grant is what a script's reply says beyond its Result.
 type grant struct {
-	units       int64 // counted in Redis for this call, cost included
-	windowStart int64 // the window they were counted in, ms on Redis's clock
+	units int64 // counted in Redis for this call, cost included
+	nowUS int64 // Redis's clock when the script ran, microseconds
 }
 
-// decodeReply turns a script's {allowed, remaining, retry_after_ms, reset_after_ms} into a
-// Result, and a leasing script's {..., granted, window_start_ms} also into its grant.
+// window returns the start of the window, aligned like the scripts align it, that g was counted
+// in (ms on Redis's clock) and how long that window still ran when the script did.
+func (g grant) window(w time.Duration) (startMS int64, left time.Duration) {
+	ms := w.Milliseconds()
+	now := g.nowUS / 1000
+	startMS = now - now%ms
+	return startMS, time.Duration((startMS+ms)*1000-g.nowUS) * time.Microsecond
+}
+
+// errStale is wrapped by the error of a call that reached Redis after its deadline: the script
+// counted nothing, and the decision falls to the failure mode.
+var errStale = errors.New("the call reached Redis after its deadline")
+
+// decodeReply turns a script's {allowed, remaining, retry_after_ms, reset_after_ms, now_us,
+// granted} into a Result and a grant. A reply of a call that ran after its deadline
+// (retry_after_ms -2) is errStale, with the grant's clock still read.
 func decodeReply(n []int64) (Result, grant, error) {
-	var g grant
-	switch len(n) {
-	case 4:
-	case 6:
-		g = grant{units: n[4], windowStart: n[5]}
-		if g.units < 0 || (n[0] == 1) != (g.units > 0) {
-			return Result{}, grant{}, fmt.Errorf("%w: grant %d with allowed %d", errBadReply, g.units, n[0])
-		}
-		n = n[:4]
-	default:
-		return Result{}, grant{}, fmt.Errorf("%w: want 4 or 6 integers, got %d", errBadReply, len(n))
+	if len(n) != 6 {
+		return Result{}, grant{}, fmt.Errorf("%w: want 6 integers, got %d", errBadReply, len(n))
 	}
-	r, err := decodeResult(n)
+	g := grant{units: n[5], nowUS: n[4]}
+	if g.nowUS <= 0 {
+		return Result{}, grant{}, fmt.Errorf("%w: clock %d", errBadReply, g.nowUS)
+	}
+	if n[0] == 0 && n[2] == -2 {
+		return Result{}, grant{nowUS: g.nowUS}, errStale
+	}
+	if g.units < 0 || (n[0] == 1) != (g.units > 0) {
+		return Result{}, grant{}, fmt.Errorf("%w: grant %d with allowed %d", errBadReply, g.units, n[0])
+	}
+	r, err := decodeResult(n[:4])
 	return r, g, err
 }
 

@@ -39,6 +39,11 @@ type Options struct {
 	// MaxLease the units of one lease (default 10000).
 	LeaseSize int
 	MaxLease  int64
+	// CallDeadline is how long after a pipeline leaves Redis may still run its scripts (default
+	// none). A script that runs later counts nothing and answers "stale", which the failure mode
+	// decides: its caller has stopped waiting (set it below the client's read timeout), and the
+	// units it would count would be admitted by nobody. See clock.go.
+	CallDeadline time.Duration
 	// Now is the local clock, used only for the pre-check, the fallback limiters and leases'
 	// local deadlines; decisions in Redis use Redis's clock (default time.Now).
 	Now func() time.Time
@@ -100,6 +105,7 @@ type Limiter struct {
 	precheck *precheck
 	fallback *fallback
 	leases   *leases // nil when leases are off
+	clock    *redisClock
 	stats    counters
 	calls    sync.Pool
 }
@@ -116,6 +122,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		queue:  make(chan *call, o.MaxBatch*o.Flushers),
 		slots:  make(chan struct{}, o.Flushers),
 		quit:   make(chan struct{}),
+		clock:  newRedisClock(),
 	}
 	var err error
 	if l.precheck, err = newPrecheck(o.PrecheckSize); err != nil {
@@ -185,7 +192,7 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 		}
 		if wait == nil {
 			res, g, answered, err := l.ask(ctx, sk, limit, cost, want, now)
-			l.leases.settle(sk, e, res, g, cost, now, l.opts.Now(), answered)
+			l.leases.settle(sk, e, limit, res, g, cost, now, l.opts.Now(), answered)
 			if answered && g.units > cost {
 				l.stats.grants.Add(1)
 			}
@@ -236,18 +243,20 @@ func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want in
 	select {
 	case <-c.done:
 	case <-ctx.Done():
-		// The flusher still owns c; leave it to the garbage collector. Should Redis grant it a
-		// lease, those units stay counted unused: under-admission, never over.
-		return l.degraded(sk, limit, cost, now, ctx.Err()), grant{}, false, nil
+		// The flusher still owns c. Once c is abandoned, the flusher gives back whatever Redis
+		// grants it (see answer); if the flusher answered first, its answer stands.
+		if c.state.CompareAndSwap(callPending, callAbandoned) {
+			return l.degraded(sk, limit, cost, now, ctx.Err()), grant{}, false, nil
+		}
+		<-c.done
 	case <-l.quit:
 		// c may have been queued after the flushers drained the queue; once they are gone,
 		// nobody else will answer it.
 		l.wg.Wait()
-		select {
-		case <-c.done:
-		default:
+		if c.state.CompareAndSwap(callPending, callAbandoned) {
 			return l.degraded(sk, limit, cost, now, ErrClosed), grant{}, false, nil
 		}
+		<-c.done
 	}
 	return l.settle(c, sk, limit, cost, now)
 }
@@ -316,6 +325,8 @@ type Stats struct {
 	Pipelines uint64
 	// ScriptLoads counts SCRIPT LOADs after NOSCRIPT.
 	ScriptLoads uint64
+	// StaleCalls reached Redis after their deadline and counted nothing (see CallDeadline).
+	StaleCalls uint64
 	// LeaseKeys is the number of keys in the lease table now (holding a lease, or about to).
 	LeaseKeys int
 	// BreakerOpen says the circuit breaker is open now.
@@ -323,7 +334,7 @@ type Stats struct {
 }
 
 type counters struct {
-	redis, precheck, degraded, pipelines, scriptLoads, leased, grants atomic.Uint64
+	redis, precheck, degraded, pipelines, scriptLoads, leased, grants, stale atomic.Uint64
 }
 
 func (l *Limiter) leaseKeys() int {
@@ -343,6 +354,7 @@ func (l *Limiter) Stats() Stats {
 		DegradedDecisions: l.stats.degraded.Load(),
 		Pipelines:         l.stats.pipelines.Load(),
 		ScriptLoads:       l.stats.scriptLoads.Load(),
+		StaleCalls:        l.stats.stale.Load(),
 		LeaseKeys:         l.leaseKeys(),
 		BreakerOpen:       l.breaker.State() == gobreaker.StateOpen,
 	}

@@ -83,7 +83,10 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if leaseHorizon <= 0 {
 		leaseHorizon = -1 // off: every decision asks Redis
 	}
-	lim, err := limiter.New(client, limiter.Options{LeaseHorizon: leaseHorizon, LeaseSize: cfg.LeaseKeys})
+	lim, err := limiter.New(client, limiter.Options{LeaseHorizon: leaseHorizon, LeaseSize: cfg.LeaseKeys,
+		// A script that runs after the client's read timeout would count units for a caller
+		// already answered by the failure mode; a quarter of the timeout is left for its reply.
+		CallDeadline: cfg.RedisTimeout * 3 / 4})
 	if err != nil {
 		return fmt.Errorf("creating limiter: %w", err)
 	}

@@ -1,46 +1,61 @@
 -- Fixed window counter, with leases.
--- KEYS[1] counter key. ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost, ARGV[4] (optional)
--- the units wanted, at least cost: a lease.
--- Returns {allowed, remaining, retry_after_ms, reset_after_ms, granted, window_start_ms};
--- retry_after_ms is -1 when the cost can never fit in the limit.
+-- KEYS[1] window state: a hash with fields s (current window start, ms), c (its count) and p (the
+-- previous window's count), shared with SlidingWindowCounter (see below).
+-- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost, ARGV[4] deadline (us on Redis's clock, 0 for
+-- none), ARGV[5] (optional) the units wanted, at least cost: a lease.
+-- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted};
+-- retry_after_ms is -1 when the cost can never fit in the limit, and -2 when the call ran after
+-- its deadline, in which case nothing was counted.
 --
 -- Windows are aligned to multiples of the window on Redis's clock, so every replica agrees on
--- where a window starts. The counter key lives exactly until the end of its window: the TTL is
--- set by the same SET that creates the key, so no crash can leave a counter without one. A key
--- whose TTL is not positive (the last millisecond of a window, or a key someone wrote without a
--- TTL) is treated as empty and overwritten.
+-- where a window starts. FixedWindow decides on c alone; it keeps s, c and p exactly as
+-- SlidingWindowCounter does, so that a rule whose algorithm changes between the two (or whose
+-- replicas run both while a reload reaches them) counts one window, not two. The hash lives
+-- until the end of the next window, when p stops mattering; its TTL is set by the same script
+-- that writes it.
 --
--- A lease: when the cost fits, up to ARGV[4] units are granted (never more than fit) and
+-- A lease: when the cost fits, up to ARGV[5] units are granted (never more than fit) and
 -- counted at once, so every unit a replica later admits from its lease was counted here first
--- and the window can never admit more than its limit. The lease is good until the window ends.
+-- and the window can never admit more than its limit. The lease ends with this window.
+--
+-- The deadline: a call that reaches Redis after the caller stopped waiting for it (Redis paused,
+-- a slow network) would count units nobody admits; it counts nothing instead.
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-local want = math.max(tonumber(ARGV[4]) or cost, cost)
+local deadline = tonumber(ARGV[4]) or 0
+local want = math.max(tonumber(ARGV[5]) or cost, cost)
 
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
 local elapsed = now % window
+local start = now - elapsed
 local reset = window - elapsed
 
-local used = 0
-local ttl = redis.call('PTTL', key)
-if ttl > 0 then
-  used = tonumber(redis.call('GET', key)) or 0
+if deadline > 0 and now_us > deadline then
+  return {0, 0, -2, reset, now_us, 0}
+end
+
+local h = redis.call('HMGET', key, 's', 'c', 'p')
+local cur, prev = 0, 0
+local s = tonumber(h[1])
+if s == start then
+  cur = tonumber(h[2]) or 0
+  prev = tonumber(h[3]) or 0
+elseif s == start - window then
+  prev = tonumber(h[2]) or 0
 end
 
 if cost > limit then
-  return {0, math.max(limit - used, 0), -1, reset, 0, now - elapsed}
+  return {0, math.max(limit - cur, 0), -1, reset, now_us, 0}
 end
-if used + cost > limit then
-  return {0, math.max(limit - used, 0), reset, reset, 0, now - elapsed}
+if cur + cost > limit then
+  return {0, math.max(limit - cur, 0), reset, reset, now_us, 0}
 end
 
-local grant = math.min(want, limit - used)
-if ttl > 0 then
-  redis.call('INCRBY', key, grant)
-else
-  redis.call('SET', key, grant, 'PX', reset)
-end
-return {1, limit - used - grant, 0, reset, grant, now - elapsed}
+local grant = math.min(want, limit - cur)
+redis.call('HSET', key, 's', start, 'c', cur + grant, 'p', prev)
+redis.call('PEXPIRE', key, 2 * window - elapsed)
+return {1, limit - cur - grant, 0, reset, now_us, grant}

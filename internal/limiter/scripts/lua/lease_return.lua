@@ -1,6 +1,6 @@
 -- Returns the unused units of a lease to the window they were counted in.
--- KEYS[1] the limit's state key (a FixedWindow counter or a SlidingWindowCounter hash).
--- ARGV[1] window (ms), ARGV[2] the window's start (ms, as the granting script returned it),
+-- KEYS[1] the limit's window state (the hash FixedWindow and SlidingWindowCounter share).
+-- ARGV[1] window (ms), ARGV[2] the window's start (ms on Redis's clock, as the grant said),
 -- ARGV[3] units.
 -- Returns the units given back: 0 when that window has ended (its units ended with it).
 local key = KEYS[1]
@@ -13,24 +13,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if now - (now % window) ~= start or units <= 0 then
   return 0
 end
-local kind = redis.call('TYPE', key)['ok']
-if kind == 'string' then
-  if redis.call('PTTL', key) <= 0 then
-    return 0
-  end
-  local n = math.min(units, tonumber(redis.call('GET', key)) or 0)
-  if n > 0 then
-    redis.call('DECRBY', key, n) -- keeps the key's TTL
-  end
-  return n
-elseif kind == 'hash' then
-  if tonumber(redis.call('HGET', key, 's')) ~= start then
-    return 0
-  end
-  local n = math.min(units, tonumber(redis.call('HGET', key, 'c')) or 0)
-  if n > 0 then
-    redis.call('HINCRBY', key, 'c', -n)
-  end
-  return n
+if redis.call('TYPE', key)['ok'] ~= 'hash' or tonumber(redis.call('HGET', key, 's')) ~= start then
+  return 0
 end
-return 0
+local n = math.min(units, tonumber(redis.call('HGET', key, 'c')) or 0)
+if n > 0 then
+  redis.call('HINCRBY', key, 'c', -n)
+end
+return n

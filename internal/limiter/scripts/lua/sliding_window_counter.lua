@@ -1,28 +1,37 @@
 -- Sliding window counter: the previous fixed window's count, weighted by how much of it still
 -- overlaps the sliding window, plus the current window's count.
--- KEYS[1] hash with fields s (current window start, ms), c (its count), p (previous window count).
--- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost, ARGV[4] (optional) the units wanted, at
--- least cost: a lease.
--- Returns {allowed, remaining, retry_after_ms, reset_after_ms, granted, window_start_ms};
--- retry_after_ms is -1 when the cost can never fit in the limit.
+-- KEYS[1] window state: a hash with fields s (current window start, ms), c (its count) and p (the
+-- previous window's count), shared with FixedWindow (see fixed_window.lua).
+-- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost, ARGV[4] deadline (us on Redis's clock, 0 for
+-- none), ARGV[5] (optional) the units wanted, at least cost: a lease.
+-- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted};
+-- retry_after_ms is -1 when the cost can never fit in the limit, and -2 when the call ran after
+-- its deadline, in which case nothing was counted.
 --
 -- Both windows live in one hash so the script touches exactly one declared key. Windows are
 -- aligned on Redis's clock. The hash lives until the end of the next window, when the current
 -- count stops mattering.
 --
--- A lease: when the cost fits, up to ARGV[4] units are granted (never more than the estimate
--- leaves room for) and counted in the current window at once. A replica admits them until the
--- current window ends, so they weigh on the estimate exactly as if admitted when granted.
+-- A lease: when the cost fits, up to ARGV[5] units are granted (never more than the estimate
+-- leaves room for) and counted in the current window at once. The lease ends with the current
+-- window, so its units are admitted in the window they were counted in; admitted later, they
+-- would weigh only as that window's decaying share.
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-local want = math.max(tonumber(ARGV[4]) or cost, cost)
+local deadline = tonumber(ARGV[4]) or 0
+local want = math.max(tonumber(ARGV[5]) or cost, cost)
 
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
 local elapsed = now % window
 local start = now - elapsed
+
+if deadline > 0 and now_us > deadline then
+  return {0, 0, -2, 0, now_us, 0}
+end
 
 local h = redis.call('HMGET', key, 's', 'c', 'p')
 local cur, prev = 0, 0
@@ -49,7 +58,7 @@ local function remaining(est)
 end
 
 if cost > limit then
-  return {0, remaining(estimate), -1, reset_after(cur), 0, start}
+  return {0, remaining(estimate), -1, reset_after(cur), now_us, 0}
 end
 if estimate + cost > limit then
   local retry
@@ -65,7 +74,7 @@ if estimate + cost > limit then
     end
     retry = (window - elapsed) + math.max(need, 0)
   end
-  return {0, remaining(estimate), math.max(retry, 1), reset_after(cur), 0, start}
+  return {0, remaining(estimate), math.max(retry, 1), reset_after(cur), now_us, 0}
 end
 
 -- estimate + cost <= limit and cost is whole, so the room's floor is at least cost.
@@ -73,4 +82,4 @@ local grant = math.min(want, math.floor(limit - estimate))
 cur = cur + grant
 redis.call('HSET', key, 's', start, 'c', cur, 'p', prev)
 redis.call('PEXPIRE', key, 2 * window - elapsed)
-return {1, remaining(estimate + grant), 0, reset_after(cur), grant, start}
+return {1, remaining(estimate + grant), 0, reset_after(cur), now_us, grant}

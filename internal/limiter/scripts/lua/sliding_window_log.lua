@@ -1,7 +1,9 @@
 -- Sliding window log: one sorted-set member per admitted request, whatever its cost.
--- KEYS[1] log key. ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost.
--- Returns {allowed, remaining, retry_after_ms, reset_after_ms}; retry_after_ms is -1 when the
--- cost can never fit in the limit.
+-- KEYS[1] log key. ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost, ARGV[4] deadline (us on
+-- Redis's clock, 0 for none).
+-- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted}; retry_after_ms
+-- is -1 when the cost can never fit in the limit, and -2 when the call ran after its deadline
+-- (its caller stopped waiting), in which case nothing was counted.
 --
 -- Exact over any window-long interval. A member is scored by its admission time (ms, Redis
 -- clock) and named by the running total of cost admitted up to and including it, zero-padded so
@@ -18,10 +20,15 @@ local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local deadline = tonumber(ARGV[4]) or 0
 local TRIM = 64
 
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+if deadline > 0 and now_us > deadline then
+  return {0, 0, -2, 0, now_us, 0}
+end
 local cutoff = now - window -- members scored at or before cutoff have left the window
 
 local expired = redis.call('ZCOUNT', key, '-inf', cutoff)
@@ -53,7 +60,7 @@ local function reset_after()
 end
 
 if cost > limit then
-  return {0, math.max(limit - used, 0), -1, reset_after()}
+  return {0, math.max(limit - used, 0), -1, reset_after(), now_us, 0}
 end
 if used + cost > limit then
   -- Admission needs the running total at the window's start to reach total - (limit - cost):
@@ -71,9 +78,9 @@ if used + cost > limit then
   end
   local e = redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')
   local retry = math.max(tonumber(e[2]) + window - now, 1)
-  return {0, math.max(limit - used, 0), retry, reset_after()}
+  return {0, math.max(limit - used, 0), retry, reset_after(), now_us, 0}
 end
 
 redis.call('ZADD', key, now, string.format('%017.0f', total + cost))
 redis.call('PEXPIRE', key, window)
-return {1, limit - used - cost, 0, window}
+return {1, limit - used - cost, 0, window, now_us, cost}

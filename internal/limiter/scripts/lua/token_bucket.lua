@@ -1,9 +1,10 @@
 -- Token bucket as GCRA (generic cell rate algorithm): one key holds the theoretical arrival time
 -- (TAT, microseconds on Redis's clock) of the next request.
 -- KEYS[1] TAT key. ARGV[1] requests per window, ARGV[2] window (ms), ARGV[3] cost,
--- ARGV[4] burst (bucket capacity).
--- Returns {allowed, remaining, retry_after_ms, reset_after_ms}; retry_after_ms is -1 when the
--- cost can never fit in the bucket.
+-- ARGV[4] deadline (us on Redis's clock, 0 for none), ARGV[5] burst (bucket capacity).
+-- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted}; retry_after_ms
+-- is -1 when the cost can never fit in the bucket, and -2 when the call ran after its deadline
+-- (its caller stopped waiting), in which case nothing was taken.
 --
 -- One token drips in every window/limit; the bucket holds at most burst tokens. The key expires
 -- when the bucket is full again, which is when it carries no information. Arithmetic is done
@@ -12,10 +13,14 @@ local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-local burst = tonumber(ARGV[4])
+local deadline = tonumber(ARGV[4]) or 0
+local burst = tonumber(ARGV[5])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if deadline > 0 and now > deadline then
+  return {0, 0, -2, 0, now, 0}
+end
 
 local interval = window * 1000 / limit -- microseconds per token
 local tolerance = interval * burst     -- how far TAT may run ahead of now
@@ -37,14 +42,14 @@ local function tokens(a)
 end
 
 if cost > burst then
-  return {0, tokens(ahead), -1, ms(ahead)}
+  return {0, tokens(ahead), -1, ms(ahead), now, 0}
 end
 
 local new_ahead = ahead + interval * cost
 if new_ahead > tolerance + eps then
-  return {0, tokens(ahead), math.max(ms(new_ahead - tolerance), 1), ms(ahead)}
+  return {0, tokens(ahead), math.max(ms(new_ahead - tolerance), 1), ms(ahead), now, 0}
 end
 
 local reset = math.max(ms(new_ahead), 1)
 redis.call('SET', key, string.format('%.0f', now + math.ceil(new_ahead)), 'PX', reset)
-return {1, tokens(new_ahead), 0, reset}
+return {1, tokens(new_ahead), 0, reset, now, cost}
