@@ -63,7 +63,7 @@ func TestPausedSidecarsLeaseEndsWithItsWindow(t *testing.T) {
 					break
 				}
 			}
-			g.Expect(time.Now().Sub(next)).To(BeNumerically("<", w/2), "the lease was granted early in its window")
+			g.Expect(time.Since(next)).To(BeNumerically("<", w/2), "the lease was granted early in its window")
 			g.Expect(s.cmd.Process.Signal(syscall.SIGSTOP)).To(Succeed())
 			time.Sleep(time.Until(next.Add(w + 100*time.Millisecond)))
 			g.Expect(s.cmd.Process.Signal(syscall.SIGCONT)).To(Succeed())

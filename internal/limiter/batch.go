@@ -145,7 +145,7 @@ func (l *Limiter) answer(c *call) {
 func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, error) {
 	ctx := context.Background()
 	sent := time.Now()
-	var deadline any = noDeadline
+	deadline := noDeadline
 	if l.opts.CallDeadline > 0 {
 		if d := l.clock.deadline(sent.Add(l.opts.CallDeadline)); d > 0 {
 			deadline = d
