@@ -1,9 +1,7 @@
 package main_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
-	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
@@ -124,17 +121,8 @@ func checkFlood(scs []*sidecar, callers, total int, keyOf func(int) string) (map
 						return
 					}
 					key := keyOf(i)
-					body := `{"policy":"p","rule":"r","key":["` + key + `"]}`
-					resp, err := client.Post(s.check+checkapi.Path, "application/json", bytes.NewBufferString(body))
-					if err != nil {
-						failed.Add(1)
-						continue
-					}
-					var d checkapi.Response
-					err = json.NewDecoder(resp.Body).Decode(&d)
-					resp.Body.Close()
-					if err != nil || resp.StatusCode != http.StatusOK || len(d.Results) != 1 ||
-						strings.HasPrefix(d.Results[0].Source, "fail") {
+					d, err := postCheck(client, s, key)
+					if err != nil || strings.HasPrefix(d.Results[0].Source, "fail") {
 						failed.Add(1)
 						continue
 					}
@@ -235,19 +223,12 @@ func checkFloodSources(scs []*sidecar, callers, total int, key string) (admitted
 	var wg sync.WaitGroup
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: callers}}
 	defer client.CloseIdleConnections()
-	body := `{"policy":"p","rule":"r","key":["` + key + `"]}`
 	for _, s := range scs {
 		for range callers {
 			wg.Go(func() {
 				for next.Add(1) <= int64(total) {
-					resp, err := client.Post(s.check+checkapi.Path, "application/json", bytes.NewBufferString(body))
+					d, err := postCheck(client, s, key)
 					if err != nil {
-						continue
-					}
-					var d checkapi.Response
-					err = json.NewDecoder(resp.Body).Decode(&d)
-					resp.Body.Close()
-					if err != nil || len(d.Results) != 1 {
 						continue
 					}
 					switch {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,18 +19,31 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
-// checkOne asks s for one unit of key and returns the decision.
-func checkOne(t *testing.T, s *sidecar, key string) checkapi.Result {
-	t.Helper()
+// postCheck asks s's decision API for one unit of key under rule p/r: a 200 with one result,
+// or an error.
+func postCheck(client *http.Client, s *sidecar, key string) (checkapi.Response, error) {
 	body := `{"policy":"p","rule":"r","key":["` + key + `"]}`
-	resp, err := httpClient.Post(s.check+checkapi.Path, "application/json", bytes.NewBufferString(body))
+	resp, err := client.Post(s.check+checkapi.Path, "application/json", bytes.NewBufferString(body))
 	if err != nil {
-		t.Fatalf("checking %s: %v", key, err)
+		return checkapi.Response{}, err
 	}
 	defer resp.Body.Close()
 	var d checkapi.Response
-	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || len(d.Results) != 1 {
-		t.Fatalf("checking %s: %v (%d results)", key, err, len(d.Results))
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		return d, err
+	}
+	if resp.StatusCode != http.StatusOK || len(d.Results) != 1 {
+		return d, fmt.Errorf("status %d with %d results", resp.StatusCode, len(d.Results))
+	}
+	return d, nil
+}
+
+// checkOne asks s for one unit of key and returns the decision.
+func checkOne(t *testing.T, s *sidecar, key string) checkapi.Result {
+	t.Helper()
+	d, err := postCheck(httpClient, s, key)
+	if err != nil {
+		t.Fatalf("checking %s: %v", key, err)
 	}
 	return d.Results[0]
 }
@@ -81,7 +95,6 @@ func floodUntil(scs []*sidecar, callers int, key string, admitted *atomic.Int64,
 	var wg sync.WaitGroup
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: callers}}
 	defer client.CloseIdleConnections()
-	body := `{"policy":"p","rule":"r","key":["` + key + `"]}`
 	for _, s := range scs {
 		for range callers {
 			wg.Go(func() {
@@ -91,15 +104,8 @@ func floodUntil(scs []*sidecar, callers int, key string, admitted *atomic.Int64,
 						return
 					default:
 					}
-					resp, err := client.Post(s.check+checkapi.Path, "application/json", bytes.NewBufferString(body))
-					if err != nil {
-						f.Add(1)
-						continue
-					}
-					var d checkapi.Response
-					err = json.NewDecoder(resp.Body).Decode(&d)
-					resp.Body.Close()
-					if err != nil || len(d.Results) != 1 || d.Results[0].Source == "failclosed" || d.Results[0].Source == "failopen" {
+					d, err := postCheck(client, s, key)
+					if err != nil || strings.HasPrefix(d.Results[0].Source, "fail") {
 						f.Add(1)
 						continue
 					}
