@@ -147,5 +147,9 @@ func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 	uo.Dialer = newReaper(o.ConnMaxIdleTime, o.Stats).dialer(redis.NewDialer(&redis.Options{
 		DialTimeout: o.DialTimeout, TLSConfig: uo.TLSConfig,
 	}))
-	return redis.NewUniversalClient(uo), nil
+	c := redis.NewUniversalClient(uo)
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		cc.AddHook(clusterFailover{cc})
+	}
+	return c, nil
 }

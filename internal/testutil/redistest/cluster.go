@@ -11,7 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Cluster is a Redis Cluster of masters only, each a redis-server on a loopback port.
+// Cluster is a Redis Cluster, each node a redis-server on a loopback port: masters only
+// (StartCluster) or a replica per master (StartClusterWithReplicas).
 type Cluster struct {
 	Nodes []*Server
 }
@@ -107,4 +108,81 @@ func CLIBinary() (string, error) {
 		return "", errors.New("redis-cli not found on PATH: install it (apt-get install redis-tools or redis-server)")
 	}
 	return p, nil
+}
+
+// StartClusterWithReplicas starts masters (at least 3) cluster-enabled redis-servers with one
+// replica each, as `redis-cli --cluster create --cluster-replicas 1` lays them out, and waits
+// until every node reports cluster_state:ok and every replica is in sync.
+func StartClusterWithReplicas(masters int) (*Cluster, error) {
+	if masters < 3 {
+		return nil, fmt.Errorf("starting redis cluster: need at least 3 masters, got %d", masters)
+	}
+	cli, err := CLIBinary()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{}
+	for i := range 2 * masters {
+		s, err := Start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "2000")
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("starting cluster node %d: %w", i, err)
+		}
+		c.Nodes = append(c.Nodes, s)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	out, err := exec.Command(cli, args...).CombinedOutput()
+	if err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("creating cluster with redis-cli: %w\n%s", err, out)
+	}
+	if err := c.waitOK(30 * time.Second); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	for deadline := time.Now().Add(30 * time.Second); c.replicasInSync() < masters; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = c.Close()
+			return nil, fmt.Errorf("redis cluster: %d of %d replicas in sync after 30s", c.replicasInSync(), masters)
+		}
+	}
+	return c, nil
+}
+
+// replicasInSync counts the nodes that are replicas with their link to the master up.
+func (c *Cluster) replicasInSync() int {
+	n := 0
+	for _, s := range c.Nodes {
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		info, err := rc.Info(ctx, "replication").Result()
+		cancel()
+		_ = rc.Close()
+		if err == nil && strings.Contains(info, "role:slave") && strings.Contains(info, "master_link_status:up") {
+			n++
+		}
+	}
+	return n
+}
+
+// ReplicaOf returns the node that replicates the master at addr.
+func (c *Cluster) ReplicaOf(addr string) (*Server, error) {
+	for _, s := range c.Nodes {
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		info, err := rc.Info(ctx, "replication").Result()
+		cancel()
+		_ = rc.Close()
+		if err != nil {
+			continue
+		}
+		host, port, _ := strings.Cut(addr, ":")
+		if strings.Contains(info, "role:slave") && strings.Contains(info, "master_port:"+port) &&
+			strings.Contains(info, "master_host:"+host) && strings.Contains(info, "master_link_status:up") {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("no replica of %s in sync", addr)
 }
