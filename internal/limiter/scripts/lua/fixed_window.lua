@@ -12,7 +12,7 @@
 -- SlidingWindowCounter does, so that a rule whose algorithm changes between the two (or whose
 -- replicas run both while a reload reaches them) counts one window, not two. The hash lives
 -- until the end of the next window, when p stops mattering; its TTL is set by the same script
--- that writes it.
+-- that starts a window in it.
 --
 -- A lease: when the cost fits, up to ARGV[5] units are granted (never more than fit) and
 -- counted at once, so every unit a replica later admits from its lease was counted here first
@@ -56,6 +56,12 @@ if cur + cost > limit then
 end
 
 local grant = math.min(want, limit - cur)
-redis.call('HSET', key, 's', start, 'c', cur + grant, 'p', prev)
-redis.call('PEXPIRE', key, 2 * window - elapsed)
+if s == start then
+  redis.call('HINCRBY', key, 'c', grant)
+else
+  -- A new window: the TTL set here runs to the end of the next one, so it needs no refresh
+  -- until the window rolls again.
+  redis.call('HSET', key, 's', start, 'c', grant, 'p', prev)
+  redis.call('PEXPIRE', key, 2 * window - elapsed)
+end
 return {1, limit - cur - grant, 0, reset, now_us, grant}

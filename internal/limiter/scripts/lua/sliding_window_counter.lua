@@ -79,7 +79,13 @@ end
 
 -- estimate + cost <= limit and cost is whole, so the room's floor is at least cost.
 local grant = math.min(want, math.floor(limit - estimate))
+if s == start then
+  redis.call('HINCRBY', key, 'c', grant)
+else
+  -- A new window: the TTL set here runs to the end of the next one, so it needs no refresh
+  -- until the window rolls again.
+  redis.call('HSET', key, 's', start, 'c', grant, 'p', prev)
+  redis.call('PEXPIRE', key, 2 * window - elapsed)
+end
 cur = cur + grant
-redis.call('HSET', key, 's', start, 'c', cur, 'p', prev)
-redis.call('PEXPIRE', key, 2 * window - elapsed)
 return {1, remaining(estimate + grant), 0, reset_after(cur), now_us, grant}
