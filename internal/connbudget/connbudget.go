@@ -2,12 +2,17 @@
 // injector and the controller's budget reconciler both use it, so that what the controller
 // counts is what the injector injects.
 //
-// The rule: every injected workload gets an even share of what Redis allows, minus a reserve,
-// and each of its pods a pool of that share divided by the workload's maxReplicas, between
-// contract.MinRedisPoolSize and contract.DefaultRedisPoolSize.
+// The rule: what Redis allows, minus a reserve, is shared evenly by the namespaces that run
+// injected workloads, each namespace's share evenly by its workloads that can run pods, and each
+// pod gets a pool of its workload's share divided by the workload's maxReplicas, between
+// contract.MinRedisPoolSize and contract.DefaultRedisPoolSize. Sharing by namespace first makes
+// what a tenant creates in its namespace (a hundred empty Deployments, an absurd maxReplicas)
+// shrink only its own pools: the other namespaces' shares depend on how many namespaces there
+// are, never on what is in them.
 package connbudget
 
 import (
+	"sync"
 	"sync/atomic"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -35,60 +40,97 @@ func Reserve(maxClients, manager int64) int64 {
 	return manager + maxClients/HeadroomDivisor
 }
 
-// Share is one workload's even share of maxclients: (maxclients - reserve) / workloads. With
-// no workload counted yet the asking one is alone. It is 0 when the reserve takes everything.
-func Share(maxClients, reserve int64, workloads int) int64 {
-	if workloads < 1 {
-		workloads = 1
-	}
+// NamespaceShare is one namespace's even share of maxclients: (maxclients - reserve) /
+// namespaces. With no namespace counted yet the asking one is alone. It is 0 when the reserve
+// takes everything.
+func NamespaceShare(maxClients, reserve int64, namespaces int) int64 {
 	free := maxClients - reserve
 	if free <= 0 {
 		return 0
 	}
-	return free / int64(workloads)
+	return free / int64(max(namespaces, 1))
 }
 
-// PoolSize is the pool of each pod of a workload that can run maxReplicas pods:
-// share / maxReplicas, never below contract.MinRedisPoolSize (fewer connections stop the
-// sidecar working: a blocked call would stall batching and heartbeats) and never above
-// contract.DefaultRedisPoolSize (a larger pool buys nothing the sidecar needs). maxClients 0
-// means unknown, and gives the default.
-func PoolSize(maxClients, reserve int64, workloads int, maxReplicas int64) int64 {
+// Share is one workload's even share: its namespace's share divided by the workloads of that
+// namespace (at least 1).
+func Share(maxClients, reserve int64, namespaces, workloads int) int64 {
+	return NamespaceShare(maxClients, reserve, namespaces) / int64(max(workloads, 1))
+}
+
+// PoolSize is the pool of each pod of a workload that can run maxReplicas pods, among
+// workloads in its namespace and namespaces sharing Redis: share / maxReplicas, never below
+// contract.MinRedisPoolSize (fewer connections stop the sidecar working: a blocked call would
+// stall batching and heartbeats) and never above contract.DefaultRedisPoolSize (a larger pool
+// buys nothing the sidecar needs). maxClients 0 means unknown, and gives the default. It is
+// the one sizing function: the injector and the budget reconciler both call it (through
+// Snapshot.PoolSize), so that what is counted is what is injected.
+func PoolSize(maxClients, reserve int64, namespaces, workloads int, maxReplicas int64) int64 {
 	if maxClients <= 0 {
 		return contract.DefaultRedisPoolSize
 	}
 	if maxReplicas < 1 {
 		maxReplicas = 1
 	}
-	return min(max(Share(maxClients, reserve, workloads)/maxReplicas, contract.MinRedisPoolSize), contract.DefaultRedisPoolSize)
+	return min(max(Share(maxClients, reserve, namespaces, workloads)/maxReplicas, contract.MinRedisPoolSize), contract.DefaultRedisPoolSize)
 }
 
-// Snapshot is what the budget reconciler last computed, for the injector.
+// Snapshot is what the budget reconciler last computed, for the injector. It must not be
+// changed once published.
 type Snapshot struct {
 	// MaxClients is the smallest maxclients among Redis's masters; 0 when it is not known.
 	MaxClients int64
 	// Reserve is Reserve(MaxClients, manager connections).
 	Reserve int64
-	// Workloads are the injected workloads sharing Redis.
+	// Workloads are the injected workloads sharing Redis that can run pods.
 	Workloads map[Workload]struct{}
+
+	once       sync.Once
+	perNS      map[string]int // workloads in each namespace
+	namespaces int
+}
+
+func (s *Snapshot) index() {
+	s.once.Do(func() {
+		s.perNS = map[string]int{}
+		for w := range s.Workloads {
+			s.perNS[w.Namespace]++
+		}
+		s.namespaces = len(s.perNS)
+	})
 }
 
 // Known reports whether the snapshot can size pools.
 func (s *Snapshot) Known() bool { return s != nil && s.MaxClients > 0 }
 
-// Count is the number of workloads sharing Redis, w among them: a workload the reconciler has
-// not seen yet (its pods come right after it) is added, not left out of the division.
+// Namespaces is the number of namespaces sharing Redis, w's among them: a workload the
+// reconciler has not seen yet (its pods come right after it) is added, not left out of the
+// division.
+func (s *Snapshot) Namespaces(w Workload) int {
+	s.index()
+	if s.perNS[w.Namespace] == 0 {
+		return s.namespaces + 1
+	}
+	return s.namespaces
+}
+
+// Count is the number of workloads of w's namespace sharing its share, w among them.
 func (s *Snapshot) Count(w Workload) int {
-	n := len(s.Workloads)
+	s.index()
+	n := s.perNS[w.Namespace]
 	if _, ok := s.Workloads[w]; !ok {
 		n++
 	}
 	return n
 }
 
-// Share is w's even share (see Share).
+// NamespaceShare is the share of w's namespace (see NamespaceShare).
+func (s *Snapshot) NamespaceShare(w Workload) int64 {
+	return NamespaceShare(s.MaxClients, s.Reserve, s.Namespaces(w))
+}
+
+// Share is w's even share within its namespace's (see Share).
 func (s *Snapshot) Share(w Workload) int64 {
-	return Share(s.MaxClients, s.Reserve, s.Count(w))
+	return Share(s.MaxClients, s.Reserve, s.Namespaces(w), s.Count(w))
 }
 
 // PoolSize is the pool of each pod of w (see PoolSize); the default when s is not Known.
@@ -96,7 +138,7 @@ func (s *Snapshot) PoolSize(w Workload, maxReplicas int64) int64 {
 	if !s.Known() {
 		return contract.DefaultRedisPoolSize
 	}
-	return PoolSize(s.MaxClients, s.Reserve, s.Count(w), maxReplicas)
+	return PoolSize(s.MaxClients, s.Reserve, s.Namespaces(w), s.Count(w), maxReplicas)
 }
 
 // Publisher hands the latest Snapshot from the budget reconciler to the injector, which run in
@@ -141,6 +183,16 @@ func Scalers(hpas []autoscalingv2.HorizontalPodAutoscaler) map[Workload]*autosca
 		}
 	}
 	return out
+}
+
+// RunsPods reports whether a workload can run pods, and so takes a share: spec.replicas 0
+// (nil means 1) runs none unless an HPA with a minReplicas above 0 (nil means the API's
+// default, 1) bounds it. Empty workloads count for nothing, so creating them changes no pool.
+func RunsPods(replicas *int32, hpa *autoscalingv2.HorizontalPodAutoscaler) bool {
+	if replicas == nil || *replicas > 0 {
+		return true
+	}
+	return hpa != nil && (hpa.Spec.MinReplicas == nil || *hpa.Spec.MinReplicas > 0) && hpa.Spec.MaxReplicas > 0
 }
 
 // MaxReplicas is the largest replica count of a workload: its HPA's maxReplicas, else its

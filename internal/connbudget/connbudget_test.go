@@ -1,6 +1,7 @@
 package connbudget
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -34,7 +35,7 @@ func TestPoolSize(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			g.Expect(PoolSize(tt.maxClients, Reserve(tt.maxClients, 4), tt.workloads, tt.maxReplicas)).To(Equal(tt.want))
+			g.Expect(PoolSize(tt.maxClients, Reserve(tt.maxClients, 4), 1, tt.workloads, tt.maxReplicas)).To(Equal(tt.want))
 		})
 	}
 }
@@ -43,9 +44,11 @@ func TestReserveAndShare(t *testing.T) {
 	g := NewWithT(t)
 	g.Expect(Reserve(10000, 4)).To(Equal(int64(504)))
 	g.Expect(Reserve(200, 4)).To(Equal(int64(14)))
-	g.Expect(Share(10000, 504, 3)).To(Equal(int64(3165)))
-	g.Expect(Share(10, 14, 1)).To(BeZero())
-	g.Expect(Share(200, 14, 0)).To(Equal(int64(186)))
+	g.Expect(Share(10000, 504, 1, 3)).To(Equal(int64(3165)))
+	g.Expect(Share(10, 14, 1, 1)).To(BeZero())
+	g.Expect(Share(200, 14, 0, 0)).To(Equal(int64(186)))
+	g.Expect(NamespaceShare(10000, 504, 2)).To(Equal(int64(4748)))
+	g.Expect(Share(10000, 504, 2, 3)).To(Equal(int64(1582)), "the namespace's share, then its workloads'")
 }
 
 func TestSnapshotCountsTheAskingWorkload(t *testing.T) {
@@ -93,4 +96,46 @@ func TestScalers(t *testing.T) {
 	three := int32(3)
 	g.Expect(MaxReplicas(&three, nil)).To(Equal(int64(3)))
 	g.Expect(MaxReplicas(nil, nil)).To(Equal(int64(1)))
+}
+
+// Issue 18: a tenant's 100 empty Deployments cut a 50-replica victim's pool from 16 to 2,
+// because every injected workload of the cluster divided one budget. Shares now go to
+// namespaces first, and only workloads that can run pods count.
+func TestOneNamespaceCannotShrinkAnothersPools(t *testing.T) {
+	g := NewWithT(t)
+	victim := Workload{Kind: "Deployment", Namespace: "victim", Name: "api"}
+	own := Workload{Kind: "Deployment", Namespace: "attacker", Name: "real"}
+	before := &Snapshot{MaxClients: 10000, Reserve: Reserve(10000, 4), Workloads: map[Workload]struct{}{victim: {}, own: {}}}
+	g.Expect(before.PoolSize(victim, 50)).To(Equal(int64(16)))
+
+	after := &Snapshot{MaxClients: 10000, Reserve: Reserve(10000, 4), Workloads: map[Workload]struct{}{victim: {}, own: {}}}
+	for i := range 100 {
+		after.Workloads[Workload{Kind: "Deployment", Namespace: "attacker", Name: fmt.Sprintf("filler-%d", i)}] = struct{}{}
+	}
+	g.Expect(after.PoolSize(victim, 50)).To(Equal(before.PoolSize(victim, 50)), "the victim's pool does not depend on the attacker's workloads")
+	g.Expect(after.Share(victim)).To(Equal(before.Share(victim)))
+	g.Expect(after.Share(own)).To(BeNumerically("<", before.Share(own)), "the attacker's own workloads share its namespace's budget")
+	g.Expect(after.Namespaces(victim)).To(Equal(2))
+	g.Expect(after.Count(own)).To(Equal(101))
+	newcomer := Workload{Kind: "Deployment", Namespace: "third", Name: "x"}
+	g.Expect(after.Namespaces(newcomer)).To(Equal(3), "a namespace not counted yet is added")
+	g.Expect(after.Count(newcomer)).To(Equal(1))
+
+	// An absurd maxReplicas gets its own workload the floor; the victim keeps its pool.
+	g.Expect(after.PoolSize(own, math.MaxInt32)).To(Equal(int64(2)))
+	g.Expect(after.PoolSize(victim, 50)).To(Equal(int64(16)))
+}
+
+func TestRunsPods(t *testing.T) {
+	g := NewWithT(t)
+	zero, one := int32(0), int32(1)
+	hpa := func(minReplicas *int32, maxReplicas int32) *autoscalingv2.HorizontalPodAutoscaler {
+		return &autoscalingv2.HorizontalPodAutoscaler{Spec: autoscalingv2.HorizontalPodAutoscalerSpec{MinReplicas: minReplicas, MaxReplicas: maxReplicas}}
+	}
+	g.Expect(RunsPods(nil, nil)).To(BeTrue(), "nil replicas means 1")
+	g.Expect(RunsPods(&one, nil)).To(BeTrue())
+	g.Expect(RunsPods(&zero, nil)).To(BeFalse(), "replicas 0 runs no pod")
+	g.Expect(RunsPods(&zero, hpa(&zero, 10))).To(BeFalse(), "an HPA that may scale to 0")
+	g.Expect(RunsPods(&zero, hpa(&one, 10))).To(BeTrue(), "an HPA with minReplicas 1 brings it up")
+	g.Expect(RunsPods(&zero, hpa(nil, 10))).To(BeTrue(), "minReplicas defaults to 1")
 }

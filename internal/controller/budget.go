@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strconv"
@@ -38,24 +39,29 @@ type workloadLoad struct {
 // Connections is the workload's worst case per Redis node.
 func (w workloadLoad) Connections() int64 { return w.Replicas * w.Pool }
 
-// budget is the cluster's worst case against Redis's limit. Every sidecar holds up to its pool
-// on every master, so the worst case is the same on each node and is compared with the
-// smallest maxclients among them.
+// budget is the fleet's worst case against Redis's limit. Every sidecar holds up to its pool
+// on every master, so the worst case is the same on each node. Redis's connections are shared
+// by namespace first (connbudget), so each namespace is judged against its own share, and a
+// namespace is told only of itself: what other tenants run, and the cluster's total, are
+// neither its business nor stable (a message carrying them would rewrite its status on every
+// change anywhere). The cluster's total is on the manager's metrics, for the admin.
 type budget struct {
 	Workloads  []workloadLoad // largest first
 	Manager    int64
 	MaxClients int64
+	// snap is what the pools were sized from; it gives each namespace's share.
+	snap *connbudget.Snapshot
 }
 
-func newBudget(loads []workloadLoad, manager, maxClients int64) budget {
+func newBudget(loads []workloadLoad, manager int64, snap *connbudget.Snapshot) budget {
 	loads = slices.Clone(loads)
 	slices.SortFunc(loads, func(a, b workloadLoad) int {
-		if c := int(b.Connections() - a.Connections()); c != 0 {
+		if c := cmp.Compare(b.Connections(), a.Connections()); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Ref.String(), b.Ref.String())
 	})
-	return budget{Workloads: loads, Manager: manager, MaxClients: maxClients}
+	return budget{Workloads: loads, Manager: manager, MaxClients: snap.MaxClients, snap: snap}
 }
 
 // WorstCase sums every workload at its maxReplicas with its full pool, plus the manager's.
@@ -67,25 +73,60 @@ func (b budget) WorstCase() int64 {
 	return n
 }
 
-// Over reports whether the worst case exceeds maxclients.
-func (b budget) Over() bool { return b.WorstCase() > b.MaxClients }
+// Namespaces splits the budget by namespace.
+func (b budget) Namespaces() map[string]namespaceBudget {
+	out := map[string]namespaceBudget{}
+	for _, w := range b.Workloads {
+		nb, ok := out[w.Ref.Namespace]
+		if !ok {
+			nb = namespaceBudget{Namespace: w.Ref.Namespace, Share: b.snap.NamespaceShare(w.Ref)}
+		}
+		nb.Workloads = append(nb.Workloads, w) // stays largest first
+		out[w.Ref.Namespace] = nb
+	}
+	return out
+}
 
-// Summary says the numbers as a person reads them: "worst case 12,400 connections at
-// maxReplicas (shop/checkout 50 x 16, ...), Redis maxclients 10,000". It names the five largest
-// workloads; the rest are counted.
-func (b budget) Summary() string {
+// namespaceBudget is one namespace's worst case against its share of Redis's connections.
+type namespaceBudget struct {
+	Namespace string
+	Workloads []workloadLoad // largest first
+	// Share is the namespace's even share of maxclients minus the reserve.
+	Share int64
+}
+
+// WorstCase sums the namespace's workloads at maxReplicas with their full pools.
+func (n namespaceBudget) WorstCase() int64 {
+	var sum int64
+	for _, w := range n.Workloads {
+		sum += w.Connections()
+	}
+	return sum
+}
+
+// Over reports whether the namespace can open more than its share.
+func (n namespaceBudget) Over() bool { return n.WorstCase() > n.Share }
+
+// Summary says the numbers as a person reads them: "namespace shop's worst case 1,200
+// connections per Redis node at maxReplicas (deployment checkout 50 x 16, ...), over its share
+// of Redis's connections, 950". It names the namespace's five largest workloads; the rest are
+// counted.
+func (n namespaceBudget) Summary() string {
 	const shown = 5
 	var parts []string
-	for i, w := range b.Workloads {
+	for i, w := range n.Workloads {
 		if i == shown {
-			parts = append(parts, fmt.Sprintf("%d more", len(b.Workloads)-shown))
+			parts = append(parts, fmt.Sprintf("%d more", len(n.Workloads)-shown))
 			break
 		}
-		parts = append(parts, fmt.Sprintf("%s %s/%s %d x %d", strings.ToLower(w.Ref.Kind), w.Ref.Namespace, w.Ref.Name, w.Replicas, w.Pool))
+		parts = append(parts, fmt.Sprintf("%s %s %d x %d", strings.ToLower(w.Ref.Kind), w.Ref.Name, w.Replicas, w.Pool))
 	}
-	parts = append(parts, "manager "+strconv.FormatInt(b.Manager, 10))
-	return fmt.Sprintf("worst case %s connections per Redis node at maxReplicas (%s), Redis maxclients %s",
-		thousands(b.WorstCase()), strings.Join(parts, ", "), thousands(b.MaxClients))
+	rel := "within"
+	if n.Over() {
+		rel = "over"
+	}
+	return fmt.Sprintf("namespace %s's worst case %s connections per Redis node at maxReplicas (%s), %s its share of Redis's connections, %s",
+		n.Namespace, thousands(n.WorstCase()), strings.Join(parts, ", "), rel, thousands(n.Share))
 }
 
 // thousands writes n with comma separators (12400 -> "12,400").

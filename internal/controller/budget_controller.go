@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,7 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -47,9 +49,9 @@ const (
 var budgetRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "redis-connection-budget"}}
 
 // BudgetReconciler adds up the Redis connections that injected workloads can open at their
-// maxReplicas and reports the total against Redis's maxclients. It is a reconciler of its own,
-// not part of NamespaceReconciler, because its answer is cluster-wide: one namespace's HPA
-// changes the condition of policies in every other namespace that shares the over-budget total.
+// maxReplicas and reports each namespace's total against its share of Redis's maxclients. It
+// is a reconciler of its own, not part of NamespaceReconciler, because the shares are
+// cluster-wide: how many namespaces share Redis sizes every namespace's pools.
 type BudgetReconciler struct {
 	client.Client
 	// Policies reads RateLimitPolicies as unstructured objects (see listPolicies).
@@ -66,6 +68,10 @@ type BudgetReconciler struct {
 	// MaxBackoff caps the retry delay while Redis is down (default 30s), so that the condition
 	// recovers soon after Redis does.
 	MaxBackoff time.Duration
+	// Coalesce is how long a change waits for others before the pass it triggers (default 1s):
+	// every workload, HPA and policy change of the cluster maps to the one budget request, and
+	// a tenant that churns its objects gets one pass per Coalesce, not one per change.
+	Coalesce time.Duration
 
 	// Budget receives the snapshot the pod injector sizes pools from; nil publishes nothing.
 	Budget *connbudget.Publisher
@@ -80,9 +86,11 @@ type BudgetReconciler struct {
 	maxClients int64
 	// last is each workload's connections at the last computed budget, to tell which one
 	// pushed the total over.
-	last    map[workloadRef]int64
-	wasOver bool
-	// blamed are the objects given an OverBudget Event, told when the total is back within.
+	last map[workloadRef]int64
+	// wasOver are the namespaces over their share at the last computed budget.
+	wasOver map[string]bool
+	// blamed are the objects given an OverBudget Event, told when their namespace is back
+	// within its share.
 	blamed map[workloadRef]client.Object
 }
 
@@ -116,7 +124,7 @@ func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 	leader := r.leader()
 	var b budget
 	if redisErr == nil {
-		b = newBudget(loads, r.ManagerConnections, r.maxClients)
+		b = newBudget(loads, r.ManagerConnections, snap)
 		recordBudgetMetrics(b, nodes)
 		if leader {
 			r.recordEvents(b)
@@ -137,15 +145,19 @@ func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 
 // snapshot is what the injector needs to size the pools of new pods as loads are counted.
 func (r *BudgetReconciler) snapshot(loads []workloadLoad) *connbudget.Snapshot {
-	s := &connbudget.Snapshot{
+	return &connbudget.Snapshot{
 		MaxClients: r.maxClients,
 		Reserve:    connbudget.Reserve(r.maxClients, r.ManagerConnections),
-		Workloads:  make(map[connbudget.Workload]struct{}, len(loads)),
+		Workloads:  workloadSet(loads),
 	}
+}
+
+func workloadSet(loads []workloadLoad) map[connbudget.Workload]struct{} {
+	out := make(map[connbudget.Workload]struct{}, len(loads))
 	for _, w := range loads {
-		s.Workloads[w.Ref] = struct{}{}
+		out[w.Ref] = struct{}{}
 	}
-	return s
+	return out
 }
 
 // sizePools gives the workloads without the annotation the pool the injector gives their pods.
@@ -179,18 +191,21 @@ func minMaxClients(nodes []NodeClients) int64 {
 	return m
 }
 
-// workloads lists the injected Deployments, StatefulSets and ReplicaSets without a Deployment,
-// with their largest replica count and, where the annotation sets it, their pool.
+// workloads lists the injected Deployments, StatefulSets and ReplicaSets without a Deployment
+// that can run pods, with their largest replica count and, where the annotation sets it, their
+// pool. A workload that runs no pod (replicas 0) takes no share: creating empty ones changes no
+// pool. The lists are the cache's own objects, slimmed by CacheOptions and not copied
+// (UnsafeDisableDeepCopy): nothing here writes to them.
 func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error) {
 	var hpas autoscalingv2.HorizontalPodAutoscalerList
-	if err := r.List(ctx, &hpas); err != nil {
+	if err := r.List(ctx, &hpas, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing horizontalpodautoscalers: %w", err)
 	}
 	scalers := connbudget.Scalers(hpas.Items)
 
 	var out []workloadLoad
 	add := func(kind string, obj client.Object, replicas *int32, tmpl *corev1.PodTemplateSpec) {
-		if tmpl.Annotations[contract.AnnotationInject] != "true" {
+		if tmpl.Annotations[contract.AnnotationInject] != "true" || obj.GetDeletionTimestamp() != nil {
 			return
 		}
 		w := workloadLoad{
@@ -198,8 +213,11 @@ func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error
 			PodLabels: tmpl.Labels,
 			target:    obj,
 		}
-		w.Pool, w.Explicit = poolSize(tmpl.Annotations)
 		h := scalers[w.Ref]
+		if !connbudget.RunsPods(replicas, h) {
+			return
+		}
+		w.Pool, w.Explicit = poolSize(tmpl.Annotations)
 		w.Replicas = connbudget.MaxReplicas(replicas, h)
 		if h != nil {
 			w.HPA, w.target = h.Name, h
@@ -207,7 +225,7 @@ func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error
 		out = append(out, w)
 	}
 	var deps appsv1.DeploymentList
-	if err := r.List(ctx, &deps); err != nil {
+	if err := r.List(ctx, &deps, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing deployments: %w", err)
 	}
 	for i := range deps.Items {
@@ -215,7 +233,7 @@ func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error
 		add("Deployment", d, d.Spec.Replicas, &d.Spec.Template)
 	}
 	var sets appsv1.StatefulSetList
-	if err := r.List(ctx, &sets); err != nil {
+	if err := r.List(ctx, &sets, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing statefulsets: %w", err)
 	}
 	for i := range sets.Items {
@@ -223,7 +241,7 @@ func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error
 		add("StatefulSet", s, s.Spec.Replicas, &s.Spec.Template)
 	}
 	var rss appsv1.ReplicaSetList
-	if err := r.List(ctx, &rss); err != nil {
+	if err := r.List(ctx, &rss, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing replicasets: %w", err)
 	}
 	for i := range rss.Items {
@@ -255,40 +273,53 @@ func poolSize(ann map[string]string) (pool int64, explicit bool) {
 	return 0, false
 }
 
-// recordEvents tells a person which workload took the total over, and when it is back within.
-// The culprit is the workload whose connections grew since the last computation; after a
-// restart, with nothing to compare, it is the largest.
+// recordEvents tells a person which workload took its namespace over its share, and when the
+// namespace is back within. The culprit is a workload of that namespace whose connections grew
+// since the last computation; after a restart, with nothing to compare, it is the namespace's
+// largest. The Event names nothing outside the namespace.
 func (r *BudgetReconciler) recordEvents(b budget) {
 	if r.blamed == nil {
 		r.blamed = map[workloadRef]client.Object{}
 	}
-	over := b.Over()
-	if over {
+	byNS := b.Namespaces()
+	over := map[string]bool{}
+	for _, ns := range slices.Sorted(maps.Keys(byNS)) {
+		nb := byNS[ns]
+		if !nb.Over() {
+			continue
+		}
+		over[ns] = true
 		var pushers []workloadLoad
-		for _, w := range b.Workloads {
+		for _, w := range nb.Workloads {
 			if prev, seen := r.last[w.Ref]; r.last != nil && (!seen || w.Connections() > prev) {
 				pushers = append(pushers, w)
 			}
 		}
-		if !r.wasOver && len(pushers) == 0 && len(b.Workloads) > 0 {
-			pushers = b.Workloads[:1]
+		if !r.wasOver[ns] && len(pushers) == 0 {
+			pushers = nb.Workloads[:1]
 		}
 		for _, w := range pushers {
 			r.blamed[w.Ref] = w.target
 			if r.Recorder != nil {
 				r.Recorder.Eventf(w.target, nil, corev1.EventTypeWarning, ReasonOverBudget, "RedisConnectionBudget",
-					"%s at %d replicas x %d connections takes Redis over its connection budget: %s; lower maxReplicas or %s, or raise maxclients",
-					w.Ref, w.Replicas, w.Pool, b.Summary(), contract.AnnotationRedisPoolSize)
+					"%s at %d replicas x %d connections takes its namespace over its share of Redis's connections: %s; lower maxReplicas or %s",
+					w.Ref, w.Replicas, w.Pool, nb.Summary(), contract.AnnotationRedisPoolSize)
 			}
 		}
-	} else if r.wasOver {
-		for _, obj := range r.blamed {
-			if r.Recorder != nil {
-				r.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, ReasonWithinBudget, "RedisConnectionBudget",
-					"Redis connections are within budget again: %s", b.Summary())
-			}
+	}
+	for ref, obj := range r.blamed {
+		if over[ref.Namespace] {
+			continue
 		}
-		clear(r.blamed)
+		if r.Recorder != nil {
+			msg := "namespace " + ref.Namespace + " runs no injected workload any more"
+			if nb, ok := byNS[ref.Namespace]; ok {
+				msg = nb.Summary()
+			}
+			r.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, ReasonWithinBudget, "RedisConnectionBudget",
+				"Redis connections are within the namespace's share again: %s", msg)
+		}
+		delete(r.blamed, ref)
 	}
 	r.wasOver = over
 	r.last = map[workloadRef]int64{}
@@ -298,10 +329,22 @@ func (r *BudgetReconciler) recordEvents(b budget) {
 }
 
 // updatePolicies writes the RedisConnectionBudget condition of every policy, where it changed.
+// The policies are the cache's, not copied: decodePolicy makes the copy that is written.
 func (r *BudgetReconciler) updatePolicies(ctx context.Context, b budget, loads []workloadLoad, redisErr error) error {
 	list := newPolicyList()
-	if err := r.policyReader().List(ctx, list); err != nil {
+	if err := r.policyReader().List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("listing ratelimitpolicies: %w", err)
+	}
+	byNS := b.Namespaces()
+	if redisErr != nil {
+		// Without maxclients there is no share; the pools of the namespaces are still known.
+		byNS = map[string]namespaceBudget{}
+		for _, w := range loads {
+			nb := byNS[w.Ref.Namespace]
+			nb.Namespace = w.Ref.Namespace
+			nb.Workloads = append(nb.Workloads, w)
+			byNS[w.Ref.Namespace] = nb
+		}
 	}
 	var errs []error
 	for i := range list.Items {
@@ -309,7 +352,7 @@ func (r *BudgetReconciler) updatePolicies(ctx context.Context, b budget, loads [
 		if err != nil {
 			continue // the namespace reconciler reports it Undecodable
 		}
-		status, reason, msg := budgetCondition(p, b, loads, redisErr)
+		status, reason, msg := budgetCondition(p, byNS[p.Namespace], redisErr)
 		want := p.Status.DeepCopy()
 		meta.SetStatusCondition(&want.Conditions, metav1.Condition{
 			Type: v1alpha1.ConditionRedisConnectionBudget, Status: status, Reason: reason,
@@ -329,32 +372,32 @@ func (r *BudgetReconciler) updatePolicies(ctx context.Context, b budget, loads [
 	return errors.Join(errs...)
 }
 
-// budgetCondition is the condition one policy carries: False when a workload it targets is
-// part of an over-budget total.
-func budgetCondition(p *v1alpha1.RateLimitPolicy, b budget, loads []workloadLoad, redisErr error) (metav1.ConditionStatus, string, string) {
+// budgetCondition is the condition one policy carries: False when its namespace can open more
+// than its share and a workload the policy targets is part of that. It names only the
+// namespace's own workloads and numbers.
+func budgetCondition(p *v1alpha1.RateLimitPolicy, nb namespaceBudget, redisErr error) (metav1.ConditionStatus, string, string) {
 	if redisErr != nil {
 		return metav1.ConditionUnknown, ReasonBudgetUnknown, "Redis's maxclients or connected_clients cannot be read: " + redisErr.Error()
 	}
 	var mine []string
 	if sel, err := metav1.LabelSelectorAsSelector(&p.Spec.TargetSelector); err == nil {
-		for _, w := range loads {
-			if w.Ref.Namespace == p.Namespace && sel.Matches(labels.Set(w.PodLabels)) {
+		for _, w := range nb.Workloads {
+			if sel.Matches(labels.Set(w.PodLabels)) {
 				mine = append(mine, fmt.Sprintf("%s %d x %d", w.Ref, w.Replicas, w.Pool))
 			}
 		}
 	}
 	if len(mine) == 0 {
-		// No total here, nor in WithinBudget: a message that carried the cluster's total would
-		// rewrite every policy's status on every change of any workload.
-		return metav1.ConditionTrue, ReasonNoInjectedWorkloads, "no injected Deployment, StatefulSet or ReplicaSet of the namespace matches targetSelector"
+		return metav1.ConditionTrue, ReasonNoInjectedWorkloads, "no injected Deployment, StatefulSet or ReplicaSet of the namespace that runs pods matches targetSelector"
 	}
+	slices.Sort(mine)
 	targets := "this policy's workloads at maxReplicas x pool: " + strings.Join(mine, ", ")
-	if b.Over() {
-		return metav1.ConditionFalse, ReasonOverBudget, b.Summary() + "; " + targets +
-			"; at that scale Redis refuses connections and every policy falls back to its failureMode: lower maxReplicas or " +
-			contract.AnnotationRedisPoolSize + ", or raise maxclients"
+	if nb.Over() {
+		return metav1.ConditionFalse, ReasonOverBudget, nb.Summary() + "; " + targets +
+			"; at that scale the namespace takes connections other namespaces are promised, and when Redis refuses connections its policies fall back to their failureMode: lower maxReplicas or " +
+			contract.AnnotationRedisPoolSize
 	}
-	return metav1.ConditionTrue, ReasonWithinBudget, "within Redis's connection budget; " + targets
+	return metav1.ConditionTrue, ReasonWithinBudget, "within the namespace's share of Redis's connections; " + targets
 }
 
 func (r *BudgetReconciler) policyReader() client.Reader {
@@ -378,12 +421,41 @@ func (r *BudgetReconciler) interval() time.Duration {
 	return 30 * time.Second
 }
 
+func (r *BudgetReconciler) coalesce() time.Duration {
+	if r.Coalesce > 0 {
+		return r.Coalesce
+	}
+	return time.Second
+}
+
+// coalescing enqueues the budget request a while after a change, so that the changes of that
+// while make one pass (the delaying queue keeps the earliest time of one key).
+type coalescing struct{ delay time.Duration }
+
+func (c coalescing) add(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	q.AddAfter(budgetRequest, c.delay)
+}
+
+func (c coalescing) Create(_ context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	c.add(q)
+}
+
+func (c coalescing) Update(_ context.Context, _ event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	c.add(q)
+}
+
+func (c coalescing) Delete(_ context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	c.add(q)
+}
+
+func (c coalescing) Generic(_ context.Context, _ event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	c.add(q)
+}
+
 // SetupWithManager registers the reconciler: every change of a workload, an HPA or a policy
-// maps to the one budget request.
+// maps to the one budget request, coalesced (see Coalesce).
 func (r *BudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{budgetRequest}
-	})
+	all := coalescing{delay: r.coalesce()}
 	maxBackoff := r.MaxBackoff
 	if maxBackoff == 0 {
 		maxBackoff = 30 * time.Second

@@ -151,16 +151,16 @@ var _ = Describe("Pools sized from the Redis connection budget", func() {
 			pool, warns := admitPod(g, ctx, pinnedRS)
 			g.Expect(pool).To(Equal("8"), "the annotation wins")
 			g.Expect(warns).To(ConsistOf(fmt.Sprintf("redline: redline.dev/redis-pool-size=8 x maxReplicas 30 = 240 connections per Redis node, "+
-				"more than Deployment %s/pinned's even share of Redis's connection budget, 93 (maxclients 200 - reserve 14, over 2 workloads); "+
-				"without the annotation its pods would get 3", ns)))
+				"more than Deployment %s/pinned's even share of Redis's connection budget, 93 (maxclients 200 - reserve 14, over 1 namespace(s), "+
+				"then 2 workload(s) of namespace %s); without the annotation its pods would get 3", ns, ns)))
 			pool, warns = admitPod(g, ctx, checkoutRS)
 			g.Expect(pool).To(Equal("16"), "93 / 5, capped at the default")
 			g.Expect(warns).To(BeEmpty())
 
-			// 30 x 8 + 5 x 16 + 4 = 324 > 200.
+			// 30 x 8 + 5 x 16 = 320 > 186, the namespace's share.
 			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
 			g.Expect(c.Reason).To(Equal(controller.ReasonOverBudget))
-			g.Expect(c.Message).To(ContainSubstring("worst case 324 connections per Redis node at maxReplicas (deployment " + ns + "/pinned 30 x 8, deployment " + ns + "/checkout 5 x 16, manager 4)"))
+			g.Expect(c.Message).To(ContainSubstring("namespace " + ns + "'s worst case 320 connections per Redis node at maxReplicas (deployment pinned 30 x 8, deployment checkout 5 x 16), over its share of Redis's connections, 186"))
 			g.Expect(eventsAbout(g, ctx, ns, "HorizontalPodAutoscaler", "pinned")).To(ContainElement(
 				HavePrefix("Warning/" + controller.ReasonOverBudget + ": Deployment " + ns + "/pinned at 30 replicas x 8 connections")))
 		}, timeout, interval).Should(Succeed())
@@ -174,7 +174,7 @@ var _ = Describe("Pools sized from the Redis connection budget", func() {
 			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
 			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
 			g.Expect(eventsAbout(g, ctx, ns, "HorizontalPodAutoscaler", "pinned")).To(ContainElement(
-				HavePrefix("Normal/" + controller.ReasonWithinBudget + ": Redis connections are within budget again")))
+				HavePrefix("Normal/" + controller.ReasonWithinBudget + ": Redis connections are within the namespace's share again")))
 		}, timeout, interval).Should(Succeed())
 	})
 

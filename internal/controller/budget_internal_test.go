@@ -14,9 +14,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/connbudget"
@@ -24,47 +27,73 @@ import (
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
-func TestBudgetSummary(t *testing.T) {
+func TestNamespaceBudgetSummary(t *testing.T) {
 	load := func(ns, name string, replicas, pool int64) workloadLoad {
 		return workloadLoad{Ref: workloadRef{Kind: "Deployment", Namespace: ns, Name: name}, Replicas: replicas, Pool: pool}
 	}
 	tests := []struct {
 		name  string
 		loads []workloadLoad
-		max   int64
+		share int64
 		over  bool
 		want  string
 	}{{
-		name:  "the issue's example: largest first, thousands separated",
-		loads: []workloadLoad{load("shop", "search", 20, 16), load("shop", "checkout", 50, 16), load("ops", "reports", 1, 16), {Ref: workloadRef{Kind: "StatefulSet", Namespace: "shop", Name: "cart"}, Replicas: 50, Pool: 200}},
-		max:   10000,
+		name:  "largest first, thousands separated",
+		loads: []workloadLoad{{Ref: workloadRef{Kind: "StatefulSet", Namespace: "shop", Name: "cart"}, Replicas: 50, Pool: 200}, load("shop", "checkout", 50, 16), load("shop", "search", 20, 16)},
+		share: 10000,
 		over:  true,
-		want:  "worst case 11,140 connections per Redis node at maxReplicas (statefulset shop/cart 50 x 200, deployment shop/checkout 50 x 16, deployment shop/search 20 x 16, deployment ops/reports 1 x 16, manager 4), Redis maxclients 10,000",
+		want:  "namespace shop's worst case 11,120 connections per Redis node at maxReplicas (statefulset cart 50 x 200, deployment checkout 50 x 16, deployment search 20 x 16), over its share of Redis's connections, 10,000",
 	}, {
-		name:  "exactly at maxclients is within",
+		name:  "exactly at the share is within",
 		loads: []workloadLoad{load("a", "x", 6, 16)},
-		max:   100,
-		want:  "worst case 100 connections per Redis node at maxReplicas (deployment a/x 6 x 16, manager 4), Redis maxclients 100",
+		share: 96,
+		want:  "namespace a's worst case 96 connections per Redis node at maxReplicas (deployment x 6 x 16), within its share of Redis's connections, 96",
 	}, {
 		name: "more than five workloads: the rest are counted",
 		loads: []workloadLoad{load("a", "a1", 1, 2), load("a", "a2", 1, 2), load("a", "a3", 1, 2),
 			load("a", "a4", 1, 2), load("a", "a5", 1, 2), load("a", "a6", 1, 2), load("a", "a7", 1, 2)},
-		max:  10,
-		over: true,
-		want: "worst case 18 connections per Redis node at maxReplicas (deployment a/a1 1 x 2, deployment a/a2 1 x 2, deployment a/a3 1 x 2, deployment a/a4 1 x 2, deployment a/a5 1 x 2, 2 more, manager 4), Redis maxclients 10",
-	}, {
-		name: "no injected workloads: the manager alone",
-		max:  1000000,
-		want: "worst case 4 connections per Redis node at maxReplicas (manager 4), Redis maxclients 1,000,000",
+		share: 10,
+		over:  true,
+		want:  "namespace a's worst case 14 connections per Redis node at maxReplicas (deployment a1 1 x 2, deployment a2 1 x 2, deployment a3 1 x 2, deployment a4 1 x 2, deployment a5 1 x 2, 2 more), over its share of Redis's connections, 10",
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			b := newBudget(tt.loads, ManagerRedisPoolSize, tt.max)
-			g.Expect(b.Summary()).To(Equal(tt.want))
-			g.Expect(b.Over()).To(Equal(tt.over))
+			nb := namespaceBudget{Namespace: tt.loads[0].Ref.Namespace, Workloads: tt.loads, Share: tt.share}
+			g.Expect(nb.Summary()).To(Equal(tt.want))
+			g.Expect(nb.Over()).To(Equal(tt.over))
 		})
 	}
+}
+
+// Issue 18: the condition named the five largest workloads of the cluster, other tenants'
+// included, and carried the cluster's total. Each namespace's budget names only its own, and
+// another namespace's growth does not change its message.
+func TestNamespaceBudgetsNameOnlyTheirOwn(t *testing.T) {
+	g := NewWithT(t)
+	load := func(ns, name string, replicas int64) workloadLoad {
+		return workloadLoad{Ref: workloadRef{Kind: "Deployment", Namespace: ns, Name: name}, Replicas: replicas,
+			PodLabels: map[string]string{"app": name}}
+	}
+	r := &BudgetReconciler{ManagerConnections: 4, maxClients: 1000}
+	p := &v1alpha1.RateLimitPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "victim", Name: "p"},
+		Spec: v1alpha1.RateLimitPolicySpec{TargetSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}}}
+	messages := func(attackerReplicas int64) (string, string) {
+		loads := []workloadLoad{load("victim", "api", 50), load("attacker", "huge", attackerReplicas), load("attacker", "big", 400)}
+		snap := r.snapshot(loads)
+		sizePools(loads, snap)
+		b := newBudget(loads, 4, snap)
+		_, _, msg := budgetCondition(p, b.Namespaces()["victim"], nil)
+		return msg, b.Namespaces()["victim"].Summary()
+	}
+	msg, summary := messages(100000)
+	for _, s := range []string{msg, summary} {
+		g.Expect(s).NotTo(ContainSubstring("attacker"))
+		g.Expect(s).NotTo(ContainSubstring("huge"))
+	}
+	g.Expect(msg).To(ContainSubstring("Deployment victim/api 50 x 9"), "(1,000 - 54) / 2 namespaces / 50 replicas")
+	again, _ := messages(1000000)
+	g.Expect(again).To(Equal(msg), "the attacker's maxReplicas changes nothing in the victim's status")
 }
 
 func TestPoolSizeAnnotation(t *testing.T) {
@@ -102,9 +131,9 @@ func TestSizePoolsCountsWhatTheInjectorInjects(t *testing.T) {
 	for _, w := range loads[:3] {
 		g.Expect(w.Pool).To(Equal(snap.PoolSize(w.Ref, w.Replicas)))
 	}
-	b := newBudget(loads, 4, 10000)
+	b := newBudget(loads, 4, snap)
 	g.Expect(b.WorstCase()).To(Equal(int64(500*4 + 200*11 + 75*16 + 10*32 + 4)))
-	g.Expect(b.Over()).To(BeFalse())
+	g.Expect(b.Namespaces()["shop"].Over()).To(BeFalse())
 
 	r.maxClients = 0
 	unknown := []workloadLoad{load("checkout", 500, 0)}
@@ -221,4 +250,19 @@ func TestBudgetOnFollowers(t *testing.T) {
 	_, err = r.Reconcile(context.Background(), budgetRequest)
 	g.Expect(err).To(HaveOccurred())
 	g.Expect(budget.Load().MaxClients).To(Equal(int64(300)))
+}
+
+// A burst of changes anywhere in the cluster makes one budget pass, not one per change.
+func TestBudgetChangesCoalesce(t *testing.T) {
+	g := NewWithT(t)
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+	defer q.ShutDown()
+	h := coalescing{delay: 50 * time.Millisecond}
+	for range 100 {
+		h.Update(context.Background(), event.UpdateEvent{}, q)
+		h.Create(context.Background(), event.CreateEvent{}, q)
+	}
+	g.Expect(q.Len()).To(BeZero(), "nothing is queued before the delay")
+	g.Eventually(q.Len).Should(Equal(1))
+	g.Consistently(q.Len, 200*time.Millisecond).Should(Equal(1), "200 changes, one pass")
 }

@@ -126,7 +126,7 @@ var _ = Describe("Redis connection budget", func() {
 			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
 			// Only the policy's own workloads: a total in every policy's message would rewrite
 			// them all on every change anywhere.
-			g.Expect(c.Message).To(Equal("within Redis's connection budget; this policy's workloads at maxReplicas x pool: Deployment " + shop + "/checkout 5 x 8"))
+			g.Expect(c.Message).To(Equal("within the namespace's share of Redis's connections; this policy's workloads at maxReplicas x pool: Deployment " + shop + "/checkout 5 x 8"))
 			g.Expect(gauge(g, "redline_redis_connections_worst_case", nil)).To(Equal(76.0))
 			g.Expect(gauge(g, "redline_redis_maxclients", nil)).To(Equal(float64(budgetMaxClients)))
 			g.Expect(gauge(g, "redline_redis_connected_clients", nil)).To(BeNumerically(">", 0))
@@ -134,7 +134,7 @@ var _ = Describe("Redis connection budget", func() {
 				map[string]string{"namespace": shop, "name": "search"})).To(Equal(32.0))
 		}, timeout, interval).Should(Succeed())
 
-		By("scaling maxReplicas past the budget: 30 x 8 + 32 + 4 = 276 > 200")
+		By("scaling maxReplicas past the namespace's share: 30 x 8 + 32 = 272 > (200 - 14) / 1 namespace")
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(hpa), hpa)).To(Succeed())
 		hpa.Spec.MaxReplicas = 30
 		Expect(k8s.Update(ctx, hpa)).To(Succeed())
@@ -142,11 +142,11 @@ var _ = Describe("Redis connection budget", func() {
 			c := condition(g, ctx, shop, p.Name, v1alpha1.ConditionRedisConnectionBudget)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
 			g.Expect(c.Reason).To(Equal(controller.ReasonOverBudget))
-			g.Expect(c.Message).To(ContainSubstring("worst case 276 connections per Redis node at maxReplicas (deployment " + shop + "/checkout 30 x 8, deployment " + shop + "/search 2 x 16, manager 4), Redis maxclients 200"))
+			g.Expect(c.Message).To(ContainSubstring("namespace " + shop + "'s worst case 272 connections per Redis node at maxReplicas (deployment checkout 30 x 8, deployment search 2 x 16), over its share of Redis's connections, 186"))
 			g.Expect(c.Message).To(ContainSubstring("lower maxReplicas"))
 			g.Expect(eventsAbout(g, ctx, shop, "HorizontalPodAutoscaler", "checkout")).To(ContainElement(SatisfyAll(
 				HavePrefix("Warning/"+controller.ReasonOverBudget+": Deployment "+shop+"/checkout at 30 replicas x 8 connections"),
-				ContainSubstring("worst case 276"))))
+				ContainSubstring("worst case 272"))))
 			g.Expect(gauge(g, "redline_redis_connections_worst_case", nil)).To(Equal(276.0))
 		}, timeout, interval).Should(Succeed())
 		// The workload that did not change is not blamed.
@@ -173,11 +173,11 @@ var _ = Describe("Redis connection budget", func() {
 			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
 			g.Expect(c.Message).To(HaveSuffix("checkout 5 x 8"))
 			g.Expect(eventsAbout(g, ctx, shop, "HorizontalPodAutoscaler", "checkout")).To(ContainElement(
-				HavePrefix("Normal/" + controller.ReasonWithinBudget + ": Redis connections are within budget again")))
+				HavePrefix("Normal/" + controller.ReasonWithinBudget + ": Redis connections are within the namespace's share again")))
 			g.Expect(gauge(g, "redline_redis_connections_worst_case", nil)).To(Equal(76.0))
 		}, timeout, interval).Should(Succeed())
 
-		By("a Deployment without an HPA counts at spec.replicas, with the pool the injector gives it: 93 / 11 = 8")
+		By("a Deployment without an HPA counts at spec.replicas, with the pool the injector gives it: 186 / 2 / 11 = 8")
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(search), search)).To(Succeed())
 		search.Spec.Replicas = ptr.To[int32](11)
 		Expect(k8s.Update(ctx, search)).To(Succeed())
@@ -195,7 +195,7 @@ var _ = Describe("Redis connection budget", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, shop, p.Name, v1alpha1.ConditionRedisConnectionBudget)
 			g.Expect(c.Reason).To(Equal(controller.ReasonOverBudget))
-			g.Expect(c.Message).To(ContainSubstring("worst case 220"))
+			g.Expect(c.Message).To(ContainSubstring("worst case 216"))
 			g.Expect(eventsAbout(g, ctx, shop, "Deployment", "search")).To(ContainElement(
 				HavePrefix("Warning/" + controller.ReasonOverBudget + ": Deployment " + shop + "/search at 11 replicas x 16")))
 		}, timeout, interval).Should(Succeed())

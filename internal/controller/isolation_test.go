@@ -97,8 +97,7 @@ var _ = Describe("One namespace cannot stop the others", Ordered, func() {
 		}, timeout, interval).Should(Succeed())
 
 		// Random printable header values hardly compress: two policies of 16 rules of 16 x 4000
-		// bytes are over 1 MiB either way, while each object stays within what etcd stores. The
-		// first one still fits compressed; the second does not.
+		// bytes are over 1 MiB either way, while each object stays within what etcd stores.
 		const printable = "!#$%&'*+-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ^_`abcdefghijklmnopqrstuvwxyz|~"
 		var bigs []*v1alpha1.RateLimitPolicy
 		for _, name := range []string{"big", "bigger"} {
@@ -126,9 +125,10 @@ var _ = Describe("One namespace cannot stop the others", Ordered, func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, "big", v1alpha1.ConditionProgrammed)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonConfigMapTooLarge))
+			g.Expect(c.Reason).To(Equal(controller.ReasonDocumentTooLarge))
 			g.Expect(c.Message).To(ContainSubstring("the policies of namespace " + ns + " compile to"))
-			g.Expect(c.Message).To(MatchRegexp(`\(\d+ gzip-compressed\), over the 1048576 bytes a ConfigMap holds`))
+			g.Expect(c.Message).To(ContainSubstring(fmt.Sprintf("over the %d bytes a sidecar loads within its default memory limit", policydoc.MaxDocumentBytes)))
+			g.Expect(c.Message).To(ContainSubstring("these policies do not fit (the oldest are kept first): big, bigger."))
 			doc, _ := document(g, ctx, ns)
 			inForce = doc.Hash
 			g.Expect(c.Message).To(ContainSubstring("keeps the last configuration that fit (hash %.12s) in force", inForce))
@@ -169,5 +169,3 @@ func newPolicyObject(ns, name string) client.Object {
 	p.Namespace, p.Name = ns, name
 	return p
 }
-
-var _ = policydoc.ConfigMapName

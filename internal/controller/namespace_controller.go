@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,8 +30,8 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 )
 
-// Labels on the ConfigMaps the controller owns. The manager's cache only holds ConfigMaps that
-// carry ManagedByLabel, so it never caches the cluster's other ConfigMaps.
+// Labels on the ConfigMaps the controller owns. The manager's cache only holds ConfigMaps named
+// redline-policies, slimmed (CacheOptions), so it never caches the cluster's other ConfigMaps.
 const (
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	ManagedByValue = "redline"
@@ -73,8 +74,16 @@ type NamespaceReconciler struct {
 	ResyncInterval time.Duration
 	// MaxDocumentBytes is the largest ConfigMap payload written (default MaxConfigMapBytes).
 	MaxDocumentBytes int
+	// Direct reads the API server, for the rare read of a ConfigMap's content (the manager's
+	// cache holds none); nil reads through Client.
+	Direct client.Reader
 
-	health reconcileHealth
+	// accepted is, per namespace, the last accepted compilation of each policy (by UID): the
+	// record, of the controller's own, from which an invalid update keeps the previous
+	// generation enforced. After a restart it starts from the document in force (see
+	// previousPolicies).
+	mu       sync.Mutex
+	accepted map[string]map[types.UID]policydoc.Policy
 }
 
 // +kubebuilder:rbac:groups=redline.dev,resources=ratelimitpolicies,verbs=get;list;watch
@@ -84,9 +93,7 @@ type NamespaceReconciler struct {
 
 // Reconcile brings the ConfigMap and the status of every policy of req.Namespace up to date.
 func (r *NamespaceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	res, err := r.reconcile(ctx, req.Namespace)
-	r.health.record(req.Namespace, err)
-	return res, err
+	return r.reconcile(ctx, req.Namespace)
 }
 
 func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Result, error) {
@@ -101,18 +108,21 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 		return ctrl.Result{}, err
 	}
 	if len(live) == 0 && len(undecodable) == 0 {
+		r.setAccepted(ns, nil)
 		return ctrl.Result{}, r.deleteConfigMap(ctx, current)
 	}
 
 	// Compile each policy on its own: one invalid policy never takes the others down. An
 	// invalid update keeps the last accepted version of that policy enforced.
-	previous := previousPolicies(current)
-	var outcomes []outcome
-	var compiledPolicies []policydoc.Policy
 	for _, u := range undecodable {
 		live = append(live, u.policy)
 	}
-	outcomes = make([]outcome, len(live))
+	outcomes := make([]outcome, len(live))
+	var compiledPolicies []policydoc.Policy
+	var order []sized
+	var previous map[string]policydoc.Policy
+	known := r.acceptedIn(ns)
+	accepted := map[types.UID]policydoc.Policy{}
 	for i, p := range live {
 		var cp policydoc.Policy
 		err := undecodableErr(undecodable, p)
@@ -120,21 +130,35 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 			cp, err = CompilePolicy(p)
 		}
 		outcomes[i] = outcome{policy: p, compileErr: err}
-		if err == nil {
-			compiledPolicies = append(compiledPolicies, cp)
-			continue
-		}
-		if old, ok := previous[p.Name]; ok {
-			compiledPolicies = append(compiledPolicies, old)
+		if err != nil {
+			old, ok := known[p.UID]
+			// Without a record of the namespace (this process has not written its document
+			// yet), the document in force is the record.
+			if !ok && known == nil {
+				if previous == nil {
+					previous = r.previousPolicies(ctx, ns, live)
+				}
+				old, ok = previous[p.Name]
+			}
+			if !ok {
+				continue
+			}
+			cp = old
 			outcomes[i].keptGeneration = old.Generation
 		}
+		accepted[p.UID] = cp
+		compiledPolicies = append(compiledPolicies, cp)
+		order = append(order, sized{policy: cp, order: p.CreationTimestamp.UTC().Format(time.RFC3339) + "/" + p.Name})
 	}
 
 	doc, data, err := policydoc.Build(ns, compiledPolicies, scripts.SHAs())
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	cmErr := r.writeConfigMap(ctx, ns, current, doc, data)
+	cmErr := r.writeConfigMap(ctx, ns, current, doc, data, order)
+	if cmErr == nil {
+		r.setAccepted(ns, accepted)
+	}
 	var tenantErr *tenantError
 	if errors.As(cmErr, &tenantErr) {
 		logger.Info("configmap not written", "namespace", ns, "reason", cmErr.Error())
@@ -204,7 +228,7 @@ func (r *NamespaceReconciler) enforcement(ctx context.Context, ns, policy string
 	return enforcement{err: err, members: members}
 }
 
-// redisError marks a reconcile error as Redis's, which readiness does not count.
+// redisError marks a reconcile error as Redis's: the scripts' status says so.
 type redisError struct{ err error }
 
 func (e *redisError) Error() string { return "loading scripts into redis: " + e.err.Error() }
@@ -218,8 +242,9 @@ func wrapRedis(err error) error {
 }
 
 // tenantError is a reconcile failure caused by what a namespace holds (a ConfigMap of the same
-// name that Redline does not manage, more policies than a ConfigMap holds): its status says
-// what to do, and it neither retries early nor counts against readiness.
+// name that Redline does not manage, an immutable ConfigMap, a quota or admission webhook that
+// refuses it, more policies than a sidecar loads): its policies' status says what to do, and it
+// does not retry sooner than the resync.
 type tenantError struct {
 	reason string // the Programmed reason; ConfigMapError when empty
 	err    error
@@ -261,19 +286,36 @@ func (r *NamespaceReconciler) currentConfigMap(ctx context.Context, ns string) (
 	return &cm, nil
 }
 
-// previousPolicies indexes the policies of the ConfigMap now in place. A document that does not
-// parse contributes nothing.
-func previousPolicies(cm *corev1.ConfigMap) map[string]policydoc.Policy {
+// previousPolicies indexes the policies of the document now in force, to keep the last
+// accepted generation of a policy whose update is invalid when this process has no record of
+// it (after a restart). It is read only then, from the API server (the cache holds no ConfigMap content), and trusted only as a record the controller
+// wrote: its bytes must be those of a document whose hash a policy's status carries (status is
+// written by the controller alone; the ConfigMap is the tenant's to edit), checked before it
+// is parsed, and its size is bounded before it is decompressed (documentOf). Anything else
+// contributes nothing.
+func (r *NamespaceReconciler) previousPolicies(ctx context.Context, ns string, live []*v1alpha1.RateLimitPolicy) map[string]policydoc.Policy {
 	out := map[string]policydoc.Policy{}
-	if cm == nil {
+	var cm corev1.ConfigMap
+	if err := r.direct().Get(ctx, types.NamespacedName{Namespace: ns, Name: policydoc.ConfigMapName}, &cm); err != nil {
 		return out
 	}
-	data, err := documentOf(cm)
+	data, err := documentOf(&cm)
 	if err != nil {
+		log.FromContext(ctx).Info("configmap in place not read", "namespace", ns, "reason", err.Error())
+		return out
+	}
+	vouched := false
+	for _, p := range live {
+		if h := p.Status.ConfigHash; h != "" && policydoc.Vouched(data, h) {
+			vouched = true
+			break
+		}
+	}
+	if !vouched {
 		return out
 	}
 	doc, err := policydoc.Parse(data)
-	if err != nil {
+	if err != nil || doc.Namespace != ns {
 		return out
 	}
 	for _, p := range doc.Policies {
@@ -282,41 +324,91 @@ func previousPolicies(cm *corev1.ConfigMap) map[string]policydoc.Policy {
 	return out
 }
 
-func (r *NamespaceReconciler) writeConfigMap(ctx context.Context, ns string, current *corev1.ConfigMap, doc *policydoc.Document, data []byte) error {
-	payload, err := encodeDocument(ns, doc, data, r.maxDocumentBytes(), current)
+func (r *NamespaceReconciler) acceptedIn(ns string) map[types.UID]policydoc.Policy {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.accepted[ns]
+}
+
+// setAccepted records what the document just written holds; nil forgets the namespace.
+func (r *NamespaceReconciler) setAccepted(ns string, m map[types.UID]policydoc.Policy) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m == nil {
+		delete(r.accepted, ns)
+		return
+	}
+	if r.accepted == nil {
+		r.accepted = map[string]map[types.UID]policydoc.Policy{}
+	}
+	r.accepted[ns] = m
+}
+
+func (r *NamespaceReconciler) direct() client.Reader {
+	if r.Direct != nil {
+		return r.Direct
+	}
+	return r.Client
+}
+
+func (r *NamespaceReconciler) writeConfigMap(ctx context.Context, ns string, current *corev1.ConfigMap, doc *policydoc.Document, data []byte, order []sized) error {
+	payload, err := encodeDocument(ns, doc, data, r.maxDocumentBytes(), current, order...)
 	if err != nil {
 		return err
 	}
+	name := ns + "/" + policydoc.ConfigMapName
+	if current != nil && current.Labels[ManagedByLabel] != ManagedByValue {
+		return notManaged(name, nil)
+	}
+	// What the controller owns of the ConfigMap, built afresh: nothing the tenant added (and
+	// nothing of the cache's slimmed copy) is carried over.
+	want := &corev1.ConfigMap{}
+	want.Namespace, want.Name = ns, policydoc.ConfigMapName
+	want.Labels = map[string]string{ManagedByLabel: ManagedByValue}
+	want.Annotations = map[string]string{HashAnnotation: doc.Hash}
+	payload.apply(want)
 	if current == nil {
-		cm := &corev1.ConfigMap{}
-		cm.Namespace, cm.Name = ns, policydoc.ConfigMapName
-		cm.Labels = map[string]string{ManagedByLabel: ManagedByValue}
-		cm.Annotations = map[string]string{HashAnnotation: doc.Hash}
-		payload.apply(cm)
-		if err := r.Create(ctx, cm); err != nil {
+		if err := r.Create(ctx, want); err != nil {
 			if apierrors.IsAlreadyExists(err) {
-				return &tenantError{err: fmt.Errorf("configmap %s/%s exists but is not managed by redline (label %s=%s missing); delete or rename it: %w",
-					ns, policydoc.ConfigMapName, ManagedByLabel, ManagedByValue, err)}
+				return notManaged(name, err)
 			}
-			return fmt.Errorf("creating configmap %s/%s: %w", ns, policydoc.ConfigMapName, err)
+			return apiRefused(fmt.Sprintf("creating configmap %s", name), err)
 		}
 		return nil
 	}
 	if payload.matches(current) && current.Annotations[HashAnnotation] == doc.Hash {
 		return nil
 	}
-	updated := current.DeepCopy()
-	if updated.Annotations == nil {
-		updated.Annotations = map[string]string{}
+	if current.Immutable != nil && *current.Immutable {
+		return &tenantError{err: fmt.Errorf("configmap %s is immutable, so the controller cannot update it; delete it and the controller recreates it: "+
+			"kubectl -n %s delete configmap %s", name, ns, policydoc.ConfigMapName)}
 	}
-	updated.Annotations[HashAnnotation] = doc.Hash
-	payload.apply(updated)
+	want.ResourceVersion, want.UID = current.ResourceVersion, current.UID
 	// Update, not patch: the resourceVersion makes a concurrent writer fail instead of being
 	// overwritten silently.
-	if err := r.Update(ctx, updated); err != nil {
-		return fmt.Errorf("updating configmap %s/%s: %w", ns, policydoc.ConfigMapName, err)
+	if err := r.Update(ctx, want); err != nil {
+		return apiRefused(fmt.Sprintf("updating configmap %s", name), err)
 	}
 	return nil
+}
+
+func notManaged(name string, err error) error {
+	msg := fmt.Sprintf("configmap %s exists but is not managed by redline (label %s=%s missing); delete or rename it", name, ManagedByLabel, ManagedByValue)
+	if err != nil {
+		return &tenantError{err: fmt.Errorf("%s: %w", msg, err)}
+	}
+	return &tenantError{err: errors.New(msg)}
+}
+
+// apiRefused wraps a failed write of a namespace's ConfigMap. The API server refusing it for
+// what the namespace holds (an immutable object, a ResourceQuota, a LimitRange or an admission
+// webhook of the tenant's, a size limit) is the tenant's condition: retrying sooner than the
+// resync changes nothing. A conflict or an unavailable API server is retried with backoff.
+func apiRefused(doing string, err error) error {
+	if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsBadRequest(err) {
+		return &tenantError{err: fmt.Errorf("%s: the API server refused it (fix what the namespace holds that refuses it: an immutable ConfigMap, a ResourceQuota, an admission webhook): %w", doing, err)}
+	}
+	return fmt.Errorf("%s: %w", doing, err)
 }
 
 func (r *NamespaceReconciler) maxDocumentBytes() int {
@@ -327,7 +419,7 @@ func (r *NamespaceReconciler) maxDocumentBytes() int {
 }
 
 func (r *NamespaceReconciler) deleteConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
-	if cm == nil {
+	if cm == nil || cm.Labels[ManagedByLabel] != ManagedByValue {
 		return nil
 	}
 	err := r.Delete(ctx, cm, client.Preconditions{UID: &cm.UID, ResourceVersion: &cm.ResourceVersion})

@@ -2,12 +2,10 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -46,28 +44,14 @@ type Config struct {
 	Budget *connbudget.Publisher
 }
 
-// CacheOptions restricts the manager's ConfigMap cache to the ConfigMaps Redline manages, so
-// the operator does not hold every ConfigMap of the cluster in memory, and keeps only what
-// the connection budget reads of ReplicaSets.
+// CacheOptions restricts the manager's cache to what it reads (see slimByObject): ConfigMaps
+// by name, workloads and HPAs without what a tenant can grow.
 func CacheOptions(opts cache.Options) cache.Options {
 	if opts.ByObject == nil {
 		opts.ByObject = map[client.Object]cache.ByObject{}
 	}
-	opts.ByObject[&corev1.ConfigMap{}] = cache.ByObject{
-		Label: labels.SelectorFromSet(labels.Set{ManagedByLabel: ManagedByValue}),
-	}
-	// Every Deployment keeps up to ten old ReplicaSets, each with a full pod template. The
-	// budget and the injector read their owners, replicas and template metadata only.
-	opts.ByObject[&appsv1.ReplicaSet{}] = cache.ByObject{Transform: slimReplicaSet}
+	maps.Copy(opts.ByObject, slimByObject())
 	return opts
-}
-
-func slimReplicaSet(obj any) (any, error) {
-	if rs, ok := obj.(*appsv1.ReplicaSet); ok {
-		rs.ManagedFields = nil
-		rs.Spec.Template.Spec = corev1.PodSpec{}
-	}
-	return obj, nil
 }
 
 // Setup adds the policy reconciler, the script watcher and the connection budget to mgr.
@@ -90,6 +74,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	}
 	r := &NamespaceReconciler{
 		Client:         mgr.GetClient(),
+		Direct:         mgr.GetAPIReader(),
 		Policies:       mgr.GetCache(),
 		Scripts:        store,
 		Recorder:       mgr.GetEventRecorder("redline-controller"),

@@ -40,6 +40,7 @@ var (
 	cancelMgr context.CancelFunc
 	warnings  *apiwarn.Recorder
 	warnK8s   client.Client // k8s, with admission warnings recorded in warnings
+	mgrCache  cache.Cache   // the suite manager's cache, to check what it holds
 )
 
 func TestController(t *testing.T) {
@@ -89,6 +90,7 @@ var _ = BeforeSuite(func() {
 		}),
 	})
 	Expect(err).NotTo(HaveOccurred())
+	mgrCache = mgr.GetCache()
 
 	// Short timings, so that outages and recoveries show within seconds.
 	mgrRedis := redis.NewClient(&redis.Options{

@@ -1,6 +1,7 @@
 package policydoc
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -75,4 +76,27 @@ func TestParseRefusesCorruptDocuments(t *testing.T) {
 	unknown, _ := json.Marshal(m)
 	_, err = Parse(unknown)
 	g.Expect(err).To(MatchError(ContainSubstring("unknown field")))
+}
+
+func TestVouchedAcceptsOnlyTheBytesBuildWrote(t *testing.T) {
+	p := Policy{Name: "p", Generation: 1, FailureMode: "Open", Rules: []Rule{{
+		Name: "r", Key: []KeyPart{{Header: "x-key"}}, Algorithm: "FixedWindow", Requests: 10, WindowMS: 60000, Mode: "Enforce",
+	}}}
+	doc, data, err := Build("shop", []Policy{p}, map[string]string{"FixedWindow": "abc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !Vouched(data, doc.Hash) {
+		t.Fatalf("Build's own bytes are not vouched for by their hash %s", doc.Hash)
+	}
+	tampered := bytes.Replace(data, []byte(`"requests": 10`), []byte(`"requests": 99`), 1)
+	if bytes.Equal(tampered, data) {
+		t.Fatal("the test's replacement did not apply")
+	}
+	if Vouched(tampered, doc.Hash) {
+		t.Error("an edited document is vouched for by the original's hash")
+	}
+	if Vouched(data, strings.Repeat("0", 64)) || Vouched(data, "") {
+		t.Error("a document is vouched for by a hash that is not its own")
+	}
 }

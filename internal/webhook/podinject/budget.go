@@ -85,9 +85,9 @@ func (s *poolSizer) size(ctx context.Context, pod *corev1.Pod, p *params) []stri
 	share := snap.Share(w)
 	if spend := int64(p.redisPoolSize) * maxReplicas; spend > share {
 		return []string{fmt.Sprintf("%s%s=%d x maxReplicas %d = %d connections per Redis node, more than %s's even share of Redis's connection budget, %d "+
-			"(maxclients %d - reserve %d, over %d workloads); without the annotation its pods would get %d",
+			"(maxclients %d - reserve %d, over %d namespace(s), then %d workload(s) of namespace %s); without the annotation its pods would get %d",
 			BudgetWarningPrefix, contract.AnnotationRedisPoolSize, p.redisPoolSize, maxReplicas, spend, w, share,
-			snap.MaxClients, snap.Reserve, snap.Count(w), sized)}
+			snap.MaxClients, snap.Reserve, snap.Namespaces(w), snap.Count(w), w.Namespace, sized)}
 	}
 	return nil
 }
