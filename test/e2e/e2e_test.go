@@ -46,6 +46,7 @@ var _ = Describe("Redline on a local cluster", Ordered, func() {
 			Expect(sc.VolumeMounts).To(ConsistOf(
 				HaveField("MountPath", contract.PoliciesDir),
 				HaveField("MountPath", contract.PodInfoDir),
+				HaveField("MountPath", contract.RedisCredentialsDir),
 			))
 			Expect(pod.Spec.Volumes).To(ContainElements(
 				SatisfyAll(HaveField("Name", contract.PoliciesVolume),
