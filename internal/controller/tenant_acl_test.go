@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -35,7 +34,7 @@ func startTenantACL(srv *redistest.Server, mode string, rotation time.Duration, 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: k8s.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
 		// Each spec starts its own manager in this process: the controller's name repeats.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		Controller: config.Controller{SkipNameValidation: new(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: aclAdminPassword, MaxRetries: -1})
@@ -61,7 +60,7 @@ func tenantNamespace(prefix string) string {
 	return ns
 }
 
-func tenantPolicy(ns string) *v1alpha1.RateLimitPolicy {
+func tenantPolicy(ns string) {
 	p := &v1alpha1.RateLimitPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
 		Spec: v1alpha1.RateLimitPolicySpec{
@@ -73,7 +72,6 @@ func tenantPolicy(ns string) *v1alpha1.RateLimitPolicy {
 		},
 	}
 	Expect(k8s.Create(context.Background(), p)).To(Succeed())
-	return p
 }
 
 func tenantSecret(g Gomega, ns string) (user, password string) {
@@ -144,7 +142,7 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		var s corev1.Secret
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: a, Name: "redline-redis"}, &s)).To(Succeed())
 		s.Data[contract.RedisSecretKey] = []byte("tenant-was-here")
-		s.Immutable = ptr.To(true)
+		s.Immutable = new(true)
 		Expect(k8s.Update(ctx, &s)).To(Succeed())
 		Eventually(func(g Gomega) {
 			_, pw := tenantSecret(g, a)

@@ -242,7 +242,7 @@ func TestClusterUserOnEveryNode(t *testing.T) {
 	admin := client(t, cl.URL(), "", "")
 	nodes, err := redisconn.NewNodes(cl.URL(), redisconn.Options{}, admin)
 	g.Expect(err).NotTo(HaveOccurred())
-	defer nodes.Close()
+	defer func() { _ = nodes.Close() }()
 	var all []redisacl.Node
 	g.Expect(nodes.Each(ctx, func(_ context.Context, c *redis.Client) error { all = append(all, c); return nil })).To(Succeed())
 	g.Expect(all).To(HaveLen(3))

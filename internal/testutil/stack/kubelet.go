@@ -125,7 +125,7 @@ func secretFiles(ctx context.Context, c client.Client, namespace string, src *co
 	for _, item := range src.Items {
 		v, ok := sec.Data[item.Key]
 		if !ok && !optional {
-			return nil, "", fmt.Errorf("Secret %s/%s has no key %s", namespace, src.SecretName, item.Key)
+			return nil, "", fmt.Errorf("secret %s/%s has no key %s", namespace, src.SecretName, item.Key)
 		}
 		if ok {
 			files[item.Path] = v

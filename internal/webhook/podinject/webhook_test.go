@@ -72,7 +72,7 @@ var _ = Describe("Pod injection through the API server", func() {
 		// (pods start before the controller writes it), and no password in the environment.
 		Expect(stored.Spec.Volumes).To(ContainElement(SatisfyAll(
 			HaveField("Name", contract.RedisCredentialsVolume),
-			HaveField("Secret.SecretName", "redline-redis"), HaveField("Secret.Optional", ptr.To(true)))))
+			HaveField("Secret.SecretName", "redline-redis"), HaveField("Secret.Optional", new(true)))))
 		Expect(sc.VolumeMounts).To(ContainElement(SatisfyAll(
 			HaveField("Name", contract.RedisCredentialsVolume), HaveField("MountPath", contract.RedisCredentialsDir), HaveField("ReadOnly", true))))
 		Expect(sc.Env).NotTo(ContainElement(HaveField("Name", contract.EnvRedisPassword)))
