@@ -58,6 +58,7 @@ const (
 	ReasonRedisACLUnavailable  = "RedisACLUnavailable"
 	ReasonTenantACLDisabled    = "TenantACLDisabled"
 	ReasonTenantCredentialsErr = "CredentialsSecretError"
+	ReasonRedisDefaultUserOpen = "RedisDefaultUserOpen"
 )
 
 // secretDigestAnnotation carries, in the Secrets cache only, the SHA-256 of a Secret's data:
@@ -156,12 +157,18 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, err
 	}
 	next := time.Unix(0, (period+1)*int64(r.rotation()))
+	requeue := ctrl.Result{RequeueAfter: next.Sub(now) + time.Second}
+	if open, err := redisacl.DefaultUserOpen(rctx, nodes); err == nil && open {
+		return requeue, r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonRedisDefaultUserOpen,
+			"Redis's default user needs no password, so the namespace's own Redis user "+redisacl.Username(ns)+
+				" isolates nothing: anything that reaches Redis can connect as the default user, with every key; give it a password (requirepass)")
+	}
 	msg := fmt.Sprintf("Redis user %s on %d node(s), keys %s only, commands a sidecar runs only; credentials in Secret %s, rotated every %s",
 		redisacl.Username(ns), len(nodes), strings.Join(redisacl.KeyPatterns(ns), " "), r.SecretName, r.rotation())
 	if err := r.setCondition(ctx, ns, metav1.ConditionTrue, ReasonTenantIsolated, msg); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: next.Sub(now) + time.Second}, nil
+	return requeue, nil
 }
 
 // derivePassword is namespace's password of rotation period n.

@@ -207,6 +207,21 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		Expect(s.Labels).NotTo(HaveKey(controller.ManagedByLabel))
 	})
 
+	It("says tenants are not isolated when Redis's default user needs no password", func(ctx SpecContext) {
+		open, err := redistest.Start()
+		Expect(err).NotTo(HaveOccurred())
+		defer open.Close()
+		stop := startTenantACL(open, controller.TenantACLAuto, time.Hour, tenantNamespace("redline-acl-key"))
+		defer stop()
+		ns := tenantNamespace("tenant-open")
+		tenantPolicy(ns)
+		Eventually(func(g Gomega) {
+			c := isolation(g, ns)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(controller.ReasonRedisDefaultUserOpen))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+	})
+
 	It("says tenants are not isolated when told not to set users", func(ctx SpecContext) {
 		stop := startTenantACL(srv, controller.TenantACLOff, time.Hour, tenantNamespace("redline-acl-key"))
 		defer stop()

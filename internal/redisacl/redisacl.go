@@ -176,6 +176,48 @@ func Probe(ctx context.Context, nodes []Node) error {
 	})
 }
 
+// DefaultUserOpen says whether a node lets anyone in without a password: its default user is
+// on and has nopass. Then a namespace's own user isolates nothing, since a tenant can connect
+// as the default user, which has every key and command unless the admin limited it.
+func DefaultUserOpen(ctx context.Context, nodes []Node) (bool, error) {
+	open := false
+	err := each(ctx, nodes, func(ctx context.Context, n Node) error {
+		reply, err := n.Do(ctx, "acl", "getuser", "default").Result()
+		if err != nil {
+			return classify(err)
+		}
+		flags := field(reply, "flags")
+		list, _ := flags.([]any)
+		on, nopass := false, false
+		for _, f := range list {
+			switch f {
+			case "on":
+				on = true
+			case "nopass":
+				nopass = true
+			}
+		}
+		open = open || (on && nopass)
+		return nil
+	})
+	return open, err
+}
+
+// field reads key of an ACL GETUSER reply: a map (RESP3) or a flat key, value list (RESP2).
+func field(reply any, key string) any {
+	switch r := reply.(type) {
+	case map[any]any:
+		return r[key]
+	case []any:
+		for i := 0; i+1 < len(r); i += 2 {
+			if r[i] == key {
+				return r[i+1]
+			}
+		}
+	}
+	return nil
+}
+
 func each(ctx context.Context, nodes []Node, fn func(context.Context, Node) error) error {
 	if len(nodes) == 0 {
 		return errors.New("no redis node to set users on")

@@ -260,3 +260,20 @@ func TestClusterUserOnEveryNode(t *testing.T) {
 	}
 	g.Expect(tenant.Do(ctx, "del", limiter.Key("other", "p", "r", "k")+":fw").Err()).To(MatchError(HavePrefix("NOPERM")))
 }
+
+// A default user without a password makes per-namespace users pointless: it is reported.
+func TestDefaultUserOpen(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	_, protected := startACLRedis(t)
+	open, err := redisacl.DefaultUserOpen(ctx, []redisacl.Node{protected})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(open).To(BeFalse())
+
+	srv, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = srv.Close() })
+	open, err = redisacl.DefaultUserOpen(ctx, []redisacl.Node{client(t, srv.URL(), "", "")})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(open).To(BeTrue())
+}
