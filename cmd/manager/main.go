@@ -80,6 +80,12 @@ func run() error {
 		webhookCfg.RedisURL = redisURL
 	}
 
+	// A password in the URL sidecars get would be every tenant's (their pods' environment).
+	// Sentinel URLs carry the sentinels' own credentials, which sidecars need.
+	if tenantACL != controller.TenantACLOff && !strings.Contains(webhookCfg.RedisURL, "+sentinel://") &&
+		redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
+		return errors.New("the Redis URL given to sidecars (--sidecar-redis-url, default --redis-url) carries credentials every tenant could read: put the admin password in --redis-password-file")
+	}
 	password, err := redisPassword(redisPasswordFile)
 	if err != nil {
 		return err
@@ -147,7 +153,7 @@ func run() error {
 	if err := controller.SetupTenantACL(mgr, controller.TenantACLConfig{
 		Mode: tenantACL, Nodes: nodes.Each, SecretName: webhookCfg.RedisSecret,
 		KeySecret: types.NamespacedName{Namespace: webhookCfg.Namespace, Name: aclKeySecret},
-		Rotation:  credentialRotation, RedisTimeout: redisTimeout, MaxBackoff: maxBackoff,
+		Rotation:  credentialRotation, RedisTimeout: redisTimeout, MaxBackoff: maxBackoff, CheckInterval: checkInterval,
 	}); err != nil {
 		return fmt.Errorf("setting up tenant redis users: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,6 +101,9 @@ type TenantACLReconciler struct {
 	MaxBackoff time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// CheckInterval is how often every node's run_id is read (default 10s): a node that
+	// restarted lost its ACL users (they live in memory), and every namespace is set again.
+	CheckInterval time.Duration
 
 	secrets cache.Cache
 	keyMu   sync.Mutex
@@ -448,6 +452,10 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return fmt.Errorf("adding the secrets cache: %w", err)
 	}
 	r.secrets = secrets
+	restarts := make(chan event.GenericEvent, 1)
+	if err := mgr.Add(&redisRestartWatcher{nodes: r.Nodes, interval: r.checkInterval(), timeout: r.redisTimeout(), events: restarts}); err != nil {
+		return fmt.Errorf("adding the redis restart watcher: %w", err)
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("tenantacl").
 		Watches(newPolicyObject(), handler.EnqueueRequestsFromMapFunc(tenantRequest),
@@ -456,10 +464,99 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				UpdateFunc: func(event.UpdateEvent) bool { return false },
 			})).
 		WatchesRawSource(source.Kind(secrets, client.Object(&corev1.Secret{}), handler.EnqueueRequestsFromMapFunc(tenantRequest))).
+		WatchesRawSource(source.Channel(restarts, handler.EnqueueRequestsFromMapFunc(r.allNamespaces))).
 		WithOptions(controller.Options{
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, r.maxBackoff()),
 		})
 	return b.Complete(r)
+}
+
+// allNamespaces is a request for every namespace with policies.
+func (r *TenantACLReconciler) allNamespaces(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := newPolicyList()
+	if err := r.Policies.List(ctx, list); err != nil {
+		log.FromContext(ctx).Error(err, "listing policies to set redis users again after a restart")
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []reconcile.Request
+	for i := range list.Items {
+		if ns := list.Items[i].GetNamespace(); !seen[ns] {
+			seen[ns] = true
+			out = append(out, tenantRequest(ctx, &list.Items[i])...)
+		}
+	}
+	return out
+}
+
+func (r *TenantACLReconciler) checkInterval() time.Duration {
+	if r.CheckInterval > 0 {
+		return r.CheckInterval
+	}
+	return 10 * time.Second
+}
+
+// redisRestartWatcher reads every node's run_id on a period and sends an event when one
+// changed (a restart or a new node): ACL users live in memory, so a restarted node has none
+// until they are set again, and sidecars dialing it meet WRONGPASS meanwhile.
+type redisRestartWatcher struct {
+	nodes    func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+	interval time.Duration
+	timeout  time.Duration
+	events   chan<- event.GenericEvent
+	last     map[string]string
+}
+
+// Start runs until ctx ends; it implements manager.Runnable (leader only).
+func (w *redisRestartWatcher) Start(ctx context.Context) error {
+	t := time.NewTicker(w.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			w.check(ctx)
+		}
+	}
+}
+
+func (w *redisRestartWatcher) check(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	var mu sync.Mutex
+	ids := map[string]string{}
+	_ = w.nodes(cctx, func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return err
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			if id, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+				mu.Lock()
+				ids[c.Options().Addr] = id
+				mu.Unlock()
+			}
+		}
+		return nil
+	})
+	changed := false
+	for addr, id := range ids {
+		if prev, ok := w.last[addr]; !ok || prev != id {
+			changed = true
+		}
+	}
+	if w.last == nil {
+		changed = false // the first read: reconciles run anyway at start
+		w.last = map[string]string{}
+	}
+	maps.Copy(w.last, ids)
+	if changed {
+		select {
+		case w.events <- event.GenericEvent{}:
+		case <-ctx.Done():
+		}
+	}
 }
 
 func tenantRequest(_ context.Context, o client.Object) []reconcile.Request {
@@ -515,8 +612,8 @@ type TenantACLConfig struct {
 	SecretName string
 	// KeySecret holds the key passwords are derived from, in the manager's namespace.
 	KeySecret types.NamespacedName
-	// Rotation, RedisTimeout and MaxBackoff: see TenantACLReconciler.
-	Rotation, RedisTimeout, MaxBackoff time.Duration
+	// Rotation, RedisTimeout, MaxBackoff and CheckInterval: see TenantACLReconciler.
+	Rotation, RedisTimeout, MaxBackoff, CheckInterval time.Duration
 }
 
 // SetupTenantACL adds the tenant ACL reconciler to mgr.
@@ -533,6 +630,7 @@ func SetupTenantACL(mgr ctrl.Manager, cfg TenantACLConfig) error {
 		Client: mgr.GetClient(), Policies: mgr.GetCache(), APIReader: mgr.GetAPIReader(),
 		Nodes: cfg.Nodes, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
 		Rotation: cfg.Rotation, RedisTimeout: cfg.RedisTimeout, MaxBackoff: cfg.MaxBackoff,
+		CheckInterval: cfg.CheckInterval,
 	}
 	return r.SetupWithManager(mgr)
 }
