@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -276,4 +280,51 @@ func TestDefaultUserOpen(t *testing.T) {
 	open, err = redisacl.DefaultUserOpen(ctx, []redisacl.Node{client(t, srv.URL(), "", "")})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(open).To(BeTrue())
+}
+
+// With Sentinel the user is set on the master and on every replica (ACL users are not
+// replicated, and a failover promotes a replica), found through the sentinels.
+func TestSentinelUserOnMasterAndReplicas(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	master, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = master.Close() })
+	replica, err := redistest.Start("--replicaof", "127.0.0.1", fmt.Sprint(master.Port))
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = replica.Close() })
+	sentinelPort := freePort(t)
+	conf := filepath.Join(t.TempDir(), "sentinel.conf")
+	g.Expect(os.WriteFile(conf, fmt.Appendf(nil, "port %d\nbind 127.0.0.1\nsentinel monitor mymaster 127.0.0.1 %d 1\nsentinel down-after-milliseconds mymaster 60000\n",
+		sentinelPort, master.Port), 0o644)).To(Succeed())
+	bin, err := redistest.Binary()
+	g.Expect(err).NotTo(HaveOccurred())
+	sentinel := exec.Command(bin, conf, "--sentinel")
+	// A test binary killed by a timeout must not leave the sentinel behind.
+	sentinel.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	g.Expect(sentinel.Start()).To(Succeed())
+	t.Cleanup(func() { _ = sentinel.Process.Kill(); _ = sentinel.Wait() })
+
+	url := fmt.Sprintf("redis+sentinel://127.0.0.1:%d/mymaster", sentinelPort)
+	admin := client(t, url, "", "")
+	nodes, err := redisconn.NewNodes(url, redisconn.Options{DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second}, admin)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = nodes.Close() }()
+	var addrs []string
+	var all []redisacl.Node
+	// The sentinel learns of the replica from the master's INFO, within seconds.
+	g.Eventually(func() []string {
+		addrs, all = nil, nil
+		_ = nodes.Each(ctx, func(_ context.Context, c *redis.Client) error {
+			addrs = append(addrs, c.Options().Addr)
+			all = append(all, c)
+			return nil
+		})
+		return addrs
+	}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).Should(ConsistOf(master.Addr(), replica.Addr()))
+	g.Expect(redisacl.Ensure(ctx, all, "shop", []string{"pw"})).To(Succeed())
+	for _, s := range []*redistest.Server{master, replica} {
+		c := client(t, s.URL(), redisacl.Username("shop"), "pw")
+		g.Expect(c.Ping(ctx).Err()).To(Succeed(), "the user exists on %s", s.Addr())
+	}
 }
