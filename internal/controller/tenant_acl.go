@@ -243,7 +243,8 @@ func (r *TenantACLReconciler) writeSecret(ctx context.Context, ns, password stri
 	err := r.secretReader().Get(ctx, client.ObjectKey{Namespace: ns, Name: r.SecretName}, &cur)
 	switch {
 	case apierrors.IsNotFound(err):
-		if err := r.Client.Create(ctx, want); err != nil {
+		// AlreadyExists: the cache has not seen it yet; its watch event brings us back.
+		if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating secret %s/%s: %w", ns, r.SecretName, err)
 		}
 		return nil
@@ -623,7 +624,7 @@ func SetupTenantACL(mgr ctrl.Manager, cfg TenantACLConfig) error {
 	default:
 		return fmt.Errorf("--redis-tenant-acl=%q: want auto, required or off", cfg.Mode)
 	}
-	if cfg.SecretName == "" {
+	if cfg.SecretName == "" && cfg.Mode != TenantACLOff {
 		return errors.New("tenant ACLs need the sidecars' credentials Secret name (--sidecar-redis-secret)")
 	}
 	r := &TenantACLReconciler{
