@@ -280,6 +280,11 @@ const (
 	ConditionRedisConnectionBudget = "RedisConnectionBudget"
 )
 
+// ConditionTenantIsolation is True when the sidecars of the policy's namespace reach Redis as
+// a user of their own, limited to the namespace's keys; False when they share a credential
+// with other namespaces (Redis refuses ACLs, or the manager was told not to use them).
+const ConditionTenantIsolation = "TenantIsolation"
+
 // RateLimitPolicyStatus is what the controller observed about a policy.
 type RateLimitPolicyStatus struct {
 	// observedGeneration is the spec generation the status describes.

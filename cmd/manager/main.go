@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -45,6 +47,8 @@ func run() error {
 		heartbeatTTL, resync        time.Duration
 		redisMaxClients             int64
 		budgetInterval              time.Duration
+		tenantACL, aclKeySecret     string
+		credentialRotation          time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 turns it off.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
@@ -61,6 +65,9 @@ func run() error {
 	flag.DurationVar(&resync, "resync-interval", 15*time.Second, "How often each namespace is re-read to follow sidecar heartbeats into the Enforced condition.")
 	flag.Int64Var(&redisMaxClients, "redis-maxclients", 0, "Redis's maxclients, for a Redis that refuses CONFIG GET (managed services); 0 reads it with CONFIG GET.")
 	flag.DurationVar(&budgetInterval, "budget-interval", 30*time.Second, "How often the Redis connection budget is recomputed without a workload change (follows connected_clients).")
+	flag.StringVar(&tenantACL, "redis-tenant-acl", controller.TenantACLAuto, "Per-namespace Redis users: auto (an ACL user per namespace with policies, limited to its keys; where Redis refuses ACL commands, the admin's shared credential and TenantIsolation=False), required (auto, but do not start when Redis refuses ACLs) or off (the admin's shared credential everywhere).")
+	flag.StringVar(&aclKeySecret, "redis-acl-key-secret", "redline-redis-acl", "Secret in the manager's namespace holding the key namespaces' Redis passwords are derived from (created on first use).")
+	flag.DurationVar(&credentialRotation, "redis-credential-rotation", 24*time.Hour, "How often each namespace's Redis password changes; the previous one stays valid one more period.")
 	// Pod injection webhook flags (--sidecar-*, --webhook-*, --native-sidecars).
 	webhookCfg := podinject.DefaultConfig()
 	webhookCfg.BindFlags(flag.CommandLine)
@@ -73,6 +80,12 @@ func run() error {
 		webhookCfg.RedisURL = redisURL
 	}
 
+	// A password in the URL sidecars get would be every tenant's (their pods' environment).
+	// Sentinel URLs carry the sentinels' own credentials, which sidecars need.
+	if tenantACL != controller.TenantACLOff && !strings.Contains(webhookCfg.RedisURL, "+sentinel://") &&
+		redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
+		return errors.New("the Redis URL given to sidecars (--sidecar-redis-url, default --redis-url) carries credentials every tenant could read: put the admin password in --redis-password-file")
+	}
 	password, err := redisPassword(redisPasswordFile)
 	if err != nil {
 		return err
@@ -120,6 +133,29 @@ func run() error {
 		RedisMaxClients: redisMaxClients, BudgetInterval: budgetInterval, Budget: budget,
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
+	}
+	nodes, err := redisconn.NewNodes(redisURL, redisconn.Options{
+		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+		Password: password, ClientName: "redline-manager",
+	}, rdb)
+	if err != nil {
+		return fmt.Errorf("configuring redis nodes: %w", err)
+	}
+	defer func() { _ = nodes.Close() }()
+	if tenantACL == controller.TenantACLRequired {
+		pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := controller.ProbeTenantACL(pctx, nodes.Each)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--redis-tenant-acl=required: %w", err)
+		}
+	}
+	if err := controller.SetupTenantACL(mgr, controller.TenantACLConfig{
+		Mode: tenantACL, Nodes: nodes.Each, SecretName: webhookCfg.RedisSecret,
+		KeySecret: types.NamespacedName{Namespace: webhookCfg.Namespace, Name: aclKeySecret},
+		Rotation:  credentialRotation, RedisTimeout: redisTimeout, MaxBackoff: maxBackoff, CheckInterval: checkInterval,
+	}); err != nil {
+		return fmt.Errorf("setting up tenant redis users: %w", err)
 	}
 	if err := podinject.Setup(mgr, webhookCfg); err != nil {
 		return fmt.Errorf("setting up pod injection webhook: %w", err)

@@ -27,6 +27,11 @@ type RedisScripts struct {
 // Ensure checks with SCRIPT EXISTS and loads with SCRIPT LOAD only what is missing, so a
 // reconcile costs one round trip per node when nothing changed.
 func (s *RedisScripts) Ensure(ctx context.Context) (map[string]string, error) {
+	// A namespace's Redis user may not load scripts (package redisacl), so every script a
+	// sidecar runs is the manager's to load, not only the algorithms'.
+	if err := ensureSidecarScripts(ctx, s.Client); err != nil {
+		return nil, err
+	}
 	missing, err := scripts.Missing(ctx, s.Client)
 	if err != nil {
 		return nil, err

@@ -31,16 +31,39 @@ func TTL(interval time.Duration) time.Duration { return 3 * interval }
 //go:embed group_heartbeat.lua
 var heartbeatSource string
 
-var heartbeatScript = scripts.New("GroupHeartbeat", heartbeatSource)
+//go:embed group_members.lua
+var membersSource string
+
+var (
+	heartbeatScript = scripts.New("GroupHeartbeat", heartbeatSource)
+	membersScript   = scripts.New("GroupMembers", membersSource)
+)
+
+// Scripts returns the scripts a sidecar runs here (the heartbeat), for whoever must load them
+// into Redis or allow the commands they call.
+func Scripts() []scripts.Script { return []scripts.Script{heartbeatScript} }
+
+// MaxMembers is the most members Members returns of one group, and MaxMemberBytes the most
+// bytes of a member's name or configuration hash it returns: a group's keys are writable by
+// the tenant whose sidecars beat in them, and the manager reads them, so what it reads is
+// bounded by the script that reads it (about 5 MiB per group at most).
+const (
+	MaxMembers     = 10000
+	MaxMemberBytes = 256
+)
+
+// KeyPrefix is the start of every group key of namespace: rl:hb:{<namespace>/. A namespace's
+// Redis user may touch keys under it (see package redisacl). It differs from the limiter's
+// rl:{<namespace>/ in the characters before the brace, so no namespace name (not even "hb")
+// makes one namespace's prefix cover another's keys.
+func KeyPrefix(namespace string) string { return "rl:hb:{" + limiter.KeyPart(namespace) + "/" }
 
 // GroupKey is the sorted set of the live replicas that enforce a policy, scored by the Redis
-// time of their last heartbeat: rl:{hb/<namespace>/<policy>}. The braces are a hash tag, so
+// time of their last heartbeat: rl:hb:{<namespace>/<policy>}. The braces are a hash tag, so
 // GroupConfigKey lives in the same cluster slot.
 func GroupKey(namespace, policy string) string {
 	var b strings.Builder
-	b.WriteString("rl:{hb/")
-	b.WriteString(limiter.KeyPart(namespace))
-	b.WriteByte('/')
+	b.WriteString(KeyPrefix(namespace))
 	b.WriteString(limiter.KeyPart(policy))
 	b.WriteByte('}')
 	return b.String()
@@ -76,29 +99,25 @@ func Announce(ctx context.Context, client redis.UniversalClient, namespace, inst
 }
 
 // Members returns the live replicas of a policy's group and the configuration hash each
-// one applies. Replicas whose heartbeat is older than ttl are left out.
+// one applies: those whose last heartbeat is within ttl of Redis's now (a member scored after
+// now is not live). At most MaxMembers are returned, names and hashes cut to MaxMemberBytes.
 func Members(ctx context.Context, client redis.UniversalClient, namespace, policy string, ttl time.Duration) (map[string]string, error) {
-	t, err := client.Time(ctx).Result()
-	if err != nil {
-		return nil, fmt.Errorf("reading redis time for policy group %s/%s: %w", namespace, policy, err)
-	}
-	live, err := client.ZRangeByScore(ctx, GroupKey(namespace, policy), &redis.ZRangeBy{
-		Min: fmt.Sprint(t.Add(-ttl).UnixMilli()), Max: "+inf",
-	}).Result()
+	cmd := scripts.EvalSha(ctx, membersScript, []string{GroupKey(namespace, policy), GroupConfigKey(namespace, policy)},
+		ttl.Milliseconds(), MaxMembers, MaxMemberBytes)
+	cmds := []redis.Cmder{cmd}
+	scripts.Exec(ctx, client, cmds, []scripts.Script{membersScript})
+	reply, err := cmds[0].(*redis.Cmd).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("reading policy group %s/%s: %w", namespace, policy, err)
 	}
-	out := make(map[string]string, len(live))
-	if len(live) == 0 {
-		return out, nil
+	if len(reply) == 0 || len(reply)%2 != 1 {
+		return nil, fmt.Errorf("reading policy group %s/%s: unexpected reply of %d values", namespace, policy, len(reply))
 	}
-	hashes, err := client.HMGet(ctx, GroupConfigKey(namespace, policy), live...).Result()
-	if err != nil {
-		return nil, fmt.Errorf("reading configuration hashes of policy group %s/%s: %w", namespace, policy, err)
-	}
-	for i, m := range live {
-		s, _ := hashes[i].(string)
-		out[m] = s
+	out := make(map[string]string, len(reply)/2)
+	for i := 1; i+1 < len(reply); i += 2 {
+		m, _ := reply[i].(string)
+		h, _ := reply[i+1].(string)
+		out[m] = h
 	}
 	return out, nil
 }

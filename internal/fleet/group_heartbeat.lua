@@ -3,17 +3,30 @@
 -- KEYS[1] sorted set of instances scored by their last heartbeat (ms, Redis clock).
 -- KEYS[2] hash of instance -> configuration hash; same hash tag as KEYS[1].
 -- ARGV[1] instance id, ARGV[2] time-to-live of a heartbeat (ms), ARGV[3] configuration hash.
--- Returns the number of live instances.
+-- Returns the number of live instances: those whose last heartbeat is within the TTL of
+-- Redis's now, never after it.
+--
+-- The score is Redis's TIME, taken here: no caller can choose it. Scores are only ever written
+-- by this script, so a member scored after now was written by something else (a ZADD by hand,
+-- or a master whose clock ran ahead before a failover); counting it would inflate the group,
+-- and LocalFallback would divide the limit by replicas that do not exist. Such a member goes,
+-- like a dead one; a real replica scored ahead by a failover comes back with its next beat.
+-- Each beat removes at most `batch` members of each kind, so a group stuffed with members
+-- costs every beat O(log N + batch), never a pass over the whole set; the count is a ZCOUNT.
 local ttl = tonumber(ARGV[2])
+local batch = 256
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
-for _, m in ipairs(dead) do
-  redis.call('ZREM', KEYS[1], m)
-  redis.call('HDEL', KEYS[2], m)
+local function drop(members)
+  for _, m in ipairs(members) do
+    redis.call('ZREM', KEYS[1], m)
+    redis.call('HDEL', KEYS[2], m)
+  end
 end
+drop(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - ttl, 'LIMIT', 0, batch))
+drop(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'LIMIT', 0, batch))
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
-return redis.call('ZCARD', KEYS[1])
+return redis.call('ZCOUNT', KEYS[1], '(' .. (now - ttl), now)

@@ -3,6 +3,7 @@
 package redisconn
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"time"
@@ -54,6 +55,9 @@ type Options struct {
 	MaxRetries int
 	// Username and Password override the URL's credentials (for a password from a Secret).
 	Username, Password string
+	// Credentials, when set, is asked for the username and password at every new connection
+	// (see FileCredentials) and wins over Username and Password.
+	Credentials func(context.Context) (username, password string, err error)
 	// TLSConfig overrides the TLS settings of a rediss:// URL, or enables TLS for redis://.
 	TLSConfig *tls.Config
 	// ClientName is sent with CLIENT SETNAME on every connection.
@@ -141,6 +145,9 @@ func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 	}
 	if o.ClientName != "" {
 		uo.ClientName = o.ClientName
+	}
+	if o.Credentials != nil {
+		uo.CredentialsProviderContext = o.Credentials
 	}
 	// The dialer go-redis would use (TCP keep-alive, TLS when configured), with every
 	// connection tracked so that idle ones close (idle.go).

@@ -99,7 +99,7 @@ func expectAllProgrammed(g Gomega, ctx context.Context) {
 func expectScriptsLoaded(g Gomega, ctx context.Context) {
 	doc, _, err := st.PoliciesDocument(ctx, namespace)
 	g.Expect(err).NotTo(HaveOccurred())
-	rdb := redis.NewClient(&redis.Options{Addr: st.Redis.Addr(), MaxRetries: -1})
+	rdb := redisClient()
 	defer func() { _ = rdb.Close() }()
 	var shas []string
 	for _, sha := range doc.Scripts {
@@ -110,9 +110,12 @@ func expectScriptsLoaded(g Gomega, ctx context.Context) {
 	g.Expect(exists).To(HaveEach(BeTrue()), "scripts %v", shas)
 }
 
-// redisClient returns a client of the stack's Redis for fault injection.
+// redisAdminPassword is the password of the stack's Redis default user: the admin's.
+const redisAdminPassword = "e2e-admin-password"
+
+// redisClient returns an admin client of the stack's Redis for fault injection.
 func redisClient() *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: st.Redis.Addr(), MaxRetries: -1})
+	return redis.NewClient(&redis.Options{Addr: st.Redis.Addr(), Password: redisAdminPassword, MaxRetries: -1})
 }
 
 // sumMetric adds a sidecar metric over the three sidecars.

@@ -42,7 +42,9 @@ func TestE2E(t *testing.T) {
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	var err error
-	st, err = stack.Start(ctx, stack.Options{Progress: GinkgoWriter, KeepDir: os.Getenv("REDLINE_E2E_KEEP") != ""})
+	// Redis's default user has a password, which only the manager holds: every sidecar gets in
+	// as its namespace's own user (see tenants_test.go).
+	st, err = stack.Start(ctx, stack.Options{Progress: GinkgoWriter, KeepDir: os.Getenv("REDLINE_E2E_KEEP") != "", RedisPassword: redisAdminPassword})
 	// Cleanup first: Start stops what it started on failure, but a later failure needs this.
 	if st != nil {
 		DeferCleanup(func() {

@@ -38,7 +38,7 @@ func TestParseConfigContract(t *testing.T) {
 	g.Expect(c.MaxProcs).To(Equal(1), "one P by default: a sidecar's work is mostly waiting")
 	g.Expect(c.LeaseKeys).To(Equal(16384))
 
-	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--max-procs=4"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "GOMAXPROCS": "3"}), io.Discard)
+	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--max-procs=4"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "GOMAXPROCS": "3", "POD_NAMESPACE": "shop"}), io.Discard)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(c.MaxProcs).To(BeZero(), "GOMAXPROCS in the environment wins over the flag")
 }
@@ -58,10 +58,13 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"lease keys beyond":  {"--upstream=127.0.0.1:1", "--lease-keys=1048577"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := app.ParseConfig(args, env(map[string]string{"REDLINE_REDIS_URL": "redis://r"}), io.Discard)
+			_, err := app.ParseConfig(args, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "POD_NAMESPACE": "shop"}), io.Discard)
 			NewWithT(t).Expect(err).To(HaveOccurred())
 		})
 	}
-	_, err := app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, env(nil), io.Discard)
+	_, err := app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, env(map[string]string{"POD_NAMESPACE": "shop"}), io.Discard)
 	NewWithT(t).Expect(err).To(MatchError(ContainSubstring("REDLINE_REDIS_URL")))
+	// The namespace of keys and heartbeats comes from the pod, so a sidecar without it does not start.
+	_, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r"}), io.Discard)
+	NewWithT(t).Expect(err).To(MatchError(ContainSubstring("POD_NAMESPACE")))
 }

@@ -69,11 +69,15 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	// Connections open lazily and idle ones close: nothing at start needs Redis (readiness
 	// is the policies file; the heartbeat and the scripts dial when they first run).
 	conns := &redisconn.ConnStats{}
+	var creds func(context.Context) (string, string, error)
+	if cfg.RedisCredsDir != "" {
+		creds = redisconn.FileCredentials(cfg.RedisCredsDir, contract.RedisUsernameKey, contract.RedisSecretKey, cfg.RedisPassword)
+	}
 	client, err := redisconn.NewClient(cfg.RedisURL, redisconn.Options{
 		PoolSize: cfg.RedisPoolSize, MaxIdleConns: cfg.RedisMaxIdle, ConnMaxIdleTime: cfg.RedisIdleTimeout,
 		// Waiting for a free connection is part of a decision's wait for Redis.
 		ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout, PoolTimeout: cfg.RedisTimeout,
-		Password: cfg.RedisPassword, ClientName: contract.RedisClientName, Stats: conns,
+		Password: cfg.RedisPassword, Credentials: creds, ClientName: contract.RedisClientName, Stats: conns,
 	})
 	if err != nil {
 		return fmt.Errorf("creating redis client: %w", err)
@@ -93,21 +97,20 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 
 	store := &ruleset.Store{}
 	m := metrics.New(lim.Stats, store)
+	builder := ruleset.NewBuilder(limiter.FailureMode(cfg.FailureMode))
+	builder.Namespace = cfg.PodNamespace
 	client.AddHook(m.RedisHook())
 	m.WatchPool(client, conns, cfg.RedisPoolSize)
 	beat := make(chan struct{}, 1)
 	// healthSrv is the gRPC health service, set before the watcher starts reloading.
 	var healthSrv *health.Server
 	loader := &ruleset.Loader{
-		Dir: cfg.ConfigDir, LabelsFile: cfg.PodLabels, Builder: ruleset.NewBuilder(limiter.FailureMode(cfg.FailureMode)),
+		Dir: cfg.ConfigDir, LabelsFile: cfg.PodLabels, Builder: builder,
 		Store: store, Log: log, Resync: cfg.Resync, OnError: func(error) { m.ReloadFailed() },
 		OnLoad: func(s *ruleset.Set) {
 			m.ConfigLoaded(s)
 			if hs := healthSrv; hs != nil {
 				rls.SetServing(hs)
-			}
-			if cfg.PodNamespace != "" && s.Namespace != cfg.PodNamespace {
-				log.Warn("policies document is for another namespace", "document", s.Namespace, "pod", cfg.PodNamespace)
 			}
 			select { // announce the new policy set without waiting for the next beat
 			case beat <- struct{}{}:

@@ -121,6 +121,9 @@ const (
 	FlagPodLabels   = "pod-labels"   // PodLabelsFile
 	FlagFailureMode = "failure-mode" // only when AnnotationFailureMode is set
 	FlagMaxProcs    = "max-procs"    // only when AnnotationSidecarMaxProcs is set
+	// FlagRedisCredentialsDir is the mounted credentials Secret (RedisCredentialsDir): the
+	// sidecar reads RedisUsernameKey and RedisSecretKey in it at every new Redis connection.
+	FlagRedisCredentialsDir = "redis-credentials-dir"
 	// FlagRedisPoolSize is passed when AnnotationRedisPoolSize is set or the connection
 	// budget sized the pool; without it the sidecar uses DefaultRedisPoolSize.
 	FlagRedisPoolSize = "redis-pool-size"
@@ -139,6 +142,9 @@ const (
 	EnvPodNamespace = "POD_NAMESPACE"
 	// RedisSecretKey is the key of the Redis password in the credentials Secret.
 	RedisSecretKey = "password"
+	// RedisUsernameKey is the key of the Redis ACL user in the credentials Secret (absent: the
+	// default user).
+	RedisUsernameKey = "username"
 )
 
 // Volumes and where the sidecar finds them.
@@ -157,4 +163,11 @@ const (
 	PodLabelsFile = PodInfoDir + "/" + PodLabelsFileName
 	// PodLabelsFileName is PodLabelsFile's name inside PodInfoDir.
 	PodLabelsFileName = "labels"
+	// RedisCredentialsVolume mounts the pod namespace's Redis credentials Secret (optional, so
+	// pods start before the controller has written it). A mounted Secret, not environment
+	// variables: kubelet updates its files when the controller rotates the password, and the
+	// sidecar reads them at every new connection, so a rotation needs no restart.
+	RedisCredentialsVolume = "redline-redis-credentials"
+	// RedisCredentialsDir is the mount path of RedisCredentialsVolume.
+	RedisCredentialsDir = "/etc/redline/redis"
 )

@@ -4,6 +4,7 @@
 package ruleset
 
 import (
+	"errors"
 	"fmt"
 	"net/textproto"
 	"sync/atomic"
@@ -91,8 +92,17 @@ type KeyPart struct {
 type Builder struct {
 	// FailureMode, when set, replaces every policy's failure mode (the pod's override).
 	FailureMode limiter.FailureMode
-	replicas    map[string]*atomic.Int64
+	// Namespace is the pod's own namespace (downward API), the namespace of every key and
+	// heartbeat. A document naming another is refused: the namespace a sidecar counts in must
+	// come from its pod, never from a file a tenant can write (any ConfigMap mounted under the
+	// name redline-policies). Empty accepts the document's (tests and tools only; the sidecar
+	// requires it).
+	Namespace string
+	replicas  map[string]*atomic.Int64
 }
+
+// ErrForeignNamespace is wrapped by Build's error for a document of another namespace.
+var ErrForeignNamespace = errors.New("policies document names another namespace than the pod's")
 
 // NewBuilder returns a Builder that applies the failure mode override, if any.
 func NewBuilder(failureMode limiter.FailureMode) *Builder {
@@ -102,7 +112,14 @@ func NewBuilder(failureMode limiter.FailureMode) *Builder {
 // Build keeps the policies of doc that select podLabels and compiles their rules. Builds must
 // not run concurrently (the watcher runs them one at a time).
 func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*Set, error) {
-	s := &Set{Namespace: doc.Namespace, Hash: doc.Hash, Total: len(doc.Policies)}
+	ns := doc.Namespace
+	if b.Namespace != "" {
+		if doc.Namespace != b.Namespace {
+			return nil, fmt.Errorf("%w: document %q, pod %q", ErrForeignNamespace, doc.Namespace, b.Namespace)
+		}
+		ns = b.Namespace
+	}
+	s := &Set{Namespace: ns, Hash: doc.Hash, Total: len(doc.Policies)}
 	for i := range doc.Policies {
 		cp := &doc.Policies[i]
 		if !cp.Selects(podLabels) {

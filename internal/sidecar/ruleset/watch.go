@@ -103,7 +103,7 @@ func (l *Loader) Load() error {
 	// while the namespace has policies, so its absence means "nothing to enforce", both before
 	// the first policy and after the last one is deleted. A document that is present must be
 	// valid.
-	doc := &policydoc.Document{Version: policydoc.FormatVersion}
+	doc := &policydoc.Document{Version: policydoc.FormatVersion, Namespace: l.Builder.Namespace}
 	if !absent {
 		if doc, err = policydoc.Parse(data); err != nil {
 			return l.refuse(&sum, fmt.Errorf("loading %s: %w", l.Path(), err))

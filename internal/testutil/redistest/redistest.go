@@ -115,7 +115,8 @@ func (s *Server) Start() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err = c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		// A server that needs a password ("--requirepass", ACL users) answers NOAUTH: it is up.
+		if err == nil || redis.HasErrorPrefix(err, "NOAUTH") {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)

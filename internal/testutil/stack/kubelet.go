@@ -105,6 +105,35 @@ func configMapFiles(ctx context.Context, c client.Client, namespace string, src 
 	return files, cm.ResourceVersion, nil
 }
 
+// secretFiles reads a Secret volume's payload: every key, or the listed items (a listed key the
+// Secret lacks is left out when the volume is optional). A missing optional Secret is an empty
+// volume, as kubelet has it.
+func secretFiles(ctx context.Context, c client.Client, namespace string, src *corev1.SecretVolumeSource) (map[string][]byte, string, error) {
+	var sec corev1.Secret
+	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: src.SecretName}, &sec)
+	optional := src.Optional != nil && *src.Optional
+	if apierrors.IsNotFound(err) && optional {
+		return map[string][]byte{}, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("reading Secret %s/%s for a volume: %w", namespace, src.SecretName, err)
+	}
+	if len(src.Items) == 0 {
+		return maps.Clone(sec.Data), sec.ResourceVersion, nil
+	}
+	files := map[string][]byte{}
+	for _, item := range src.Items {
+		v, ok := sec.Data[item.Key]
+		if !ok && !optional {
+			return nil, "", fmt.Errorf("secret %s/%s has no key %s", namespace, src.SecretName, item.Key)
+		}
+		if ok {
+			files[item.Path] = v
+		}
+	}
+	return files, sec.ResourceVersion, nil
+}
+
 // resolveEnv computes a container's environment as kubelet would: literal values, downward-API
 // fields, and keys of Secrets and ConfigMaps (optional ones may be absent).
 func resolveEnv(ctx context.Context, c client.Client, pod *corev1.Pod, ctr *corev1.Container) ([]string, error) {

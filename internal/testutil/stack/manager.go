@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -22,6 +23,10 @@ const managerNamespace = "redline-system"
 // startManager runs the manager binary against the control plane and Redis, serving the
 // webhook on the port and certificate envtest registered, and waits until it is ready.
 func (s *Stack) startManager(ctx context.Context) error {
+	// The manager keeps Secrets of its own there (the key of the namespaces' Redis passwords).
+	if err := s.CreateNamespace(ctx, managerNamespace); err != nil {
+		return err
+	}
 	probePort, err := redistest.FreePort()
 	if err != nil {
 		return fmt.Errorf("choosing the manager's probe port: %w", err)
@@ -46,7 +51,8 @@ func (s *Stack) startManager(ctx context.Context) error {
 
 func (s *Stack) runManager(ctx context.Context) error {
 	s.progress("starting the manager (controller + webhook) on webhook port %d", s.env.WebhookInstallOptions.LocalServingPort)
-	env := append(os.Environ(), "KUBECONFIG="+s.Kubeconfig, "POD_NAMESPACE="+managerNamespace)
+	env := append(os.Environ(), "KUBECONFIG="+s.Kubeconfig, "POD_NAMESPACE="+managerNamespace,
+		contract.EnvRedisPassword+"="+s.opts.RedisPassword)
 	p, err := StartProcess(s.Dir, "manager", s.Bin.Manager, s.mgrArgs, env)
 	if err != nil {
 		return err

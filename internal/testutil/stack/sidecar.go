@@ -156,8 +156,8 @@ func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr st
 	return sc, nil
 }
 
-// prepareVolume writes the volume named name of pod into local and returns, for a ConfigMap
-// volume, the function that keeps it in sync.
+// prepareVolume writes the volume named name of pod into local and returns, for a ConfigMap or
+// Secret volume, the function that keeps it in sync.
 func (s *Stack) prepareVolume(ctx context.Context, pod *corev1.Pod, name, local string) (func(context.Context), error) {
 	var vol *corev1.Volume
 	for i := range pod.Spec.Volumes {
@@ -192,10 +192,28 @@ func (s *Stack) prepareVolume(ctx context.Context, pod *corev1.Pod, name, local 
 				version = v
 			}
 		}, nil
+	case vol.Secret != nil:
+		src := vol.Secret.DeepCopy()
+		files, version, err := secretFiles(ctx, s.Client, pod.Namespace, src)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: %w", name, err)
+		}
+		if err := kubeletdir.Write(local, files); err != nil {
+			return nil, fmt.Errorf("volume %s: %w", name, err)
+		}
+		return func(ctx context.Context) {
+			files, v, err := secretFiles(ctx, s.Client, pod.Namespace, src)
+			if err != nil || v == version {
+				return
+			}
+			if kubeletdir.Write(local, files) == nil {
+				version = v
+			}
+		}, nil
 	case vol.EmptyDir != nil:
 		return nil, kubeletdir.Write(local, map[string][]byte{})
 	}
-	return nil, fmt.Errorf("volume %s: only ConfigMap, downward API and emptyDir volumes are supported by the local stack", name)
+	return nil, fmt.Errorf("volume %s: only ConfigMap, Secret, downward API and emptyDir volumes are supported by the local stack", name)
 }
 
 // rewriteArg moves what an argument says about the Pod's world to this machine: a mount path

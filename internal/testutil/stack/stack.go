@@ -44,6 +44,10 @@ type Options struct {
 	Progress io.Writer
 	// KeepDir keeps the working directory (logs, kubeconfig, volume files) after Stop.
 	KeepDir bool
+	// RedisPassword, when set, is the password of Redis's default user (requirepass), which
+	// the manager gets as its admin credential; sidecars then get in only as their
+	// namespace's own user, as in a multi-tenant installation.
+	RedisPassword string
 }
 
 // Stack is a running local Redline installation.
@@ -148,7 +152,11 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		return nil, err
 	}
 	s.progress("starting redis-server")
-	s.Redis, err = redistest.Start()
+	var redisArgs []string
+	if opts.RedisPassword != "" {
+		redisArgs = append(redisArgs, "--requirepass", opts.RedisPassword)
+	}
+	s.Redis, err = redistest.Start(redisArgs...)
 	if err != nil {
 		return nil, fmt.Errorf("starting redis-server: %w", err)
 	}

@@ -53,7 +53,7 @@ func (in *Injector) Inject(ctx context.Context, pod *corev1.Pod) (out *corev1.Po
 	warnings = in.sizer.size(ctx, pod, &p)
 	inj := &injection{
 		container: sidecarContainer(&in.cfg, p, in.native),
-		volumes:   sidecarVolumes(),
+		volumes:   sidecarVolumes(&in.cfg),
 		native:    in.native,
 	}
 	out = pod.DeepCopy()

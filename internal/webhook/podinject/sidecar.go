@@ -37,20 +37,13 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	if p.redisPoolSize > 0 {
 		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagRedisPoolSize, p.redisPoolSize))
 	}
+	if cfg.RedisSecret != "" {
+		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagRedisCredentialsDir, contract.RedisCredentialsDir))
+	}
 
 	var env []corev1.EnvVar
 	if cfg.RedisURL != "" {
 		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: cfg.RedisURL})
-	}
-	if cfg.RedisSecret != "" {
-		env = append(env, corev1.EnvVar{Name: contract.EnvRedisPassword, ValueFrom: &corev1.EnvVarSource{
-			SecretKeyRef: &corev1.SecretKeySelector{
-				LocalObjectReference: corev1.LocalObjectReference{Name: cfg.RedisSecret},
-				Key:                  contract.RedisSecretKey,
-				// Redis without a password is common inside a cluster; the pod must start then too.
-				Optional: new(true),
-			},
-		}})
 	}
 	env = append(env,
 		fieldEnv(contract.EnvPodName, "metadata.name"),
@@ -85,6 +78,11 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 	}
+	if cfg.RedisSecret != "" {
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{
+			Name: contract.RedisCredentialsVolume, MountPath: contract.RedisCredentialsDir, ReadOnly: true,
+		})
+	}
 	if p.exposeDecisionAPI {
 		c.Ports = append(c.Ports,
 			corev1.ContainerPort{Name: contract.CheckPortName, ContainerPort: contract.CheckPort, Protocol: corev1.ProtocolTCP},
@@ -111,9 +109,10 @@ func httpProbe(path string, period, failures int32) *corev1.Probe {
 	}
 }
 
-// sidecarVolumes are the policies ConfigMap and the downward-API labels.
-func sidecarVolumes() []corev1.Volume {
-	return []corev1.Volume{
+// sidecarVolumes are the policies ConfigMap, the downward-API labels and the namespace's Redis
+// credentials.
+func sidecarVolumes(cfg *Config) []corev1.Volume {
+	vols := []corev1.Volume{
 		{Name: contract.PoliciesVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: policydoc.ConfigMapName},
 			// Pods start before the namespace's first policy; the sidecar sees the file appear.
@@ -127,4 +126,23 @@ func sidecarVolumes() []corev1.Volume {
 			DefaultMode: ptr.To[int32](0o444),
 		}}},
 	}
+	if cfg.RedisSecret != "" {
+		// The Secret the controller writes per namespace (its own Redis user) or, where Redis
+		// refuses ACLs, the one the admin provides. Optional: pods start before it exists, and
+		// a Redis without a password needs none. A volume, not environment variables, so that
+		// a rotated password reaches the running sidecar (see contract.RedisCredentialsVolume).
+		vols = append(vols, corev1.Volume{Name: contract.RedisCredentialsVolume, VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{
+				SecretName: cfg.RedisSecret, Optional: new(true),
+				// Readable by the sidecar's non-root user whatever the pod's fsGroup; the pod's
+				// other containers could mount the Secret of their own namespace anyway.
+				DefaultMode: ptr.To[int32](0o444),
+				Items: []corev1.KeyToPath{
+					{Key: contract.RedisUsernameKey, Path: contract.RedisUsernameKey},
+					{Key: contract.RedisSecretKey, Path: contract.RedisSecretKey},
+				},
+			},
+		}})
+	}
+	return vols
 }

@@ -55,7 +55,8 @@ var _ = Describe("Pod injection through the API server", func() {
 			"--listen=:8000", "--upstream=127.0.0.1:8080", "--admin-listen=:9091",
 			"--check-listen=127.0.0.1:9093", "--grpc-listen=127.0.0.1:9092",
 			"--config-dir=/etc/redline/policies", "--pod-labels=/etc/redline/podinfo/labels",
-			"--failure-mode=Closed", "--max-procs=2", "--redis-pool-size=8"), "the decision faces stay on loopback")
+			"--failure-mode=Closed", "--max-procs=2", "--redis-pool-size=8",
+			"--redis-credentials-dir=/etc/redline/redis"), "the decision faces stay on loopback")
 		Expect(sc.Ports).To(ContainElement(And(
 			HaveField("Name", contract.ListenPortName), HaveField("ContainerPort", int32(8000)))))
 		Expect(sc.Ports).NotTo(ContainElement(HaveField("Name", contract.GRPCPortName)), "a loopback port is not a pod port")
@@ -67,6 +68,16 @@ var _ = Describe("Pod injection through the API server", func() {
 		Expect(stored.Spec.Containers).To(HaveLen(1), "the application container stays alone")
 		Expect(stored.Spec.Volumes).To(ContainElements(
 			HaveField("Name", contract.PoliciesVolume), HaveField("Name", contract.PodInfoVolume), HaveField("Name", "data")))
+		// The namespace's Redis credentials: a mounted Secret (it follows rotations), optional
+		// (pods start before the controller writes it), and no password in the environment.
+		Expect(stored.Spec.Volumes).To(ContainElement(SatisfyAll(
+			HaveField("Name", contract.RedisCredentialsVolume),
+			HaveField("Secret.SecretName", "redline-redis"), HaveField("Secret.Optional", new(true)))))
+		Expect(sc.VolumeMounts).To(ContainElement(SatisfyAll(
+			HaveField("Name", contract.RedisCredentialsVolume), HaveField("MountPath", contract.RedisCredentialsDir), HaveField("ReadOnly", true))))
+		Expect(sc.Env).NotTo(ContainElement(HaveField("Name", contract.EnvRedisPassword)))
+		Expect(sc.Env).To(ContainElement(SatisfyAll(HaveField("Name", contract.EnvPodNamespace),
+			HaveField("ValueFrom.FieldRef.FieldPath", "metadata.namespace"))), "the sidecar's namespace comes from its pod")
 
 		var status podinject.InjectedStatus
 		Expect(json.Unmarshal([]byte(stored.Annotations[contract.AnnotationInjected]), &status)).To(Succeed())

@@ -1,0 +1,237 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/redisacl"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+const aclAdminPassword = "acl-admin"
+
+// startTenantACL runs a manager with only the tenant ACL reconciler, against srv (whose default
+// user needs aclAdminPassword), until the returned function is called.
+func startTenantACL(srv *redistest.Server, mode string, rotation time.Duration, keyNS string) func() {
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: k8s.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
+		// Each spec starts its own manager in this process: the controller's name repeats.
+		Controller: config.Controller{SkipNameValidation: new(true)},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: aclAdminPassword, MaxRetries: -1})
+	Expect(controller.SetupTenantACL(mgr, controller.TenantACLConfig{
+		Mode: mode, SecretName: "redline-redis",
+		Nodes:     func(ctx context.Context, fn func(context.Context, *redis.Client) error) error { return fn(ctx, admin) },
+		KeySecret: types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
+		Rotation:  rotation, RedisTimeout: 2 * time.Second, MaxBackoff: time.Second,
+	})).To(Succeed())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		Expect(mgr.Start(ctx)).To(Succeed())
+	}()
+	return func() { cancel(); <-done; _ = admin.Close() }
+}
+
+func tenantNamespace(prefix string) string {
+	ns := fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()%1_000_000_000)
+	Expect(k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	return ns
+}
+
+func tenantPolicy(ns string) {
+	p := &v1alpha1.RateLimitPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
+		Spec: v1alpha1.RateLimitPolicySpec{
+			TargetSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Rules: []v1alpha1.Rule{{
+				Name: "r", Key: []v1alpha1.KeyPart{{Header: "X-Key"}},
+				Limit: v1alpha1.Limit{Requests: 10, Window: metav1.Duration{Duration: time.Minute}},
+			}},
+		},
+	}
+	Expect(k8s.Create(context.Background(), p)).To(Succeed())
+}
+
+func tenantSecret(g Gomega, ns string) (user, password string) {
+	var s corev1.Secret
+	g.Expect(k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "redline-redis"}, &s)).To(Succeed())
+	g.Expect(s.Labels).To(HaveKeyWithValue(controller.ManagedByLabel, controller.ManagedByValue))
+	return string(s.Data[contract.RedisUsernameKey]), string(s.Data[contract.RedisSecretKey])
+}
+
+func isolation(g Gomega, ns string) *metav1.Condition {
+	var p v1alpha1.RateLimitPolicy
+	g.Expect(k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "p"}, &p)).To(Succeed())
+	c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionTenantIsolation)
+	g.Expect(c).NotTo(BeNil(), "no TenantIsolation condition yet")
+	return c
+}
+
+func pingAs(srv *redistest.Server, user, password string) error {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: user, Password: password, MaxRetries: -1})
+	defer c.Close()
+	return c.Ping(context.Background()).Err()
+}
+
+var _ = Describe("Tenant Redis users", Ordered, func() {
+	var srv *redistest.Server
+	BeforeAll(func() {
+		var err error
+		srv, err = redistest.Start("--requirepass", aclAdminPassword)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = srv.Close() })
+	})
+
+	It("gives each namespace a user limited to its keys, keeps its Secret, rotates and removes it", func(ctx SpecContext) {
+		keyNS := tenantNamespace("redline-acl-key")
+		stop := startTenantACL(srv, controller.TenantACLAuto, 6*time.Second, keyNS)
+		defer stop()
+		a, b := tenantNamespace("tenant-a"), tenantNamespace("tenant-b")
+		tenantPolicy(a)
+		tenantPolicy(b)
+
+		var userA, pwA, userB, pwB string
+		Eventually(func(g Gomega) {
+			userA, pwA = tenantSecret(g, a)
+			userB, pwB = tenantSecret(g, b)
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Expect(userA).To(Equal(redisacl.Username(a)))
+		Expect(pwA).NotTo(Equal(pwB))
+		Eventually(func(g Gomega) {
+			c := isolation(g, a)
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(c.Reason).To(Equal(controller.ReasonTenantIsolated))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		// The key the passwords come from is in the manager's namespace, not the tenants'.
+		var key corev1.Secret
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: keyNS, Name: "redline-redis-acl"}, &key)).To(Succeed())
+		Expect(key.Data["key"]).To(HaveLen(32))
+
+		// A's credentials reach A's keys only.
+		ca := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: userA, Password: pwA, MaxRetries: -1})
+		defer ca.Close()
+		Expect(ca.Do(ctx, "evalsha", "0000000000000000000000000000000000000000", 1, limiter.Key(a, "p", "r", "k")+":fw").Err()).
+			To(MatchError(HavePrefix("NOSCRIPT")), "its own key: allowed, the script is simply unknown")
+		Expect(ca.Do(ctx, "del", limiter.Key(b, "p", "r", "k")+":fw").Err()).To(MatchError(HavePrefix("NOPERM")))
+		Expect(ca.Do(ctx, "script", "flush").Err()).To(MatchError(HavePrefix("NOPERM")))
+		Expect(pingAs(srv, userB, pwB)).To(Succeed())
+
+		// A tenant editing, deleting or freezing its Secret gets it written back.
+		var s corev1.Secret
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: a, Name: "redline-redis"}, &s)).To(Succeed())
+		s.Data[contract.RedisSecretKey] = []byte("tenant-was-here")
+		s.Immutable = new(true)
+		Expect(k8s.Update(ctx, &s)).To(Succeed())
+		Eventually(func(g Gomega) {
+			_, pw := tenantSecret(g, a)
+			g.Expect(pw).NotTo(Equal("tenant-was-here"))
+			g.Expect(pingAs(srv, userA, pw)).To(Succeed())
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Expect(k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: b, Name: "redline-redis"}})).To(Succeed())
+		Eventually(func(g Gomega) {
+			_, pw := tenantSecret(g, b)
+			g.Expect(pingAs(srv, userB, pw)).To(Succeed())
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+
+		// Rotation: a new password in the Secret; the previous one still authenticates for a
+		// period, then no longer.
+		_, before := tenantSecret(Default, a)
+		var after string
+		Eventually(func(g Gomega) {
+			_, after = tenantSecret(g, a)
+			g.Expect(after).NotTo(Equal(before))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Expect(pingAs(srv, userA, after)).To(Succeed())
+		Expect(pingAs(srv, userA, before)).To(Succeed(), "the previous password stays valid one period")
+		Eventually(func() error { return pingAs(srv, userA, before) }).WithTimeout(20 * time.Second).
+			Should(MatchError(ContainSubstring("WRONGPASS")))
+		Expect(ca.Ping(ctx).Err()).To(Succeed(), "a connection opened before the rotations stays authenticated")
+
+		// The namespace's last policy goes: so do its user and its Secret.
+		Expect(k8s.Delete(ctx, &v1alpha1.RateLimitPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: b, Name: "p"}})).To(Succeed())
+		Eventually(func() bool {
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: b, Name: "redline-redis"}, &corev1.Secret{})
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(20 * time.Second).Should(BeTrue())
+		admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: aclAdminPassword})
+		defer admin.Close()
+		Expect(admin.Do(ctx, "acl", "getuser", userB).Val()).To(BeNil())
+	})
+
+	It("falls back to the admin's shared credential, and says so, where Redis refuses ACL commands", func(ctx SpecContext) {
+		refusing, err := redistest.Start("--requirepass", aclAdminPassword, "--rename-command", "ACL", "")
+		Expect(err).NotTo(HaveOccurred())
+		defer refusing.Close()
+		keyNS := tenantNamespace("redline-acl-key")
+		stop := startTenantACL(refusing, controller.TenantACLAuto, time.Hour, keyNS)
+		defer stop()
+		ns := tenantNamespace("tenant-shared")
+		// The admin's shared Secret, as before per-namespace users: left as it is.
+		shared := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "redline-redis"},
+			Data:       map[string][]byte{contract.RedisSecretKey: []byte(aclAdminPassword)},
+		}
+		Expect(k8s.Create(ctx, shared)).To(Succeed())
+		tenantPolicy(ns)
+		Eventually(func(g Gomega) {
+			c := isolation(g, ns)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(controller.ReasonRedisACLUnavailable))
+			g.Expect(c.Message).To(ContainSubstring("any tenant holding it can read, change or delete every namespace's Redis keys"))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		var s corev1.Secret
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "redline-redis"}, &s)).To(Succeed())
+		Expect(s.Data).To(Equal(shared.Data), "the admin's Secret is not touched")
+		Expect(s.Labels).NotTo(HaveKey(controller.ManagedByLabel))
+	})
+
+	It("says tenants are not isolated when Redis's default user needs no password", func(ctx SpecContext) {
+		open, err := redistest.Start()
+		Expect(err).NotTo(HaveOccurred())
+		defer open.Close()
+		stop := startTenantACL(open, controller.TenantACLAuto, time.Hour, tenantNamespace("redline-acl-key"))
+		defer stop()
+		ns := tenantNamespace("tenant-open")
+		tenantPolicy(ns)
+		Eventually(func(g Gomega) {
+			c := isolation(g, ns)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(controller.ReasonRedisDefaultUserOpen))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+	})
+
+	It("says tenants are not isolated when told not to set users", func(ctx SpecContext) {
+		stop := startTenantACL(srv, controller.TenantACLOff, time.Hour, tenantNamespace("redline-acl-key"))
+		defer stop()
+		ns := tenantNamespace("tenant-off")
+		tenantPolicy(ns)
+		Eventually(func(g Gomega) {
+			c := isolation(g, ns)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(controller.ReasonTenantACLDisabled))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Expect(apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "redline-redis"}, &corev1.Secret{}))).To(BeTrue())
+	})
+})

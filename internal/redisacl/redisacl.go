@@ -1,0 +1,250 @@
+// Package redisacl gives each namespace its own Redis identity: an ACL user (Redis 6+) that may
+// touch only that namespace's keys and run only the commands a sidecar runs, set on every node
+// a sidecar could reach. It is the Redis side of tenant isolation; the controller decides who
+// gets a user and where the credentials go. It knows nothing of Kubernetes.
+//
+// What a namespace's user may do:
+//   - keys: rl:{<namespace>/* (the limiter's keys, see limiter.Key) and rl:hb:{<namespace>/*
+//     (heartbeats, see fleet.KeyPrefix), nothing else; no Pub/Sub channels;
+//   - commands: EVALSHA, the commands the sidecar's scripts call (Redis checks a script's calls
+//     against the caller's ACL too, so these are allowed as plain commands as well, on the
+//     user's own keys only), and what a connection needs (HELLO, AUTH, PING, CLIENT SETNAME,
+//     SELECT, and on a cluster CLUSTER SLOTS/SHARDS/NODES and COMMAND for routing).
+//
+// Not EVAL nor SCRIPT LOAD: with either, a tenant could run any Lua it writes on Redis's one
+// thread (a loop that never ends stalls every tenant until an operator kills it), and SCRIPT
+// FLUSH, FLUSHALL, CONFIG, ACL, KEYS, SCAN, CLIENT KILL and the rest are refused. So a sidecar
+// cannot load a script Redis lost (restart, failover): it meets NOSCRIPT, is refused SCRIPT
+// LOAD, decides by its failure mode, and the manager, which checks every node's scripts on a
+// period, loads them again (see controller.ScriptWatcher).
+package redisacl
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/fleet"
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+)
+
+// UserPrefix starts the name of every namespace's user; Username appends the namespace.
+const UserPrefix = "redline-tenant-"
+
+// Username is the ACL user of namespace.
+func Username(namespace string) string { return UserPrefix + limiter.KeyPart(namespace) }
+
+// KeyPatterns are the key patterns namespace's user may touch. Both parts are escaped as the
+// keys escape them (limiter.KeyPart: only [A-Za-z0-9._-] pass raw), so no glob character of the
+// pattern comes from a name, and the '/' after the namespace keeps "shop" from matching
+// "shop2"'s keys.
+func KeyPatterns(namespace string) []string {
+	return []string{LimiterKeyPrefix(namespace) + "*", fleet.KeyPrefix(namespace) + "*"}
+}
+
+// LimiterKeyPrefix is how every key limiter.Key builds for namespace starts: rl:{<namespace>/.
+func LimiterKeyPrefix(namespace string) string { return "rl:{" + limiter.KeyPart(namespace) + "/" }
+
+// connectionCommands are what a go-redis connection of a sidecar sends besides its scripts:
+// the handshake (HELLO with AUTH and SETNAME; AUTH and CLIENT SETNAME when HELLO is refused),
+// SELECT for a database other than 0, PING, and on a cluster the topology and the commands'
+// key positions.
+var connectionCommands = []string{
+	"hello", "auth", "ping", "client|setname", "select",
+	"cluster|slots", "cluster|shards", "cluster|nodes", "command",
+}
+
+// scriptCall finds the commands a script calls: redis.call('NAME', ...) or redis.pcall.
+var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*['"]([A-Za-z]+)['"]`)
+
+// anyCall counts every call, literal command name or not.
+var anyCall = regexp.MustCompile(`redis\.p?call\(`)
+
+// SidecarScripts are the scripts a sidecar runs: the limiter's algorithms, the lease return and
+// the heartbeat. The manager loads them all on every node, since a namespace's user cannot.
+func SidecarScripts() []scripts.Script {
+	return slices.Concat(scripts.All(), []scripts.Script{scripts.LeaseReturn()}, fleet.Scripts())
+}
+
+// Commands returns the commands a namespace's user may run, sorted, in ACL syntax (lower case,
+// "container|sub" for a subcommand). It fails when a sidecar script calls a command whose name
+// is not a literal, which this package could not allow.
+var Commands = sync.OnceValues(func() ([]string, error) {
+	set := map[string]bool{"evalsha": true}
+	for _, c := range connectionCommands {
+		set[c] = true
+	}
+	for _, s := range SidecarScripts() {
+		calls := scriptCall.FindAllStringSubmatch(s.Source, -1)
+		if n := len(anyCall.FindAllString(s.Source, -1)); n != len(calls) {
+			return nil, fmt.Errorf("script %s makes %d redis calls, %d of them with a literal command name: every command must be known to be allowed", s.Name, n, len(calls))
+		}
+		for _, m := range calls {
+			set[strings.ToLower(m[1])] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for c := range set {
+		out = append(out, c)
+	}
+	slices.Sort(out)
+	return out, nil
+})
+
+// Rules returns the ACL SETUSER rules of namespace's user holding passwords, without the
+// user's name. "reset" first: whatever the user held before (passwords, keys, channels,
+// commands, selectors) is replaced in the same atomic command, never widened.
+func Rules(namespace string, passwords []string) ([]string, error) {
+	cmds, err := Commands()
+	if err != nil {
+		return nil, err
+	}
+	rules := []string{"reset", "on"}
+	for _, p := range passwords {
+		rules = append(rules, ">"+p)
+	}
+	for _, k := range KeyPatterns(namespace) {
+		rules = append(rules, "~"+k)
+	}
+	for _, c := range cmds {
+		rules = append(rules, "+"+c)
+	}
+	return rules, nil
+}
+
+// NewPassword returns a fresh random password: 32 random bytes, hex.
+func NewPassword() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("reading random bytes for a redis password: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// ErrUnavailable is wrapped by errors of a Redis that answered but refused an ACL command: a
+// server before 6, ACL renamed away, a managed service that does not offer it, or an admin
+// user without the permission. A network error is not it.
+var ErrUnavailable = errors.New("redis refuses ACL commands")
+
+// Node is one Redis server, as Ensure and Remove need it.
+type Node interface {
+	Do(ctx context.Context, args ...any) *redis.Cmd
+}
+
+// Ensure sets namespace's user on every node with exactly passwords (at least one), in one
+// ACL SETUSER per node. Connections already authenticated stay so, whatever the passwords
+// become: to rotate, Ensure with the old and the new password, hand out the new, and Ensure
+// with the new one alone once every client has it.
+func Ensure(ctx context.Context, nodes []Node, namespace string, passwords []string) error {
+	if len(passwords) == 0 {
+		return errors.New("setting a redis user without a password")
+	}
+	rules, err := Rules(namespace, passwords)
+	if err != nil {
+		return err
+	}
+	args := make([]any, 0, 3+len(rules))
+	args = append(args, "acl", "setuser", Username(namespace))
+	for _, r := range rules {
+		args = append(args, r)
+	}
+	return each(ctx, nodes, func(ctx context.Context, n Node) error {
+		return classify(n.Do(ctx, args...).Err())
+	})
+}
+
+// Remove deletes namespace's user from every node; Redis closes its connections.
+func Remove(ctx context.Context, nodes []Node, namespace string) error {
+	return each(ctx, nodes, func(ctx context.Context, n Node) error {
+		return classify(n.Do(ctx, "acl", "deluser", Username(namespace)).Err())
+	})
+}
+
+// Probe says whether every node answers ACL commands: ErrUnavailable when one refuses them.
+func Probe(ctx context.Context, nodes []Node) error {
+	return each(ctx, nodes, func(ctx context.Context, n Node) error {
+		return classify(n.Do(ctx, "acl", "whoami").Err())
+	})
+}
+
+// DefaultUserOpen says whether a node lets anyone in without a password: its default user is
+// on and has nopass. Then a namespace's own user isolates nothing, since a tenant can connect
+// as the default user, which has every key and command unless the admin limited it.
+func DefaultUserOpen(ctx context.Context, nodes []Node) (bool, error) {
+	open := false
+	err := each(ctx, nodes, func(ctx context.Context, n Node) error {
+		reply, err := n.Do(ctx, "acl", "getuser", "default").Result()
+		if err != nil {
+			return classify(err)
+		}
+		flags := field(reply, "flags")
+		list, _ := flags.([]any)
+		on, nopass := false, false
+		for _, f := range list {
+			switch f {
+			case "on":
+				on = true
+			case "nopass":
+				nopass = true
+			}
+		}
+		open = open || (on && nopass)
+		return nil
+	})
+	return open, err
+}
+
+// field reads key of an ACL GETUSER reply: a map (RESP3) or a flat key, value list (RESP2).
+func field(reply any, key string) any {
+	switch r := reply.(type) {
+	case map[any]any:
+		return r[key]
+	case []any:
+		for i := 0; i+1 < len(r); i += 2 {
+			if r[i] == key {
+				return r[i+1]
+			}
+		}
+	}
+	return nil
+}
+
+func each(ctx context.Context, nodes []Node, fn func(context.Context, Node) error) error {
+	if len(nodes) == 0 {
+		return errors.New("no redis node to set users on")
+	}
+	var errs []error
+	for _, n := range nodes {
+		if err := fn(ctx, n); err != nil {
+			errs = append(errs, fmt.Errorf("on %s: %w", nodeName(n), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func nodeName(n Node) string {
+	if c, ok := n.(*redis.Client); ok {
+		return c.Options().Addr
+	}
+	return "redis"
+}
+
+// classify marks an error Redis itself returned (it answered, and refused) as ErrUnavailable.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if rerr, ok := errors.AsType[redis.Error](err); ok {
+		return fmt.Errorf("%w: %s", ErrUnavailable, rerr.Error())
+	}
+	return err
+}

@@ -1,0 +1,152 @@
+package redisconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Nodes reaches every data node behind one URL, for settings Redis keeps per node and does not
+// replicate (ACL users): the server; every master and replica of a cluster; a Sentinel group's
+// master and every replica, which a failover may promote. Clients to the nodes are kept per
+// address, one connection each, and closed by Close.
+type Nodes struct {
+	opts   *redis.UniversalOptions
+	client redis.UniversalClient
+	o      Options
+
+	mu      sync.Mutex
+	clients map[string]*redis.Client
+}
+
+// NewNodes returns the nodes behind rawURL. client is the client NewClient built from the
+// same URL; a cluster's nodes are its own.
+func NewNodes(rawURL string, opts Options, client redis.UniversalClient) (*Nodes, error) {
+	uo, err := parseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	o := opts.withDefaults()
+	if o.Username != "" {
+		uo.Username = o.Username
+	}
+	if o.Password != "" {
+		uo.Password = o.Password
+	}
+	if o.TLSConfig != nil {
+		uo.TLSConfig = o.TLSConfig
+	}
+	return &Nodes{opts: uo, client: client, o: o, clients: map[string]*redis.Client{}}, nil
+}
+
+// Each runs fn on every node, one after the other, and joins their errors. A node that cannot
+// be listed (a Sentinel group none of whose sentinels answers) is an error.
+func (n *Nodes) Each(ctx context.Context, fn func(ctx context.Context, node *redis.Client) error) error {
+	switch {
+	case n.opts.MasterName != "":
+		addrs, err := n.sentinelNodes(ctx)
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, a := range addrs {
+			if err := fn(ctx, n.nodeClient(a)); err != nil {
+				errs = append(errs, fmt.Errorf("on %s: %w", a, err))
+			}
+		}
+		return errors.Join(errs...)
+	default:
+		if cc, ok := n.client.(*redis.ClusterClient); ok {
+			var mu sync.Mutex
+			var errs []error
+			// ForEachShard runs fn concurrently; collect under a lock.
+			err := cc.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+				if err := fn(ctx, node); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("on %s: %w", node.Options().Addr, err))
+					mu.Unlock()
+				}
+				return nil
+			})
+			return errors.Join(append(errs, err)...)
+		}
+		if c, ok := n.client.(*redis.Client); ok {
+			return fn(ctx, c)
+		}
+		return fmt.Errorf("listing redis nodes: unsupported client %T", n.client)
+	}
+}
+
+// sentinelNodes asks the sentinels, first to answer wins, for the master and its replicas.
+func (n *Nodes) sentinelNodes(ctx context.Context) ([]string, error) {
+	var errs []error
+	for _, s := range n.opts.Addrs {
+		sc := redis.NewSentinelClient(&redis.Options{
+			Addr: s, Username: n.opts.SentinelUsername, Password: n.opts.SentinelPassword,
+			TLSConfig: n.opts.TLSConfig, DialTimeout: n.o.DialTimeout, ReadTimeout: n.o.ReadTimeout,
+			WriteTimeout: n.o.WriteTimeout, MaxRetries: -1, PoolSize: 1, DisableIdentity: true,
+		})
+		addrs, err := sentinelGroup(ctx, sc, n.opts.MasterName)
+		_ = sc.Close()
+		if err == nil {
+			return addrs, nil
+		}
+		errs = append(errs, fmt.Errorf("sentinel %s: %w", s, err))
+	}
+	return nil, fmt.Errorf("listing the nodes of sentinel group %s: %w", n.opts.MasterName, errors.Join(errs...))
+}
+
+func sentinelGroup(ctx context.Context, sc *redis.SentinelClient, master string) ([]string, error) {
+	m, err := sc.GetMasterAddrByName(ctx, master).Result()
+	if err != nil {
+		return nil, err
+	}
+	if len(m) != 2 {
+		return nil, fmt.Errorf("master %s: unexpected address %q", master, m)
+	}
+	out := []string{net.JoinHostPort(m[0], m[1])}
+	replicas, err := sc.Replicas(ctx, master).Result()
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range replicas {
+		if a := net.JoinHostPort(r["ip"], r["port"]); r["ip"] != "" && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// nodeClient is the kept client of one node's address.
+func (n *Nodes) nodeClient(addr string) *redis.Client {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c, ok := n.clients[addr]; ok {
+		return c
+	}
+	c := redis.NewClient(&redis.Options{
+		Addr: addr, Username: n.opts.Username, Password: n.opts.Password, DB: n.opts.DB,
+		TLSConfig: n.opts.TLSConfig, DialTimeout: n.o.DialTimeout, ReadTimeout: n.o.ReadTimeout,
+		WriteTimeout: n.o.WriteTimeout, MaxRetries: -1, PoolSize: 1, DisableIdentity: true,
+		ClientName: n.o.ClientName,
+	})
+	n.clients[addr] = c
+	return c
+}
+
+// Close closes the clients Nodes opened (not the client it was given).
+func (n *Nodes) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var errs []error
+	for a, c := range n.clients {
+		errs = append(errs, c.Close())
+		delete(n.clients, a)
+	}
+	return errors.Join(errs...)
+}
