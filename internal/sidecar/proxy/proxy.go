@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/reqpath"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
@@ -128,6 +129,18 @@ func New(opts Options) (*Handler, error) {
 
 // ServeHTTP decides the request, then refuses it or forwards it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The path is matched and forwarded in one normal form (reqpath): the application routes
+	// what the rules matched. A path no normal form can agree on with every application is
+	// refused.
+	norm, decoded, err := reqpath.Normalize(r.URL.EscapedPath())
+	if err != nil {
+		w.Header()["Content-Type"] = []string{"application/json"}
+		w.WriteHeader(http.StatusBadRequest)
+		body, _ := json.Marshal(map[string]string{"error": "bad_request_path", "reason": err.Error()})
+		_, _ = w.Write(append(body, '\n'))
+		return
+	}
+	r.URL.Path, r.URL.RawPath = decoded, norm
 	set := h.opts.Store.Current()
 	if set != nil && len(set.Rules) > 0 {
 		d := h.opts.Engine.Decide(r.Context(), set, &decide.Request{

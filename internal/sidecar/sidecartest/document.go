@@ -55,3 +55,37 @@ func Store(t testing.TB, requests int64, window time.Duration) *ruleset.Store {
 	store.Swap(set)
 	return store
 }
+
+// DocumentPathPrefix is Document (FixedWindow, failing open) with the rule restricted to paths
+// under pathPrefix.
+func DocumentPathPrefix(namespace, policy, rule, app string, requests int64, window time.Duration, keyHeader, pathPrefix string) []byte {
+	p := policydoc.Policy{
+		Name: policy, Generation: 1, FailureMode: "Open",
+		Selector: policydoc.Selector{MatchLabels: map[string]string{"app": app}},
+		Rules: []policydoc.Rule{{
+			Name: rule, Match: &policydoc.Match{PathPrefix: pathPrefix}, Key: []policydoc.KeyPart{{Header: keyHeader}},
+			Algorithm: "FixedWindow", Requests: requests, WindowMS: window.Milliseconds(), Mode: "Enforce",
+		}},
+	}
+	_, data, err := policydoc.Build(namespace, []policydoc.Policy{p}, map[string]string{})
+	if err != nil {
+		panic(fmt.Sprintf("building test document: %v", err))
+	}
+	return data
+}
+
+// StoreOf returns a store holding the rule set of doc as a pod labelled app=web loads it.
+func StoreOf(t testing.TB, doc []byte) *ruleset.Store {
+	t.Helper()
+	parsed, err := policydoc.Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := ruleset.NewBuilder("").Build(parsed, map[string]string{"app": "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &ruleset.Store{}
+	store.Swap(set)
+	return store
+}
