@@ -63,13 +63,13 @@ func Normalize(escaped string) (norm, decoded string, err error) {
 	}
 	for i := 1; i < len(escaped); i++ {
 		c := escaped[i]
-		switch {
-		case c == '/':
+		switch c {
+		case '/':
 			flush(false)
 			trailing = true
-		case c == '\\':
+		case '\\':
 			return "", "", ErrAmbiguous
-		case c == '%':
+		case '%':
 			if i+2 >= len(escaped) || !isHex(escaped[i+1]) || !isHex(escaped[i+2]) {
 				return "", "", errors.Join(ErrMalformed, errors.New("a % not followed by two hex digits"))
 			}
