@@ -157,6 +157,7 @@ func TestIdleConnectionFloodOnEveryFace(t *testing.T) {
 	e := newEnv(t, "web")
 	e.write(t, sidecartest.DocumentAlgorithm(e.namespace, "p", "r", "web", 1_000_000, time.Minute, "x-key", "Open", "FixedWindow"))
 	s := startWithEnv(t, "flooded", e, up.addr(), []string{fmt.Sprintf("REDLINE_MEMORY_LIMIT=%d", memoryLimit)}, exposedFaces()...)
+	g.Expect(s.logs.String()).To(ContainSubstring(`"goMemoryLimitBytes":57042480`), "Go's memory limit is 85%% of the container's")
 	good := clientFrom(goodIP)
 	pid := s.cmd.Process.Pid
 	before := rssMiB(t, pid)
@@ -290,4 +291,43 @@ func TestOnePeerCannotHoldTheExposedRLS(t *testing.T) {
 		}
 	}
 	g.Expect(refused).To(BeNumerically(">", 0), "some Watch calls reached the service and were refused")
+}
+
+// A path-prefix rule holds whichever spelling of the path a client sends, and the application
+// is sent the path that was matched. Before, /./admin/x and //admin/x were matched raw, passed
+// uncounted, and the application (which cleans the path) served /admin/x.
+func TestPathSpellingsShareTheirRule(t *testing.T) {
+	g := NewWithT(t)
+	up := newUpstream(t)
+	e := newEnv(t, "web")
+	e.write(t, sidecartest.DocumentPathPrefix(e.namespace, "p", "admin", "web", 2, time.Minute, "x-key", "/admin/"))
+	s := start(t, "paths", e, shared.URL(), up.addr(), true)
+	send := func(target string) (int, string) {
+		c, err := net.Dial("tcp", hostPort(s.proxy))
+		g.Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = c.Close() }()
+		_, err = fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: app\r\nX-Key: k\r\nConnection: close\r\n\r\n", target)
+		g.Expect(err).NotTo(HaveOccurred())
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		g.Expect(err).NotTo(HaveOccurred(), target)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(body)
+	}
+	code, body := send("/./admin/users")
+	g.Expect(code).To(Equal(http.StatusOK))
+	g.Expect(body).To(HavePrefix("hello GET /admin/users "), "the application is sent the matched path")
+	code, _ = send("//admin//users")
+	g.Expect(code).To(Equal(http.StatusOK))
+	g.Expect(up.hits.Load()).To(BeEquivalentTo(2))
+	for _, target := range []string{"/admin/users", "/public/../admin/users", "/%61dmin/users", "/admin/./users"} {
+		code, _ = send(target)
+		g.Expect(code).To(Equal(http.StatusTooManyRequests), "%s is under the /admin/ rule, whose 2 requests are spent", target)
+	}
+	code, _ = send("/admin%2Fusers")
+	g.Expect(code).To(Equal(http.StatusBadRequest), "an encoded slash is refused")
+	code, body = send("/public/./page")
+	g.Expect(code).To(Equal(http.StatusOK))
+	g.Expect(body).To(HavePrefix("hello GET /public/page "))
+	g.Expect(up.hits.Load()).To(BeEquivalentTo(3))
 }
