@@ -331,3 +331,66 @@ func TestPathSpellingsShareTheirRule(t *testing.T) {
 	g.Expect(body).To(HavePrefix("hello GET /public/page "))
 	g.Expect(up.hits.Load()).To(BeEquivalentTo(3))
 }
+
+// The proxy's bound holds at the worst a connection can cost: every slot taken by a client in
+// the middle of a request header block just under --max-header-bytes.
+func TestHeaderFloodStaysUnderTheMemoryLimit(t *testing.T) {
+	g := NewWithT(t)
+	up := newUpstream(t)
+	e := newEnv(t, "web")
+	e.write(t, sidecartest.Document(e.namespace, "p", "r", "web", 1_000_000, time.Minute, "x-key", "Open"))
+	s := startWithEnv(t, "headers", e, up.addr(), []string{fmt.Sprintf("REDLINE_MEMORY_LIMIT=%d", memoryLimit)}, "--listen=0.0.0.0:0")
+	pid := s.cmd.Process.Pid
+	before := rssKiB(pid) / 1024
+
+	// 1,000 connections (3x the bound at 64Mi), each sending 60 KiB of header lines of 1 KiB
+	// and never the blank line that ends them.
+	line := "X-Filler: " + strings.Repeat("a", 1012) + "\r\n"
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+		next  atomic.Int64
+	)
+	t.Cleanup(func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	d := dialerFrom(attackerIP)
+	for range 32 {
+		wg.Go(func() {
+			for next.Add(1) <= 1000 {
+				c, err := d.Dial("tcp", hostPort(s.proxy))
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+				_ = c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+				if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: app\r\n"); err != nil {
+					continue
+				}
+				for range 60 {
+					if _, err := io.WriteString(c, line); err != nil {
+						break
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	peak := 0.0
+	for range 20 { // two seconds, well within --read-header-timeout
+		peak = max(peak, rssKiB(pid)/1024)
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case <-s.exited:
+		t.Fatalf("the sidecar died under the flood: %v", s.exitErr)
+	default:
+	}
+	t.Logf("RSS %.1f MiB before, %.1f MiB peak with %d connections sending 60 KiB header blocks", before, peak, len(conns))
+	g.Expect(peak).To(BeNumerically("<", memoryLimit>>20), "the sidecar stays under its container's memory limit")
+}
