@@ -139,6 +139,18 @@ func start(t testing.TB, name string, e *env, redisURL, upstream string, waitRea
 // startBinary is start with another sidecar binary (a baseline build to compare with).
 func startBinary(t testing.TB, bin, name string, e *env, redisURL, upstream string, waitReady bool, extra ...string) *sidecar {
 	t.Helper()
+	return launch(t, bin, name, e, redisURL, upstream, waitReady, nil, extra...)
+}
+
+// startWithEnv is start against the shared Redis, waiting for readiness, with more
+// environment variables (NAME=value).
+func startWithEnv(t testing.TB, name string, e *env, upstream string, environ []string, extra ...string) *sidecar {
+	t.Helper()
+	return launch(t, binary, name, e, shared.URL(), upstream, true, environ, extra...)
+}
+
+func launch(t testing.TB, bin, name string, e *env, redisURL, upstream string, waitReady bool, environ []string, extra ...string) *sidecar {
+	t.Helper()
 	s := &sidecar{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), stopTimeout: 20 * time.Second}
 	// Port 0 everywhere: the sidecar binds what the kernel gives and logs it ("listening"), so
 	// no other process can take a port between the test choosing it and the sidecar binding it.
@@ -151,6 +163,7 @@ func startBinary(t testing.TB, bin, name string, e *env, redisURL, upstream stri
 	}, extra...)
 	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+e.namespace, "REDLINE_REDIS_PASSWORD=")
+	s.cmd.Env = append(s.cmd.Env, environ...)
 	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("starting sidecar %s: %v", name, err)

@@ -88,7 +88,12 @@ type NamespaceReconciler struct {
 
 // +kubebuilder:rbac:groups=redline.dev,resources=ratelimitpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=redline.dev,resources=ratelimitpolicies/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;patch;delete
+// ConfigMaps: the manager writes one, redline-policies, per namespace. get, update, patch and
+// delete are limited to that name; create cannot be (the name is in the body, which RBAC does
+// not see), and the cache's cluster-wide list and watch could be only with a metadata.name
+// field selector on every request.
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=list;watch;create
+// +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=redline-policies,verbs=get;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile brings the ConfigMap and the status of every policy of req.Namespace up to date.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,13 +20,24 @@ import (
 
 // Config is the sidecar's configuration, from flags and environment.
 type Config struct {
-	Listen            string
-	Upstream          string
-	AdminListen       string
-	GRPCListen        string
-	CheckListen       string
-	MaxCheckConns     int
-	MaxGRPCConns      int
+	Listen        string
+	Upstream      string
+	AdminListen   string
+	GRPCListen    string
+	CheckListen   string
+	MaxCheckConns int
+	MaxGRPCConns  int
+	// MaxConns and MaxConnsPerIP bound the proxy face; MaxAdminConns and MaxAdminConnsPerIP the
+	// admin face; the PerIP bounds of the decision faces apply when they are not on loopback.
+	MaxConns           int
+	MaxConnsPerIP      int
+	MaxAdminConns      int
+	MaxAdminConnsPerIP int
+	MaxCheckConnsPerIP int
+	MaxGRPCConnsPerIP  int
+	// MemoryLimit is the container's memory limit in bytes (downward API), 0 when unknown; Run
+	// sets the Go memory limit from it unless GOMEMLIMIT is set.
+	MemoryLimit       int64
 	ConfigDir         string
 	PodLabels         string
 	FailureMode       string
@@ -57,6 +69,23 @@ type Config struct {
 	PodNamespace string
 }
 
+// proxyConnCost is what one proxy connection may hold beyond its request headers, measured
+// with the sidecar as a process (TestIdleConnectionFloodOnEveryFace): about 30 KiB for an idle
+// keep-alive connection (its goroutine's stack, grown by a proxied request, and its read and
+// write buffers) and its share of the keep-alive pool to the application.
+const proxyConnCost = 40 << 10
+
+// proxyConnsFor is the proxy's default connection bound: as many connections as half the
+// container's memory holds at their worst (full headers each), the other half left to the
+// runtime, the binary, the lease table and the other faces; 1024 where the limit is unknown.
+// The injector's default 64Mi and 64 KiB headers give 315.
+func proxyConnsFor(memoryLimit int64, maxHeaderBytes int) int {
+	if memoryLimit <= 0 {
+		return 1024
+	}
+	return int(min(max(memoryLimit/2/int64(proxyConnCost+maxHeaderBytes), 64), 1<<16))
+}
+
 // maxLeaseKeys bounds --lease-keys: the table and its warm-key hashes are sized from it at start.
 const maxLeaseKeys = 1 << 20
 
@@ -74,6 +103,12 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 		"address of the Envoy rate limit service (gRPC); loopback keeps it inside the pod; empty disables it")
 	fs.IntVar(&c.MaxCheckConns, "max-check-conns", 512, "most client connections /v1/check holds open at once (HTTP/1: one per concurrent caller); more wait to be accepted")
 	fs.IntVar(&c.MaxGRPCConns, "max-grpc-conns", 32, "most client connections the rate limit service holds open at once, each with up to 64 concurrent calls; more wait to be accepted")
+	fs.IntVar(&c.MaxConns, "max-conns", 0, "most client connections the proxy holds open at once; at the bound the one idle longest is closed for a new one, and with none idle new ones wait to be accepted. 0: sized from the container's memory limit (half of it, at --max-header-bytes plus 40 KiB a connection), or 1024 when it is unknown")
+	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "most proxy connections from one client IP (0: no per-IP bound; ingress controllers and node SNAT send many clients from one IP)")
+	fs.IntVar(&c.MaxAdminConns, "max-admin-conns", 64, "most connections the admin face (health, readiness, metrics) holds open at once")
+	fs.IntVar(&c.MaxAdminConnsPerIP, "max-admin-conns-per-ip", 8, "most admin connections from one IP (the kubelet and Prometheus need one or two each)")
+	fs.IntVar(&c.MaxCheckConnsPerIP, "max-check-conns-per-ip", 64, "most /v1/check connections from one IP when the decision API is not on loopback")
+	fs.IntVar(&c.MaxGRPCConnsPerIP, "max-grpc-conns-per-ip", 8, "most rate limit service connections from one IP when it is not on loopback")
 	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the admin address (for diagnosing a sidecar, not for production traffic)")
 	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
 	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")
@@ -110,10 +145,20 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	c.RedisPassword = getenv(contract.EnvRedisPassword)
 	c.PodName = getenv(contract.EnvPodName)
 	c.PodNamespace = getenv(contract.EnvPodNamespace)
+	var errs []error
+	if v := getenv(contract.EnvMemoryLimit); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			errs = append(errs, fmt.Errorf("$%s=%q: want the container's memory limit in bytes", contract.EnvMemoryLimit, v))
+		}
+		c.MemoryLimit = n
+	}
 	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	var errs []error
+	if c.MaxConns == 0 {
+		c.MaxConns = proxyConnsFor(c.MemoryLimit, c.MaxHeaderBytes)
+	}
 	if c.Upstream == "" {
 		errs = append(errs, fmt.Errorf("--%s is required (the application's host:port)", contract.FlagUpstream))
 	}
@@ -143,8 +188,11 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	if c.LeaseKeys < 1 || c.LeaseKeys > maxLeaseKeys {
 		errs = append(errs, fmt.Errorf("--lease-keys must be 1 to %d (about 400 bytes a key)", maxLeaseKeys))
 	}
-	if c.MaxCheckConns < 1 || c.MaxGRPCConns < 1 {
-		errs = append(errs, errors.New("--max-check-conns and --max-grpc-conns must be at least 1"))
+	if c.MaxCheckConns < 1 || c.MaxGRPCConns < 1 || c.MaxConns < 1 || c.MaxAdminConns < 1 {
+		errs = append(errs, errors.New("--max-admin-conns, --max-check-conns and --max-grpc-conns must be at least 1, --max-conns at least 0 (0: from the memory limit)"))
+	}
+	if min(c.MaxConnsPerIP, c.MaxAdminConnsPerIP, c.MaxCheckConnsPerIP, c.MaxGRPCConnsPerIP) < 0 {
+		errs = append(errs, errors.New("the --max-*-per-ip bounds must not be negative (0: none)"))
 	}
 	if c.MaxHeaderBytes < 4096 {
 		errs = append(errs, errors.New("--max-header-bytes must be at least 4096"))

@@ -38,6 +38,21 @@ func TestParseConfigContract(t *testing.T) {
 	g.Expect(c.MaxProcs).To(Equal(1), "one P by default: a sidecar's work is mostly waiting")
 	g.Expect(c.LeaseKeys).To(Equal(16384))
 
+	g.Expect(c.MaxConns).To(Equal(1024), "no memory limit known")
+	g.Expect(c.MaxAdminConns).To(Equal(64))
+	g.Expect(c.MaxAdminConnsPerIP).To(Equal(8))
+	g.Expect(c.MaxConnsPerIP).To(BeZero(), "ingress and SNAT funnel many clients through one IP")
+	g.Expect(c.MemoryLimit).To(BeZero())
+
+	// The injector passes the container's memory limit; the proxy's bound follows it.
+	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "REDLINE_MEMORY_LIMIT": "67108864", "POD_NAMESPACE": "shop"}), io.Discard)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.MemoryLimit).To(BeEquivalentTo(64 << 20))
+	g.Expect(c.MaxConns).To(Equal(315), "half of 64Mi at 64 KiB of headers and 40 KiB a connection")
+	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--max-conns=5000"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "REDLINE_MEMORY_LIMIT": "67108864", "POD_NAMESPACE": "shop"}), io.Discard)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.MaxConns).To(Equal(5000), "the flag wins")
+
 	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--max-procs=4"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "GOMAXPROCS": "3", "POD_NAMESPACE": "shop"}), io.Discard)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(c.MaxProcs).To(BeZero(), "GOMAXPROCS in the environment wins over the flag")
@@ -56,6 +71,9 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"no idle redis time": {"--upstream=127.0.0.1:1", "--redis-idle-timeout=0"},
 		"no lease keys":      {"--upstream=127.0.0.1:1", "--lease-keys=0"},
 		"lease keys beyond":  {"--upstream=127.0.0.1:1", "--lease-keys=1048577"},
+		"negative max conns": {"--upstream=127.0.0.1:1", "--max-conns=-1"},
+		"no admin conns":     {"--upstream=127.0.0.1:1", "--max-admin-conns=0"},
+		"negative per ip":    {"--upstream=127.0.0.1:1", "--max-grpc-conns-per-ip=-1"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := app.ParseConfig(args, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "POD_NAMESPACE": "shop"}), io.Discard)
@@ -67,4 +85,6 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 	// The namespace of keys and heartbeats comes from the pod, so a sidecar without it does not start.
 	_, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r"}), io.Discard)
 	NewWithT(t).Expect(err).To(MatchError(ContainSubstring("POD_NAMESPACE")))
+	_, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "REDLINE_MEMORY_LIMIT": "64Mi", "POD_NAMESPACE": "shop"}), io.Discard)
+	NewWithT(t).Expect(err).To(MatchError(ContainSubstring("REDLINE_MEMORY_LIMIT")))
 }

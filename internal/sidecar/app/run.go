@@ -5,18 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
+	"github.com/redline-dev/redline/internal/sidecar/connlimit"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/metrics"
@@ -47,11 +50,26 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	// What the standard library logs on its own (net/http's transport on an unsolicited
 	// response, say) comes out as the same JSON.
 	slog.SetDefault(log)
+	setMemoryLimit(cfg, getenv, log)
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("sidecar stopped", "error", err)
 		return 1
 	}
 	return 0
+}
+
+// setMemoryLimit makes the garbage collector work harder as the heap nears the container's
+// limit, instead of letting a burst of garbage on top of a full live heap cross it and the
+// kernel kill the sidecar (and with it, for a native sidecar, the pod's traffic). The connection
+// bounds keep the live heap under it; this keeps garbage from adding to it. A GOMEMLIMIT set
+// by the pod's author wins: the runtime has applied it already.
+func setMemoryLimit(cfg *Config, getenv func(string) string, log *slog.Logger) {
+	if getenv("GOMEMLIMIT") != "" || cfg.MemoryLimit <= 0 {
+		return
+	}
+	limit := cfg.MemoryLimit / 100 * contract.MemoryLimitPercent
+	debug.SetMemoryLimit(limit)
+	log.Info("Go memory limit set from the container's", "containerLimitBytes", cfg.MemoryLimit, "goMemoryLimitBytes", limit)
 }
 
 type silentRedisLogger struct{}
@@ -140,12 +158,19 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			MaxHeaderBytes: cfg.MaxHeaderBytes, ErrorLog: errLog,
 		}
 	}
-	proxySrv, adminSrv := newServer(ph), newServer(admin)
+	// On every HTTP face, idle keep-alive connections make room for new ones at the face's
+	// bound (connlimit.IdleCloser).
+	var proxyIdle, adminIdle, checkIdle connlimit.IdleCloser
+	proxySrv := newServer(ph)
+	proxySrv.ConnState = proxyIdle.ConnState
+	adminSrv := newAdminServer(admin, errLog)
+	adminSrv.ConnState = adminIdle.ConnState
 	var checkSrv *http.Server
 	if cfg.CheckListen != "" {
 		check := http.NewServeMux()
 		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store})
 		checkSrv = newServer(check)
+		checkSrv.ConnState = checkIdle.ConnState
 		// A check is at most 64 KiB: reading one takes no longer than its headers may. A
 		// client dribbling a body cannot hold one of the face's few connections for long.
 		checkSrv.ReadTimeout = cfg.ReadHeaderTimeout
@@ -155,6 +180,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		var hs *health.Server
 		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store}, rls.ServerOptions{
 			IdleTimeout: cfg.IdleTimeout, HandshakeTimeout: cfg.ReadHeaderTimeout,
+			Exposed: !onLoopback(cfg.GRPCListen),
 		})
 		healthSrv = hs
 		if store.Current() != nil {
@@ -162,7 +188,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 	}
 
-	lns, err := listenAll(cfg)
+	lns, err := listenAll(cfg, faceHooks{proxy: proxyIdle.CloseOldest, admin: adminIdle.CloseOldest, check: checkIdle.CloseOldest})
 	if err != nil {
 		return err
 	}
@@ -197,7 +223,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 	log.Info("sidecar serving", "listen", lns.proxy.Addr().String(), "upstream", cfg.Upstream,
 		"admin", lns.admin.Addr().String(), "check", cfg.CheckListen, "grpc", cfg.GRPCListen, "instance", instance,
-		"failureModeOverride", cfg.FailureMode, "trustedHops", cfg.TrustedHops, "maxProcs", runtime.GOMAXPROCS(0))
+		"failureModeOverride", cfg.FailureMode, "maxConns", cfg.MaxConns, "trustedHops", cfg.TrustedHops, "maxProcs", runtime.GOMAXPROCS(0))
 
 	var runErr error
 	select {
@@ -273,6 +299,29 @@ func adminMux(cfg *Config, store *ruleset.Store, m *metrics.Metrics, draining *a
 	return admin
 }
 
+// Admin face bounds. Its clients are the kubelet (a new connection per probe, a 1 s probe
+// timeout) and Prometheus (one keep-alive connection, a scrape every 15-60 s): nothing it
+// serves needs long headers, a slow body or a long idle connection, and a client that dribbles
+// or idles is cut in seconds.
+const (
+	adminReadTimeout    = 5 * time.Second
+	adminIdleTimeout    = 5 * time.Second
+	adminMaxHeaderBytes = 16 << 10
+)
+
+// newAdminServer serves health, readiness and metrics with the admin face's short timeouts.
+// No WriteTimeout: /debug/pprof/profile, when turned on, answers after 30 s.
+func newAdminServer(h http.Handler, errLog *stdlog.Logger) *http.Server {
+	return &http.Server{
+		Handler: h, ReadHeaderTimeout: adminReadTimeout, ReadTimeout: adminReadTimeout,
+		IdleTimeout: adminIdleTimeout, MaxHeaderBytes: adminMaxHeaderBytes, ErrorLog: errLog,
+	}
+}
+
+// faceHooks are what each HTTP face does at its connection bound: close its longest-idle
+// keep-alive connection.
+type faceHooks struct{ proxy, admin, check func() bool }
+
 // listeners are the sidecar's sockets.
 type listeners struct {
 	proxy, admin, check, grpc net.Listener
@@ -286,15 +335,31 @@ func addrOf(ln net.Listener) string {
 	return ln.Addr().String()
 }
 
-// listenAll opens every configured address, or none. The decision faces accept at most
-// cfg.MaxCheckConns and cfg.MaxGRPCConns connections (netutil.LimitListener): one client opening sockets
-// without end cannot exhaust the sidecar's memory or descriptors.
-func listenAll(cfg *Config) (*listeners, error) {
+// onLoopback reports whether addr ("host:port") listens on a loopback address only: then its
+// peers are the pod's own containers.
+func onLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// listenAll opens every configured address, or none. Every face is bounded (connlimit): in
+// all, so that one client opening sockets without end cannot exhaust the sidecar's memory or
+// descriptors, and per remote IP, so that one peer cannot take every slot. A face on loopback
+// has no per-IP bound: its only peers are the pod's own containers, all of them 127.0.0.1.
+// Each face's onFull hook runs when it reaches its bound.
+func listenAll(cfg *Config, onFull faceHooks) (*listeners, error) {
 	var (
 		lns    listeners
 		opened []net.Listener
 	)
-	open := func(what, addr string, limit int) (net.Listener, error) {
+	open := func(what, addr string, lim connlimit.Limits, full func() bool) (net.Listener, error) {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			for _, l := range opened {
@@ -303,25 +368,29 @@ func listenAll(cfg *Config) (*listeners, error) {
 			return nil, fmt.Errorf("listening for %s on %s: %w", what, addr, err)
 		}
 		opened = append(opened, ln)
-		if limit > 0 {
-			ln = netutil.LimitListener(ln, limit)
+		if onLoopback(ln.Addr().String()) {
+			lim.PerIP = 0
 		}
-		return ln, nil
+		var hook func()
+		if full != nil {
+			hook = func() { full() }
+		}
+		return connlimit.Listen(ln, lim, hook), nil
 	}
 	var err error
-	if lns.proxy, err = open("the proxy", cfg.Listen, 0); err != nil {
+	if lns.proxy, err = open("the proxy", cfg.Listen, connlimit.Limits{Max: cfg.MaxConns, PerIP: cfg.MaxConnsPerIP}, onFull.proxy); err != nil {
 		return nil, err
 	}
-	if lns.admin, err = open("admin", cfg.AdminListen, 0); err != nil {
+	if lns.admin, err = open("admin", cfg.AdminListen, connlimit.Limits{Max: cfg.MaxAdminConns, PerIP: cfg.MaxAdminConnsPerIP}, onFull.admin); err != nil {
 		return nil, err
 	}
 	if cfg.CheckListen != "" {
-		if lns.check, err = open("the decision API", cfg.CheckListen, cfg.MaxCheckConns); err != nil {
+		if lns.check, err = open("the decision API", cfg.CheckListen, connlimit.Limits{Max: cfg.MaxCheckConns, PerIP: cfg.MaxCheckConnsPerIP}, onFull.check); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.GRPCListen != "" {
-		if lns.grpc, err = open("the rate limit service", cfg.GRPCListen, cfg.MaxGRPCConns); err != nil {
+		if lns.grpc, err = open("the rate limit service", cfg.GRPCListen, connlimit.Limits{Max: cfg.MaxGRPCConns, PerIP: cfg.MaxGRPCConnsPerIP}, nil); err != nil {
 			return nil, err
 		}
 	}

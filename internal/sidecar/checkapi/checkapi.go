@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/reqpath"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
@@ -45,7 +46,9 @@ const (
 type Request struct {
 	// Method, Path, Headers and RemoteAddress describe an HTTP request to decide against every
 	// matching rule. Header names are case-insensitive; the path may carry a query, which is
-	// ignored. X-Forwarded-For in Headers is honoured behind the sidecar's trusted hops.
+	// ignored. The path is as sent on the wire (percent-encoded) and is normalised as the proxy
+	// normalises it (package reqpath); one with an encoded slash is refused. X-Forwarded-For
+	// in Headers is honoured behind the sidecar's trusted hops.
 	Method        string            `json:"method,omitempty"`
 	Path          string            `json:"path,omitempty"`
 	Headers       map[string]string `json:"headers,omitempty"`
@@ -189,7 +192,13 @@ func (h *Handler) decide(r *http.Request, set *ruleset.Set, req *Request) (decid
 	for k, v := range req.Headers {
 		hdr[textproto.CanonicalMIMEHeaderKey(k)] = []string{v}
 	}
-	path, _, _ := strings.Cut(req.Path, "?")
+	escaped, _, _ := strings.Cut(req.Path, "?")
+	// Matched in the normal form the proxy matches and forwards (reqpath): a gateway asking for
+	// /./login is counted as /login, which is what the application behind it serves.
+	_, path, err := reqpath.Normalize(escaped)
+	if err != nil {
+		return decide.Decision{}, fmt.Errorf("path %q: %w", req.Path, err)
+	}
 	return h.Engine.Decide(r.Context(), set, &decide.Request{
 		Method: strings.ToUpper(req.Method), Path: path, Header: hdr, RemoteAddr: req.RemoteAddress,
 	}, cost), nil

@@ -126,3 +126,33 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// The decision API matches a described path in the normal form the proxy matches and forwards.
+func TestCheckNormalisesThePath(t *testing.T) {
+	g := NewWithT(t)
+	h := &checkapi.Handler{Engine: &decide.Engine{Limiter: admitAll{}},
+		Store: sidecartest.StoreOf(t, sidecartest.DocumentPathPrefix("ns", "p", "r", "web", 10, time.Minute, "x-key", "/login"))}
+	for _, c := range []struct {
+		path    string
+		status  int
+		matches bool
+	}{
+		{"/login", 200, true},
+		{"/./login", 200, true},
+		{"//login", 200, true},
+		{"/x/../login?a=b", 200, true},
+		{"/%6Cogin", 200, true},
+		{"/logout", 200, false},
+		{"/x%2F../login", 400, false},
+		{"/bad%zz", 400, false},
+	} {
+		rec := do(h, http.MethodPost, `{"method":"POST","path":"`+c.path+`"}`)
+		g.Expect(rec.Code).To(Equal(c.status), c.path)
+		if c.status != 200 {
+			continue
+		}
+		var resp checkapi.Response
+		g.Expect(json.Unmarshal(rec.Body.Bytes(), &resp)).To(Succeed())
+		g.Expect(resp.Results).To(HaveLen(map[bool]int{true: 1, false: 0}[c.matches]), c.path)
+	}
+}

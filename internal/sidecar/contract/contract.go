@@ -8,8 +8,17 @@ package contract
 
 // Pod annotations read by the injector (users put them on a Deployment's pod template).
 const (
-	// AnnotationInject opts a pod in when its value is "true".
+	// AnnotationInject opts a pod in when its value is "true", and out of a namespace that
+	// opted in (NamespaceLabelInjection) when "false". LabelInject, a pod label of the same
+	// name and values, does the same.
 	AnnotationInject = "redline.dev/inject"
+	// LabelInject is AnnotationInject as a pod label, which selectors (a PodMonitor, a
+	// NetworkPolicy) can also see.
+	LabelInject = "redline.dev/inject"
+	// NamespaceLabelInjection set to NamespaceInjectionEnabled on a namespace opts in every pod
+	// created in it, but those that set AnnotationInject or LabelInject to "false".
+	NamespaceLabelInjection   = "redline.dev/injection"
+	NamespaceInjectionEnabled = "enabled"
 	// AnnotationUpstreamPort is the application's port the sidecar forwards to (1-65535).
 	// Required: without a valid one the pod is admitted unchanged, with a warning.
 	AnnotationUpstreamPort = "redline.dev/upstream-port"
@@ -140,6 +149,14 @@ const (
 	EnvPodName = "POD_NAME"
 	// EnvPodNamespace is the pod's namespace (downward API).
 	EnvPodNamespace = "POD_NAMESPACE"
+	// EnvMemoryLimit is the sidecar container's memory limit in bytes (downward API
+	// resourceFieldRef limits.memory); the sidecar sets Go's memory limit to
+	// MemoryLimitPercent of it unless GOMEMLIMIT is set.
+	EnvMemoryLimit = "REDLINE_MEMORY_LIMIT"
+	// MemoryLimitPercent is the share of the container's limit the Go runtime aims to stay
+	// under: the rest is what the runtime does not count (stacks it cannot shrink at once,
+	// fragmentation) and the kernel's socket buffers, charged to the same cgroup.
+	MemoryLimitPercent = 85
 	// RedisSecretKey is the key of the Redis password in the credentials Secret.
 	RedisSecretKey = "password"
 	// RedisUsernameKey is the key of the Redis ACL user in the credentials Secret (absent: the

@@ -21,8 +21,12 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/reqpath"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
+
+// contentTypeJSON is the type of every answer the proxy writes itself.
+const contentTypeJSON = "application/json"
 
 // Options configure a Handler.
 type Options struct {
@@ -128,6 +132,18 @@ func New(opts Options) (*Handler, error) {
 
 // ServeHTTP decides the request, then refuses it or forwards it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The path is matched and forwarded in one normal form (reqpath): the application routes
+	// what the rules matched. A path no normal form can agree on with every application is
+	// refused.
+	norm, decoded, err := reqpath.Normalize(r.URL.EscapedPath())
+	if err != nil {
+		w.Header()["Content-Type"] = []string{contentTypeJSON}
+		w.WriteHeader(http.StatusBadRequest)
+		body, _ := json.Marshal(map[string]string{"error": "bad_request_path", "reason": err.Error()})
+		_, _ = w.Write(append(body, '\n'))
+		return
+	}
+	r.URL.Path, r.URL.RawPath = decoded, norm
 	set := h.opts.Store.Current()
 	if set != nil && len(set.Rules) > 0 {
 		d := h.opts.Engine.Decide(r.Context(), set, &decide.Request{
@@ -194,7 +210,7 @@ func refuse(w http.ResponseWriter, d *decide.Decision) {
 	})
 	body = append(body, '\n')
 	hdr := w.Header()
-	hdr["Content-Type"] = []string{"application/json"}
+	hdr["Content-Type"] = []string{contentTypeJSON}
 	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
 	hdr["Cache-Control"] = []string{"no-store"}
 	w.WriteHeader(http.StatusTooManyRequests)
@@ -204,7 +220,7 @@ func refuse(w http.ResponseWriter, d *decide.Decision) {
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	if b, ok := r.Context().Value(clientBodyKey{}).(*clientBody); ok && b.failed.Load() {
 		h.opts.Log.Debug("reading the client's request body failed", "error", err, "method", r.Method, "path", r.URL.Path)
-		w.Header()["Content-Type"] = []string{"application/json"}
+		w.Header()["Content-Type"] = []string{contentTypeJSON}
 		w.Header()["Connection"] = []string{"close"} // the rest of the connection is unframed
 		w.WriteHeader(http.StatusBadRequest)
 		_, _ = io.WriteString(w, "{\"error\":\"bad_request_body\",\"status\":400}\n")
@@ -224,7 +240,7 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		h.opts.Log.Warn("upstream request failed", "error", err, "upstream", h.opts.Upstream,
 			"method", r.Method, "path", r.URL.Path, "status", status)
 	}
-	w.Header()["Content-Type"] = []string{"application/json"}
+	w.Header()["Content-Type"] = []string{contentTypeJSON}
 	w.WriteHeader(status)
 	_, _ = fmt.Fprintf(w, "{\"error\":\"upstream_unavailable\",\"status\":%d}\n", status)
 }

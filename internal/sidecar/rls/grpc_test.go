@@ -205,3 +205,29 @@ func TestGracefulShutdown(t *testing.T) {
 	_, err := client.ShouldRateLimit(ctxTimeout(t, 5*time.Second), rlsRequest())
 	g.Expect(status.Code(err)).To(Equal(codes.Unavailable))
 }
+
+// On an exposed face no streaming call is served: Health/Watch, which would stay open until
+// the connection's maximum age, is refused, and Health/Check still answers. On loopback Watch
+// is served.
+func TestExposedFaceServesNoStreams(t *testing.T) {
+	g := NewWithT(t)
+	srv := &rls.Server{Engine: &decide.Engine{Limiter: &countingLimiter{}}, Store: sidecartest.Store(t, 1000, time.Minute)}
+	exposed, _ := serveWith(t, srv, rls.ServerOptions{Exposed: true})
+	hc := healthpb.NewHealthClient(dial(t, exposed))
+	w, err := hc.Watch(ctxTimeout(t, 10*time.Second), &healthpb.HealthCheckRequest{})
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = w.Recv()
+	g.Expect(status.Code(err)).To(Equal(codes.PermissionDenied))
+	resp, err := hc.Check(ctxTimeout(t, 10*time.Second), &healthpb.HealthCheckRequest{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.Status).To(Equal(healthpb.HealthCheckResponse_SERVING))
+	_, err = rlsv3.NewRateLimitServiceClient(dial(t, exposed)).ShouldRateLimit(ctxTimeout(t, 10*time.Second), rlsRequest())
+	g.Expect(err).NotTo(HaveOccurred())
+
+	loopback, _ := serve(t, srv)
+	w, err = healthpb.NewHealthClient(dial(t, loopback)).Watch(ctxTimeout(t, 10*time.Second), &healthpb.HealthCheckRequest{})
+	g.Expect(err).NotTo(HaveOccurred())
+	first, err := w.Recv()
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(first.Status).To(Equal(healthpb.HealthCheckResponse_SERVING))
+}

@@ -84,11 +84,17 @@ func (c *countingLimiter) seen() []int64 {
 // serve runs srv on a loopback port the way the sidecar does and returns its address.
 func serve(t testing.TB, srv *rls.Server) (string, *grpc.Server) {
 	t.Helper()
+	return serveWith(t, srv, rls.ServerOptions{})
+}
+
+// serveWith is serve with server options.
+func serveWith(t testing.TB, srv *rls.Server, opts rls.ServerOptions) (string, *grpc.Server) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs, hs := rls.NewServer(srv, rls.ServerOptions{})
+	gs, hs := rls.NewServer(srv, opts)
 	if srv.Store.Current() != nil {
 		rls.SetServing(hs)
 	}

@@ -6,9 +6,11 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 )
 
 // ServiceName is the rate limit service's gRPC name, as the health service reports it.
@@ -33,6 +35,11 @@ type ServerOptions struct {
 	MaxConnectionAgeGrace time.Duration
 	// HandshakeTimeout bounds a new connection's wait for the client's HTTP/2 preface (default 10s).
 	HandshakeTimeout time.Duration
+	// Exposed says the service listens on the pod network, where any pod is a client: then no
+	// streaming call is served (grpc.health.v1.Health/Watch is the only one), so a peer cannot
+	// hold calls open for MaxConnectionAge. Health/Check, a unary call, stays: it is what
+	// kubelet's gRPC probe and Envoy's health checker use.
+	Exposed bool
 }
 
 func (o ServerOptions) withDefaults() ServerOptions {
@@ -88,6 +95,7 @@ func NewServer(svc *Server, opts ServerOptions) (*grpc.Server, *health.Server) {
 		// Clients may ping every 10s, with or without calls; faster pings get a GOAWAY
 		// (ENHANCE_YOUR_CALM), as grpc-go's own default policy does at 5 minutes.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.StreamInterceptor(streamGuard(opts.Exposed)),
 	)
 	rlsv3.RegisterRateLimitServiceServer(gs, svc)
 	hs := health.NewServer()
@@ -95,6 +103,17 @@ func NewServer(svc *Server, opts ServerOptions) (*grpc.Server, *health.Server) {
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	return gs, hs
+}
+
+// streamGuard refuses every streaming call on an exposed face; on loopback it lets them through.
+func streamGuard(exposed bool) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if exposed {
+			return status.Errorf(codes.PermissionDenied,
+				"%s is not served on the pod network: streams would outlive their use; call grpc.health.v1.Health/Check", info.FullMethod)
+		}
+		return handler(srv, ss)
+	}
 }
 
 // SetServing reports the service as serving: call it once policies are in force.

@@ -12,6 +12,9 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 )
 
+// labelApp is the pod label the test documents select on.
+const labelApp = "app"
+
 // Document returns the bytes of a valid policies document of namespace with one policy named
 // policy selecting app=<app> and one rule named rule: requests per window by SlidingWindowLog
 // (exact), keyed on header keyHeader, enforced, with failure mode mode.
@@ -24,7 +27,7 @@ func DocumentAlgorithm(namespace, policy, rule, app string, requests int64, wind
 	p := policydoc.Policy{
 		Name:        policy,
 		Generation:  1,
-		Selector:    policydoc.Selector{MatchLabels: map[string]string{"app": app}},
+		Selector:    policydoc.Selector{MatchLabels: map[string]string{labelApp: app}},
 		FailureMode: mode,
 		Rules: []policydoc.Rule{{
 			Name: rule, Key: []policydoc.KeyPart{{Header: keyHeader}}, Algorithm: algorithm,
@@ -47,7 +50,41 @@ func Store(t testing.TB, requests int64, window time.Duration) *ruleset.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := ruleset.NewBuilder("").Build(doc, map[string]string{"app": "web"})
+	set, err := ruleset.NewBuilder("").Build(doc, map[string]string{labelApp: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &ruleset.Store{}
+	store.Swap(set)
+	return store
+}
+
+// DocumentPathPrefix is Document (FixedWindow, failing open) with the rule restricted to paths
+// under pathPrefix.
+func DocumentPathPrefix(namespace, policy, rule, app string, requests int64, window time.Duration, keyHeader, pathPrefix string) []byte {
+	p := policydoc.Policy{
+		Name: policy, Generation: 1, FailureMode: "Open",
+		Selector: policydoc.Selector{MatchLabels: map[string]string{labelApp: app}},
+		Rules: []policydoc.Rule{{
+			Name: rule, Match: &policydoc.Match{PathPrefix: pathPrefix}, Key: []policydoc.KeyPart{{Header: keyHeader}},
+			Algorithm: "FixedWindow", Requests: requests, WindowMS: window.Milliseconds(), Mode: "Enforce",
+		}},
+	}
+	_, data, err := policydoc.Build(namespace, []policydoc.Policy{p}, map[string]string{})
+	if err != nil {
+		panic(fmt.Sprintf("building test document: %v", err))
+	}
+	return data
+}
+
+// StoreOf returns a store holding the rule set of doc as a pod labelled app=web loads it.
+func StoreOf(t testing.TB, doc []byte) *ruleset.Store {
+	t.Helper()
+	parsed, err := policydoc.Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := ruleset.NewBuilder("").Build(parsed, map[string]string{labelApp: "web"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -160,6 +163,9 @@ func resolveEnvSource(ctx context.Context, c client.Client, pod *corev1.Pod, src
 	case src.FieldRef != nil:
 		v, err := fieldValue(pod, src.FieldRef.FieldPath)
 		return string(v), err == nil, err
+	case src.ResourceFieldRef != nil:
+		v, err := resourceValue(pod, src.ResourceFieldRef)
+		return v, err == nil && v != "", err
 	case src.SecretKeyRef != nil:
 		ref := src.SecretKeyRef
 		var s corev1.Secret
@@ -193,5 +199,34 @@ func resolveEnvSource(ctx context.Context, c client.Client, pod *corev1.Pod, src
 		}
 		return "", false, err
 	}
-	return "", false, errors.New("unsupported valueFrom (the local stack resolves fieldRef, secretKeyRef and configMapKeyRef)")
+	return "", false, errors.New("unsupported valueFrom (the local stack resolves fieldRef, resourceFieldRef, secretKeyRef and configMapKeyRef)")
+}
+
+// resourceValue is a container's request or limit (resourceFieldRef) divided by the divisor,
+// rounded up, as kubelet computes it. A limit the container does not set is kubelet's node
+// allocatable; the local stack has no node, so the variable is left unset ("").
+func resourceValue(pod *corev1.Pod, ref *corev1.ResourceFieldSelector) (string, error) {
+	kind, name, ok := strings.Cut(ref.Resource, ".")
+	if !ok || (kind != "limits" && kind != "requests") {
+		return "", fmt.Errorf("resourceFieldRef %q: want limits.<resource> or requests.<resource>", ref.Resource)
+	}
+	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		if c.Name != ref.ContainerName {
+			continue
+		}
+		list := c.Resources.Limits
+		if kind == "requests" {
+			list = c.Resources.Requests
+		}
+		q, ok := list[corev1.ResourceName(name)]
+		if !ok {
+			return "", nil
+		}
+		divisor := resource.MustParse("1")
+		if !ref.Divisor.IsZero() {
+			divisor = ref.Divisor
+		}
+		return strconv.FormatInt(int64(math.Ceil(float64(q.MilliValue())/float64(divisor.MilliValue()))), 10), nil
+	}
+	return "", fmt.Errorf("resourceFieldRef: no container %q in the pod", ref.ContainerName)
 }

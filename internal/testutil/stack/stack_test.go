@@ -5,6 +5,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	sidecarconfig "github.com/redline-dev/redline/internal/sidecar/ruleset"
@@ -62,4 +63,34 @@ func TestLabelsMatch(t *testing.T) {
 func TestFormatMapSortsKeys(t *testing.T) {
 	g := NewWithT(t)
 	g.Expect(formatMap(map[string]string{"b": "2", "a": "1"})).To(Equal([]byte("a=\"1\"\nb=\"2\"")))
+}
+
+// The injector passes the sidecar its own memory limit through resourceFieldRef; the local
+// kubelet resolves it as kubelet does (bytes, rounded up by the divisor), and leaves a limit
+// the container does not set unset.
+func TestResourceFieldRef(t *testing.T) {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{InitContainers: []corev1.Container{{
+		Name: "redline-sidecar",
+		Resources: corev1.ResourceRequirements{
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")},
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m")},
+		},
+	}}}}
+	for _, tc := range []struct {
+		ref  corev1.ResourceFieldSelector
+		want string
+	}{
+		{corev1.ResourceFieldSelector{ContainerName: "redline-sidecar", Resource: "limits.memory"}, "67108864"},
+		{corev1.ResourceFieldSelector{ContainerName: "redline-sidecar", Resource: "limits.memory", Divisor: resource.MustParse("1Mi")}, "64"},
+		{corev1.ResourceFieldSelector{ContainerName: "redline-sidecar", Resource: "requests.cpu"}, "1"},
+		{corev1.ResourceFieldSelector{ContainerName: "redline-sidecar", Resource: "limits.cpu"}, ""},
+	} {
+		got, err := resourceValue(pod, &tc.ref)
+		if err != nil || got != tc.want {
+			t.Errorf("resourceValue(%+v) = %q, %v; want %q", tc.ref, got, err, tc.want)
+		}
+	}
+	if _, err := resourceValue(pod, &corev1.ResourceFieldSelector{ContainerName: "app", Resource: "limits.memory"}); err == nil {
+		t.Error("no error for a container the pod does not have")
+	}
 }

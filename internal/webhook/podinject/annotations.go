@@ -27,9 +27,16 @@ type params struct {
 	resources         corev1.ResourceRequirements
 }
 
-// wantsInjection reports whether the pod opted in.
-func wantsInjection(pod *corev1.Pod) bool {
-	return pod.Annotations[contract.AnnotationInject] == "true"
+// wantsInjection reports whether the pod opted in: by AnnotationInject or LabelInject set to
+// "true", or, in a namespace that opted in, by not setting either to "false". The webhook's
+// matchConditions (config/webhook) make the same test before the API server calls; this one
+// is what holds when a configuration without them sends every pod.
+func wantsInjection(pod *corev1.Pod, namespaceOptedIn bool) bool {
+	ann, label := pod.Annotations[contract.AnnotationInject], pod.Labels[contract.LabelInject]
+	if namespaceOptedIn {
+		return ann != "false" && label != "false"
+	}
+	return ann == "true" || label == "true"
 }
 
 // parseParams reads the injection annotations of pod. The error says, for a person reading the

@@ -35,8 +35,13 @@ const (
 	NativeSidecarsFalse = "false"
 )
 
-// Path is where the webhook is served.
+// Path is where the webhook is served for pods that opted in (config/webhook's
+// pod-injector entry).
 const Path = "/mutate-v1-pod"
+
+// NamespacePath is where it is served for the pods of namespaces that opted in
+// (namespace-injector).
+const NamespacePath = "/mutate-v1-pod-namespace"
 
 // Config is the webhook's configuration, set from the manager's flags.
 type Config struct {

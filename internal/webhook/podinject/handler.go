@@ -23,11 +23,22 @@ type Handler struct {
 	injector *Injector
 	decoder  admission.Decoder
 	log      logr.Logger
+	// namespaceOptedIn: this handler serves NamespacePath, called for the pods of namespaces
+	// labelled NamespaceLabelInjection.
+	namespaceOptedIn bool
 }
 
-// NewHandler returns a Handler that injects with injector.
+// NewHandler returns a Handler that injects with injector the pods that opted in.
 func NewHandler(injector *Injector, scheme *runtime.Scheme, log logr.Logger) *Handler {
 	return &Handler{injector: injector, decoder: admission.NewDecoder(scheme), log: log}
+}
+
+// NewNamespaceHandler returns a Handler for the pods of namespaces that opted in: it injects
+// every pod that does not opt out.
+func NewNamespaceHandler(injector *Injector, scheme *runtime.Scheme, log logr.Logger) *Handler {
+	h := NewHandler(injector, scheme, log)
+	h.namespaceOptedIn = true
+	return h
 }
 
 var _ admission.Handler = (*Handler)(nil)
@@ -55,7 +66,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 	if pod.Namespace == "" {
 		pod.Namespace = req.Namespace // the workload lookups need it
 	}
-	out, warns, err := h.injector.Inject(ctx, pod)
+	out, warns, err := h.injector.inject(ctx, pod, h.namespaceOptedIn)
 	switch {
 	case errors.Is(err, ErrSkipped):
 		return admission.Allowed("")

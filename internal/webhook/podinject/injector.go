@@ -37,7 +37,12 @@ var ErrSkipped = errors.New("not injected")
 // person creating the pod when it is injected (a pool that overspends the connection budget).
 // pod is never modified.
 func (in *Injector) Inject(ctx context.Context, pod *corev1.Pod) (out *corev1.Pod, warnings []string, err error) {
-	if !wantsInjection(pod) {
+	return in.inject(ctx, pod, false)
+}
+
+// inject is Inject for a pod of a namespace that opted in when namespaceOptedIn.
+func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedIn bool) (out *corev1.Pod, warnings []string, err error) {
+	if !wantsInjection(pod, namespaceOptedIn) {
 		return pod, nil, ErrSkipped
 	}
 	if _, done := pod.Annotations[contract.AnnotationInjected]; done {

@@ -93,10 +93,11 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		}
 	}
 	srv.Register(Path, &webhook.Admission{Handler: NewHandler(in, mgr.GetScheme(), log)})
+	srv.Register(NamespacePath, &webhook.Admission{Handler: NewNamespaceHandler(in, mgr.GetScheme(), log)})
 	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
 		return fmt.Errorf("adding the webhook readiness check: %w", err)
 	}
-	log.Info("pod injection webhook registered", "path", Path, "nativeSidecars", native,
+	log.Info("pod injection webhook registered", "paths", []string{Path, NamespacePath}, "nativeSidecars", native,
 		"certMode", cfg.CertMode, "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Budget != nil)
 	return nil
 }

@@ -48,6 +48,10 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	env = append(env,
 		fieldEnv(contract.EnvPodName, "metadata.name"),
 		fieldEnv(contract.EnvPodNamespace, "metadata.namespace"),
+		// The sidecar sets Go's memory limit from its container's (contract.MemoryLimitPercent).
+		corev1.EnvVar{Name: contract.EnvMemoryLimit, ValueFrom: &corev1.EnvVarSource{
+			ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: contract.ContainerName, Resource: "limits.memory"},
+		}},
 	)
 
 	c := corev1.Container{
