@@ -164,4 +164,3 @@ func TestCRDKeptByDefault(t *testing.T) {
 func nsLabels(ns string) labels.Set {
 	return labels.Set{"kubernetes.io/metadata.name": ns}
 }
-
