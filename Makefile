@@ -76,7 +76,7 @@ test: manifests generate vet envtest controller-gen ## Run every test: unit, env
 
 .PHONY: test-helm
 test-helm: controller-gen ## Run only the Helm chart's tests (test/helm: lint, golden files, schema, install into envtest, promtool).
-	cd test/helm && KUBEBUILDER_ASSETS="$$($(CURDIR)/hack/setup-envtest.sh)" CONTROLLER_GEN=$(CONTROLLER_GEN) go test $(GO_TEST_FLAGS) ./...
+	cd test/helm && KUBEBUILDER_ASSETS="$$($(CURDIR)/hack/setup-envtest.sh --with-controller-manager)" CONTROLLER_GEN=$(CONTROLLER_GEN) go test $(GO_TEST_FLAGS) ./...
 
 ##@ Build
 .PHONY: build
