@@ -199,6 +199,10 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		g.Expect(res.Info).To(ContainSubstring("ratelimitpolicies.redline.dev"), "helm reports the kept CRD")
 		var dep appsv1.Deployment
 		g.Expect(apierrors.IsNotFound(admin.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: "redline-manager"}, &dep))).To(BeTrue(), "the uninstall removes the manager")
+		var crd unstructured.Unstructured
+		crd.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"})
+		g.Expect(admin.Get(ctx, client.ObjectKey{Name: "ratelimitpolicies.redline.dev"}, &crd)).To(Succeed(), "the CRD survives helm uninstall")
+		g.Expect(crd.GetDeletionTimestamp()).To(BeNil(), "the CRD is not being deleted")
 		expectPolicy(g, ctx, admin, policy)
 	})
 }

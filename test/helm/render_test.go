@@ -92,8 +92,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, wants := range map[string][]string{
-		"bad-typo": {"values don't meet the specifications of the schema", "replicas"},
-		"bad-type": {"/webhook/failurePolicy", "/webhook/timeoutSeconds"},
+		"bad-typo": {"values don't meet the specifications of the schema", "additional properties 'replicas' not allowed"},
+		"bad-type": {"at '/webhook/failurePolicy': value must be one of 'Ignore', 'Fail'", "at '/webhook/timeoutSeconds': got string, want integer"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
