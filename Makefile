@@ -26,6 +26,22 @@ help: ## Show the targets.
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRD and RBAC manifests from the markers.
 	$(CONTROLLER_GEN) rbac:roleName=redline-manager crd paths="./..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	@$(MAKE) --no-print-directory chart-sync
+
+# What the chart takes from config/ (one source of truth): the CRD, the RBAC rules and the
+# webhook's rules, copied byte for byte into charts/redline/files/config, which its templates
+# read. test/helm's TestChartInSyncWithConfig fails until this has run after a change in config/.
+CHART_SYNC_FILES := crd/bases/redline.dev_ratelimitpolicies.yaml rbac/role.yaml rbac/leader_election_role.yaml webhook/rbac.yaml webhook/manifests.yaml
+.PHONY: chart-sync
+chart-sync: ## Copy the CRD, RBAC and webhook rules of config/ into the Helm chart (charts/redline/files/config).
+	@rm -rf charts/redline/files/config
+	@for f in $(CHART_SYNC_FILES); do mkdir -p charts/redline/files/config/$$(dirname $$f); cp config/$$f charts/redline/files/config/$$f; done
+
+# Grafana dashboards are Go code (test/helm/dashboards, grafana-foundation-sdk); their JSON is
+# checked in for the chart. TestDashboardsGenerated fails until this has run after a change.
+.PHONY: dashboards
+dashboards: ## Regenerate the chart's Grafana dashboards (charts/redline/dashboards/*.json) from test/helm/dashboards.
+	cd test/helm && go run ./cmd/dashboards -out $(CURDIR)/charts/redline/dashboards
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
@@ -36,24 +52,31 @@ fmt: ## go fmt.
 	go fmt ./...
 
 .PHONY: vet
-vet: ## go vet (the product module and the modules of hack/bench and hack/ratelimitcompare).
+vet: ## go vet (the product module and the modules of hack/bench, hack/ratelimitcompare and test/helm).
 	go vet ./...
 	cd hack/bench && go vet ./...
 	cd hack/ratelimitcompare && go vet ./...
+	cd test/helm && go vet ./...
 
 .PHONY: lint
-lint: golangci-lint ## Run golangci-lint with .golangci.yml (the product module and the modules of hack/bench and hack/ratelimitcompare).
+lint: golangci-lint ## Run golangci-lint with .golangci.yml (the product module and the modules of hack/bench, hack/ratelimitcompare and test/helm).
 	$(GOLANGCI_LINT) run ./...
 	cd hack/bench && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 	cd hack/ratelimitcompare && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
+	cd test/helm && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: envtest
 envtest: ## Install etcd, kube-apiserver and kube-controller-manager (downloads, or builds them from Go modules).
 	@hack/setup-envtest.sh --with-controller-manager >/dev/null
 
 .PHONY: test
-test: manifests generate vet envtest ## Run every test: unit, envtest, real-Redis and end-to-end suites.
+test: manifests generate vet envtest controller-gen ## Run every test: unit, envtest, real-Redis and end-to-end suites, and the Helm chart's (test/helm; needs promtool).
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh --with-controller-manager)" go test $(GO_TEST_FLAGS) ./... -coverprofile cover.out
+	$(MAKE) --no-print-directory test-helm
+
+.PHONY: test-helm
+test-helm: controller-gen ## Run only the Helm chart's tests (test/helm: lint, golden files, schema, install into envtest, promtool).
+	cd test/helm && KUBEBUILDER_ASSETS="$$($(CURDIR)/hack/setup-envtest.sh --with-controller-manager)" CONTROLLER_GEN=$(CONTROLLER_GEN) go test $(GO_TEST_FLAGS) ./...
 
 ##@ Build
 .PHONY: build
