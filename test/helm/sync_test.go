@@ -149,8 +149,18 @@ func TestChartMatchesConfig(t *testing.T) {
 		for i := range wh {
 			w, c := wh[i].(map[string]any), gh[i].(map[string]any)
 			// The namespace selector is the chart's (the release namespace); the rest is config/'s.
-			for _, k := range []string{"name", "admissionReviewVersions", "rules", "failurePolicy", "sideEffects", "timeoutSeconds", "reinvocationPolicy", "matchPolicy"} {
+			for _, k := range []string{"name", "admissionReviewVersions", "rules", "failurePolicy", "sideEffects", "timeoutSeconds", "reinvocationPolicy", "matchPolicy", "matchConditions"} {
 				g.Expect(ToYAML(c[k])).To(Equal(ToYAML(w[k])), "webhook %v: %s differs from config/webhook/manifests.yaml (the chart's default must be config/'s; %s)", w["name"], k, syncHint)
+			}
+			// config/'s selector expressions (the opt-ins) are all in the chart's, the release
+			// namespace's exclusion aside.
+			we, _, _ := unstructured.NestedSlice(w, "namespaceSelector", "matchExpressions")
+			ce, _, _ := unstructured.NestedSlice(c, "namespaceSelector", "matchExpressions")
+			for _, e := range we {
+				if e.(map[string]any)["key"] == "kubernetes.io/metadata.name" {
+					continue
+				}
+				g.Expect(ce).To(ContainElement(e), "webhook %v: namespace selector expression %v of config/ is not in the chart (%s)", w["name"], e, syncHint)
 			}
 			wp, _, _ := unstructured.NestedString(w, "clientConfig", "service", "path")
 			cp, _, _ := unstructured.NestedString(c, "clientConfig", "service", "path")

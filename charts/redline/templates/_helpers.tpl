@@ -27,12 +27,15 @@ app.kubernetes.io/component: manager
 {{ .Values.sidecar.image.repository }}:{{ .Values.sidecar.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
-{{/* The webhook's namespace selector: the user's, with the release namespace, kube-system and
-kube-node-lease always excluded (the manager must never depend on its own injection, nor the
-control plane on Redline). */}}
+{{/* A webhook's namespace selector: (dict "root" $ "hook" <the entry of config/>). The release
+namespace, kube-system and kube-node-lease are always excluded (the manager must never depend on
+its own injection, nor the control plane on Redline); config/'s other expressions (which keep the
+pod and namespace opt-ins apart) follow, then the user's. */}}
 {{- define "redline.namespaceSelector" -}}
-{{- $sel := deepCopy (.Values.webhook.namespaceSelector | default dict) -}}
-{{- $exprs := list (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" (list "kube-system" "kube-node-lease" .Release.Namespace)) -}}
+{{- $root := .root -}}
+{{- $sel := deepCopy ($root.Values.webhook.namespaceSelector | default dict) -}}
+{{- $exprs := list (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" (list "kube-system" "kube-node-lease" $root.Release.Namespace)) -}}
+{{- range ((.hook.namespaceSelector | default dict).matchExpressions | default list) }}{{ if ne .key "kubernetes.io/metadata.name" }}{{ $exprs = append $exprs . }}{{ end }}{{ end -}}
 {{- range ($sel.matchExpressions | default list) }}{{ $exprs = append $exprs . }}{{ end -}}
 {{- $_ := set $sel "matchExpressions" $exprs -}}
 {{- toYaml $sel -}}

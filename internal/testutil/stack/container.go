@@ -13,7 +13,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -290,27 +289,4 @@ func writeVolume(ctx context.Context, c client.Client, pod *corev1.Pod, name, lo
 			version = v
 		}
 	}, nil
-}
-
-// secretFiles reads a Secret volume's payload: every key, or the listed items. A missing
-// optional Secret is an empty volume, as kubelet has it.
-func secretFiles(ctx context.Context, c client.Client, namespace string, src *corev1.SecretVolumeSource) (map[string][]byte, string, error) {
-	var s corev1.Secret
-	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: src.SecretName}, &s)
-	if apierrors.IsNotFound(err) && src.Optional != nil && *src.Optional {
-		return map[string][]byte{}, "", nil
-	}
-	if err != nil {
-		return nil, "", fmt.Errorf("reading Secret %s/%s for a volume: %w", namespace, src.SecretName, err)
-	}
-	if len(src.Items) == 0 {
-		return s.Data, s.ResourceVersion, nil
-	}
-	files := map[string][]byte{}
-	for _, item := range src.Items {
-		if v, ok := s.Data[item.Key]; ok {
-			files[item.Path] = v
-		}
-	}
-	return files, s.ResourceVersion, nil
 }
