@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -84,6 +85,8 @@ type NamespaceReconciler struct {
 	// previousPolicies).
 	mu       sync.Mutex
 	accepted map[string]map[types.UID]policydoc.Policy
+	// conditions puts each policy's conditions on /metrics (redline_policy_condition).
+	conditions conditionMetrics
 }
 
 // +kubebuilder:rbac:groups=redline.dev,resources=ratelimitpolicies,verbs=get;list;watch
@@ -114,6 +117,7 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	}
 	if len(live) == 0 && len(undecodable) == 0 {
 		r.setAccepted(ns, nil)
+		r.conditions.record(ns, nil)
 		return ctrl.Result{}, r.deleteConfigMap(ctx, current)
 	}
 
@@ -175,11 +179,13 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 
 	var statusErrs []error
 	stale := false
+	conditions := make(map[string][]metav1.Condition, len(outcomes))
 	for _, o := range outcomes {
 		o.configErr, o.scriptErr = cmErr, scriptErr
 		if o.inDocument() {
 			o.enforcement = r.enforcement(ctx, ns, o.policy.Name)
 		}
+		conditions[o.policy.Name] = desiredStatus(o, doc).Conditions
 		update := r.updateStatus
 		if u := findUndecodable(undecodable, o.policy); u != nil {
 			update = func(ctx context.Context, o outcome, doc *policydoc.Document) error {
@@ -193,6 +199,7 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 			statusErrs = append(statusErrs, err)
 		}
 	}
+	r.conditions.record(ns, conditions)
 	if scriptErr != nil {
 		logger.Info("redis unavailable; policies written but not programmed, retrying", "error", scriptErr.Error())
 	}

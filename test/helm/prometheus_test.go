@@ -66,7 +66,9 @@ func startPrometheus(t *testing.T, dir string, targets map[string]map[string]str
 	}
 	cfg, err := yaml.Marshal(map[string]any{
 		"global":         map[string]any{"scrape_interval": "1s", "evaluation_interval": "1s"},
-		"scrape_configs": []any{map[string]any{"job_name": "redline", "static_configs": statics}},
+		// honor_labels as the chart's ServiceMonitor has it: the manager's series name the
+		// namespace they describe.
+		"scrape_configs": []any{map[string]any{"job_name": "redline", "honor_labels": true, "static_configs": statics}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +144,7 @@ func waitData(ctx context.Context, api promv1.API, c check) error {
 }
 
 // comparison is an alert's trailing threshold (" > 0.01", " > 1 * min(...)").
-var comparison = regexp.MustCompile(`(?s)\s+>\s+[0-9.e+-]+(\s*\*.*)?\s*$`)
+var comparison = regexp.MustCompile(`(?s)\s+(>|<|==)\s+[0-9.e+-]+(\s*\*.*)?\s*$`)
 
 // startE2EStack starts the local stack (manager metrics on a loopback port), the policies
 // and two injected pods' sidecars, and returns the sidecars' proxy URLs and the scrape

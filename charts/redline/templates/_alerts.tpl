@@ -84,6 +84,15 @@ spec:
         runbook: "Heartbeats share the sidecars' Redis: check Redis reachability and the namespace's Redis identity."
   - name: redline-manager
     rules:
+    - alert: RedlinePolicyNotEnforced
+      expr: |
+        max by (namespace, policy) (redline_policy_condition{condition="Enforced"}) < 1
+      for: {{ $r.notEnforcedFor }}
+      labels: {severity: warning}
+      annotations:
+        summary: {{ quote `RateLimitPolicy {{ $labels.namespace }}/{{ $labels.policy }} is not enforced.` }}
+        description: {{ quote `Its Enforced condition has been False for a while: some of its sidecars do not apply the current configuration (or it is not in it).` }}
+        runbook: "kubectl describe rlp: Enforced names the pods still on an older configuration (a reload refused: the sidecar's log), Programmed and Accepted say whether the manager could compile and write it."
     - alert: RedlineConnectionBudget
       expr: |
         max(redline_redis_connections_worst_case) > {{ $r.connectionBudgetRatio }} * min(redline_redis_maxclients > 0)

@@ -121,6 +121,9 @@ func perPolicy() Dashboard {
 				Queries:     []Query{{Expr: `sum by (rule) (rate(redline_sidecar_decisions_total{` + sel + `,result="shadow_refused"}[$__rate_interval]))`, Legend: "{{rule}}"}}},
 			{Title: "Live replicas enforcing the policy", Unit: unitCount, Stat: true,
 				Queries: []Query{{Expr: `max(redline_sidecar_policy_replicas{` + sel + `})`, Legend: "replicas"}}},
+			{Title: "Conditions (1 True, 0 False)", Unit: unitCount,
+				Description: "Accepted, Programmed and Enforced as the manager last computed them; no line while Enforced is Unknown (no sidecar yet).",
+				Queries:     []Query{{Expr: `max by (condition) (redline_policy_condition{` + sel + `})`, Legend: "{{condition}}"}}},
 		},
 	}
 }

@@ -1,0 +1,71 @@
+package controller
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/redline-dev/redline/api/v1alpha1"
+)
+
+// policyCondition is each policy's Accepted, Programmed and Enforced on the manager's /metrics,
+// so that an alert can say a policy has not been enforced for minutes. One series per policy
+// and condition: its cardinality is the policies', which the manager holds anyway. A condition
+// that is Unknown (Enforced with no sidecar yet) has no series.
+var policyCondition = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "redline_policy_condition",
+	Help: "1 when the RateLimitPolicy's condition is True, 0 when False (Unknown: no series), as the leader last computed it.",
+}, []string{"namespace", "policy", "condition"})
+
+func init() { metrics.Registry.MustRegister(policyCondition) }
+
+// conditionMetrics remembers which policies of each namespace have series, so that a deleted
+// policy's series go with it.
+type conditionMetrics struct {
+	mu   sync.Mutex
+	seen map[string]map[string]bool // namespace -> policy
+}
+
+var exportedConditions = []string{v1alpha1.ConditionAccepted, v1alpha1.ConditionProgrammed, v1alpha1.ConditionEnforced}
+
+// record sets the series of a namespace's policies to their conditions and drops those of
+// policies it no longer has; nil drops the namespace's every series.
+func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Condition) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.seen == nil {
+		m.seen = map[string]map[string]bool{}
+	}
+	for p := range m.seen[ns] {
+		if _, ok := conditions[p]; !ok {
+			policyCondition.DeletePartialMatch(prometheus.Labels{"namespace": ns, "policy": p})
+		}
+	}
+	if len(conditions) == 0 {
+		delete(m.seen, ns)
+		return
+	}
+	now := make(map[string]bool, len(conditions))
+	for p, cs := range conditions {
+		now[p] = true
+		for _, t := range exportedConditions {
+			var c *metav1.Condition
+			for i := range cs {
+				if cs[i].Type == t {
+					c = &cs[i]
+				}
+			}
+			switch {
+			case c != nil && c.Status == metav1.ConditionTrue:
+				policyCondition.WithLabelValues(ns, p, t).Set(1)
+			case c != nil && c.Status == metav1.ConditionFalse:
+				policyCondition.WithLabelValues(ns, p, t).Set(0)
+			default:
+				policyCondition.DeleteLabelValues(ns, p, t)
+			}
+		}
+	}
+	m.seen[ns] = now
+}
