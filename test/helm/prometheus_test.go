@@ -65,7 +65,7 @@ func startPrometheus(t *testing.T, dir string, targets map[string]map[string]str
 		statics = append(statics, map[string]any{"targets": []string{addr}, "labels": labels})
 	}
 	cfg, err := yaml.Marshal(map[string]any{
-		"global":         map[string]any{"scrape_interval": "1s", "evaluation_interval": "1s"},
+		"global": map[string]any{"scrape_interval": "1s", "evaluation_interval": "1s"},
 		// honor_labels as the chart's ServiceMonitor has it: the manager's series name the
 		// namespace they describe.
 		"scrape_configs": []any{map[string]any{"job_name": "redline", "honor_labels": true, "static_configs": statics}},
