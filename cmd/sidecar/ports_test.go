@@ -257,6 +257,24 @@ func TestOnePeerCannotHoldTheExposedRLS(t *testing.T) {
 			watchErrs <- err
 		}()
 	}
+	// The attacker's Watch streams end: refused on the connections it got (its per-IP share,
+	// which it keeps open), and its other connections closed on accept. None waits for its
+	// deadline. (Collected before the raw flood below, which would otherwise race these
+	// connections for the attacker's share.)
+	refused := 0
+	for range 40 {
+		select {
+		case err := <-watchErrs:
+			g.Expect(status.Code(err)).To(BeElementOf(codes.PermissionDenied, codes.Unavailable), "a Watch on the exposed face: %v", err)
+			if status.Code(err) == codes.PermissionDenied {
+				refused++
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("an attacker's Watch stream is still open")
+		}
+	}
+	g.Expect(refused).To(BeNumerically(">", 0), "some Watch calls reached the service and were refused")
+
 	// Raw HTTP/2 connections too, each with a Watch stream, which grpc-go's client would not
 	// keep open on its own after a refusal.
 	raw := grpcFlood(t, s.grpc, 40)
@@ -276,21 +294,6 @@ func TestOnePeerCannotHoldTheExposedRLS(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred(), "Health/Check is served on the exposed face")
 	g.Expect(hc.Status).To(Equal(healthpb.HealthCheckResponse_SERVING))
 
-	// The attacker's Watch streams ended: refused on the connections it got, and its other
-	// connections closed on accept. None waited for its deadline.
-	refused := 0
-	for range 40 {
-		select {
-		case err := <-watchErrs:
-			g.Expect(status.Code(err)).To(BeElementOf(codes.PermissionDenied, codes.Unavailable), "a Watch on the exposed face: %v", err)
-			if status.Code(err) == codes.PermissionDenied {
-				refused++
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("an attacker's Watch stream is still open")
-		}
-	}
-	g.Expect(refused).To(BeNumerically(">", 0), "some Watch calls reached the service and were refused")
 }
 
 // A path-prefix rule holds whichever spelling of the path a client sends, and the application
