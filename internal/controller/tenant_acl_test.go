@@ -132,9 +132,9 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		// A's credentials reach A's keys only.
 		ca := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: userA, Password: pwA, MaxRetries: -1})
 		defer ca.Close()
-		Expect(ca.Do(ctx, "evalsha", "0000000000000000000000000000000000000000", 1, limiter.Key(a, "p", "r", "k")+":fw").Err()).
+		Expect(ca.Do(ctx, "evalsha", "0000000000000000000000000000000000000000", 1, limiter.Key(a, "p", "r", "k")+":swc").Err()).
 			To(MatchError(HavePrefix("NOSCRIPT")), "its own key: allowed, the script is simply unknown")
-		Expect(ca.Do(ctx, "del", limiter.Key(b, "p", "r", "k")+":fw").Err()).To(MatchError(HavePrefix("NOPERM")))
+		Expect(ca.Do(ctx, "del", limiter.Key(b, "p", "r", "k")+":swc").Err()).To(MatchError(HavePrefix("NOPERM")))
 		Expect(ca.Do(ctx, "script", "flush").Err()).To(MatchError(HavePrefix("NOPERM")))
 		Expect(pingAs(srv, userB, pwB)).To(Succeed())
 

@@ -92,9 +92,9 @@ func TestTenantUserReachesOnlyItsNamespace(t *testing.T) {
 	n, err := fleet.Announce(ctx, victim, "victim", "pod-v", "h", 15*time.Second, []string{"p"})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(n).To(Equal([]int64{1}))
-	// A lease over a fixed window: the remaining units count in Redis.
-	counter := vkey + ":fw"
-	before, err := admin.Get(ctx, counter).Result()
+	// A lease over a fixed window: the units count in its window state (field c).
+	counter := vkey + ":swc"
+	before, err := admin.HGet(ctx, counter, "c").Result()
 	g.Expect(err).NotTo(HaveOccurred(), "the victim's counter %s exists", counter)
 
 	// The attacker's own sidecar works under its user too.
@@ -140,8 +140,8 @@ func TestTenantUserReachesOnlyItsNamespace(t *testing.T) {
 		"SHUTDOWN":                     {"shutdown", "nosave"},
 		"SUBSCRIBE-less PUBLISH":       {"publish", "anything", "x"},
 		"MIGRATE":                      {"migrate", "127.0.0.1", "1", counter, "0", "1"},
-		"RENAME another's key":         {"rename", counter, limiter.Key("attacker", "p", "r", "y") + ":fw"},
-		"COPY another's key":           {"copy", counter, limiter.Key("attacker", "p", "r", "z") + ":fw"},
+		"RENAME another's key":         {"rename", counter, limiter.Key("attacker", "p", "r", "y") + ":swc"},
+		"COPY another's key":           {"copy", counter, limiter.Key("attacker", "p", "r", "z") + ":swc"},
 		"OBJECT on another's key":      {"object", "encoding", counter},
 		"MONITOR-free SLOWLOG":         {"slowlog", "get"},
 		"SWAPDB":                       {"swapdb", "0", "1"},
@@ -153,7 +153,7 @@ func TestTenantUserReachesOnlyItsNamespace(t *testing.T) {
 		g.Expect(err.Error()).To(HavePrefix("NOPERM"), "%s: %v", name, err)
 	}
 	// Nothing of the victim's changed, and Redis still serves it.
-	g.Expect(admin.Get(ctx, counter).Val()).To(Equal(before))
+	g.Expect(admin.HGet(ctx, counter, "c").Val()).To(Equal(before))
 	g.Expect(admin.PTTL(ctx, counter).Val()).To(BeNumerically(">", time.Minute))
 	members, err := fleet.Members(ctx, admin, "victim", "p", 15*time.Second)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -262,7 +262,7 @@ func TestClusterUserOnEveryNode(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(res.Source).To(Equal(limiter.SourceRedis), "key %d: %v", i, res.Err)
 	}
-	g.Expect(tenant.Do(ctx, "del", limiter.Key("other", "p", "r", "k")+":fw").Err()).To(MatchError(HavePrefix("NOPERM")))
+	g.Expect(tenant.Do(ctx, "del", limiter.Key("other", "p", "r", "k")+":swc").Err()).To(MatchError(HavePrefix("NOPERM")))
 }
 
 // A default user without a password makes per-namespace users pointless: it is reported.

@@ -77,9 +77,14 @@ func TestIdleConnectionsClose(t *testing.T) {
 
 			burst(g, c, 20)
 			g.Expect(stats.Dialed()).To(BeNumerically(">=", pool), "the burst used the whole pool")
-			after, openAfter := clientsNamed(g, admin, name), stats.Open()
+			openAfter := stats.Open()
+			g.Expect(openAfter).To(BeNumerically("<=", maxIdle), "the client keeps at most max idle")
+			// Redis sees a socket the client closed once its event loop reads the close: on a
+			// loaded machine, a moment after the burst.
+			var after int
+			g.Eventually(func(g Gomega) int { after = clientsNamed(g, admin, name); return after }).
+				WithTimeout(5*time.Second).Should(BeNumerically("<=", maxIdle))
 			t.Logf("%s: after a burst of 20 on a pool of %d: %d connections (max idle %d)", tc.name, pool, after, maxIdle)
-			g.Expect(after).To(BeNumerically("<=", maxIdle))
 
 			stop := make(chan struct{})
 			var wg sync.WaitGroup

@@ -88,7 +88,7 @@ var _ = Describe("Two tenants on one Redis", func() {
 		Expect(attacker.Ping(ctx).Err()).To(Succeed(), "A's credentials work")
 
 		key := freshKey("tenant")
-		counter := limiter.Key(victimNamespace, victimPolicy, "per-client", key) + ":fw"
+		counter := limiter.Key(victimNamespace, victimPolicy, "per-client", key) + ":swc"
 		group := fleet.GroupKey(victimNamespace, victimPolicy)
 		fw, _ := scripts.For("FixedWindow")
 		ret := scripts.LeaseReturn()
