@@ -10,8 +10,9 @@
 // of limit per minute on one hot key. It waits for the start of a minute (windows are aligned
 // to the minute on Redis's clock, so the whole cell is one window), sends demand far above the
 // limit through /v1/check, cuts the replica off when both rules have admitted a quarter of the
-// limit, kills the master (SIGKILL) at half of it, so that the replica Sentinel promotes lacks a
-// quarter of the limit, and keeps the demand up until a few seconds after the switch. Every
+// limit (-cut-at), kills the master (SIGKILL) at half of it (-kill-at), so that the replica
+// Sentinel promotes lacks a quarter of the limit, and keeps the demand up until a few seconds
+// after the switch. Every
 // process is ended on success, failure or Ctrl-C; every loop is bounded in time.
 package main
 
@@ -57,7 +58,10 @@ type Options struct {
 	Sidecars    []int
 	Limit       int
 	Concurrency int
-	Timeout     time.Duration
+	// CutAt and KillAt are the fractions of the limit both rules have admitted when the
+	// replica is cut off (0: before the load) and when the master is killed.
+	CutAt, KillAt float64
+	Timeout       time.Duration
 }
 
 // Cell is one algorithm in one failover.
@@ -81,6 +85,8 @@ func main() {
 	var sidecars string
 	flag.StringVar(&sidecars, "sidecars", "3,10", "sidecar counts, one failover each (leases on and off)")
 	flag.IntVar(&o.Limit, "limit", 20_000, "each rule's limit per minute")
+	flag.Float64Var(&o.CutAt, "cut-at", 0.25, "fraction of the limit admitted when the replica is cut off (0: from the start)")
+	flag.Float64Var(&o.KillAt, "kill-at", 0.5, "fraction of the limit admitted when the master is killed (within 10s of the cut, or Sentinel refuses the replica)")
 	flag.IntVar(&o.Concurrency, "concurrency", 32, "concurrent /v1/check callers, round-robin over the sidecars")
 	flag.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "give up after this long")
 	flag.Parse()
@@ -95,6 +101,9 @@ func main() {
 	}
 	if err == nil && (o.Limit < 100 || o.Concurrency < 1) {
 		err = errors.New("-limit must be at least 100 and -concurrency at least 1")
+	}
+	if err == nil && (o.CutAt < 0 || o.KillAt <= o.CutAt || o.KillAt >= 1) {
+		err = errors.New("want 0 <= -cut-at < -kill-at < 1")
 	}
 	if err == nil {
 		err = run(o)
@@ -214,11 +223,16 @@ func runCell(ctx context.Context, o Options, bin, dir, cfgDir, labels, upstream 
 func load(ctx context.Context, o Options, g *redistest.Sentinel, checks []string, leases bool, windowEnd time.Time) ([]Cell, error) {
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 64}}
 	defer hc.CloseIdleConnections()
-	type counts struct{ admitted, degraded, closedNs atomic.Int64 }
 	var per [2]counts
 	var killedAt atomic.Int64 // unix ns of the kill, 0 before
 	ctx, stopLoad := context.WithDeadline(ctx, windowEnd)
 	defer stopLoad()
+	if o.CutAt == 0 {
+		// Cut off from the start: the replica never sees a count.
+		if err := g.CutReplica(ctx); err != nil {
+			return nil, err
+		}
+	}
 	var wg sync.WaitGroup
 	var next atomic.Int64
 	errc := make(chan error, o.Concurrency)
@@ -235,27 +249,7 @@ func load(ctx context.Context, o Options, g *redistest.Sentinel, checks []string
 					}
 					return
 				}
-				c := &per[ri]
-				if r.Allowed {
-					c.admitted.Add(1)
-				}
-				if len(r.Results) > 0 {
-					switch r.Results[0].Source {
-					case "redis", "precheck", "lease":
-					default:
-						c.degraded.Add(1)
-						// The last decision the failure mode made after the kill is when the
-						// last sidecar stopped refusing.
-						if k := killedAt.Load(); k != 0 {
-							for d := time.Now().UnixNano() - k; ; {
-								old := c.closedNs.Load()
-								if d <= old || c.closedNs.CompareAndSwap(old, d) {
-									break
-								}
-							}
-						}
-					}
-				}
+				per[ri].record(r, killedAt.Load())
 			}
 		})
 	}
@@ -274,16 +268,18 @@ func load(ctx context.Context, o Options, g *redistest.Sentinel, checks []string
 		cells[i] = Cell{Algorithm: r, Sidecars: len(checks), Leases: leases, Limit: o.Limit}
 	}
 	drive := func() error {
-		if err := waitFor(limit / 4); err != nil {
-			return err
-		}
-		if err := g.CutReplica(ctx); err != nil {
-			return err
+		if o.CutAt > 0 {
+			if err := waitFor(int64(o.CutAt * float64(limit))); err != nil {
+				return err
+			}
+			if err := g.CutReplica(ctx); err != nil {
+				return err
+			}
 		}
 		for i := range cells {
 			cells[i].AtCut = per[i].admitted.Load()
 		}
-		if err := waitFor(limit / 2); err != nil {
+		if err := waitFor(int64(o.KillAt * float64(limit))); err != nil {
 			return err
 		}
 		for i := range cells {
@@ -322,6 +318,35 @@ func load(ctx context.Context, o Options, g *redistest.Sentinel, checks []string
 		cells[i].Closed = time.Duration(per[i].closedNs.Load())
 	}
 	return cells, nil
+}
+
+// counts are one rule's decisions in a cell.
+type counts struct{ admitted, degraded, closedNs atomic.Int64 }
+
+// record counts one decision; killedAt is the kill's unix ns, 0 before it.
+func (c *counts) record(r checkapi.Response, killedAt int64) {
+	if r.Allowed {
+		c.admitted.Add(1)
+	}
+	if len(r.Results) == 0 {
+		return
+	}
+	switch r.Results[0].Source {
+	case "redis", "precheck", "lease":
+		return
+	}
+	c.degraded.Add(1)
+	if killedAt == 0 {
+		return
+	}
+	// The last decision the failure mode made after the kill is when the last sidecar stopped
+	// refusing.
+	for d := time.Now().UnixNano() - killedAt; ; {
+		old := c.closedNs.Load()
+		if d <= old || c.closedNs.CompareAndSwap(old, d) {
+			return
+		}
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
