@@ -83,7 +83,7 @@ func TestIdleConnectionsClose(t *testing.T) {
 			// loaded machine, a moment after the burst.
 			var after int
 			g.Eventually(func(g Gomega) int { after = clientsNamed(g, admin, name); return after }).
-				WithTimeout(5*time.Second).Should(BeNumerically("<=", maxIdle))
+				WithTimeout(5 * time.Second).Should(BeNumerically("<=", maxIdle))
 			t.Logf("%s: after a burst of 20 on a pool of %d: %d connections (max idle %d)", tc.name, pool, after, maxIdle)
 
 			stop := make(chan struct{})
