@@ -242,6 +242,7 @@ var (
 	descRoundTrips     = prometheus.NewDesc(ns+"_redis_round_trips_total", "Redis round trips made for decisions (pipelines and single commands, NOSCRIPT retries included).", nil, nil)
 	descPerDecision    = prometheus.NewDesc(ns+"_redis_round_trips_per_decision", "Redis round trips per Redis decision since start; below 1 when batching merges concurrent decisions.", nil, nil)
 	descScriptLoads    = prometheus.NewDesc(ns+"_script_loads_total", "SCRIPT LOADs after NOSCRIPT.", nil, nil)
+	descStaleCalls     = prometheus.NewDesc(ns+"_stale_calls_total", "Decisions whose script reached Redis after their deadline and counted nothing (the failure mode decided).", nil, nil)
 	descBreaker        = prometheus.NewDesc(ns+"_breaker_open", "1 while the Redis circuit breaker is open.", nil, nil)
 	descFallback       = prometheus.NewDesc(ns+"_fallback_active", "1 while the breaker is open and some enforced policy falls back to local limits.", nil, nil)
 	descReplicas       = prometheus.NewDesc(ns+"_policy_replicas", "Live replicas enforcing a policy, from heartbeats; LocalFallback divides its limit by this.", []string{"policy"}, nil)
@@ -250,7 +251,7 @@ var (
 
 func (c *limiterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRedisDecisions, descPrecheck, descLeased, descLeaseGrants, descLeaseKeys, descDegraded, descRoundTrips, descPerDecision,
-		descScriptLoads, descBreaker, descFallback, descReplicas, descPolicies} {
+		descScriptLoads, descStaleCalls, descBreaker, descFallback, descReplicas, descPolicies} {
 		ch <- d
 	}
 }
@@ -270,6 +271,7 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDegraded, prometheus.CounterValue, float64(s.DegradedDecisions))
 		ch <- prometheus.MustNewConstMetric(descRoundTrips, prometheus.CounterValue, float64(s.Pipelines))
 		ch <- prometheus.MustNewConstMetric(descScriptLoads, prometheus.CounterValue, float64(s.ScriptLoads))
+		ch <- prometheus.MustNewConstMetric(descStaleCalls, prometheus.CounterValue, float64(s.StaleCalls))
 		per := 0.0
 		if s.RedisDecisions > 0 {
 			per = float64(s.Pipelines) / float64(s.RedisDecisions)
