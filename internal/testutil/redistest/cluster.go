@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,16 +20,21 @@ type Cluster struct {
 
 // StartCluster starts n (at least 3) cluster-enabled redis-servers, joins them with
 // `redis-cli --cluster create`, and waits until every node reports cluster_state:ok.
-func StartCluster(n int) (*Cluster, error) {
-	if n < 3 {
-		return nil, fmt.Errorf("starting redis cluster: need at least 3 masters, got %d", n)
+func StartCluster(n int) (*Cluster, error) { return startCluster(n, 0) }
+
+// startCluster starts masters cluster-enabled redis-servers with replicas (0 or 1) each, as
+// `redis-cli --cluster create --cluster-replicas` lays them out, and waits until every node
+// reports cluster_state:ok and every replica is in sync.
+func startCluster(masters, replicas int) (*Cluster, error) {
+	if masters < 3 {
+		return nil, fmt.Errorf("starting redis cluster: need at least 3 masters, got %d", masters)
 	}
 	cli, err := CLIBinary()
 	if err != nil {
 		return nil, err
 	}
 	c := &Cluster{}
-	for i := range n {
+	for i := range masters * (1 + replicas) {
 		s, err := Start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "2000")
 		if err != nil {
@@ -38,15 +44,22 @@ func StartCluster(n int) (*Cluster, error) {
 		c.Nodes = append(c.Nodes, s)
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	out, err := exec.Command(cli, args...).CombinedOutput()
 	if err != nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("creating cluster with redis-cli: %w\n%s", err, out)
 	}
-	if err := c.waitOK(20 * time.Second); err != nil {
+	if err := c.waitOK(30 * time.Second); err != nil {
 		_ = c.Close()
 		return nil, err
+	}
+	want := masters * replicas
+	for deadline := time.Now().Add(30 * time.Second); c.replicasInSync() < want; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = c.Close()
+			return nil, fmt.Errorf("redis cluster: %d of %d replicas in sync after 30s", c.replicasInSync(), want)
+		}
 	}
 	return c, nil
 }
@@ -111,45 +124,8 @@ func CLIBinary() (string, error) {
 }
 
 // StartClusterWithReplicas starts masters (at least 3) cluster-enabled redis-servers with one
-// replica each, as `redis-cli --cluster create --cluster-replicas 1` lays them out, and waits
-// until every node reports cluster_state:ok and every replica is in sync.
-func StartClusterWithReplicas(masters int) (*Cluster, error) {
-	if masters < 3 {
-		return nil, fmt.Errorf("starting redis cluster: need at least 3 masters, got %d", masters)
-	}
-	cli, err := CLIBinary()
-	if err != nil {
-		return nil, err
-	}
-	c := &Cluster{}
-	for i := range 2 * masters {
-		s, err := Start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000")
-		if err != nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("starting cluster node %d: %w", i, err)
-		}
-		c.Nodes = append(c.Nodes, s)
-	}
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
-	out, err := exec.Command(cli, args...).CombinedOutput()
-	if err != nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("creating cluster with redis-cli: %w\n%s", err, out)
-	}
-	if err := c.waitOK(30 * time.Second); err != nil {
-		_ = c.Close()
-		return nil, err
-	}
-	for deadline := time.Now().Add(30 * time.Second); c.replicasInSync() < masters; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			_ = c.Close()
-			return nil, fmt.Errorf("redis cluster: %d of %d replicas in sync after 30s", c.replicasInSync(), masters)
-		}
-	}
-	return c, nil
-}
+// replica each, and waits until every node reports cluster_state:ok and every replica is in sync.
+func StartClusterWithReplicas(masters int) (*Cluster, error) { return startCluster(masters, 1) }
 
 // replicasInSync counts the nodes that are replicas with their link to the master up.
 func (c *Cluster) replicasInSync() int {

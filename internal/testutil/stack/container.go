@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -200,21 +199,7 @@ func (rc *Container) waitReady(ctx context.Context) error {
 		}
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d%s", rc.Ports[port], probe.HTTPGet.Path)
-	hc := &http.Client{Timeout: time.Second}
-	var last string
-	err := poll(ctx, time.Minute, 100*time.Millisecond, func() (bool, error) {
-		if done, _ := rc.Proc.Exited(); done {
-			return false, rc.Proc.errExited()
-		}
-		resp, err := hc.Get(url)
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		last = resp.Status
-		return resp.StatusCode == http.StatusOK, nil
-	})
+	last, err := waitHTTPOK(ctx, rc.Proc, url, time.Minute, 100*time.Millisecond)
 	if err != nil {
 		return fmt.Errorf("waiting for container %s to be ready at %s (%s): %w; last lines of %s:\n%s",
 			rc.ctr.Name, url, last, err, rc.Proc.LogPath, rc.Proc.LogTail(3000))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -261,21 +260,7 @@ func (sc *Sidecar) waitReady(ctx context.Context, ports map[int32]int) error {
 		}
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d%s", ports[port], probe.HTTPGet.Path)
-	hc := &http.Client{Timeout: time.Second}
-	var last string
-	err := poll(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) {
-		if done, _ := sc.Proc.Exited(); done {
-			return false, sc.Proc.errExited()
-		}
-		resp, err := hc.Get(url)
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		last = resp.Status
-		return resp.StatusCode == http.StatusOK, nil
-	})
+	last, err := waitHTTPOK(ctx, sc.Proc, url, 30*time.Second, 50*time.Millisecond)
 	if err != nil {
 		return fmt.Errorf("waiting for the sidecar of pod %s to be ready at %s (%s): %w; last lines of %s:\n%s",
 			sc.Pod.Name, url, last, err, sc.Proc.LogPath, sc.Proc.LogTail(2000))

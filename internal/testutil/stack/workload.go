@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -203,6 +204,27 @@ func SidecarContainer(pod *corev1.Pod) (*corev1.Container, bool) {
 var errTimeout = errors.New("timed out")
 
 // poll calls cond every interval until it returns true or an error, ctx ends or timeout passes.
+// waitHTTPOK polls url until it answers 200 OK, p exits, or timeout passes, and returns the
+// last status or error it saw, for the caller's message.
+func waitHTTPOK(ctx context.Context, p *Process, url string, timeout, every time.Duration) (string, error) {
+	hc := &http.Client{Timeout: time.Second}
+	var last string
+	err := poll(ctx, timeout, every, func() (bool, error) {
+		if done, _ := p.Exited(); done {
+			return false, p.errExited()
+		}
+		resp, err := hc.Get(url)
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		last = resp.Status
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	return last, err
+}
+
 func poll(ctx context.Context, timeout, interval time.Duration, cond func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
 	for {
