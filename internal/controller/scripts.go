@@ -75,9 +75,10 @@ func (w *ScriptWatcher) Start(ctx context.Context) error {
 func (w *ScriptWatcher) check(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, w.Interval)
 	defer cancel()
-	// Ensure reloads a script that a restart, failover or SCRIPT FLUSH removed, here and now:
-	// sidecars retry on NOSCRIPT themselves, but the sooner every master has the scripts the
-	// fewer script bodies cross the network.
+	// Ensure reloads a script that a restart, failover or SCRIPT FLUSH removed, here and now.
+	// A sidecar on a shared credential loads it on NOSCRIPT itself; one on its namespace's ACL
+	// user may not (SCRIPT LOAD and EVAL would let a tenant run any Lua), so this check is what
+	// heals it, within one Interval.
 	_, err := w.Scripts.Ensure(cctx)
 	healthy := err == nil
 	if err != nil {

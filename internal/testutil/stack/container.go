@@ -12,7 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
@@ -190,15 +189,7 @@ func (rc *Container) waitReady(ctx context.Context) error {
 	if probe == nil || probe.HTTPGet == nil {
 		return fmt.Errorf("container %s has no HTTP readiness probe to wait for", rc.ctr.Name)
 	}
-	port := probe.HTTPGet.Port.IntVal
-	if probe.HTTPGet.Port.Type == intstr.String {
-		for _, p := range rc.ctr.Ports {
-			if p.Name == probe.HTTPGet.Port.StrVal {
-				port = p.ContainerPort
-			}
-		}
-	}
-	url := fmt.Sprintf("http://127.0.0.1:%d%s", rc.Ports[port], probe.HTTPGet.Path)
+	url := probeURL(probe, rc.ctr.Ports, rc.Ports)
 	last, err := waitHTTPOK(ctx, rc.Proc, url, time.Minute, 100*time.Millisecond)
 	if err != nil {
 		return fmt.Errorf("waiting for container %s to be ready at %s (%s): %w; last lines of %s:\n%s",

@@ -12,7 +12,6 @@ import (
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -251,15 +250,7 @@ func (sc *Sidecar) waitReady(ctx context.Context, ports map[int32]int) error {
 	if probe == nil || probe.HTTPGet == nil {
 		return fmt.Errorf("sidecar of pod %s has no HTTP readiness probe to wait for", sc.Pod.Name)
 	}
-	port := probe.HTTPGet.Port.IntVal
-	if probe.HTTPGet.Port.Type == intstr.String {
-		for _, p := range sc.Container.Ports {
-			if p.Name == probe.HTTPGet.Port.StrVal {
-				port = p.ContainerPort
-			}
-		}
-	}
-	url := fmt.Sprintf("http://127.0.0.1:%d%s", ports[port], probe.HTTPGet.Path)
+	url := probeURL(probe, sc.Container.Ports, ports)
 	last, err := waitHTTPOK(ctx, sc.Proc, url, 30*time.Second, 50*time.Millisecond)
 	if err != nil {
 		return fmt.Errorf("waiting for the sidecar of pod %s to be ready at %s (%s): %w; last lines of %s:\n%s",

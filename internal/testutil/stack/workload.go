@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
@@ -204,6 +205,20 @@ func SidecarContainer(pod *corev1.Pod) (*corev1.Container, bool) {
 var errTimeout = errors.New("timed out")
 
 // poll calls cond every interval until it returns true or an error, ctx ends or timeout passes.
+// probeURL is the loopback URL of an HTTP probe: its port, by number or by the name of one of
+// the declared ports, mapped to the loopback port standing in for it.
+func probeURL(probe *corev1.Probe, declared []corev1.ContainerPort, mapped map[int32]int) string {
+	port := probe.HTTPGet.Port.IntVal
+	if probe.HTTPGet.Port.Type == intstr.String {
+		for _, p := range declared {
+			if p.Name == probe.HTTPGet.Port.StrVal {
+				port = p.ContainerPort
+			}
+		}
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d%s", mapped[port], probe.HTTPGet.Path)
+}
+
 // waitHTTPOK polls url until it answers 200 OK, p exits, or timeout passes, and returns the
 // last status or error it saw, for the caller's message.
 func waitHTTPOK(ctx context.Context, p *Process, url string, timeout, every time.Duration) (string, error) {
