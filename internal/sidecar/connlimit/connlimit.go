@@ -134,11 +134,22 @@ func (c *conn) Close() error {
 type IdleCloser struct {
 	mu   sync.Mutex
 	idle map[net.Conn]time.Time
+	// owed is set when the cap was reached with no connection idle (the last response not yet
+	// written out): the next connection to go idle is closed at once, or the next client would
+	// wait for an idle timeout, since the cap is only reached once.
+	owed bool
 }
 
 // ConnState is an http.Server ConnState hook.
 func (t *IdleCloser) ConnState(c net.Conn, s http.ConnState) {
 	t.mu.Lock()
+	if s == http.StateIdle && t.owed {
+		t.owed = false
+		delete(t.idle, c)
+		t.mu.Unlock()
+		_ = c.Close()
+		return
+	}
 	defer t.mu.Unlock()
 	if s == http.StateIdle {
 		if t.idle == nil {
@@ -165,6 +176,8 @@ func (t *IdleCloser) CloseOldest() bool {
 	}
 	if oldest != nil {
 		delete(t.idle, oldest)
+	} else {
+		t.owed = true
 	}
 	t.mu.Unlock()
 	if oldest == nil {
