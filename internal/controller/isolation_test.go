@@ -71,8 +71,7 @@ var _ = Describe("One namespace cannot stop the others", Ordered, func() {
 		good := newNamespace(ctx)
 		Expect(k8s.Create(ctx, policy(good, "p", 100))).To(Succeed())
 		p := expectProgrammed(ctx, good, "p")
-		p.Spec.Rules[0].Limit.Requests = 200
-		Expect(k8s.Update(ctx, p)).To(Succeed())
+		edit(ctx, p, func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Limit.Requests = 200 })
 		Eventually(func(g Gomega) {
 			doc, _ := document(g, ctx, good)
 			g.Expect(doc.Policies[0].Rules[0].Requests).To(BeEquivalentTo(200))

@@ -172,10 +172,7 @@ var _ = Describe("RateLimitPolicy controller", func() {
 			g.Expect(policyNames(first)).To(Equal([]string{"a", "b"}))
 		}, timeout, interval).Should(Succeed())
 
-		var a v1alpha1.RateLimitPolicy
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "a"}, &a)).To(Succeed())
-		a.Spec.Rules[0].Limit.Requests = 200
-		Expect(k8s.Update(ctx, &a)).To(Succeed())
+		edit(ctx, policyRef(ns, "a"), func(a *v1alpha1.RateLimitPolicy) { a.Spec.Rules[0].Limit.Requests = 200 })
 		updated := expectProgrammed(ctx, ns, "a")
 		Expect(updated.Generation).To(BeEquivalentTo(2))
 		Eventually(func(g Gomega) {
@@ -262,13 +259,12 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		Expect(k8s.Create(ctx, policy(ns, "p", 100))).To(Succeed())
 		expectProgrammed(ctx, ns, "p")
 
-		var p v1alpha1.RateLimitPolicy
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "p"}, &p)).To(Succeed())
-		p.Spec.TargetSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-			{Key: "app", Operator: metav1.LabelSelectorOpExists, Values: []string{"x"}},
-		}}
-		p.Spec.Rules[0].Limit.Requests = 5
-		Expect(k8s.Update(ctx, &p)).To(Succeed())
+		edit(ctx, policyRef(ns, "p"), func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.TargetSelector = metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: "app", Operator: metav1.LabelSelectorOpExists, Values: []string{"x"}},
+			}}
+			p.Spec.Rules[0].Limit.Requests = 5
+		})
 
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, "p", v1alpha1.ConditionProgrammed)
@@ -290,8 +286,7 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		var cm *corev1.ConfigMap
 		Eventually(func(g Gomega) { doc, cm = document(g, ctx, ns) }, timeout, interval).Should(Succeed())
 
-		cm.Data[policydoc.DataKey] = `{"not":"a document"}`
-		Expect(k8s.Update(ctx, cm)).To(Succeed())
+		edit(ctx, cm, func(cm *corev1.ConfigMap) { cm.Data[policydoc.DataKey] = `{"not":"a document"}` })
 		Eventually(func(g Gomega) {
 			again, _ := document(g, ctx, ns)
 			g.Expect(again.Hash).To(Equal(doc.Hash))
@@ -435,4 +430,21 @@ func eventReasons(ctx context.Context, ns, name string) []string {
 		}
 	}
 	return out
+}
+
+// policyRef names a policy for edit; Get fills in the rest.
+func policyRef(ns, name string) *v1alpha1.RateLimitPolicy {
+	return &v1alpha1.RateLimitPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+}
+
+// edit changes an object the way `kubectl patch` does: a merge patch of what mutate changed,
+// without the resourceVersion. Three reconcilers write a policy's status (Programmed, the
+// connection budget, tenant isolation) whenever their passes end, and each write bumps the
+// resourceVersion, so a read followed by an Update races them and conflicts.
+func edit[T client.Object](ctx context.Context, obj T, mutate func(T)) {
+	GinkgoHelper()
+	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj)).To(Succeed())
+	before := obj.DeepCopyObject().(T)
+	mutate(obj)
+	Expect(k8s.Patch(ctx, obj, client.MergeFrom(before))).To(Succeed())
 }

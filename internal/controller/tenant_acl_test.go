@@ -139,11 +139,10 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		Expect(pingAs(srv, userB, pwB)).To(Succeed())
 
 		// A tenant editing, deleting or freezing its Secret gets it written back.
-		var s corev1.Secret
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: a, Name: "redline-redis"}, &s)).To(Succeed())
-		s.Data[contract.RedisSecretKey] = []byte("tenant-was-here")
-		s.Immutable = new(true)
-		Expect(k8s.Update(ctx, &s)).To(Succeed())
+		edit(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: a, Name: "redline-redis"}}, func(s *corev1.Secret) {
+			s.Data[contract.RedisSecretKey] = []byte("tenant-was-here")
+			s.Immutable = new(true)
+		})
 		Eventually(func(g Gomega) {
 			_, pw := tenantSecret(g, a)
 			g.Expect(pw).NotTo(Equal("tenant-was-here"))
