@@ -2,6 +2,7 @@ package helm
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,10 +27,19 @@ func promtool(t *testing.T) string {
 // renderedRules renders the chart's PrometheusRule with the default thresholds.
 func renderedRules(t *testing.T) *monitoringv1.PrometheusRule {
 	t.Helper()
+	return renderedRulesWith(t, nil)
+}
+
+// renderedRulesWith renders the chart's PrometheusRule with values of
+// monitoring.prometheusRule set as in vals.
+func renderedRulesWith(t *testing.T, vals map[string]any) *monitoringv1.PrometheusRule {
+	t.Helper()
 	g := NewWithT(t)
 	ch, err := LoadChart()
 	g.Expect(err).NotTo(HaveOccurred())
-	out, err := Render(ch, map[string]any{"monitoring": map[string]any{"prometheusRule": map[string]any{"enabled": true}}})
+	rule := map[string]any{"enabled": true}
+	maps.Copy(rule, vals)
+	out, err := Render(ch, map[string]any{"monitoring": map[string]any{"prometheusRule": rule}})
 	g.Expect(err).NotTo(HaveOccurred())
 	objs, err := Objects(out)
 	g.Expect(err).NotTo(HaveOccurred())

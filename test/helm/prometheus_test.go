@@ -2,6 +2,7 @@ package helm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -15,10 +16,16 @@ import (
 	promapi "github.com/prometheus/client_golang/api"
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
+	"github.com/redis/go-redis/v9"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 	"github.com/redline-dev/redline/test/helm/dashboards"
@@ -53,8 +60,9 @@ func e2ePolicy(name, prefix string, mode v1alpha1.FailureMode, rule v1alpha1.Mod
 	}
 }
 
-// startPrometheus runs prometheus scraping targets (address -> labels) every second.
-func startPrometheus(t *testing.T, dir string, targets map[string]map[string]string) promv1.API {
+// startPrometheus runs prometheus scraping targets (address -> labels) every second and
+// evaluating rules (a rule file's content; nil: none) every second.
+func startPrometheus(t *testing.T, dir string, targets map[string]map[string]string, rules []byte) promv1.API {
 	t.Helper()
 	bin := filepath.Join(filepath.Dir(promtool(t)), "prometheus")
 	if _, err := os.Stat(bin); err != nil {
@@ -64,12 +72,20 @@ func startPrometheus(t *testing.T, dir string, targets map[string]map[string]str
 	for addr, labels := range targets {
 		statics = append(statics, map[string]any{"targets": []string{addr}, "labels": labels})
 	}
-	cfg, err := yaml.Marshal(map[string]any{
+	conf := map[string]any{
 		"global": map[string]any{"scrape_interval": "1s", "evaluation_interval": "1s"},
 		// honor_labels as the chart's ServiceMonitor has it: the manager's series name the
 		// namespace they describe.
 		"scrape_configs": []any{map[string]any{"job_name": "redline", "honor_labels": true, "static_configs": statics}},
-	})
+	}
+	if rules != nil {
+		rulesPath := filepath.Join(dir, "rules.yaml")
+		if err := os.WriteFile(rulesPath, rules, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		conf["rule_files"] = []string{rulesPath}
+	}
+	cfg, err := yaml.Marshal(conf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +165,7 @@ var comparison = regexp.MustCompile(`(?s)\s+(>|<|==)\s+[0-9.e+-]+(\s*\*.*)?\s*$`
 // startE2EStack starts the local stack (manager metrics on a loopback port), the policies
 // and two injected pods' sidecars, and returns the sidecars' proxy URLs and the scrape
 // targets (address -> the labels a PodMonitor or ServiceMonitor would give).
-func startE2EStack(ctx context.Context, t *testing.T) (*stack.Stack, []string, map[string]map[string]string) {
+func startE2EStack(ctx context.Context, t *testing.T) (*stack.Stack, []*stack.Sidecar, map[string]map[string]string) {
 	t.Helper()
 	metricsPort, err := redistest.FreePort()
 	if err != nil {
@@ -200,24 +216,27 @@ func startE2EStack(ctx context.Context, t *testing.T) (*stack.Stack, []string, m
 	targets := map[string]map[string]string{
 		"127.0.0.1:" + strconv.Itoa(metricsPort): {"namespace": Namespace, "pod": "redline-manager"},
 	}
-	var proxies []string
 	for _, sc := range sidecars {
 		targets[strings.TrimPrefix(sc.AdminURL, "http://")] = map[string]string{"namespace": e2eNamespace, "pod": sc.Pod.Name}
-		proxies = append(proxies, sc.ProxyURL)
 	}
-	return st, proxies, targets
+	return st, sidecars, targets
 }
 
-// TestPrometheusQueries runs the stack with three sidecars' worth of policies (Open, Closed,
-// LocalFallback, and a Shadow rule), a real Prometheus scraping the manager and the sidecars,
-// and checks every dashboard query and alert expression returns data: while healthy (a
-// client over its limit, a Shadow rule refusing) and while Redis is down (fallback,
-// fail-open, fail-closed, heartbeat errors).
+// TestPrometheusQueries runs the stack with two sidecars' worth of policies (Open, Closed,
+// LocalFallback, and a Shadow rule) and a real Prometheus scraping the manager and the
+// sidecars and evaluating the chart's alerts. Every dashboard query and alert expression
+// returns data while healthy (a client over its limit, a Shadow rule refusing), no alert
+// fires while healthy, and each alert fires in the phase made for it: Redis slow, the
+// connection budget over, a configuration not reaching a pod, a refused reload, Redis down.
 func TestPrometheusQueries(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	st, proxies, targets := startE2EStack(ctx, t)
-	api := startPrometheus(t, t.TempDir(), targets)
+	st, sidecars, targets := startE2EStack(ctx, t)
+	api := startPrometheus(t, t.TempDir(), targets, firingRules(t))
+	var proxies []string
+	for _, sc := range sidecars {
+		proxies = append(proxies, sc.ProxyURL)
+	}
 	send := func(ctx context.Context, prefix, key string, n int) stack.Tally {
 		return stack.Send(ctx, proxies, n, 4, func(i int) stack.Request {
 			return stack.Request{Path: fmt.Sprintf("%sitem/%d", prefix, i), Header: http.Header{"X-Client": {key}}}
@@ -288,7 +307,19 @@ func TestPrometheusQueries(t *testing.T) {
 		return
 	}
 
-	// Phase 2: Redis down. Each failure mode decides, the breaker opens, heartbeats fail.
+	// Every rule evaluates without error on the real server, and none fires while healthy.
+	if err := waitRulesHealthy(ctx, api); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := firing(ctx, api); err != nil {
+		t.Fatal(err)
+	} else if len(f) > 0 {
+		t.Errorf("alerts firing while everything is healthy: %v", f)
+	}
+	alerts := &alertRun{api: api, fired: map[string]bool{}}
+	provokeAlerts(ctx, t, st, sidecars, alerts)
+
+	// Last phase: Redis down. Each failure mode decides, the breaker opens, heartbeats fail.
 	stopHealthy()
 	if err := st.Redis.Stop(); err != nil {
 		t.Fatal(err)
@@ -301,12 +332,238 @@ func TestPrometheusQueries(t *testing.T) {
 		{what: "decisions from the fallback", query: `sum(rate(redline_sidecar_decisions_total{source="fallback"}[30s]))`, positive: true},
 		{what: "Redis errors", query: `sum(rate(redline_sidecar_redis_errors_total[30s]))`, positive: true},
 	}
-	for _, name := range []string{"RedlineLocalFallback", "RedlineFailingOpen", "RedlineFailingClosed", "RedlineHeartbeatsMissing"} {
-		outage = append(outage, check{what: "alert " + name + " while Redis is down", query: alertExpr[name]})
-	}
 	for _, c := range outage {
 		if err := waitData(ctx, api, c); err != nil {
 			t.Error(err)
 		}
+	}
+	for _, name := range []string{"RedlineLocalFallback", "RedlineFailingOpen", "RedlineFailingClosed", "RedlineHeartbeatsMissing", "RedlineRedisErrors"} {
+		alerts.expect(ctx, t, name, model.LabelSet{"namespace": e2eNamespace})
+	}
+
+	// No alert of the chart went untested.
+	for name := range alertExpr {
+		if !alerts.fired[name] {
+			t.Errorf("alert %s never fired in the run: give it a phase", name)
+		}
+	}
+}
+
+// alertRun records which of the chart's alerts fired in the run.
+type alertRun struct {
+	api   promv1.API
+	fired map[string]bool
+}
+
+// expect waits until alert name fires with labels, and logs what Prometheus returned.
+func (r *alertRun) expect(ctx context.Context, t *testing.T, name string, labels model.LabelSet) {
+	t.Helper()
+	a, err := waitFiring(ctx, r.api, name, labels)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	r.fired[name] = true
+	t.Logf("alert %s fired: labels %v, value %s", name, a.Labels, a.Value)
+}
+
+// provokeAlerts drives the alerts that need more than Redis down over their thresholds, one
+// phase each, with traffic flowing.
+func provokeAlerts(ctx context.Context, t *testing.T, st *stack.Stack, sidecars []*stack.Sidecar, alerts *alertRun) {
+	t.Helper()
+	shop := model.LabelSet{"namespace": e2eNamespace}
+	expectFiring := func(name string, labels model.LabelSet) {
+		t.Helper()
+		alerts.expect(ctx, t, name, labels)
+	}
+
+	// Phase: Redis slow. A script keeps Redis busy 30 ms at a time (below the sidecars'
+	// call deadline, so decisions still come from Redis): every round trip waits behind it.
+	stopSlow := busyRedis(ctx, t, st.Redis.Addr(), 30*time.Millisecond)
+	expectFiring("RedlineRedisSlow", shop)
+	stopSlow()
+
+	// Phase: the connection budget over. An HPA lets the workload grow to 100,000 pods,
+	// whose pools would need more connections than Redis's maxclients.
+	hpa := &autoscalingv2.HorizontalPodAutoscaler{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e2eNamespace, Name: "shop"},
+		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "shop"},
+			MinReplicas:    ptr.To[int32](2),
+			MaxReplicas:    100000,
+		},
+	}
+	if err := st.Client.Create(ctx, hpa); err != nil {
+		t.Fatalf("creating the HPA: %v", err)
+	}
+	expectFiring("RedlineConnectionBudget", nil)
+	if err := st.Client.Delete(ctx, hpa); err != nil {
+		t.Fatalf("deleting the HPA: %v", err)
+	}
+
+	// Phase: a kubelet behind on one pod's volumes keeps its sidecar on the last
+	// configuration, so the policy changed since is not Enforced.
+	sidecars[0].FreezeVolumes()
+	open := &v1alpha1.RateLimitPolicy{}
+	if err := st.Client.Get(ctx, client.ObjectKey{Namespace: e2eNamespace, Name: "open"}, open); err != nil {
+		t.Fatal(err)
+	}
+	before := open.DeepCopy()
+	open.Spec.Rules[0].Limit.Requests = 2000
+	if err := st.Client.Patch(ctx, open, client.MergeFrom(before)); err != nil {
+		t.Fatalf("changing policy open: %v", err)
+	}
+	expectFiring("RedlinePolicyNotEnforced", model.LabelSet{"namespace": e2eNamespace, "policy": "open"})
+
+	// Phase: with the manager down, a tenant's write into redline-policies reaches the other
+	// sidecar, which refuses it and keeps the last good policies; the manager, back, restores it.
+	if err := st.Manager.Stop(10 * time.Second); err != nil {
+		t.Fatalf("stopping the manager: %v", err)
+	}
+	cm := &corev1.ConfigMap{}
+	if err := st.Client.Get(ctx, client.ObjectKey{Namespace: e2eNamespace, Name: policydoc.ConfigMapName}, cm); err != nil {
+		t.Fatal(err)
+	}
+	cmBefore := cm.DeepCopy()
+	cm.Data[policydoc.DataKey] = "not a policy document"
+	if err := st.Client.Patch(ctx, cm, client.MergeFrom(cmBefore)); err != nil {
+		t.Fatalf("writing over %s: %v", policydoc.ConfigMapName, err)
+	}
+	expectFiring("RedlineConfigReloadErrors", model.LabelSet{"namespace": e2eNamespace, "pod": model.LabelValue(sidecars[1].Pod.Name)})
+	if err := st.RestartManager(ctx); err != nil {
+		t.Fatalf("starting the manager again: %v", err)
+	}
+
+}
+
+// firingRules renders the chart's alerts as the real-Prometheus run evaluates them: the
+// default thresholds, with `for` at 0s, since each phase lasts seconds, not minutes.
+func firingRules(t *testing.T) []byte {
+	t.Helper()
+	rule := renderedRulesWith(t, map[string]any{"for": "0s", "notEnforcedFor": "0s"})
+	b, err := yaml.Marshal(map[string]any{"groups": rule.Spec.Groups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// waitRulesHealthy waits until Prometheus has evaluated every rule, and fails if any
+// evaluation errs (an expression the real server refuses or cannot compute).
+func waitRulesHealthy(ctx context.Context, api promv1.API) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := api.Rules(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("reading the rules: %w", err)
+		}
+		pending, n := 0, 0
+		for _, g := range res.Groups {
+			for _, r := range g.Rules {
+				a, ok := r.(promv1.AlertingRule)
+				if !ok {
+					continue
+				}
+				n++
+				switch a.Health {
+				case promv1.RuleHealthBad:
+					return fmt.Errorf("alert %s does not evaluate: %s", a.Name, a.LastError)
+				case promv1.RuleHealthUnknown:
+					pending++
+				}
+			}
+		}
+		if n == 0 {
+			return errors.New("prometheus loaded no alerting rules")
+		}
+		if pending == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%d of %d alerts never evaluated", pending, n)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// firing lists the alerts Prometheus has firing, as name{labels}.
+func firing(ctx context.Context, api promv1.API) ([]string, error) {
+	res, err := api.Alerts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the alerts: %w", err)
+	}
+	var out []string
+	for _, a := range res.Alerts {
+		if a.State == promv1.AlertStateFiring {
+			out = append(out, a.Labels.String())
+		}
+	}
+	return out, nil
+}
+
+// waitFiring waits up to 90 s until alert name fires with labels that include want.
+func waitFiring(ctx context.Context, api promv1.API, name string, want model.LabelSet) (promv1.Alert, error) {
+	deadline := time.Now().Add(90 * time.Second)
+	var last []string
+	for {
+		res, err := api.Alerts(ctx)
+		if err == nil {
+			last = last[:0]
+			for _, a := range res.Alerts {
+				if a.State != promv1.AlertStateFiring {
+					continue
+				}
+				last = append(last, a.Labels.String())
+				if string(a.Labels[model.AlertNameLabel]) != name {
+					continue
+				}
+				match := true
+				for k, v := range want {
+					match = match && a.Labels[k] == v
+				}
+				if match {
+					return a, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return promv1.Alert{}, fmt.Errorf("alert %s%v did not fire within 90 s (last error %v; firing: %v)", name, want, err, last)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// busyScript keeps Redis busy for ARGV[1] microseconds of its own clock.
+const busyScript = `local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= tonumber(ARGV[1])
+return 1`
+
+// busyRedis runs busyScript for d at a time, back to back, until stopped: every other
+// client's round trip waits behind it, as behind any slow command.
+func busyRedis(ctx context.Context, t *testing.T, addr string, d time.Duration) (stop func()) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("reaching redis at %s: %v", addr, err)
+	}
+	bctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		for bctx.Err() == nil {
+			if err := rdb.Eval(bctx, busyScript, nil, d.Microseconds()).Err(); err != nil && bctx.Err() == nil {
+				done <- fmt.Errorf("running the busy script: %w", err)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		done <- nil
+	}()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		_ = rdb.Close()
 	}
 }

@@ -49,12 +49,15 @@ spec:
         runbook: "Clients get 429 for every request a Closed policy matches: restore Redis first (errors by kind in redline_sidecar_redis_errors_total)."
     - alert: RedlineRedisErrors
       expr: |
-        sum by (namespace, kind) (rate(redline_sidecar_redis_errors_total[5m])) > {{ $r.redisErrorsPerSecond }}
+        sum by (namespace, kind) (rate(redline_sidecar_redis_errors_total[5m]))
+          / on (namespace) group_left
+        sum by (namespace) (rate(redline_sidecar_redis_latency_seconds_count[5m]))
+          > {{ $r.redisErrorRatio }}
       for: {{ $r.for }}
       labels: {severity: warning}
       annotations:
         summary: {{ quote `Sidecars in {{ $labels.namespace }} see Redis errors of kind {{ $labels.kind }}.` }}
-        description: {{ quote `{{ $value | humanize }} Redis errors per second ({{ $labels.kind }}) in {{ $labels.namespace }}.` }}
+        description: {{ quote `{{ $value | humanizePercentage }} of Redis round trips from {{ $labels.namespace }} failed ({{ $labels.kind }}).` }}
         runbook: "maxclients: the connection budget is over (see RedlineConnectionBudget); pool_timeout: raise redline.dev/redis-pool-size; timeout or network: Redis is slow or unreachable."
     - alert: RedlineRedisSlow
       expr: |

@@ -268,6 +268,10 @@ func (sc *Sidecar) Stop() error {
 	return sc.Proc.Stop(10 * time.Second)
 }
 
+// FreezeVolumes stops updating the sidecar's ConfigMap and Secret volumes: the files stay as
+// they are, as with a kubelet that is behind on its volume sync (it may take a minute).
+func (sc *Sidecar) FreezeVolumes() { sc.stopSyncing() }
+
 func (sc *Sidecar) stopSyncing() {
 	sc.stopSync()
 	<-sc.syncDone
