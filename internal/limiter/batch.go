@@ -49,11 +49,15 @@ const (
 	callAbandoned
 )
 
-func (c *call) prepare(stateKey string, limit Limit, cost, want int64) {
+func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *shares) {
 	c.alg, c.window = limit.Algorithm, limit.Window
 	c.state.Store(callPending)
 	c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 1, stateKey)
 	c.args = limit.scriptArgs(c.args, cost, want)
+	if sh != nil && limit.Algorithm.leases() {
+		start, cur, prev := sh.known(stateKey)
+		c.args = append(c.args, sh.id, start, cur, prev)
+	}
 }
 
 func (c *call) reset() {
@@ -113,10 +117,17 @@ func (l *Limiter) run(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 		cmds, err = l.pipeline(batch, cmds)
 		return struct{}{}, err
 	})
-	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+	switch {
+	case errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests):
 		for _, c := range batch {
 			c.err = ErrCircuitOpen
 		}
+	case err != nil:
+		l.failing.Store(true)
+	case l.failing.Load() && l.failing.Swap(false):
+		// Redis answers again after failing: it may be another node, or the same one
+		// restarted, holding less than was granted.
+		l.Reassert()
 	}
 	for _, c := range batch {
 		l.answer(c)
@@ -173,6 +184,9 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 		}
 		c.res, c.g, err = decodeReply(vals)
 		l.clock.observe(c.g.nowUS, read)
+		if err == nil {
+			l.recordShare(c)
+		}
 		switch {
 		case errors.Is(err, errStale):
 			l.stats.stale.Add(1)
@@ -198,4 +212,23 @@ func isOutage(err error) bool {
 		return false
 	}
 	return true // network errors, timeouts, pool exhaustion
+}
+
+// recordShare keeps what a call was granted as this replica's share, and starts a re-assertion
+// when its reply shows that Redis lacked some of the shares: where one key lost counts, others
+// did too.
+func (l *Limiter) recordShare(c *call) {
+	if l.shares == nil || !c.alg.leases() {
+		return
+	}
+	if c.g.units > 0 {
+		start, _ := c.g.window(c.window)
+		if !l.shares.add(c.args[3].(string), c.alg, c.window, start, c.g.units) {
+			l.stats.unkept.Add(uint64(c.g.units))
+		}
+	}
+	if c.g.restored > 0 {
+		l.restored(c.args[3].(string), c.g.restored)
+		l.Reassert()
+	}
 }

@@ -54,6 +54,10 @@ type leases struct {
 	// and no pointers (8 bytes a slot); a collision only makes a key cold, today's exact path.
 	warm     []atomic.Uint64
 	warmSeed maphash.Seed
+	// shares, when kept, go with every return (a replica gives back only what the Redis it
+	// returns to holds of its share), and onRestore hears of what they restored.
+	shares    *shares
+	onRestore func(key string, units int64)
 }
 
 // minWarmLease is the least a key that was granted before asks for.
@@ -321,14 +325,22 @@ func (ls *leases) run(client redis.UniversalClient, quit <-chan struct{}) {
 }
 
 // send gives queued units back in one pipeline. A return that fails leaves its units counted:
-// the window admits less, never more.
+// the window admits less, never more. With shares, each return says what this replica knows of
+// its share, so that the script restores it first, gives back no more than the Redis holds of
+// it, and the share shrinks by what went back.
 func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 	var cmds []redis.Cmder
+	var sent []leaseReturn
 	for {
 		select {
 		case r := <-ls.returns:
-			cmds = append(cmds, scripts.EvalSha(ctx, scripts.LeaseReturn(), []string{r.key},
-				r.window.Milliseconds(), r.windowStart, r.units))
+			args := []any{r.window.Milliseconds(), r.windowStart, r.units}
+			if ls.shares != nil {
+				start, cur, prev := ls.shares.known(r.key)
+				args = append(args, ls.shares.id, start, cur, prev)
+			}
+			cmds = append(cmds, scripts.EvalSha(ctx, scripts.LeaseReturn(), []string{r.key}, args...))
+			sent = append(sent, r)
 			if len(cmds) < 256 {
 				continue
 			}
@@ -338,6 +350,19 @@ func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 			return
 		}
 		scripts.Exec(ctx, client, cmds, []scripts.Script{scripts.LeaseReturn()})
-		cmds = cmds[:0]
+		for i, cmd := range cmds {
+			vals, err := cmd.(*redis.Cmd).Int64Slice()
+			if err != nil || len(vals) != 2 || ls.shares == nil {
+				continue
+			}
+			r := sent[i]
+			if vals[0] > 0 {
+				ls.shares.add(r.key, "", r.window, r.windowStart, -vals[0])
+			}
+			if vals[1] > 0 && ls.onRestore != nil {
+				ls.onRestore(r.key, vals[1])
+			}
+		}
+		cmds, sent = cmds[:0], sent[:0]
 	}
 }

@@ -159,8 +159,8 @@ func (l Limit) scriptArgs(dst []any, cost, want int64) []any {
 	switch {
 	case l.Algorithm == TokenBucket:
 		dst = append(dst, l.burst())
-	case want > cost && l.Algorithm.leases():
-		dst = append(dst, want)
+	case l.Algorithm.leases():
+		dst = append(dst, max(want, cost))
 	}
 	return dst
 }
@@ -201,8 +201,9 @@ var errBadReply = errors.New("unexpected script reply")
 
 // grant is what a script's reply says beyond its Result.
 type grant struct {
-	units int64 // counted in Redis for this call, cost included
-	nowUS int64 // Redis's clock when the script ran, microseconds
+	units    int64 // counted in Redis for this call, cost included
+	nowUS    int64 // Redis's clock when the script ran, microseconds
+	restored int64 // units this replica's shares added to the state first (see shares.go)
 }
 
 // window returns the start of the window, aligned like the scripts align it, that g was counted
@@ -219,13 +220,19 @@ func (g grant) window(w time.Duration) (startMS int64, left time.Duration) {
 var errStale = errors.New("the call reached Redis after its deadline")
 
 // decodeReply turns a script's {allowed, remaining, retry_after_ms, reset_after_ms, now_us,
-// granted} into a Result and a grant. A reply of a call that ran after its deadline
+// granted[, restored]} into a Result and a grant. A reply of a call that ran after its deadline
 // (retry_after_ms -2) is errStale, with the grant's clock still read.
 func decodeReply(n []int64) (Result, grant, error) {
-	if len(n) != 6 {
-		return Result{}, grant{}, fmt.Errorf("%w: want 6 integers, got %d", errBadReply, len(n))
+	if len(n) != 6 && len(n) != 7 {
+		return Result{}, grant{}, fmt.Errorf("%w: want 6 or 7 integers, got %d", errBadReply, len(n))
 	}
 	g := grant{units: n[5], nowUS: n[4]}
+	if len(n) == 7 {
+		if n[6] < 0 {
+			return Result{}, grant{}, fmt.Errorf("%w: restored %d", errBadReply, n[6])
+		}
+		g.restored = n[6]
+	}
 	if g.nowUS <= 0 {
 		return Result{}, grant{}, fmt.Errorf("%w: clock %d", errBadReply, g.nowUS)
 	}

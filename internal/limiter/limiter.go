@@ -44,6 +44,16 @@ type Options struct {
 	// decides: its caller has stopped waiting (set it below the client's read timeout), and the
 	// units it would count would be admitted by nobody. See clock.go.
 	CallDeadline time.Duration
+	// ReplicaID names this replica's shares in Redis (see shares.go; NewReplicaID makes one).
+	// Empty keeps none: counts a Redis loses in a failover or a restart stay lost.
+	ReplicaID string
+	// ShareKeys bounds the keys whose shares this replica keeps (default 65536: about 150 bytes
+	// a key). A key whose two last windows have ended frees its slot; a grant to a key beyond
+	// the bound keeps no share (Stats.UnkeptShareUnits).
+	ShareKeys int
+	// OnRestore, when set, is told each time this replica's shares restored units of key (its
+	// state key: Key plus the algorithm's suffix) that Redis had lost.
+	OnRestore func(key string, units int64)
 	// Now is the local clock, used only for the pre-check, the fallback limiters and leases'
 	// local deadlines; decisions in Redis use Redis's clock (default time.Now).
 	Now func() time.Time
@@ -77,6 +87,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxLease <= 0 {
 		o.MaxLease = 10000
 	}
+	if o.ShareKeys <= 0 {
+		o.ShareKeys = 65536
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -108,6 +121,9 @@ type Limiter struct {
 	clock    *redisClock
 	stats    counters
 	calls    sync.Pool
+	shares   *shares       // nil without a ReplicaID
+	failing  atomic.Bool   // the last pipeline that reached for Redis failed
+	reassert chan struct{} // a re-assertion of every share is due
 }
 
 // New returns a Limiter over client. The client stays the caller's to close.
@@ -124,6 +140,11 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		quit:   make(chan struct{}),
 		clock:  newRedisClock(),
 	}
+	if o.ReplicaID != "" {
+		l.shares = newShares(o.ReplicaID, o.ShareKeys)
+		l.reassert = make(chan struct{}, 1)
+		l.wg.Go(l.reasserter)
+	}
 	var err error
 	if l.precheck, err = newPrecheck(o.PrecheckSize); err != nil {
 		return nil, fmt.Errorf("creating pre-check cache: %w", err)
@@ -135,6 +156,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		if l.leases, err = newLeases(o.LeaseSize, o.LeaseHorizon, o.MaxLease, o.Now); err != nil {
 			return nil, fmt.Errorf("creating lease cache: %w", err)
 		}
+		l.leases.shares, l.leases.onRestore = l.shares, l.restored
 		l.wg.Go(func() { l.leases.run(client, l.quit) })
 	}
 	l.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
@@ -143,7 +165,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		Timeout:     o.BreakerOpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= o.BreakerFailures },
 	})
-	l.calls.New = func() any { return &call{done: make(chan struct{}, 1), args: make([]any, 0, 9)} }
+	l.calls.New = func() any { return &call{done: make(chan struct{}, 1), args: make([]any, 0, 13)} }
 	for range o.Flushers {
 		l.wg.Add(1)
 		go l.flusher()
@@ -227,7 +249,7 @@ func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want in
 	}
 
 	c := l.calls.Get().(*call)
-	c.prepare(sk, limit, cost, want)
+	c.prepare(sk, limit, cost, want, l.shares)
 	if l.tryInline(c) {
 		return l.settle(c, sk, limit, cost, now)
 	}
@@ -329,12 +351,24 @@ type Stats struct {
 	StaleCalls uint64
 	// LeaseKeys is the number of keys in the lease table now (holding a lease, or about to).
 	LeaseKeys int
+	// ShareKeys is the number of keys this replica keeps shares of now.
+	ShareKeys int
+	// Restorations counts calls whose shares found Redis short of them (a failover or a
+	// restart lost counts), and RestoredUnits the units they added back.
+	Restorations, RestoredUnits uint64
+	// Reassertions counts re-assertions of every live share, and ReassertErrors those that
+	// could not reach every key (the next one retries).
+	Reassertions, ReassertErrors uint64
+	// UnkeptShareUnits counts units granted to keys beyond ShareKeys: those keep no share, and
+	// Redis losing them could not be repaired.
+	UnkeptShareUnits uint64
 	// BreakerOpen says the circuit breaker is open now.
 	BreakerOpen bool
 }
 
 type counters struct {
 	redis, precheck, degraded, pipelines, scriptLoads, leased, grants, stale atomic.Uint64
+	restorations, restoredUnits, reassertions, reassertErrors, unkept       atomic.Uint64
 }
 
 func (l *Limiter) leaseKeys() int {
@@ -356,6 +390,12 @@ func (l *Limiter) Stats() Stats {
 		ScriptLoads:       l.stats.scriptLoads.Load(),
 		StaleCalls:        l.stats.stale.Load(),
 		LeaseKeys:         l.leaseKeys(),
+		ShareKeys:         l.shareKeys(),
+		Restorations:      l.stats.restorations.Load(),
+		RestoredUnits:     l.stats.restoredUnits.Load(),
+		Reassertions:      l.stats.reassertions.Load(),
+		ReassertErrors:    l.stats.reassertErrors.Load(),
+		UnkeptShareUnits:  l.stats.unkept.Load(),
 		BreakerOpen:       l.breaker.State() == gobreaker.StateOpen,
 	}
 }

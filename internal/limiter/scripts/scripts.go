@@ -41,14 +41,30 @@ var limiterFiles = []struct{ name, file string }{
 	{"TokenBucket", "lua/token_bucket.lua"},
 }
 
+// withShares names the scripts that start with lua/shares.lua: those of the window state that
+// FixedWindow and SlidingWindowCounter share.
+var withShares = map[string]bool{"lua/fixed_window.lua": true, "lua/sliding_window_counter.lua": true, "lua/lease_return.lua": true}
+
+// source reads an embedded script, with the shares prologue where it needs it.
+func source(file string) string {
+	src, err := luaFS.ReadFile(file)
+	if err != nil {
+		panic(fmt.Sprintf("embedded script %s missing: %v", file, err))
+	}
+	if !withShares[file] {
+		return string(src)
+	}
+	prologue, err := luaFS.ReadFile("lua/shares.lua")
+	if err != nil {
+		panic(fmt.Sprintf("embedded script lua/shares.lua missing: %v", err))
+	}
+	return string(prologue) + "\n" + string(src)
+}
+
 var limiterScripts = sync.OnceValue(func() []Script {
 	out := make([]Script, 0, len(limiterFiles))
 	for _, f := range limiterFiles {
-		src, err := luaFS.ReadFile(f.file)
-		if err != nil {
-			panic(fmt.Sprintf("embedded script %s missing: %v", f.file, err))
-		}
-		out = append(out, New(f.name, string(src)))
+		out = append(out, New(f.name, source(f.file)))
 	}
 	return out
 })
@@ -56,13 +72,7 @@ var limiterScripts = sync.OnceValue(func() []Script {
 // LeaseReturn gives the unused units of a lease back to the FixedWindow or SlidingWindowCounter
 // window they were counted in (see lua/lease_return.lua). It is not an algorithm: Exec loads it
 // on NOSCRIPT like the others, and the manager does not record it.
-var LeaseReturn = sync.OnceValue(func() Script {
-	src, err := luaFS.ReadFile("lua/lease_return.lua")
-	if err != nil {
-		panic(fmt.Sprintf("embedded script lease_return.lua missing: %v", err))
-	}
-	return New("LeaseReturn", string(src))
-})
+var LeaseReturn = sync.OnceValue(func() Script { return New("LeaseReturn", source("lua/lease_return.lua")) })
 
 // All returns the limiter's scripts, one per algorithm, in a stable order.
 func All() []Script { return slices.Clone(limiterScripts()) }

@@ -1,11 +1,14 @@
--- Fixed window counter, with leases.
+-- Fixed window counter, with leases and shares.
 -- KEYS[1] window state: a hash with fields s (current window start, ms), c (its count) and p (the
--- previous window's count), shared with SlidingWindowCounter (see below).
--- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost, ARGV[4] deadline (us on Redis's clock, 0 for
--- none), ARGV[5] (optional) the units wanted, at least cost: a lease.
--- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted};
+-- previous window's count), shared with SlidingWindowCounter (see below), and one field per
+-- replica holding its share (see shares.lua, which this script starts with).
+-- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost (0: only restore shares), ARGV[4] deadline
+-- (us on Redis's clock, 0 for none), ARGV[5] the units wanted, at least cost: a lease,
+-- ARGV[6] the replica's id ('' keeps no share), ARGV[7] the start of the window ARGV[8] is the
+-- replica's known share of, ARGV[9] its known share of the window before.
+-- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted, restored};
 -- retry_after_ms is -1 when the cost can never fit in the limit, and -2 when the call ran after
--- its deadline, in which case nothing was counted.
+-- its deadline, in which case nothing was counted; restored is what the shares added.
 --
 -- Windows are aligned to multiples of the window on Redis's clock, so every replica agrees on
 -- where a window starts. FixedWindow decides on c alone; it keeps s, c and p exactly as
@@ -26,6 +29,7 @@ local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local want = math.max(tonumber(ARGV[5]) or cost, cost)
+local id = ARGV[6] or ''
 
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -35,33 +39,27 @@ local start = now - elapsed
 local reset = window - elapsed
 
 if deadline > 0 and now_us > deadline then
-  return {0, 0, -2, reset, now_us, 0}
+  return {0, 0, -2, reset, now_us, 0, 0}
 end
 
-local h = redis.call('HMGET', key, 's', 'c', 'p')
-local cur, prev = 0, 0
-local s = tonumber(h[1])
-if s == start then
-  cur = tonumber(h[2]) or 0
-  prev = tonumber(h[3]) or 0
-elseif s == start - window then
-  prev = tonumber(h[2]) or 0
-end
+local st = read_state(key, window, start, id, tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0)
+local restored = st.dcur + st.dprev
+local cur = st.cur
 
+local grant = 0
+if cost > 0 and cost <= limit and cur + cost <= limit then
+  grant = math.min(want, limit - cur)
+end
+if grant > 0 or restored > 0 then
+  write_state(key, st, window, start, elapsed, id, grant)
+end
+if cost == 0 then
+  return {1, math.max(limit - cur, 0), 0, reset, now_us, 0, restored}
+end
 if cost > limit then
-  return {0, math.max(limit - cur, 0), -1, reset, now_us, 0}
+  return {0, math.max(limit - cur, 0), -1, reset, now_us, 0, restored}
 end
-if cur + cost > limit then
-  return {0, math.max(limit - cur, 0), reset, reset, now_us, 0}
+if grant == 0 then
+  return {0, math.max(limit - cur, 0), reset, reset, now_us, 0, restored}
 end
-
-local grant = math.min(want, limit - cur)
-if s == start then
-  redis.call('HINCRBY', key, 'c', grant)
-else
-  -- A new window: the TTL set here runs to the end of the next one, so it needs no refresh
-  -- until the window rolls again.
-  redis.call('HSET', key, 's', start, 'c', grant, 'p', prev)
-  redis.call('PEXPIRE', key, 2 * window - elapsed)
-end
-return {1, limit - cur - grant, 0, reset, now_us, grant}
+return {1, limit - cur - grant, 0, reset, now_us, grant, restored}

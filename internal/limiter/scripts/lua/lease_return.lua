@@ -1,23 +1,38 @@
 -- Returns the unused units of a lease to the window they were counted in.
--- KEYS[1] the limit's window state (the hash FixedWindow and SlidingWindowCounter share).
+-- KEYS[1] the limit's window state (the hash FixedWindow and SlidingWindowCounter share, with
+-- the replicas' shares: see shares.lua, which this script starts with).
 -- ARGV[1] window (ms), ARGV[2] the window's start (ms on Redis's clock, as the grant said),
--- ARGV[3] units.
--- Returns the units given back: 0 when that window has ended (its units ended with it).
+-- ARGV[3] units, ARGV[4] the replica's id ('' keeps no share), ARGV[5] the start of the window
+-- ARGV[6] is the replica's known share of (units returned included), ARGV[7] its share of the
+-- window before.
+-- Returns {returned, restored}: returned is 0 when that window has ended (its units ended with
+-- it). A replica gives back only what this Redis holds of its share, once restored: units leased
+-- from a master that is gone, and never counted here, are never taken off a count here.
 local key = KEYS[1]
 local window = tonumber(ARGV[1])
 local start = tonumber(ARGV[2])
 local units = tonumber(ARGV[3])
+local id = ARGV[4] or ''
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if now - (now % window) ~= start or units <= 0 then
-  return 0
+  return {0, 0}
 end
-if redis.call('TYPE', key)['ok'] ~= 'hash' or tonumber(redis.call('HGET', key, 's')) ~= start then
-  return 0
+if redis.call('TYPE', key)['ok'] ~= 'hash' then
+  return {0, 0}
 end
-local n = math.min(units, tonumber(redis.call('HGET', key, 'c')) or 0)
-if n > 0 then
-  redis.call('HINCRBY', key, 'c', -n)
+local st = read_state(key, window, start, id, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0)
+if st.kind ~= 1 then
+  -- This Redis holds no count of the window: nothing of the lease is here to give back.
+  return {0, 0}
 end
-return n
+local n = math.min(units, st.cur)
+if id ~= '' then
+  n = math.min(n, st.mine)
+end
+local restored = st.dcur + st.dprev
+if n > 0 or restored > 0 then
+  write_state(key, st, window, start, now % window, id, -n)
+end
+return {n, restored}

@@ -1,12 +1,16 @@
 -- Sliding window counter: the previous fixed window's count, weighted by how much of it still
 -- overlaps the sliding window, plus the current window's count.
 -- KEYS[1] window state: a hash with fields s (current window start, ms), c (its count) and p (the
--- previous window's count), shared with FixedWindow (see fixed_window.lua).
--- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost, ARGV[4] deadline (us on Redis's clock, 0 for
--- none), ARGV[5] (optional) the units wanted, at least cost: a lease.
--- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted};
+-- previous window's count), shared with FixedWindow (see fixed_window.lua), and one field per
+-- replica holding its share (see shares.lua, which this script starts with).
+-- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost (0: only restore shares), ARGV[4] deadline
+-- (us on Redis's clock, 0 for none), ARGV[5] the units wanted, at least cost: a lease,
+-- ARGV[6] the replica's id ('' keeps no share), ARGV[7] the start of the window ARGV[8] is the
+-- replica's known share of, ARGV[9] its known share of the window before.
+-- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted, restored};
 -- retry_after_ms is -1 when the cost can never fit in the limit, and -2 when the call ran after
--- its deadline, in which case nothing was counted.
+-- its deadline, in which case nothing was counted; restored is what the shares added, to the
+-- current window and to the previous one (which the sliding estimate weighs).
 --
 -- Both windows live in one hash so the script touches exactly one declared key. Windows are
 -- aligned on Redis's clock. The hash lives until the end of the next window, when the current
@@ -22,6 +26,7 @@ local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local want = math.max(tonumber(ARGV[5]) or cost, cost)
+local id = ARGV[6] or ''
 
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -30,18 +35,12 @@ local elapsed = now % window
 local start = now - elapsed
 
 if deadline > 0 and now_us > deadline then
-  return {0, 0, -2, 0, now_us, 0}
+  return {0, 0, -2, 0, now_us, 0, 0}
 end
 
-local h = redis.call('HMGET', key, 's', 'c', 'p')
-local cur, prev = 0, 0
-local s = tonumber(h[1])
-if s == start then
-  cur = tonumber(h[2]) or 0
-  prev = tonumber(h[3]) or 0
-elseif s == start - window then
-  prev = tonumber(h[2]) or 0
-end
+local st = read_state(key, window, start, id, tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0)
+local restored = st.dcur + st.dprev
+local cur, prev = st.cur, st.prev
 
 local weight = (window - elapsed) / window
 local estimate = prev * weight + cur
@@ -57,10 +56,21 @@ local function remaining(est)
   return math.max(math.floor(limit - est), 0)
 end
 
-if cost > limit then
-  return {0, remaining(estimate), -1, reset_after(cur), now_us, 0}
+-- estimate + cost <= limit and cost is whole, so the room's floor is at least cost.
+local grant = 0
+if cost > 0 and cost <= limit and estimate + cost <= limit then
+  grant = math.min(want, math.floor(limit - estimate))
 end
-if estimate + cost > limit then
+if grant > 0 or restored > 0 then
+  write_state(key, st, window, start, elapsed, id, grant)
+end
+if cost == 0 then
+  return {1, remaining(estimate), 0, reset_after(cur), now_us, 0, restored}
+end
+if cost > limit then
+  return {0, remaining(estimate), -1, reset_after(cur), now_us, 0, restored}
+end
+if grant == 0 then
   local retry
   local room = limit - cost - cur
   if room >= 0 and prev > 0 then
@@ -74,18 +84,7 @@ if estimate + cost > limit then
     end
     retry = (window - elapsed) + math.max(need, 0)
   end
-  return {0, remaining(estimate), math.max(retry, 1), reset_after(cur), now_us, 0}
-end
-
--- estimate + cost <= limit and cost is whole, so the room's floor is at least cost.
-local grant = math.min(want, math.floor(limit - estimate))
-if s == start then
-  redis.call('HINCRBY', key, 'c', grant)
-else
-  -- A new window: the TTL set here runs to the end of the next one, so it needs no refresh
-  -- until the window rolls again.
-  redis.call('HSET', key, 's', start, 'c', grant, 'p', prev)
-  redis.call('PEXPIRE', key, 2 * window - elapsed)
+  return {0, remaining(estimate), math.max(retry, 1), reset_after(cur), now_us, 0, restored}
 end
 cur = cur + grant
-return {1, remaining(estimate + grant), 0, reset_after(cur), now_us, grant}
+return {1, remaining(estimate + grant), 0, reset_after(cur), now_us, grant, restored}

@@ -1,0 +1,120 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+)
+
+// reassertBatch is how many keys one pipeline of a re-assertion carries.
+const reassertBatch = 256
+
+// Reassert asks for a re-assertion of every share this replica holds in a live window (see
+// shares.go): each key's state is raised to what this replica knows it was granted there. It
+// returns at once; requests made while one runs coalesce into one more. The sidecar calls it
+// when another replica saw Redis lose counts; the limiter calls it itself when a reply shows a
+// loss and when Redis answers again after failing.
+func (l *Limiter) Reassert() {
+	if l.reassert == nil {
+		return
+	}
+	select {
+	case l.reassert <- struct{}{}:
+	default:
+	}
+}
+
+// reasserter runs re-assertions as they are asked for, and sweeps the share table.
+func (l *Limiter) reasserter() {
+	defer l.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.quit:
+			return
+		case <-t.C:
+			if now := l.clock.deadline(time.Now()); now > 0 {
+				l.shares.sweep(now / 1000)
+			}
+		case <-l.reassert:
+			if err := l.reassertAll(); err != nil {
+				l.stats.reassertErrors.Add(1)
+			}
+		}
+	}
+}
+
+// reassertAll sends every live share to Redis, reassertBatch keys a pipeline, with a cost of 0:
+// the scripts restore what is missing and count nothing else.
+func (l *Limiter) reassertAll() error {
+	now := l.clock.deadline(time.Now())
+	if now <= 0 {
+		return nil // no reply yet, so no share either
+	}
+	l.stats.reassertions.Add(1)
+	live := l.shares.live(now / 1000)
+	var errs []error
+	for len(live) > 0 {
+		n := min(len(live), reassertBatch)
+		if err := l.reassertBatch(live[:n]); err != nil {
+			errs = append(errs, err)
+		}
+		live = live[n:]
+		select {
+		case <-l.quit:
+			return errors.Join(errs...)
+		default:
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (l *Limiter) reassertBatch(batch []liveShare) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cmds := make([]redis.Cmder, len(batch))
+	for i, s := range batch {
+		cmd := redis.NewIntSliceCmd(ctx, "evalsha", shaArgs[s.alg], 1, s.key,
+			1, s.window.Milliseconds(), 0, 0, 0, l.shares.id, s.start, s.cur, s.prev)
+		cmd.SetFirstKeyPos(3)
+		cmds[i] = cmd
+	}
+	n := scripts.Exec(ctx, l.client, cmds, decisionScripts)
+	l.stats.pipelines.Add(n.RoundTrips)
+	l.stats.scriptLoads.Add(n.Loads)
+	var first error
+	for i, cmd := range cmds {
+		vals, err := cmd.(*redis.IntSliceCmd).Result()
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		if len(vals) == 7 && vals[6] > 0 {
+			l.restored(batch[i].key, vals[6])
+		}
+	}
+	return first
+}
+
+// restored records that this replica's shares added units back to key.
+func (l *Limiter) restored(key string, units int64) {
+	l.stats.restorations.Add(1)
+	l.stats.restoredUnits.Add(uint64(units))
+	if l.opts.OnRestore != nil {
+		l.opts.OnRestore(key, units)
+	}
+}
+
+func (l *Limiter) shareKeys() int {
+	if l.shares == nil {
+		return 0
+	}
+	return int(l.shares.n.Load())
+}

@@ -1,0 +1,165 @@
+package limiter
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Shares let the replicas restore what a Redis lost.
+//
+// Redis replicates asynchronously: a replica promoted after its master died (Sentinel, a
+// Cluster failover), or a Redis restarted without persistence, lacks the last writes, and
+// counts lost there would be admitted a second time. Every replica knows what it was granted
+// (leased units and single admissions alike) per key and window; the scripts keep that, as the
+// replica's own field in the window state, beside the count (see scripts/lua/shares.lua). Each
+// call carries what this replica knows of its shares of the current window and the one before,
+// and the script first raises the state to them: the count by what this Redis lacks of them,
+// never more. Repeating it adds nothing, and a count partly replicated is repaired exactly.
+//
+// A key the replica calls for is repaired with that call. The others are repaired by a
+// re-assertion of every live share (Limiter.Reassert: one call per key, pipelined), which the
+// limiter starts itself when a reply shows a loss or when Redis answers again after failing, and
+// which the sidecar starts when another replica saw a loss (its heartbeat says so).
+//
+// The table is bounded: at most size keys, and a key whose windows have both ended frees its
+// slot. A grant to a key beyond the bound keeps no share, and is counted as such (Stats): those
+// units cannot be restored.
+type shares struct {
+	id     string
+	size   int64
+	n      atomic.Int64
+	seed   maphash.Seed
+	shards [shareShards]shareShard
+}
+
+const shareShards = 32
+
+type shareShard struct {
+	mu sync.Mutex
+	m  map[string]*share
+}
+
+// share is this replica's grants to one key in its last two windows.
+type share struct {
+	window    time.Duration
+	alg       Algorithm
+	start     int64 // ms on Redis's clock
+	cur, prev int64 // units granted in the window starting at start, and in the one before
+}
+
+// NewReplicaID returns a random id for Options.ReplicaID: 8 characters, short because every
+// window state of a key this replica is granted in holds it.
+func NewReplicaID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+func newShares(id string, size int) *shares {
+	s := &shares{id: id, size: int64(size), seed: maphash.MakeSeed()}
+	for i := range s.shards {
+		s.shards[i].m = map[string]*share{}
+	}
+	return s
+}
+
+func (s *shares) shard(key string) *shareShard {
+	return &s.shards[maphash.String(s.seed, key)%shareShards]
+}
+
+// known returns what this replica knows it was granted of key: units in the window starting at
+// start (ms), and in the one before.
+func (s *shares) known(key string) (start, cur, prev int64) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e, ok := sh.m[key]; ok {
+		return e.start, e.cur, e.prev
+	}
+	return 0, 0, 0
+}
+
+// add records units (negative: given back) granted to key in the window starting at start. It
+// returns false when the table had no room for the key: those units keep no share.
+func (s *shares) add(key string, alg Algorithm, window time.Duration, start, units int64) bool {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[key]
+	if !ok {
+		if units <= 0 {
+			return true
+		}
+		if s.n.Load() >= s.size {
+			return false
+		}
+		s.n.Add(1)
+		e = &share{}
+		sh.m[key] = e
+	}
+	w := window.Milliseconds()
+	switch {
+	case e.window != window || e.start == 0:
+		e.window, e.start, e.cur, e.prev = window, start, 0, 0
+	case start == e.start:
+	case start == e.start+w:
+		e.start, e.cur, e.prev = start, 0, e.cur
+	case start > e.start:
+		e.start, e.cur, e.prev = start, 0, 0
+	case start == e.start-w:
+		// A late answer for the window before.
+		e.prev = max(e.prev+units, 0)
+		return true
+	default:
+		return true // older still: its window is over
+	}
+	if alg != "" {
+		e.alg = alg
+	}
+	e.cur = max(e.cur+units, 0)
+	return true
+}
+
+// sweep frees the keys whose last two windows have ended by nowMS (Redis's clock).
+func (s *shares) sweep(nowMS int64) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.start+2*e.window.Milliseconds() <= nowMS {
+				delete(sh.m, k)
+				s.n.Add(-1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// liveShare is one key's shares, for a re-assertion.
+type liveShare struct {
+	key       string
+	alg       Algorithm
+	window    time.Duration
+	start     int64
+	cur, prev int64
+}
+
+// live lists every key with a share in a window not ended by nowMS.
+func (s *shares) live(nowMS int64) []liveShare {
+	var out []liveShare
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.start+2*e.window.Milliseconds() > nowMS && (e.cur > 0 || e.prev > 0) {
+				out = append(out, liveShare{key: k, alg: e.alg, window: e.window, start: e.start, cur: e.cur, prev: e.prev})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
