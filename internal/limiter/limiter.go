@@ -368,7 +368,7 @@ type Stats struct {
 
 type counters struct {
 	redis, precheck, degraded, pipelines, scriptLoads, leased, grants, stale atomic.Uint64
-	restorations, restoredUnits, reassertions, reassertErrors, unkept       atomic.Uint64
+	restorations, restoredUnits, reassertions, reassertErrors, unkept        atomic.Uint64
 }
 
 func (l *Limiter) leaseKeys() int {
