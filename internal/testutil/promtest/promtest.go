@@ -118,7 +118,7 @@ func (s *Server) waitReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	hc := &http.Client{Timeout: time.Second}
-	last := "no answer"
+	var last string // the last status or error, for the message
 	for {
 		if done, err := s.Proc.Exited(); done {
 			return fmt.Errorf("prometheus exited (%v); last lines of %s:\n%s", err, s.Proc.LogPath, s.Proc.LogTail(3000))

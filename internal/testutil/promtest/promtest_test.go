@@ -2,6 +2,7 @@ package promtest
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
@@ -54,6 +55,16 @@ func TestScrapesTargetsWithTheirLabels(t *testing.T) {
 	}
 	if vec[0].Value != 7 {
 		t.Errorf("value %v, want 7", vec[0].Value)
+	}
+	// The browser link leads to a graph page (Debian's build redirects to its classic UI,
+	// keeping the query).
+	resp, err := http.Get(p.GraphURL(Panel{Expr: "promtest_things_total", Range: "5m"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Request.URL.Query().Get("g0.expr") != "promtest_things_total" {
+		t.Errorf("graph link: %s at %s", resp.Status, resp.Request.URL)
 	}
 }
 
