@@ -124,7 +124,7 @@ $(GOLANGCI_LINT):
 ##@ Demo
 DEMO_FLAGS ?=
 .PHONY: demo
-demo: ## Run Redline end to end on this machine (control plane, Redis, manager, 3 sidecars) in about a minute; DEMO_FLAGS=-pause keeps it up.
+demo: ## Run Redline end to end on this machine (control plane, Redis, manager, 3 sidecars, Prometheus) in about a minute, into results/demo.{png,md,json}; DEMO_FLAGS=-pause keeps it up.
 	go run ./hack/demo $(DEMO_FLAGS)
 
 .PHONY: test-e2e

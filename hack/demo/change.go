@@ -9,7 +9,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
 // changeAndBreak is step 5: a policy change through the API, then a Redis outage.
@@ -51,6 +50,9 @@ func (d *demo) outage(ctx context.Context) error {
 	if err := d.waitReplicas(ctx, fallback, 30*time.Second); err != nil {
 		return err
 	}
+	if err := d.phase(ctx, phaseOutage); err != nil {
+		return err
+	}
 	if err := d.st.Redis.Stop(); err != nil {
 		return fmt.Errorf("stopping redis: %w", err)
 	}
@@ -87,6 +89,9 @@ func (d *demo) outage(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
+	if err := d.phase(ctx, phaseBack); err != nil {
+		return err
+	}
 	if err := d.st.Redis.Start(); err != nil {
 		return fmt.Errorf("restarting redis: %w", err)
 	}
@@ -115,7 +120,7 @@ func (d *demo) outage(ctx context.Context) error {
 func (d *demo) untilExact(ctx context.Context, limit int, start time.Time, timeout time.Duration) (time.Duration, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		t := stack.Send(ctx, d.proxies, limit+3*replicas, 1, d.request(d.key()))
+		t := d.send(ctx, limit+3*replicas, 1, d.request(d.key()))
 		if t.Failed == 0 && t.Admitted == limit {
 			return time.Since(start), nil
 		}

@@ -3,10 +3,14 @@
 // and injection webhook) and three sidecars configured from the Pods the webhook injected.
 // It compares Redline with three in-memory limiters, changes the policy through the API,
 // stops Redis to show the failure mode, and cleans up everything it started, also on Ctrl-C.
+// A real Prometheus (when installed) scrapes the manager and the sidecars throughout; at the
+// end the demo prints what it returned per phase, writes results/demo.json and demo.md, and
+// draws results/demo.png with hack/bench's demoplot command.
 //
 // Run it with `make demo` (go run ./hack/demo). Flags: -keep leaves the working directory
 // (logs, kubeconfig, the sidecars' volume files) in place; -pause keeps everything running
-// after the last step, until Ctrl-C, for a look around with kubectl.
+// after the last step, until Ctrl-C, for a look around with kubectl and Prometheus's graph
+// page; -results is where demo.json, demo.md and demo.png go.
 package main
 
 import (
@@ -17,8 +21,10 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -27,6 +33,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/testutil/promtest"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
@@ -41,14 +49,16 @@ const (
 	path         = "/api/orders"
 	updatedLimit = 50
 	outage       = 4 * time.Second
+	steps        = 7
 )
 
 func main() {
 	keep := flag.Bool("keep", false, "keep the working directory (logs, kubeconfig, volume files) after the demo")
 	pause := flag.Bool("pause", false, "after the last step, keep everything running until Ctrl-C")
+	results := flag.String("results", "", "directory for demo.json, demo.md and demo.png (default: results/ of the repository)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	d := &demo{out: os.Stdout, keep: *keep, pause: *pause, began: time.Now()}
+	d := &demo{out: os.Stdout, keep: *keep, pause: *pause, results: *results, began: time.Now()}
 	err := d.run(ctx)
 	stop()
 	switch {
@@ -66,7 +76,12 @@ func main() {
 type demo struct {
 	out         io.Writer
 	keep, pause bool
+	results     string
 	began       time.Time
+	// obs is the Prometheus beside the stack; nil when prometheus is not installed.
+	obs        *observer
+	noProm     error
+	managerMet string
 
 	st       *stack.Stack
 	policy   *v1alpha1.RateLimitPolicy
@@ -82,17 +97,44 @@ func (d *demo) run(ctx context.Context) (err error) {
 	d.say("Redline demo: one rate limit shared by every replica of a service.")
 	d.say("Everything below runs on this machine: etcd, kube-apiserver, kube-controller-manager,")
 	d.say("redis-server, the Redline manager and three Redline sidecars. Nothing is mocked.")
+	if _, err := promtest.Binary(); err != nil {
+		// The story stands without it; only the observability part is left out.
+		d.noProm = err
+		d.say("\nNote: %v.", err)
+		d.say("The demo runs without Prometheus: no browser link, no results/demo.png, demo.md or demo.json.")
+	} else {
+		d.say("A real Prometheus scrapes the manager and the sidecars every second throughout.")
+	}
+	if d.results == "" {
+		root, err := stack.RepoRoot()
+		if err != nil {
+			return err
+		}
+		d.results = filepath.Join(root, "results")
+	}
+	metricsPort, err := redistest.FreePort()
+	if err != nil {
+		return fmt.Errorf("choosing the manager's metrics port: %w", err)
+	}
+	d.managerMet = "127.0.0.1:" + strconv.Itoa(metricsPort)
 
 	d.step(1, "Start a local cluster, Redis and the Redline manager")
-	st, err := stack.Start(ctx, stack.Options{InstallTools: true, Progress: d.out, KeepDir: d.keep})
+	st, err := stack.Start(ctx, stack.Options{InstallTools: true, Progress: d.out, KeepDir: d.keep,
+		ManagerArgs: []string{"--metrics-bind-address=" + d.managerMet}})
 	if err != nil {
 		return err
 	}
 	d.st = st
 	defer func() {
-		d.step(6, "Clean up")
+		d.step(steps, "Clean up")
+		if stopErr := d.obs.stop(); stopErr != nil {
+			err = errors.Join(err, fmt.Errorf("stopping prometheus: %w", stopErr))
+		}
 		if stopErr := st.Stop(); stopErr != nil {
 			err = errors.Join(err, fmt.Errorf("cleaning up: %w", stopErr))
+		}
+		if d.obs != nil {
+			d.say("  stopped prometheus")
 		}
 		d.say("  stopped the sidecars, the manager, kube-controller-manager, redis-server, kube-apiserver and etcd")
 		if d.keep {
@@ -104,8 +146,7 @@ func (d *demo) run(ctx context.Context) (err error) {
 	}()
 	d.say("  ready after %s", seconds(time.Since(d.began)))
 
-	steps := []func(context.Context) error{d.deploy, d.runSidecars, d.compare, d.changeAndBreak}
-	for _, f := range steps {
+	for _, f := range []func(context.Context) error{d.deploy, d.runSidecars, d.compare, d.changeAndBreak, d.observed} {
 		if err := f(ctx); err != nil {
 			return err
 		}
@@ -115,6 +156,10 @@ func (d *demo) run(ctx context.Context) (err error) {
 		d.say("  export KUBECONFIG=%s", st.Kubeconfig)
 		d.say("  kubectl -n %s get rlp,deploy,pods,configmap", namespace)
 		d.say("  curl -si -X POST -H '%s: me' %s%s", keyHeader, d.proxies[0], path)
+		if d.obs != nil {
+			d.say("Prometheus (admitted and refused per second per pod):")
+			d.say("  %s", d.obs.graphURL())
+		}
 		d.say("Press Ctrl-C to clean up.")
 		<-ctx.Done()
 	}
@@ -204,6 +249,16 @@ func (d *demo) runSidecars(ctx context.Context) error {
 		d.say("    %s: proxy %s -> %s", sc.Pod.Name, strings.TrimPrefix(sc.ProxyURL, "http://"), up.Addr)
 	}
 	d.say("  sample args: %s", strings.Join(d.sidecars[0].Container.Args, " "))
+	if d.noProm != nil {
+		return nil
+	}
+	d.obs, err = startObserver(ctx, d.st.Dir, d.managerMet, d.sidecars)
+	if err != nil {
+		return fmt.Errorf("starting prometheus: %w", err)
+	}
+	d.say("  Prometheus %s scrapes the manager (%s) and the 3 sidecars' admin ports every second;", d.obs.srv.URL, d.managerMet)
+	d.say("  every target is up. Admitted and refused per second per pod, in a browser:")
+	d.say("  Prometheus: %s", d.obs.graphURL())
 	return nil
 }
 
@@ -213,6 +268,9 @@ func (d *demo) compare(ctx context.Context) error {
 	window := d.policy.Spec.Rules[0].Limit.Window.Duration
 	sent := replicas * limit
 	d.step(4, fmt.Sprintf("Send %d POST %s with one API key, round-robin over the 3 replicas", sent, path))
+	if err := d.phase(ctx, phaseBaseline); err != nil {
+		return err
+	}
 
 	naive, stopNaive, err := startNaiveReplicas(replicas, limit, window, keyHeader, d.upstream.Addr)
 	if err != nil {
@@ -237,7 +295,7 @@ func (d *demo) compare(ctx context.Context) error {
 	d.say("")
 	d.say("  Redis calls per decision is below 1: once the key is over its limit, the sidecars answer")
 	d.say("  429 from a local pre-check until the window lets requests through again, without asking Redis.")
-	return nil
+	return d.phase(ctx, phaseChange)
 }
 
 // measure sends n requests with a fresh key through the sidecars and records a table row.
@@ -247,7 +305,7 @@ func (d *demo) measure(ctx context.Context, name string, n int) (row, stack.Tall
 	if err != nil {
 		return row{}, stack.Tally{}, err
 	}
-	t := stack.Send(ctx, d.proxies, n, 12, d.request(d.key()))
+	t := d.sendPaced(ctx, n, 12, d.request(d.key()))
 	if err := failed(t); err != nil {
 		return row{}, t, err
 	}
@@ -274,8 +332,102 @@ func (d *demo) key() string {
 	return fmt.Sprintf("demo-key-%d", d.keySeq)
 }
 
+// send sends n requests through the sidecars at once and counts them in the phase under way.
+func (d *demo) send(ctx context.Context, n, concurrency int, req func(int) stack.Request) stack.Tally {
+	t := stack.Send(ctx, d.proxies, n, concurrency, req)
+	d.obs.count(t)
+	return t
+}
+
+// The measurements' pace: chunks of paceChunk requests (a multiple of the replicas, so the
+// round-robin is the same as in one run) every paceEvery, 100 requests per second. Spread
+// over seconds, Prometheus's 1 s scrapes show each phase as rates, not one burst.
+const (
+	paceChunk = 4 * replicas
+	paceEvery = 120 * time.Millisecond
+)
+
+// sendPaced sends n requests through the sidecars at the measurements' pace and counts them
+// in the phase under way.
+func (d *demo) sendPaced(ctx context.Context, n, concurrency int, req func(int) stack.Request) stack.Tally {
+	total := stack.Tally{PerTarget: make([]stack.Counts, len(d.proxies))}
+	tick := time.NewTicker(paceEvery)
+	defer tick.Stop()
+	start := time.Now()
+	for sent := 0; sent < n && ctx.Err() == nil; sent += paceChunk {
+		if sent > 0 {
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+		}
+		t := d.send(ctx, min(paceChunk, n-sent), concurrency, func(i int) stack.Request { return req(sent + i) })
+		for i, c := range t.PerTarget {
+			p := &total.PerTarget[i]
+			p.Sent, p.Admitted, p.Limited, p.Failed = p.Sent+c.Sent, p.Admitted+c.Admitted, p.Limited+c.Limited, p.Failed+c.Failed
+		}
+		total.Sent, total.Admitted, total.Limited, total.Failed = total.Sent+t.Sent, total.Admitted+t.Admitted, total.Limited+t.Limited, total.Failed+t.Failed
+		if total.FirstFailure == "" {
+			total.FirstFailure = t.FirstFailure
+		}
+	}
+	total.Elapsed = time.Since(start)
+	return total
+}
+
+// phase ends the phase under way, printing what Prometheus returned for it, and begins name.
+func (d *demo) phase(ctx context.Context, name string) error {
+	if d.obs == nil {
+		return nil
+	}
+	ended, err := d.obs.begin(ctx, name)
+	if ended != nil {
+		d.say("  %s", phaseLine(ended, d.obs.pods))
+	}
+	return err
+}
+
+// observed is step 6: the last phase's numbers, the per-second series from query_range,
+// results/demo.json, demo.md and demo.png.
+func (d *demo) observed(ctx context.Context) error {
+	d.step(6, "Ask Prometheus what it saw")
+	if d.obs == nil {
+		d.say("  skipped: %v", d.noProm)
+		return nil
+	}
+	ended, err := d.obs.end(ctx)
+	if ended != nil {
+		d.say("  %s", phaseLine(ended, d.obs.pods))
+	}
+	if err != nil {
+		return err
+	}
+	d.say("  every phase: Prometheus's admitted and refused per pod equal the client's 2xx and 429 counts")
+	data, err := d.obs.timeline(ctx, d.began)
+	if err != nil {
+		return err
+	}
+	d.say("  query_range, step 1s: admitted and refused per second per pod add up to the phases' totals")
+	if err := writeResults(d.results, data, d.obs.pods); err != nil {
+		return err
+	}
+	root, err := stack.RepoRoot()
+	if err != nil {
+		return err
+	}
+	png := filepath.Join(d.results, "demo.png")
+	// The plotting library lives in hack/bench's module, out of the product's go.mod.
+	cmd := exec.CommandContext(ctx, "go", "run", "./cmd/demoplot", "-in", filepath.Join(d.results, "demo.json"), "-out", png)
+	cmd.Dir = filepath.Join(root, "hack", "bench")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("drawing %s (go run ./cmd/demoplot in hack/bench): %w\n%s", png, err, out)
+	}
+	d.say("  wrote %s, demo.md and demo.json (drawn by hack/bench's demoplot)", png)
+	return nil
+}
+
 func (d *demo) step(n int, title string) {
-	_, _ = fmt.Fprintf(d.out, "\n[%d/6] %s  (%s)\n", n, title, seconds(time.Since(d.began)))
+	_, _ = fmt.Fprintf(d.out, "\n[%d/%d] %s  (%s)\n", n, steps, title, seconds(time.Since(d.began)))
 }
 
 func (d *demo) say(format string, args ...any) { _, _ = fmt.Fprintf(d.out, format+"\n", args...) }

@@ -1,0 +1,462 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
+
+	"github.com/redline-dev/redline/hack/demo/timeline"
+	"github.com/redline-dev/redline/internal/testutil/promtest"
+	"github.com/redline-dev/redline/internal/testutil/stack"
+)
+
+// The demo's Prometheus queries. Sidecar series get namespace and pod from their scrape
+// target, as a PodMonitor gives them.
+var (
+	// cumulativeQuery is decisions of one result per pod since the sidecar started. A pod
+	// without the series has made no such decision yet (the counter appears on first use).
+	cumulativeQuery = func(result string) string {
+		return fmt.Sprintf(`sum by (pod) (redline_sidecar_decisions_total{namespace=%q,result=%q})`, namespace, result)
+	}
+	// perSecondQuery is decisions of one result per second per pod, for the picture. The
+	// inner sum is filled with 0 for pods that have not made such a decision yet (their
+	// scrape target is up), so the burst that creates a counter is counted, not taken as
+	// its starting value; irate over a 1 s subquery is then the increase in each second.
+	perSecondQuery = func(result string) string {
+		return fmt.Sprintf(`irate((%s or 0 * group by (pod) (up{namespace=%q}))[5s:1s])`, cumulativeQuery(result), namespace)
+	}
+	// fallbackQuery is decisions LocalFallback made, all pods.
+	fallbackQuery = fmt.Sprintf(`sum(redline_sidecar_decisions_total{namespace=%q,source="fallback"})`, namespace)
+	// breakerQuery is, per pod, 1 if its Redis circuit breaker was open at some scrape of
+	// the last %d seconds.
+	breakerQuery = func(seconds int) string {
+		return fmt.Sprintf(`max by (pod) (max_over_time(redline_sidecar_breaker_open{namespace=%q}[%ds]))`, namespace, seconds)
+	}
+)
+
+// Decision results as the sidecar's metric labels them.
+var resultLabel = map[string]string{timeline.Admitted: "allowed", timeline.Refused: "refused"}
+
+// snapshot is what Prometheus held at one moment: cumulative decisions per pod and fallback
+// decisions.
+type snapshot struct {
+	at                time.Time
+	admitted, refused map[string]float64
+	fallback          float64
+}
+
+// observer is the Prometheus beside the stack and the demo's phases as it saw them.
+type observer struct {
+	srv    *promtest.Server
+	pods   []string // in the order of the demo's proxies
+	phases []timeline.Phase
+	// cur is the phase under way (Name empty before the first), begun at last.
+	cur  timeline.Phase
+	last snapshot
+}
+
+// startObserver runs Prometheus scraping the manager's metrics and every sidecar's admin port.
+func startObserver(ctx context.Context, dir, managerMetrics string, sidecars []*stack.Sidecar) (*observer, error) {
+	targets := []promtest.Target{{Addr: managerMetrics, Labels: map[string]string{"namespace": "redline-system", "pod": "redline-manager"}}}
+	o := &observer{}
+	for _, sc := range sidecars {
+		targets = append(targets, promtest.Target{Addr: strings.TrimPrefix(sc.AdminURL, "http://"),
+			Labels: map[string]string{"namespace": namespace, "pod": sc.Pod.Name}})
+		o.pods = append(o.pods, sc.Pod.Name)
+	}
+	srv, err := promtest.Start(ctx, dir, targets)
+	if err != nil {
+		return nil, err
+	}
+	o.srv = srv
+	// Its first scrapes come a few seconds after start (target discovery settles first).
+	if _, err := srv.WaitScraped(ctx, time.Now(), 30*time.Second); err != nil {
+		return nil, errors.Join(err, srv.Stop())
+	}
+	return o, nil
+}
+
+// graphURL shows the picture's two queries in Prometheus's own graph page.
+func (o *observer) graphURL() string {
+	return o.srv.GraphURL(promtest.Panel{Expr: perSecondQuery(resultLabel[timeline.Admitted]), Range: "5m"},
+		promtest.Panel{Expr: perSecondQuery(resultLabel[timeline.Refused]), Range: "5m"})
+}
+
+// begin ends the phase under way (if any) and starts phase name. Both wait until Prometheus
+// has scraped every target after the last request of the phase, so each phase's decisions are
+// counted in it; the caller sends nothing meanwhile.
+func (o *observer) begin(ctx context.Context, name string) (*timeline.Phase, error) {
+	ended, err := o.end(ctx)
+	if err != nil {
+		return nil, err
+	}
+	o.cur = timeline.Phase{Name: name, Start: o.last.at, Stats: newStats()}
+	return ended, nil
+}
+
+// end closes the phase under way with what Prometheus returned for it and checks it; it
+// returns the closed phase, or nil before the first.
+func (o *observer) end(ctx context.Context) (*timeline.Phase, error) {
+	if _, err := o.srv.WaitScraped(ctx, time.Now(), 15*time.Second); err != nil {
+		return nil, err
+	}
+	// Every scrape up to now happened before the next phase's first request.
+	s, err := o.snapshot(ctx, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	prev := o.last
+	o.last = s
+	if o.cur.Name == "" {
+		return nil, nil
+	}
+	p := o.cur
+	p.End = s.at
+	p.Stats.Admitted = minus(s.admitted, prev.admitted, o.pods)
+	p.Stats.Refused = minus(s.refused, prev.refused, o.pods)
+	p.Stats.Fallback = s.fallback - prev.fallback
+	seconds := int(math.Ceil(p.End.Sub(p.Start).Seconds()))
+	v, err := o.query(ctx, breakerQuery(seconds), p.End)
+	if err != nil {
+		return nil, err
+	}
+	for _, open := range v {
+		p.Stats.BreakerOpen += open
+	}
+	o.phases = append(o.phases, p)
+	return &o.phases[len(o.phases)-1], checkPhase(p, o.pods)
+}
+
+// count adds the outcomes of a load run through the sidecars to the phase under way.
+func (o *observer) count(t stack.Tally) {
+	if o == nil || o.cur.Name == "" {
+		return
+	}
+	for i, c := range t.PerTarget {
+		o.cur.Stats.ClientAdmitted[o.pods[i]] += c.Admitted
+		o.cur.Stats.ClientRefused[o.pods[i]] += c.Limited
+	}
+}
+
+func (o *observer) snapshot(ctx context.Context, at time.Time) (snapshot, error) {
+	s := snapshot{at: at}
+	var err error
+	if s.admitted, err = o.query(ctx, cumulativeQuery(resultLabel[timeline.Admitted]), at); err != nil {
+		return s, err
+	}
+	if s.refused, err = o.query(ctx, cumulativeQuery(resultLabel[timeline.Refused]), at); err != nil {
+		return s, err
+	}
+	fb, err := o.query(ctx, fallbackQuery, at)
+	if err != nil {
+		return s, err
+	}
+	s.fallback = fb[""]
+	return s, nil
+}
+
+// query runs an instant query and returns its samples by pod ("" for a sum without labels).
+func (o *observer) query(ctx context.Context, q string, at time.Time) (map[string]float64, error) {
+	v, warnings, _, err := o.srv.API.Query(ctx, q, at)
+	if err != nil {
+		return nil, fmt.Errorf("prometheus query %s: %w", q, err)
+	}
+	if len(warnings) > 0 {
+		return nil, fmt.Errorf("prometheus query %s: warnings %v", q, warnings)
+	}
+	return vectorByPod(q, v)
+}
+
+// timeline asks Prometheus for admitted and refused per second per pod over every phase.
+func (o *observer) timeline(ctx context.Context, began time.Time) (*timeline.Data, error) {
+	if len(o.phases) == 0 {
+		return nil, errors.New("no phase has ended")
+	}
+	d := &timeline.Data{Began: began, Step: time.Second, Phases: o.phases}
+	if info, err := o.srv.API.Buildinfo(ctx); err == nil {
+		d.Prometheus = info.Version
+	}
+	// Whole seconds, so the 1 s steps line up with the subquery's and the per-second
+	// increases add up to the phases' totals.
+	r := promv1.Range{
+		Start: o.phases[0].Start.Add(-2 * time.Second).Truncate(time.Second),
+		End:   o.phases[len(o.phases)-1].End.Add(2 * time.Second).Truncate(time.Second),
+		Step:  d.Step,
+	}
+	if wait := time.Until(r.End); wait > 0 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	for _, result := range []string{timeline.Admitted, timeline.Refused} {
+		q := perSecondQuery(resultLabel[result])
+		v, warnings, _, err := o.srv.API.QueryRange(ctx, q, r)
+		if err != nil {
+			return nil, fmt.Errorf("prometheus query_range %s: %w", q, err)
+		}
+		if len(warnings) > 0 {
+			return nil, fmt.Errorf("prometheus query_range %s: warnings %v", q, warnings)
+		}
+		series, err := seriesFromMatrix(result, q, v, began)
+		if err != nil {
+			return nil, err
+		}
+		d.Series = append(d.Series, series...)
+	}
+	if err := d.Validate(); err != nil {
+		return nil, fmt.Errorf("prometheus's answers: %w", err)
+	}
+	return d, checkSeriesTotals(d, o.pods)
+}
+
+// stop ends Prometheus.
+func (o *observer) stop() error {
+	if o == nil {
+		return nil
+	}
+	return o.srv.Stop()
+}
+
+func newStats() timeline.Stats {
+	return timeline.Stats{ClientAdmitted: map[string]int{}, ClientRefused: map[string]int{}}
+}
+
+// minus is after-before for each pod; a pod missing from a snapshot had made no decision.
+func minus(after, before map[string]float64, pods []string) map[string]float64 {
+	out := make(map[string]float64, len(pods))
+	for _, p := range pods {
+		out[p] = after[p] - before[p]
+	}
+	return out
+}
+
+// vectorByPod turns an instant query's answer into values by pod label.
+func vectorByPod(q string, v model.Value) (map[string]float64, error) {
+	vec, ok := v.(model.Vector)
+	if !ok {
+		return nil, fmt.Errorf("prometheus query %s returned a %s, not an instant vector", q, v.Type())
+	}
+	out := make(map[string]float64, len(vec))
+	for _, s := range vec {
+		pod := string(s.Metric["pod"])
+		if _, dup := out[pod]; dup {
+			return nil, fmt.Errorf("prometheus query %s returned pod %q twice", q, pod)
+		}
+		out[pod] = float64(s.Value)
+	}
+	return out, nil
+}
+
+// seriesFromMatrix turns a query_range answer into one series per pod.
+func seriesFromMatrix(result, q string, v model.Value, began time.Time) ([]timeline.Series, error) {
+	m, ok := v.(model.Matrix)
+	if !ok {
+		return nil, fmt.Errorf("prometheus query_range %s returned a %s, not a range vector", q, v.Type())
+	}
+	var out []timeline.Series
+	for _, ss := range m {
+		pod := string(ss.Metric["pod"])
+		if pod == "" {
+			return nil, fmt.Errorf("prometheus query_range %s returned a series without a pod label: %s", q, ss.Metric)
+		}
+		s := timeline.Series{Result: result, Pod: pod, Query: q, Points: make([]timeline.Point, len(ss.Values))}
+		for i, p := range ss.Values {
+			s.Points[i] = timeline.Point{T: p.Timestamp.Time().Sub(began).Seconds(), V: float64(p.Value)}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// checkPhase fails when Prometheus's count of a phase differs from the client's: per pod,
+// admitted must equal the 2xx the client saw and refused the 429s (one rule matches each
+// request, so one decision per request), and a pod the client sent through must show up.
+// During the Redis outage every pod's breaker must have been open and LocalFallback must have
+// decided; while Redis is healthy (the phases before the outage) nothing may fall back.
+func checkPhase(p timeline.Phase, pods []string) error {
+	var errs []error
+	for _, pod := range pods {
+		ca, cr := p.Stats.ClientAdmitted[pod], p.Stats.ClientRefused[pod]
+		if ca+cr == 0 {
+			errs = append(errs, fmt.Errorf("the client sent no request through pod %s", pod))
+		}
+		if pa := p.Stats.Admitted[pod]; pa != float64(ca) {
+			errs = append(errs, fmt.Errorf("pod %s: Prometheus counts %v admitted, the client %d", pod, pa, ca))
+		}
+		if pr := p.Stats.Refused[pod]; pr != float64(cr) {
+			errs = append(errs, fmt.Errorf("pod %s: Prometheus counts %v refused, the client %d", pod, pr, cr))
+		}
+	}
+	switch p.Name {
+	case phaseOutage:
+		if p.Stats.Fallback <= 0 {
+			errs = append(errs, fmt.Errorf("no fallback decisions (%s)", fallbackQuery))
+		}
+		if p.Stats.BreakerOpen != float64(len(pods)) {
+			errs = append(errs, fmt.Errorf("the breaker was open on %v of %d pods (%s)", p.Stats.BreakerOpen, len(pods), breakerQuery(1)))
+		}
+	case phaseBaseline, phaseChange:
+		if p.Stats.Fallback != 0 || p.Stats.BreakerOpen != 0 {
+			errs = append(errs, fmt.Errorf("%v fallback decisions and %v open breakers with Redis up", p.Stats.Fallback, p.Stats.BreakerOpen))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("what Prometheus returned for phase %q: %w", p.Name, err)
+	}
+	return nil
+}
+
+// checkSeriesTotals fails unless every pod has an admitted and a refused series whose
+// per-second values add up to the phases' totals: the picture shows the same decisions as
+// the table.
+func checkSeriesTotals(d *timeline.Data, pods []string) error {
+	var errs []error
+	for _, result := range []string{timeline.Admitted, timeline.Refused} {
+		byPod := map[string]timeline.Series{}
+		for _, s := range d.Of(result) {
+			byPod[s.Pod] = s
+		}
+		for _, pod := range pods {
+			want := 0.0
+			for _, p := range d.Phases {
+				if result == timeline.Admitted {
+					want += p.Stats.Admitted[pod]
+				} else {
+					want += p.Stats.Refused[pod]
+				}
+			}
+			s, ok := byPod[pod]
+			if !ok {
+				errs = append(errs, fmt.Errorf("no %s series for pod %s", result, pod))
+				continue
+			}
+			got := 0.0
+			for _, pt := range s.Points {
+				got += pt.V
+			}
+			if math.Abs(got-want) > 0.5 {
+				errs = append(errs, fmt.Errorf("%s per second of pod %s adds up to %.1f, the phases to %.0f", result, pod, got, want))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("prometheus's query_range: %w", err)
+	}
+	return nil
+}
+
+// phaseLine renders a phase's numbers for the demo's output.
+func phaseLine(p *timeline.Phase, pods []string) string {
+	return fmt.Sprintf("Prometheus, %s (%s): admitted %s, refused %s, fallback %s, breaker open on %s of %d pods",
+		p.Name, seconds(p.End.Sub(p.Start)), perPod(p.Stats.Admitted, pods), perPod(p.Stats.Refused, pods),
+		num(p.Stats.Fallback), num(p.Stats.BreakerOpen), len(pods))
+}
+
+func perPod(m map[string]float64, pods []string) string {
+	parts := make([]string, len(pods))
+	for i, p := range pods {
+		parts[i] = num(m[p])
+	}
+	return strings.Join(parts, " + ")
+}
+
+func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+// writeResults writes dir/demo.json and dir/demo.md.
+func writeResults(dir string, d *timeline.Data, pods []string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", dir, err)
+	}
+	data, err := marshalIndent(d)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "demo.json"), data, 0o644); err != nil {
+		return fmt.Errorf("writing demo.json: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "demo.md"), []byte(markdown(d, pods)), 0o644); err != nil {
+		return fmt.Errorf("writing demo.md: %w", err)
+	}
+	return nil
+}
+
+// The demo's phases.
+const (
+	phaseBaseline = "baseline"
+	phaseChange   = "policy change"
+	phaseOutage   = "Redis outage"
+	phaseBack     = "Redis back"
+)
+
+func marshalIndent(d *timeline.Data) ([]byte, error) {
+	data, err := json.MarshalIndent(d, "", " ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding demo.json: %w", err)
+	}
+	return append(data, '\n'), nil
+}
+
+// markdown is results/demo.md: per phase, what Prometheus returned next to the client's
+// count, and the queries.
+func markdown(d *timeline.Data, pods []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# What Prometheus returned in `make demo`\n\n")
+	fmt.Fprintf(&b, "Prometheus %s scraped the manager and the %d sidecars (pods %s) every %s during the demo of %s.\n",
+		d.Prometheus, len(pods), strings.Join(pods, ", "), promtest.ScrapeInterval, d.Began.UTC().Format(time.DateOnly))
+	fmt.Fprintf(&b, "Per-pod numbers are listed in the order of the pods; each phase ends when Prometheus has scraped every target after its last request.\n")
+	fmt.Fprintf(&b, "The picture is [demo.png](demo.png); the series are in [demo.json](demo.json).\n\n")
+	fmt.Fprintf(&b, "| phase | seconds | admitted (Prometheus) | admitted (client, 2xx) | refused (Prometheus) | refused (client, 429) | fallback decisions | pods with breaker open | peak admitted/s of a pod | peak refused/s of a pod |\n")
+	fmt.Fprintf(&b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, p := range d.Phases {
+		client := func(m map[string]int) string {
+			parts := make([]string, len(pods))
+			for i, pod := range pods {
+				parts[i] = strconv.Itoa(m[pod])
+			}
+			return strings.Join(parts, " + ")
+		}
+		fmt.Fprintf(&b, "| %s | %.1f | %s | %s | %s | %s | %s | %s of %d | %s | %s |\n", p.Name, p.End.Sub(p.Start).Seconds(),
+			perPod(p.Stats.Admitted, pods), client(p.Stats.ClientAdmitted), perPod(p.Stats.Refused, pods), client(p.Stats.ClientRefused),
+			num(p.Stats.Fallback), num(p.Stats.BreakerOpen), len(pods),
+			num(peak(d, timeline.Admitted, p)), num(peak(d, timeline.Refused, p)))
+	}
+	fmt.Fprintf(&b, "\nThe queries (instant queries at each phase's start and end, the breaker's over the phase; the per-second series with query_range, step %s):\n\n", d.Step)
+	for _, q := range [][2]string{
+		{"admitted per pod (cumulative)", cumulativeQuery(resultLabel[timeline.Admitted])},
+		{"refused per pod (cumulative)", cumulativeQuery(resultLabel[timeline.Refused])},
+		{"fallback decisions (cumulative)", fallbackQuery},
+		{"breaker open during a phase of N seconds", breakerQuery(0)},
+		{"admitted per second per pod (the picture)", perSecondQuery(resultLabel[timeline.Admitted])},
+		{"refused per second per pod (the picture)", perSecondQuery(resultLabel[timeline.Refused])},
+	} {
+		fmt.Fprintf(&b, "- %s: `%s`\n", q[0], strings.Replace(q[1], "[0s]", "[Ns]", 1))
+	}
+	return b.String()
+}
+
+// peak is the highest per-second value of result, any pod, at the points of phase p (a
+// point at t counts the second before t).
+func peak(d *timeline.Data, result string, p timeline.Phase) float64 {
+	lo, hi := d.Seconds(p.Start), d.Seconds(p.End)+d.Step.Seconds()
+	top := 0.0
+	for _, s := range d.Of(result) {
+		for _, pt := range s.Points {
+			if pt.T > lo && pt.T <= hi {
+				top = max(top, pt.V)
+			}
+		}
+	}
+	return top
+}
