@@ -79,6 +79,10 @@ func run() error {
 	if webhookCfg.RedisURL == "" {
 		webhookCfg.RedisURL = redisURL
 	}
+	// Before anything connects: a bad sidecar default would be injected into every pod.
+	if err := webhookCfg.Validate(); err != nil {
+		return fmt.Errorf("checking the webhook and sidecar flags: %w", err)
+	}
 
 	// A password in the URL sidecars get would be every tenant's (their pods' environment).
 	// Sentinel URLs carry the sentinels' own credentials, which sidecars need.
@@ -131,6 +135,8 @@ func run() error {
 		Redis: rdb, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
 		HeartbeatTTL: heartbeatTTL, ResyncInterval: resync,
 		RedisMaxClients: redisMaxClients, BudgetInterval: budgetInterval, Budget: budget,
+		// The injector's ceiling, so that the budget counts the pools it gives.
+		SidecarRedisPoolSize: int64(webhookCfg.SidecarRedisPoolSize),
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
 	}

@@ -5,7 +5,8 @@
 // The rule: what Redis allows, minus a reserve, is shared evenly by the namespaces that run
 // injected workloads, each namespace's share evenly by its workloads that can run pods, and each
 // pod gets a pool of its workload's share divided by the workload's maxReplicas, between
-// contract.MinRedisPoolSize and contract.DefaultRedisPoolSize. Sharing by namespace first makes
+// contract.MinRedisPoolSize and a ceiling: the manager's --sidecar-redis-pool-size, by default
+// contract.DefaultRedisPoolSize. Sharing by namespace first makes
 // what a tenant creates in its namespace (a hundred empty Deployments, an absurd maxReplicas)
 // shrink only its own pools: the other namespaces' shares depend on how many namespaces there
 // are, never on what is in them.
@@ -60,18 +61,24 @@ func Share(maxClients, reserve int64, namespaces, workloads int) int64 {
 // PoolSize is the pool of each pod of a workload that can run maxReplicas pods, among
 // workloads in its namespace and namespaces sharing Redis: share / maxReplicas, never below
 // contract.MinRedisPoolSize (fewer connections stop the sidecar working: a blocked call would
-// stall batching and heartbeats) and never above contract.DefaultRedisPoolSize (a larger pool
-// buys nothing the sidecar needs). maxClients 0 means unknown, and gives the default. It is
-// the one sizing function: the injector and the budget reconciler both call it (through
+// stall batching and heartbeats) and never above ceiling (the manager's
+// --sidecar-redis-pool-size; 0 or less is contract.DefaultRedisPoolSize, which leases make more
+// than a sidecar needs). maxClients 0 means unknown, and gives the ceiling. It is the one
+// sizing function: the injector and the budget reconciler both call it (through
 // Snapshot.PoolSize), so that what is counted is what is injected.
-func PoolSize(maxClients, reserve int64, namespaces, workloads int, maxReplicas int64) int64 {
+func PoolSize(maxClients, reserve int64, namespaces, workloads int, maxReplicas, ceiling int64) int64 {
+	if ceiling <= 0 {
+		ceiling = contract.DefaultRedisPoolSize
+	}
+	// A ceiling below the floor cannot be configured (the manager refuses it); the floor wins.
+	ceiling = max(ceiling, contract.MinRedisPoolSize)
 	if maxClients <= 0 {
-		return contract.DefaultRedisPoolSize
+		return ceiling
 	}
 	if maxReplicas < 1 {
 		maxReplicas = 1
 	}
-	return min(max(Share(maxClients, reserve, namespaces, workloads)/maxReplicas, contract.MinRedisPoolSize), contract.DefaultRedisPoolSize)
+	return min(max(Share(maxClients, reserve, namespaces, workloads)/maxReplicas, contract.MinRedisPoolSize), ceiling)
 }
 
 // Snapshot is what the budget reconciler last computed, for the injector. It must not be
@@ -83,6 +90,9 @@ type Snapshot struct {
 	Reserve int64
 	// Workloads are the injected workloads sharing Redis that can run pods.
 	Workloads map[Workload]struct{}
+	// PoolCeiling is the largest pool PoolSize gives (the manager's --sidecar-redis-pool-size);
+	// 0 is contract.DefaultRedisPoolSize.
+	PoolCeiling int64
 
 	once       sync.Once
 	perNS      map[string]int // workloads in each namespace
@@ -133,12 +143,20 @@ func (s *Snapshot) Share(w Workload) int64 {
 	return Share(s.MaxClients, s.Reserve, s.Namespaces(w), s.Count(w))
 }
 
-// PoolSize is the pool of each pod of w (see PoolSize); the default when s is not Known.
+// PoolSize is the pool of each pod of w (see PoolSize); the ceiling when s is not Known.
 func (s *Snapshot) PoolSize(w Workload, maxReplicas int64) int64 {
 	if !s.Known() {
+		return s.Ceiling()
+	}
+	return PoolSize(s.MaxClients, s.Reserve, s.Namespaces(w), s.Count(w), maxReplicas, s.PoolCeiling)
+}
+
+// Ceiling is the largest pool s gives: PoolCeiling, or contract.DefaultRedisPoolSize.
+func (s *Snapshot) Ceiling() int64 {
+	if s == nil || s.PoolCeiling <= 0 {
 		return contract.DefaultRedisPoolSize
 	}
-	return PoolSize(s.MaxClients, s.Reserve, s.Namespaces(w), s.Count(w), maxReplicas)
+	return max(s.PoolCeiling, contract.MinRedisPoolSize)
 }
 
 // Publisher hands the latest Snapshot from the budget reconciler to the injector, which run in

@@ -16,26 +16,33 @@ func TestPoolSize(t *testing.T) {
 		maxClients  int64
 		workloads   int
 		maxReplicas int64
+		ceiling     int64
 		want        int64
 	}{
 		// README's worked example: maxclients 10,000, reserve 4 + 500, three workloads: a
 		// share of 3,165 each.
-		{"share split over maxReplicas", 10000, 3, 500, 6},
-		{"share split over fewer replicas", 10000, 3, 200, 15},
-		{"few replicas: capped at the default", 10000, 3, 75, 16},
-		{"unknown maxclients: the default", 0, 3, 500, 16},
-		{"no workload counted yet: the asking one is alone", 200, 0, 10, 16},
-		{"no workload counted yet, many replicas", 200, 0, 100, 2},
-		{"huge maxReplicas: the floor", 10000, 3, math.MaxInt32, 2},
-		{"tiny maxclients: the floor", 10, 3, 2, 2},
-		{"reserve takes everything: the floor", 4, 1, 1, 2},
-		{"maxReplicas 0 (a scaled-down workload) counts as 1", 1000, 1, 0, 16},
-		{"exact division", 1000 + 50 + 4 + 6, 2, 100, 5},
+		{"share split over maxReplicas", 10000, 3, 500, 0, 6},
+		{"share split over fewer replicas", 10000, 3, 200, 0, 15},
+		{"few replicas: capped at the default", 10000, 3, 75, 0, 16},
+		{"unknown maxclients: the default", 0, 3, 500, 0, 16},
+		{"no workload counted yet: the asking one is alone", 200, 0, 10, 0, 16},
+		{"no workload counted yet, many replicas", 200, 0, 100, 0, 2},
+		{"huge maxReplicas: the floor", 10000, 3, math.MaxInt32, 0, 2},
+		{"tiny maxclients: the floor", 10, 3, 2, 0, 2},
+		{"reserve takes everything: the floor", 4, 1, 1, 0, 2},
+		{"maxReplicas 0 (a scaled-down workload) counts as 1", 1000, 1, 0, 0, 16},
+		{"exact division", 1000 + 50 + 4 + 6, 2, 100, 0, 5},
+		// The manager's --sidecar-redis-pool-size moves the ceiling, never the floor.
+		{"a higher ceiling: few replicas get more", 10000, 3, 75, 64, 42},
+		{"a lower ceiling: few replicas get less", 10000, 3, 75, 8, 8},
+		{"a lower ceiling, many replicas: the share still decides", 10000, 3, 500, 8, 6},
+		{"a ceiling, unknown maxclients: the ceiling", 0, 3, 500, 32, 32},
+		{"a ceiling, huge maxReplicas: the floor", 10000, 3, math.MaxInt32, 64, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)
-			g.Expect(PoolSize(tt.maxClients, Reserve(tt.maxClients, 4), 1, tt.workloads, tt.maxReplicas)).To(Equal(tt.want))
+			g.Expect(PoolSize(tt.maxClients, Reserve(tt.maxClients, 4), 1, tt.workloads, tt.maxReplicas, tt.ceiling)).To(Equal(tt.want))
 		})
 	}
 }
@@ -64,6 +71,9 @@ func TestSnapshotCountsTheAskingWorkload(t *testing.T) {
 	var unknown *Snapshot
 	g.Expect(unknown.Known()).To(BeFalse())
 	g.Expect(unknown.PoolSize(a, 20)).To(Equal(int64(16)))
+	g.Expect((&Snapshot{PoolCeiling: 40}).PoolSize(a, 20)).To(Equal(int64(40)), "maxclients unknown: the manager's ceiling")
+	capped := &Snapshot{MaxClients: 200, Reserve: 14, Workloads: map[Workload]struct{}{a: {}}, PoolCeiling: 64}
+	g.Expect(capped.PoolSize(a, 2)).To(Equal(int64(64)), "186 / 2 = 93, capped at the manager's 64 instead of 16")
 	var p *Publisher
 	g.Expect(p.Load()).To(BeNil())
 	p = &Publisher{}

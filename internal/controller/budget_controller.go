@@ -60,6 +60,10 @@ type BudgetReconciler struct {
 	Recorder events.EventRecorder
 	// ManagerConnections are the manager's own connections per Redis node.
 	ManagerConnections int64
+	// PoolCeiling is the manager's --sidecar-redis-pool-size (0: contract.DefaultRedisPoolSize):
+	// the most a pool is sized to, and the pool of a workload that cannot be sized. The injector
+	// is given the same number, so that what is counted is what is injected.
+	PoolCeiling int64
 	// RedisTimeout bounds the Redis reads of one reconcile (default 5s).
 	RedisTimeout time.Duration
 	// Interval is how often the budget is recomputed without an event, to follow
@@ -146,9 +150,10 @@ func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 // snapshot is what the injector needs to size the pools of new pods as loads are counted.
 func (r *BudgetReconciler) snapshot(loads []workloadLoad) *connbudget.Snapshot {
 	return &connbudget.Snapshot{
-		MaxClients: r.maxClients,
-		Reserve:    connbudget.Reserve(r.maxClients, r.ManagerConnections),
-		Workloads:  workloadSet(loads),
+		MaxClients:  r.maxClients,
+		Reserve:     connbudget.Reserve(r.maxClients, r.ManagerConnections),
+		Workloads:   workloadSet(loads),
+		PoolCeiling: r.PoolCeiling,
 	}
 }
 
@@ -217,7 +222,7 @@ func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error
 		if !connbudget.RunsPods(replicas, h) {
 			return
 		}
-		w.Pool, w.Explicit = poolSize(tmpl.Annotations)
+		w.Pool, w.Explicit = poolSize(tmpl.Annotations, r.poolCeiling())
 		w.Replicas = connbudget.MaxReplicas(replicas, h)
 		if h != nil {
 			w.HPA, w.target = h.Name, h
@@ -259,18 +264,23 @@ func ownedByDeployment(obj metav1.Object) bool {
 	return ref != nil && ref.Kind == "Deployment" && strings.HasPrefix(ref.APIVersion, appsv1.GroupName+"/")
 }
 
-// poolSize is the annotation's pool, when it is set and valid. An invalid one counts as the
-// default: the injector refuses to inject with it, so it opens nothing, and the default keeps
-// the sum on the safe side.
-func poolSize(ann map[string]string) (pool int64, explicit bool) {
+// poolSize is the annotation's pool, when it is set and valid. An invalid one counts as
+// ceiling, the largest pool the injector gives without the annotation: the injector refuses to
+// inject with it, so it opens nothing, and the ceiling keeps the sum on the safe side.
+func poolSize(ann map[string]string, ceiling int64) (pool int64, explicit bool) {
 	if raw, ok := ann[contract.AnnotationRedisPoolSize]; ok {
 		n, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
 		if err == nil && n >= contract.MinRedisPoolSize && n <= contract.MaxRedisPoolSize {
 			return n, true
 		}
-		return contract.DefaultRedisPoolSize, true
+		return ceiling, true
 	}
 	return 0, false
+}
+
+// poolCeiling is PoolCeiling, or contract.DefaultRedisPoolSize.
+func (r *BudgetReconciler) poolCeiling() int64 {
+	return (&connbudget.Snapshot{PoolCeiling: r.PoolCeiling}).Ceiling()
 }
 
 // recordEvents tells a person which workload took its namespace over its share, and when the

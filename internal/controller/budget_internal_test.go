@@ -98,17 +98,58 @@ func TestNamespaceBudgetsNameOnlyTheirOwn(t *testing.T) {
 
 func TestPoolSizeAnnotation(t *testing.T) {
 	g := NewWithT(t)
-	pool, explicit := poolSize(nil)
+	pool, explicit := poolSize(nil, 16)
 	g.Expect(explicit).To(BeFalse(), "no annotation: the budget sizes the pool")
 	g.Expect(pool).To(BeZero())
-	pool, explicit = poolSize(map[string]string{"redline.dev/redis-pool-size": "4"})
+	pool, explicit = poolSize(map[string]string{"redline.dev/redis-pool-size": "4"}, 16)
 	g.Expect(explicit).To(BeTrue())
 	g.Expect(pool).To(Equal(int64(4)))
-	// The injector refuses these; the count stays on the safe side with the default.
+	// The injector refuses these; the count stays on the safe side with the largest pool the
+	// injector gives, the manager's ceiling.
 	for _, bad := range []string{"1", "lots"} {
-		pool, explicit = poolSize(map[string]string{"redline.dev/redis-pool-size": bad})
+		pool, explicit = poolSize(map[string]string{"redline.dev/redis-pool-size": bad}, 16)
 		g.Expect(explicit).To(BeTrue())
 		g.Expect(pool).To(Equal(int64(16)), bad)
+		pool, _ = poolSize(map[string]string{"redline.dev/redis-pool-size": bad}, 48)
+		g.Expect(pool).To(Equal(int64(48)), bad)
+	}
+}
+
+// With the manager's --sidecar-redis-pool-size, the reconciler sizes pools up to it and counts
+// it where nothing can be sized, and the snapshot it publishes gives the injector the same.
+func TestSizePoolsCountsTheManagersCeiling(t *testing.T) {
+	g := NewWithT(t)
+	load := func(name string, replicas, pool int64) workloadLoad {
+		return workloadLoad{Ref: workloadRef{Kind: "Deployment", Namespace: "shop", Name: name}, Replicas: replicas, Pool: pool, Explicit: pool > 0}
+	}
+	for _, tt := range []struct {
+		ceiling int64
+		want    []int64
+	}{
+		// (10,000 - 504) / 4 = 2,374 each: checkout 2,374 / 500, search / 200, reports / 75.
+		{0, []int64{4, 11, 16, 32}},
+		{64, []int64{4, 11, 31, 32}},
+		{8, []int64{4, 8, 8, 32}},
+	} {
+		r := &BudgetReconciler{ManagerConnections: 4, maxClients: 10000, PoolCeiling: tt.ceiling}
+		loads := []workloadLoad{load("checkout", 500, 0), load("search", 200, 0), load("reports", 75, 0), load("pinned", 10, 32)}
+		snap := r.snapshot(loads)
+		sizePools(loads, snap)
+		g.Expect([]int64{loads[0].Pool, loads[1].Pool, loads[2].Pool, loads[3].Pool}).To(Equal(tt.want), "ceiling %d", tt.ceiling)
+		for _, w := range loads[:3] {
+			g.Expect(w.Pool).To(Equal(snap.PoolSize(w.Ref, w.Replicas)), "what the injector gives from the published snapshot")
+		}
+		b := newBudget(loads, 4, snap)
+		g.Expect(b.WorstCase()).To(Equal(500*tt.want[0] + 200*tt.want[1] + 75*tt.want[2] + 10*tt.want[3] + 4))
+
+		r.maxClients = 0
+		unknown := []workloadLoad{load("checkout", 500, 0)}
+		sizePools(unknown, r.snapshot(unknown))
+		want := tt.ceiling
+		if want == 0 {
+			want = 16
+		}
+		g.Expect(unknown[0].Pool).To(Equal(want), "maxclients unknown: the injector gives the ceiling, and it is counted")
 	}
 }
 

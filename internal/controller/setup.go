@@ -39,6 +39,10 @@ type Config struct {
 	// BudgetInterval is how often the connection budget is recomputed without an event
 	// (default 30s).
 	BudgetInterval time.Duration
+	// SidecarRedisPoolSize is the manager's --sidecar-redis-pool-size, the injector's
+	// podinject.Config.SidecarRedisPoolSize: the largest pool the budget gives (0:
+	// contract.DefaultRedisPoolSize).
+	SidecarRedisPoolSize int64
 	// Budget receives every computed budget, for the pod injector to size pools from (the
 	// manager gives the same Publisher to podinject.Config.Budget); nil publishes nothing.
 	Budget *connbudget.Publisher
@@ -99,6 +103,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		Redis:              &RedisClients{Client: cfg.Redis, MaxClients: cfg.RedisMaxClients},
 		Recorder:           mgr.GetEventRecorder("redline-controller"),
 		ManagerConnections: cfg.ManagerConnections,
+		PoolCeiling:        cfg.SidecarRedisPoolSize,
 		RedisTimeout:       cfg.RedisTimeout,
 		Interval:           cfg.BudgetInterval,
 		MaxBackoff:         cfg.MaxBackoff,

@@ -100,11 +100,14 @@ func helmConfig(t *testing.T, env *envtest.Environment) *action.Configuration {
 	return cfg
 }
 
-// installValues turn every optional object on, so that the API server sees each of them.
+// installValues turn every optional object on, so that the API server sees each of them, and
+// set the sidecar's cluster-wide defaults, so that the manager run from the chart is seen to
+// accept and inject them.
 func installValues(redisURL string) map[string]any {
 	return map[string]any{
 		"redis":   map[string]any{"url": redisURL},
 		"webhook": map[string]any{"certificates": "selfSigned"},
+		"sidecar": installSidecarDefaults,
 		"monitoring": map[string]any{
 			"serviceMonitor": map[string]any{"enabled": true},
 			"podMonitor":     map[string]any{"enabled": true},
@@ -287,4 +290,7 @@ func runManagerFromChart(t *testing.T, ctx context.Context, env *envtest.Environ
 	metrics, err := mgr.URL("metrics")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(fmt.Sprint(metrics)).To(HavePrefix("http://127.0.0.1:"))
+
+	// The chart's sidecar.* values, through the manager's flags, into an injected pod.
+	expectInjectedDefaults(g, ctx, admin, mgr, ca)
 }

@@ -86,9 +86,6 @@ func proxyConnsFor(memoryLimit int64, maxHeaderBytes int) int {
 	return int(min(max(memoryLimit/2/int64(proxyConnCost+maxHeaderBytes), 64), 1<<16))
 }
 
-// maxLeaseKeys bounds --lease-keys: the table and its warm-key hashes are sized from it at start.
-const maxLeaseKeys = 1 << 20
-
 // ParseConfig reads flags from args and the environment through getenv.
 func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*Config, error) {
 	c := &Config{}
@@ -128,10 +125,10 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.IntVar(&c.RedisPoolSize, contract.FlagRedisPoolSize, contract.DefaultRedisPoolSize, "most Redis connections per node, a hard bound; they open when a call needs one")
 	fs.IntVar(&c.RedisMaxIdle, "redis-max-idle-conns", 0, "idle Redis connections kept per node (0: the pool); one returned beyond them closes, and under load is redialed")
 	fs.DurationVar(&c.RedisIdleTimeout, "redis-idle-timeout", contract.DefaultRedisIdleTimeoutSeconds*time.Second, "a Redis connection idle this long closes (a pod at rest keeps the one its heartbeat uses)")
-	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 50*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
-	fs.IntVar(&c.LeaseKeys, "lease-keys", 16384, "most keys holding a lease at once, about 400 bytes each (twice that with the garbage collector's headroom); beyond it the least recently used lease goes back and its key asks Redis per decision")
-	fs.DurationVar(&c.LeaseHorizon, "lease-horizon", 2*time.Second, "FixedWindow and SlidingWindowCounter rules admit from leases of about this long's local demand, counted in Redis when granted (exact across replicas); 0 asks Redis for every decision")
-	fs.IntVar(&c.MaxProcs, contract.FlagMaxProcs, 1, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
+	fs.DurationVar(&c.RedisTimeout, contract.FlagRedisTimeout, contract.DefaultRedisTimeoutMillis*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
+	fs.IntVar(&c.LeaseKeys, contract.FlagLeaseKeys, contract.DefaultLeaseKeys, "most keys holding a lease at once, about 400 bytes each (twice that with the garbage collector's headroom); beyond it the least recently used lease goes back and its key asks Redis per decision")
+	fs.DurationVar(&c.LeaseHorizon, contract.FlagLeaseHorizon, contract.DefaultLeaseHorizonSeconds*time.Second, "FixedWindow and SlidingWindowCounter rules admit from leases of about this long's local demand, counted in Redis when granted (exact across replicas); 0 asks Redis for every decision")
+	fs.IntVar(&c.MaxProcs, contract.FlagMaxProcs, contract.DefaultMaxProcs, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -185,8 +182,13 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	if c.RedisMaxIdle < 0 || c.RedisIdleTimeout <= 0 {
 		errs = append(errs, errors.New("--redis-max-idle-conns must not be negative and --redis-idle-timeout must be positive"))
 	}
-	if c.LeaseKeys < 1 || c.LeaseKeys > maxLeaseKeys {
-		errs = append(errs, fmt.Errorf("--lease-keys must be 1 to %d (about 400 bytes a key)", maxLeaseKeys))
+	if c.LeaseKeys < 1 || c.LeaseKeys > contract.MaxLeaseKeys {
+		errs = append(errs, fmt.Errorf("--lease-keys must be 1 to %d (about 400 bytes a key)", contract.MaxLeaseKeys))
+	}
+	if c.RedisTimeout <= 0 {
+		// go-redis reads 0 as its own 3s and a negative timeout as none: a sidecar would wait
+		// on a hung Redis forever instead of answering with the failure mode.
+		errs = append(errs, fmt.Errorf("--%s must be positive", contract.FlagRedisTimeout))
 	}
 	if c.MaxCheckConns < 1 || c.MaxGRPCConns < 1 || c.MaxConns < 1 || c.MaxAdminConns < 1 {
 		errs = append(errs, errors.New("--max-admin-conns, --max-check-conns and --max-grpc-conns must be at least 1, --max-conns at least 0 (0: from the memory limit)"))

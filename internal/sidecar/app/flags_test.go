@@ -71,6 +71,8 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"no idle redis time": {"--upstream=127.0.0.1:1", "--redis-idle-timeout=0"},
 		"no lease keys":      {"--upstream=127.0.0.1:1", "--lease-keys=0"},
 		"lease keys beyond":  {"--upstream=127.0.0.1:1", "--lease-keys=1048577"},
+		"no redis timeout":   {"--upstream=127.0.0.1:1", "--redis-timeout=0"},
+		"negative timeout":   {"--upstream=127.0.0.1:1", "--redis-timeout=-1s"},
 		"negative max conns": {"--upstream=127.0.0.1:1", "--max-conns=-1"},
 		"no admin conns":     {"--upstream=127.0.0.1:1", "--max-admin-conns=0"},
 		"negative per ip":    {"--upstream=127.0.0.1:1", "--max-grpc-conns-per-ip=-1"},

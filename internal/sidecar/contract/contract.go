@@ -70,6 +70,27 @@ const (
 	RedisClientName = "redline-sidecar"
 )
 
+// Defaults and bounds of the sidecar's other settings, which the manager's --sidecar-* flags
+// may change for every injected pod.
+const (
+	// DefaultMaxProcs is the sidecar's GOMAXPROCS (--max-procs); MaxMaxProcs bounds what a pod
+	// or the manager may ask for.
+	DefaultMaxProcs = 1
+	MaxMaxProcs     = 64
+	// DefaultLeaseKeys is how many keys may hold a lease at once (--lease-keys); MaxLeaseKeys
+	// bounds it, because the table and its warm-key hashes are sized from it at start.
+	DefaultLeaseKeys = 16384
+	MaxLeaseKeys     = 1 << 20
+	// LeaseKeyBytes is what one key of the lease table may take at its worst: about 400 bytes,
+	// twice that with the garbage collector's headroom.
+	LeaseKeyBytes = 800
+	// DefaultLeaseHorizonSeconds is --lease-horizon's default; 0 turns leases off.
+	DefaultLeaseHorizonSeconds = 2
+	// DefaultRedisTimeoutMillis is --redis-timeout's default: Redis's read, write and
+	// free-connection wait, past which the failure mode answers.
+	DefaultRedisTimeoutMillis = 50
+)
+
 // Failure modes accepted by AnnotationFailureMode and the sidecar's --failure-mode flag.
 const (
 	FailureModeOpen          = "Open"
@@ -128,13 +149,19 @@ const (
 	FlagCheckListen = "check-listen" // "127.0.0.1:9093", or ":9093" when exposed
 	FlagConfigDir   = "config-dir"   // PoliciesDir
 	FlagPodLabels   = "pod-labels"   // PodLabelsFile
-	FlagFailureMode = "failure-mode" // only when AnnotationFailureMode is set
-	FlagMaxProcs    = "max-procs"    // only when AnnotationSidecarMaxProcs is set
+	FlagFailureMode = "failure-mode" // when AnnotationFailureMode or the manager's --sidecar-failure-mode is set
+	FlagMaxProcs    = "max-procs"    // when AnnotationSidecarMaxProcs or the manager's --sidecar-max-procs is set
+	// FlagLeaseKeys, FlagLeaseHorizon and FlagRedisTimeout are passed when the manager's
+	// --sidecar-lease-keys, --sidecar-lease-horizon and --sidecar-redis-timeout are set.
+	FlagLeaseKeys    = "lease-keys"
+	FlagLeaseHorizon = "lease-horizon"
+	FlagRedisTimeout = "redis-timeout"
 	// FlagRedisCredentialsDir is the mounted credentials Secret (RedisCredentialsDir): the
 	// sidecar reads RedisUsernameKey and RedisSecretKey in it at every new Redis connection.
 	FlagRedisCredentialsDir = "redis-credentials-dir"
-	// FlagRedisPoolSize is passed when AnnotationRedisPoolSize is set or the connection
-	// budget sized the pool; without it the sidecar uses DefaultRedisPoolSize.
+	// FlagRedisPoolSize is passed when AnnotationRedisPoolSize is set, the connection budget
+	// sized the pool or the manager's --sidecar-redis-pool-size is set; without it the sidecar
+	// uses DefaultRedisPoolSize.
 	FlagRedisPoolSize = "redis-pool-size"
 )
 

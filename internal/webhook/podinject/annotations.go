@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -12,19 +13,37 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
-// params is what a pod's annotations ask for, checked.
+// params is what a pod's annotations ask for, checked, with the manager's --sidecar-*
+// defaults where the annotations say nothing.
 type params struct {
 	upstreamPort int32
 	listenPort   int32
-	// failureMode is empty unless the pod overrides it.
+	// failureMode is empty unless the pod or the manager overrides the policies'.
 	failureMode string
-	// maxProcs is 0 unless the pod sets it.
+	// maxProcs is 0 unless the pod or the manager sets it.
 	maxProcs int
-	// redisPoolSize is 0 unless the pod sets it.
+	// redisPoolSize is 0 unless the pod sets it, the budget sizes it or the manager sets it.
 	redisPoolSize int
 	// exposeDecisionAPI serves /v1/check and the rate limit service on the pod network.
 	exposeDecisionAPI bool
 	resources         corev1.ResourceRequirements
+	// leaseKeys, leaseHorizon and redisTimeout come from the manager only (0 and nil: the
+	// sidecar's defaults).
+	leaseKeys    int
+	leaseHorizon *time.Duration
+	redisTimeout time.Duration
+	// defaults are the manager's --sidecar-* defaults this pod got (flag name -> value),
+	// recorded in the status annotation: a person reading a pod can tell a cluster-wide
+	// setting from its own annotation.
+	defaults map[string]string
+}
+
+// useDefault records that the pod got the manager's --flag=value.
+func (p *params) useDefault(flag, value string) {
+	if p.defaults == nil {
+		p.defaults = map[string]string{}
+	}
+	p.defaults[flag] = value
 }
 
 // wantsInjection reports whether the pod opted in: by AnnotationInject or LabelInject set to
@@ -81,14 +100,20 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 				strings.Join(contract.FailureModes, ", "))
 		}
 		p.failureMode = raw
+	} else if cfg.SidecarFailureMode != "" {
+		p.failureMode = cfg.SidecarFailureMode
+		p.useDefault("sidecar-failure-mode", cfg.SidecarFailureMode)
 	}
 
 	if raw, ok := ann[contract.AnnotationSidecarMaxProcs]; ok {
 		n, err := strconv.Atoi(strings.TrimSpace(raw))
-		if err != nil || n < 1 || n > 64 {
-			return p, fmt.Errorf("annotation %s=%q: want a whole number of CPUs, 1-64", contract.AnnotationSidecarMaxProcs, raw)
+		if err != nil || n < 1 || n > contract.MaxMaxProcs {
+			return p, fmt.Errorf("annotation %s=%q: want a whole number of CPUs, 1-%d", contract.AnnotationSidecarMaxProcs, raw, contract.MaxMaxProcs)
 		}
 		p.maxProcs = n
+	} else if cfg.SidecarMaxProcs > 0 {
+		p.maxProcs = cfg.SidecarMaxProcs
+		p.useDefault("sidecar-max-procs", strconv.Itoa(cfg.SidecarMaxProcs))
 	}
 
 	if raw, ok := ann[contract.AnnotationRedisPoolSize]; ok {
@@ -111,8 +136,21 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 		}
 	}
 
-	if p.resources, err = parseResources(ann, cfg); err != nil {
+	if p.resources, err = parseResources(ann, cfg, &p); err != nil {
 		return p, err
+	}
+
+	if cfg.SidecarLeaseKeys > 0 {
+		p.leaseKeys = cfg.SidecarLeaseKeys
+		p.useDefault("sidecar-lease-keys", strconv.Itoa(cfg.SidecarLeaseKeys))
+	}
+	if h := cfg.SidecarLeaseHorizon; h != nil {
+		p.leaseHorizon = h
+		p.useDefault("sidecar-lease-horizon", h.String())
+	}
+	if cfg.SidecarRedisTimeout > 0 {
+		p.redisTimeout = cfg.SidecarRedisTimeout
+		p.useDefault("sidecar-redis-timeout", cfg.SidecarRedisTimeout.String())
 	}
 	return p, nil
 }
@@ -144,8 +182,9 @@ func portOwner(pod *corev1.Pod, port int32) string {
 
 // parseResources applies the resource annotations to the configured defaults. The memory
 // annotation sets request and limit alike: a sidecar that exceeds what it asked for is better
-// restarted than left to push the application out of its node.
-func parseResources(ann map[string]string, cfg *Config) (corev1.ResourceRequirements, error) {
+// restarted than left to push the application out of its node. The manager's defaults that
+// differ from the built-in ones are recorded in p.
+func parseResources(ann map[string]string, cfg *Config, p *params) (corev1.ResourceRequirements, error) {
 	cpu, memReq, memLim := cfg.DefaultCPURequest, cfg.DefaultMemoryRequest, cfg.DefaultMemoryLimit
 	if raw, ok := ann[contract.AnnotationSidecarCPU]; ok {
 		q, err := parsePositive(contract.AnnotationSidecarCPU, raw)
@@ -153,6 +192,8 @@ func parseResources(ann map[string]string, cfg *Config) (corev1.ResourceRequirem
 			return corev1.ResourceRequirements{}, err
 		}
 		cpu = q
+	} else if !cpu.Equal(builtinCPURequest) {
+		p.useDefault("sidecar-cpu-request", cpu.String())
 	}
 	if raw, ok := ann[contract.AnnotationSidecarMemory]; ok {
 		q, err := parsePositive(contract.AnnotationSidecarMemory, raw)
@@ -160,6 +201,13 @@ func parseResources(ann map[string]string, cfg *Config) (corev1.ResourceRequirem
 			return corev1.ResourceRequirements{}, err
 		}
 		memReq, memLim = q, q
+	} else {
+		if !memReq.Equal(builtinMemoryRequest) {
+			p.useDefault("sidecar-memory-request", memReq.String())
+		}
+		if !memLim.Equal(builtinMemoryLimit) {
+			p.useDefault("sidecar-memory-limit", memLim.String())
+		}
 	}
 	r := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	if !cpu.IsZero() {

@@ -156,4 +156,34 @@ func TestPoolFromBudget(t *testing.T) {
 		g.Expect(warns).To(BeEmpty())
 		g.Expect(poolArg(g, out)).To(BeEmpty())
 	})
+
+	// The manager's --sidecar-redis-pool-size: the ceiling the budget sizes within (the
+	// reconciler publishes it in the snapshot) and the pool of pods it cannot size.
+	t.Run("the manager's pool default", func(t *testing.T) {
+		withCeiling := cfg
+		withCeiling.SidecarRedisPoolSize = 40
+		ceiling := &connbudget.Publisher{}
+		ceiling.Publish(&connbudget.Snapshot{MaxClients: 200, Reserve: 14, Workloads: counted, PoolCeiling: 40})
+		for _, tt := range []struct {
+			name     string
+			budget   *connbudget.Publisher
+			pod      *corev1.Pod
+			wantPool string
+		}{
+			{name: "StatefulSet without an HPA: 93 / 4, capped at the manager's 40 instead of 16", budget: ceiling, pod: budgetPod("StatefulSet", "ledger"), wantPool: "23"},
+			{name: "Deployment with an HPA: 93 / 30 as before", budget: ceiling, pod: budgetPod("ReplicaSet", "checkout-5d8f"), wantPool: "3"},
+			{name: "a bare pod: the manager's default", budget: ceiling, pod: budgetPod("", "solo"), wantPool: "40"},
+			{name: "no budget read yet: the manager's default", budget: &connbudget.Publisher{}, pod: budgetPod("ReplicaSet", "checkout-5d8f"), wantPool: "40"},
+			{name: "the annotation still wins", budget: ceiling, pod: budgetPod("", "solo", contract.AnnotationRedisPoolSize, "5"), wantPool: "5"},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				g := NewWithT(t)
+				in := NewInjector(withCeiling, true)
+				in.sizer = &poolSizer{budget: tt.budget, cache: cached, direct: direct, timeout: time.Second, log: log.Log}
+				out, _, err := in.Inject(context.Background(), tt.pod)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(poolArg(g, out)).To(Equal(tt.wantPool))
+			})
+		}
+	})
 }

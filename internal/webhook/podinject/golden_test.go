@@ -2,15 +2,19 @@ package podinject_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/redline-dev/redline/internal/sidecar/app"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
@@ -39,10 +43,10 @@ var _ = Describe("Injected spec", func() {
 	BeforeEach(func() { createNamespace(ns) })
 
 	DescribeTable("matches the golden files, is accepted by the API server and is injected only once",
-		func(mode string, native bool, extra ...string) {
+		func(mode string, native bool, cfg podinject.Config, extra ...string) {
 			ctx := context.Background()
 			pod := annotatedPod(ns, "checkout-"+mode, extra...)
-			in := podinject.NewInjector(testConfig(podinject.NativeSidecarsAuto), native)
+			in := podinject.NewInjector(cfg, native)
 
 			out, warns, err := in.Inject(ctx, pod)
 			Expect(warns).To(BeEmpty())
@@ -69,13 +73,123 @@ var _ = Describe("Injected spec", func() {
 			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(created), stored)).To(Succeed())
 			expectGolden(mode+".stored.golden.yaml", storedView(stored))
 		},
-		Entry("native sidecar", "native", true),
-		Entry("regular container", "regular", false),
-		Entry("every annotation set", "overrides", true,
+		Entry("native sidecar", "native", true, testConfig(podinject.NativeSidecarsAuto)),
+		Entry("regular container", "regular", false, testConfig(podinject.NativeSidecarsAuto)),
+		Entry("every annotation set", "overrides", true, testConfig(podinject.NativeSidecarsAuto),
 			contract.AnnotationListenPort, "8001",
 			contract.AnnotationFailureMode, contract.FailureModeLocalFallback,
 			contract.AnnotationSidecarCPU, "200m",
 			contract.AnnotationSidecarMemory, "96Mi",
 			contract.AnnotationExposeDecisionAPI, "true"),
+		Entry("every manager default set", "defaults", true, defaultsConfig()),
+		Entry("annotations over the manager's defaults", "defaults-overridden", true, defaultsConfig(),
+			contract.AnnotationFailureMode, contract.FailureModeOpen,
+			contract.AnnotationSidecarCPU, "200m",
+			contract.AnnotationSidecarMemory, "48Mi",
+			contract.AnnotationSidecarMaxProcs, "4",
+			contract.AnnotationRedisPoolSize, "6"),
 	)
+})
+
+// defaultsConfig is testConfig with every cluster-wide sidecar default set, as the manager's
+// --sidecar-* flags set them.
+func defaultsConfig() podinject.Config {
+	cfg := testConfig(podinject.NativeSidecarsAuto)
+	cfg.SidecarFailureMode = contract.FailureModeClosed
+	cfg.DefaultCPURequest = resource.MustParse("100m")
+	cfg.DefaultMemoryRequest = resource.MustParse("96Mi")
+	cfg.DefaultMemoryLimit = resource.MustParse("128Mi")
+	cfg.SidecarMaxProcs = 2
+	cfg.SidecarRedisPoolSize = 24
+	cfg.SidecarLeaseKeys = 4096
+	cfg.SidecarLeaseHorizon = new(time.Duration(0))
+	cfg.SidecarRedisTimeout = 100 * time.Millisecond
+	return cfg
+}
+
+// sidecarOf is the injected sidecar container of pod.
+func sidecarOf(pod *corev1.Pod) corev1.Container {
+	GinkgoHelper()
+	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		if c.Name == contract.ContainerName {
+			return c
+		}
+	}
+	Fail("no sidecar injected")
+	return corev1.Container{}
+}
+
+func injectedStatus(pod *corev1.Pod) podinject.InjectedStatus {
+	GinkgoHelper()
+	var st podinject.InjectedStatus
+	Expect(json.Unmarshal([]byte(pod.Annotations[contract.AnnotationInjected]), &st)).To(Succeed())
+	return st
+}
+
+var _ = Describe("The manager's cluster-wide sidecar defaults", func() {
+	const ns = "defaults"
+	BeforeEach(func() { createNamespace(ns) })
+
+	It("reach every pod that does not set them, and are recorded in the status annotation", func(ctx SpecContext) {
+		out, _, err := podinject.NewInjector(defaultsConfig(), true).Inject(ctx, annotatedPod(ns, "plain"))
+		Expect(err).NotTo(HaveOccurred())
+		c := sidecarOf(out)
+		Expect(c.Args).To(ContainElements("--failure-mode=Closed", "--max-procs=2", "--redis-pool-size=24",
+			"--lease-keys=4096", "--lease-horizon=0s", "--redis-timeout=100ms"))
+		Expect(c.Resources.Requests.Cpu().String()).To(Equal("100m"))
+		Expect(c.Resources.Requests.Memory().String()).To(Equal("96Mi"))
+		Expect(c.Resources.Limits.Memory().String()).To(Equal("128Mi"))
+		Expect(injectedStatus(out).Defaults).To(Equal(map[string]string{
+			"sidecar-failure-mode": "Closed", "sidecar-cpu-request": "100m", "sidecar-memory-request": "96Mi",
+			"sidecar-memory-limit": "128Mi", "sidecar-max-procs": "2", "sidecar-redis-pool-size": "24",
+			"sidecar-lease-keys": "4096", "sidecar-lease-horizon": "0s", "sidecar-redis-timeout": "100ms",
+		}))
+		Expect(k8s.Create(ctx, out)).To(Succeed(), "the API server accepts the pod")
+
+		By("the sidecar accepts the injected flags and runs with them")
+		env := map[string]string{contract.EnvRedisURL: testConfig("").RedisURL, contract.EnvPodNamespace: ns}
+		sc, err := app.ParseConfig(c.Args, func(k string) string { return env[k] }, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sc.FailureMode).To(Equal(contract.FailureModeClosed))
+		Expect(sc.MaxProcs).To(Equal(2))
+		Expect(sc.RedisPoolSize).To(Equal(24))
+		Expect(sc.LeaseKeys).To(Equal(4096))
+		Expect(sc.LeaseHorizon).To(BeZero(), "leases off")
+		Expect(sc.RedisTimeout).To(Equal(100 * time.Millisecond))
+	})
+
+	It("lose to the pod's annotations, which the status annotation does not list as defaults", func(ctx SpecContext) {
+		pod := annotatedPod(ns, "annotated",
+			contract.AnnotationFailureMode, contract.FailureModeOpen,
+			contract.AnnotationSidecarCPU, "200m",
+			contract.AnnotationSidecarMemory, "48Mi",
+			contract.AnnotationSidecarMaxProcs, "4",
+			contract.AnnotationRedisPoolSize, "6")
+		out, _, err := podinject.NewInjector(defaultsConfig(), true).Inject(ctx, pod)
+		Expect(err).NotTo(HaveOccurred())
+		c := sidecarOf(out)
+		Expect(c.Args).To(ContainElements("--failure-mode=Open", "--max-procs=4", "--redis-pool-size=6"))
+		Expect(c.Args).NotTo(ContainElements("--failure-mode=Closed", "--max-procs=2", "--redis-pool-size=24"))
+		Expect(c.Resources.Requests.Cpu().String()).To(Equal("200m"))
+		Expect(c.Resources.Requests.Memory().String()).To(Equal("48Mi"))
+		Expect(c.Resources.Limits.Memory().String()).To(Equal("48Mi"))
+		Expect(injectedStatus(out).Defaults).To(Equal(map[string]string{
+			"sidecar-lease-keys": "4096", "sidecar-lease-horizon": "0s", "sidecar-redis-timeout": "100ms",
+		}), "what no annotation can set still comes from the manager")
+		Expect(k8s.Create(ctx, out)).To(Succeed())
+	})
+
+	It("leave today's pods alone when unset: no extra flags, no defaults recorded", func(ctx SpecContext) {
+		out, _, err := podinject.NewInjector(testConfig(podinject.NativeSidecarsAuto), true).Inject(ctx, annotatedPod(ns, "unset"))
+		Expect(err).NotTo(HaveOccurred())
+		for _, a := range sidecarOf(out).Args {
+			Expect(a).NotTo(HavePrefix("--failure-mode"))
+			Expect(a).NotTo(HavePrefix("--max-procs"))
+			Expect(a).NotTo(HavePrefix("--redis-pool-size"))
+			Expect(a).NotTo(HavePrefix("--lease-"))
+			Expect(a).NotTo(HavePrefix("--redis-timeout"))
+		}
+		Expect(injectedStatus(out).Defaults).To(BeEmpty())
+		Expect(out.Annotations[contract.AnnotationInjected]).NotTo(ContainSubstring("defaults"))
+	})
 })

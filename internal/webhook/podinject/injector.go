@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -56,10 +57,17 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 		return pod, nil, err
 	}
 	warnings = in.sizer.size(ctx, pod, &p)
+	if p.redisPoolSize == 0 && in.cfg.SidecarRedisPoolSize > 0 {
+		// Neither the annotation nor the budget sized it: the manager's default, which is also
+		// what the budget reconciler counts for such a pod's workload.
+		p.redisPoolSize = in.cfg.SidecarRedisPoolSize
+		p.useDefault("sidecar-redis-pool-size", strconv.Itoa(p.redisPoolSize))
+	}
 	inj := &injection{
 		container: sidecarContainer(&in.cfg, p, in.native),
 		volumes:   sidecarVolumes(&in.cfg),
 		native:    in.native,
+		defaults:  p.defaults,
 	}
 	out = pod.DeepCopy()
 	for _, m := range in.mutators {

@@ -27,6 +27,10 @@ type InjectedStatus struct {
 	Image string `json:"image"`
 	// Hash is a short SHA-256 of the injected container and volumes.
 	Hash string `json:"hash"`
+	// Defaults are the manager's cluster-wide --sidecar-* defaults the sidecar got (flag name
+	// without dashes -> value), where the pod's annotations did not set the same; empty when it
+	// runs on its annotations and the built-in defaults only.
+	Defaults map[string]string `json:"defaults,omitempty"`
 }
 
 // injection is what the mutators add to one pod.
@@ -34,6 +38,8 @@ type injection struct {
 	container corev1.Container
 	volumes   []corev1.Volume
 	native    bool
+	// defaults are the manager's --sidecar-* defaults applied (see InjectedStatus.Defaults).
+	defaults map[string]string
 }
 
 // mutator changes one part of a pod. Each mutator is idempotent: applying it to a pod it has
@@ -115,7 +121,7 @@ func statusValue(inj *injection) (string, error) {
 	}
 	sum := sha256.Sum256(content)
 	out, err := json.Marshal(InjectedStatus{
-		Version: InjectedVersion, Native: inj.native, Image: inj.container.Image, Hash: hex.EncodeToString(sum[:8]),
+		Version: InjectedVersion, Native: inj.native, Image: inj.container.Image, Hash: hex.EncodeToString(sum[:8]), Defaults: inj.defaults,
 	})
 	if err != nil {
 		return "", fmt.Errorf("encoding the injected status: %w", err)

@@ -37,6 +37,15 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	if p.redisPoolSize > 0 {
 		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagRedisPoolSize, p.redisPoolSize))
 	}
+	if p.leaseKeys > 0 {
+		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagLeaseKeys, p.leaseKeys))
+	}
+	if p.leaseHorizon != nil {
+		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagLeaseHorizon, *p.leaseHorizon))
+	}
+	if p.redisTimeout > 0 {
+		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagRedisTimeout, p.redisTimeout))
+	}
 	if cfg.RedisSecret != "" {
 		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagRedisCredentialsDir, contract.RedisCredentialsDir))
 	}

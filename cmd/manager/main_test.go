@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/redline-dev/redline/internal/testutil/stack"
+)
+
+// managerBinary builds this command (or takes REDLINE_MANAGER_BIN).
+func managerBinary(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv(stack.EnvManagerBin); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "manager")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build ./cmd/manager: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// A bad cluster-wide sidecar default stops the manager at start, with a message naming the
+// flag, before it connects to anything: nothing broken is ever injected. No API server or
+// Redis is given, so a manager that got past its flags would fail differently.
+func TestManagerRefusesBadSidecarDefaults(t *testing.T) {
+	bin := managerBinary(t)
+	for _, tt := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"values out of bounds, all reported", []string{"--sidecar-failure-mode=closed", "--sidecar-redis-pool-size=1", "--sidecar-redis-timeout=1m", "--sidecar-memory-request=1Gi"},
+			[]string{`--sidecar-failure-mode=\"closed\": want one of Open, Closed, LocalFallback`, "--sidecar-redis-pool-size=1: want 2-1024",
+				"--sidecar-redis-timeout=1m0s: want 1ms-10s", "--sidecar-memory-request=1Gi is more than --sidecar-memory-limit=64Mi"}},
+		{"a value that does not parse", []string{"--sidecar-memory-limit=lots"},
+			[]string{`invalid value "lots" for flag -sidecar-memory-limit: want a resource quantity`}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := NewWithT(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, tt.args...)
+			// Nowhere to connect: a manager past its flags would fail on these instead.
+			cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(t.TempDir(), "missing"), "REDLINE_REDIS_URL=redis://127.0.0.1:1")
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			err := cmd.Run()
+			var exit *exec.ExitError
+			g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
+			g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit at once, not run")
+			for _, w := range tt.want {
+				g.Expect(out.String()).To(ContainSubstring(w))
+			}
+		})
+	}
+}
