@@ -73,6 +73,8 @@ envtest: ## Install etcd, kube-apiserver and kube-controller-manager (downloads,
 test: manifests generate vet envtest controller-gen ## Run every test: unit, envtest, real-Redis and end-to-end suites, and the Helm chart's (test/helm; needs promtool).
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh --with-controller-manager)" go test $(GO_TEST_FLAGS) ./... -coverprofile cover.out
 	$(MAKE) --no-print-directory test-helm
+	cd hack/bench && go test $(GO_TEST_FLAGS) ./...
+	cd hack/ratelimitcompare && go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-helm
 test-helm: controller-gen ## Run only the Helm chart's tests (test/helm: lint, golden files, schema, install into envtest, promtool).

@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	promapi "github.com/prometheus/client_golang/api"
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 	"github.com/redis/go-redis/v9"
@@ -26,6 +23,7 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/policydoc"
+	"github.com/redline-dev/redline/internal/testutil/promtest"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 	"github.com/redline-dev/redline/test/helm/dashboards"
@@ -60,71 +58,20 @@ func e2ePolicy(name, prefix string, mode v1alpha1.FailureMode, rule v1alpha1.Mod
 	}
 }
 
-// startPrometheus runs prometheus scraping targets (address -> labels) every second and
-// evaluating rules (a rule file's content; nil: none) every second.
-func startPrometheus(t *testing.T, dir string, targets map[string]map[string]string, rules []byte) promv1.API {
+// startPrometheus runs the real prometheus (promtest) scraping targets (address -> labels)
+// and evaluating rules (a rule file's content; nil: none).
+func startPrometheus(ctx context.Context, t *testing.T, dir string, targets map[string]map[string]string, rules []byte) promv1.API {
 	t.Helper()
-	bin := filepath.Join(filepath.Dir(promtool(t)), "prometheus")
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("prometheus is not installed beside promtool (apt-get install prometheus): %v", err)
-	}
-	var statics []map[string]any
+	var ts []promtest.Target
 	for addr, labels := range targets {
-		statics = append(statics, map[string]any{"targets": []string{addr}, "labels": labels})
+		ts = append(ts, promtest.Target{Addr: addr, Labels: labels})
 	}
-	conf := map[string]any{
-		"global": map[string]any{"scrape_interval": "1s", "evaluation_interval": "1s"},
-		// honor_labels as the chart's ServiceMonitor has it: the manager's series name the
-		// namespace they describe.
-		"scrape_configs": []any{map[string]any{"job_name": "redline", "honor_labels": true, "static_configs": statics}},
-	}
-	if rules != nil {
-		rulesPath := filepath.Join(dir, "rules.yaml")
-		if err := os.WriteFile(rulesPath, rules, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		conf["rule_files"] = []string{rulesPath}
-	}
-	cfg, err := yaml.Marshal(conf)
+	srv, err := promtest.StartWithRules(ctx, dir, ts, rules)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfgPath := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	port, err := redistest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	p, err := stack.StartProcess(dir, "prometheus", bin, []string{
-		"--config.file=" + cfgPath, "--storage.tsdb.path=" + filepath.Join(dir, "tsdb"),
-		"--web.listen-address=" + addr, "--log.level=warn",
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + "/-/ready")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if done, _ := p.Exited(); done || time.Now().After(deadline) {
-			t.Fatalf("prometheus did not become ready at %s; log:\n%s", addr, p.LogTail(3000))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	c, err := promapi.NewClient(promapi.Config{Address: "http://" + addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return promv1.NewAPI(c)
+	t.Cleanup(func() { _ = srv.Stop() })
+	return srv.API
 }
 
 // check is one query and what its phase needs of it.
@@ -232,7 +179,7 @@ func TestPrometheusQueries(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	st, sidecars, targets := startE2EStack(ctx, t)
-	api := startPrometheus(t, t.TempDir(), targets, firingRules(t))
+	api := startPrometheus(ctx, t, t.TempDir(), targets, firingRules(t))
 	var proxies []string
 	for _, sc := range sidecars {
 		proxies = append(proxies, sc.ProxyURL)

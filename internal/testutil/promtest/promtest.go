@@ -68,6 +68,12 @@ type Server struct {
 // describe, as with the chart's ServiceMonitor), and waits until it is ready. The caller
 // must call Stop.
 func Start(ctx context.Context, dir string, targets []Target) (*Server, error) {
+	return StartWithRules(ctx, dir, targets, nil)
+}
+
+// StartWithRules is Start with a rule file's content (alerting and recording rules, evaluated
+// every ScrapeInterval); nil loads none.
+func StartWithRules(ctx context.Context, dir string, targets []Target, rules []byte) (*Server, error) {
 	bin, err := Binary()
 	if err != nil {
 		return nil, err
@@ -76,12 +82,20 @@ func Start(ctx context.Context, dir string, targets []Target) (*Server, error) {
 	for _, t := range targets {
 		statics = append(statics, map[string]any{"targets": []string{t.Addr}, "labels": t.Labels})
 	}
-	cfg, err := yaml.Marshal(map[string]any{
+	conf := map[string]any{
 		"global": map[string]any{"scrape_interval": ScrapeInterval.String(), "evaluation_interval": ScrapeInterval.String()},
 		"scrape_configs": []any{map[string]any{
 			"job_name": "redline", "honor_labels": true, "static_configs": statics,
 		}},
-	})
+	}
+	if rules != nil {
+		rulesPath := filepath.Join(dir, "rules.yaml")
+		if err := os.WriteFile(rulesPath, rules, 0o644); err != nil {
+			return nil, fmt.Errorf("writing the prometheus rules: %w", err)
+		}
+		conf["rule_files"] = []string{rulesPath}
+	}
+	cfg, err := yaml.Marshal(conf)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the prometheus configuration: %w", err)
 	}
