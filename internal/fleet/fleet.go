@@ -78,22 +78,58 @@ func GroupConfigKey(namespace, policy string) string {
 // configuration configHash, for ttl. It returns the live replica count of each group, in the
 // order of policies. All groups go in one pipeline.
 func Announce(ctx context.Context, client redis.UniversalClient, namespace, instance, configHash string, ttl time.Duration, policies []string) ([]int64, error) {
+	beats, err := Beat(ctx, client, namespace, instance, configHash, ttl, policies, false)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, len(beats))
+	for i, b := range beats {
+		out[i] = b.Live
+	}
+	return out, nil
+}
+
+// Heartbeat is what one group's heartbeat answered.
+type Heartbeat struct {
+	// Live is the group's live replica count.
+	Live int64
+	// Losses counts the heartbeats of the group that said Redis lost counts (lost true). When
+	// it changes, every replica re-asserts its shares (see limiter.Limiter.Reassert).
+	Losses int64
+	// Previous is this instance's last heartbeat as Redis holds it (ms on Redis's clock, 0 for
+	// none). Older than the last one this instance wrote, it says that Redis lost writes.
+	Previous int64
+	// Now is Redis's clock when the beat was recorded (ms).
+	Now int64
+}
+
+// Beat is Announce with what a replica needs to notice that Redis lost counts: lost says
+// this replica found Redis short of its shares since its last beat, which every replica of
+// the group then learns from Heartbeat.Losses.
+func Beat(ctx context.Context, client redis.UniversalClient, namespace, instance, configHash string, ttl time.Duration, policies []string, lost bool) ([]Heartbeat, error) {
 	if len(policies) == 0 {
 		return nil, nil
+	}
+	flag := "0"
+	if lost {
+		flag = "1"
 	}
 	cmds := make([]redis.Cmder, len(policies))
 	for i, p := range policies {
 		cmds[i] = scripts.EvalSha(ctx, heartbeatScript, []string{GroupKey(namespace, p), GroupConfigKey(namespace, p)},
-			instance, ttl.Milliseconds(), configHash)
+			instance, ttl.Milliseconds(), configHash, flag)
 	}
 	scripts.Exec(ctx, client, cmds, []scripts.Script{heartbeatScript})
-	out := make([]int64, len(cmds))
+	out := make([]Heartbeat, len(cmds))
 	for i, c := range cmds {
-		n, err := c.(*redis.Cmd).Int64()
+		n, err := c.(*redis.Cmd).Int64Slice()
+		if err == nil && len(n) != 4 {
+			err = fmt.Errorf("unexpected reply of %d values", len(n))
+		}
 		if err != nil {
 			return nil, fmt.Errorf("announcing %s in the group of policy %s/%s: %w", instance, namespace, policies[i], err)
 		}
-		out[i] = n
+		out[i] = Heartbeat{Live: n[0], Losses: n[1], Previous: n[2], Now: n[3]}
 	}
 	return out, nil
 }

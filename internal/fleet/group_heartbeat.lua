@@ -2,9 +2,14 @@
 -- configuration hash the replica applies.
 -- KEYS[1] sorted set of instances scored by their last heartbeat (ms, Redis clock).
 -- KEYS[2] hash of instance -> configuration hash; same hash tag as KEYS[1].
--- ARGV[1] instance id, ARGV[2] time-to-live of a heartbeat (ms), ARGV[3] configuration hash.
--- Returns the number of live instances: those whose last heartbeat is within the TTL of
--- Redis's now, never after it.
+-- ARGV[1] instance id, ARGV[2] time-to-live of a heartbeat (ms), ARGV[3] configuration hash,
+-- ARGV[4] '1' when the instance found Redis short of its shares since its last beat.
+-- Returns {live, losses, previous, now}: live is the number of live instances, those whose last
+-- heartbeat is within the TTL of Redis's now, never after it; losses counts the beats that
+-- said Redis lost counts (field !losses of KEYS[2]: no instance is named so), which tells
+-- every replica to re-assert its shares; previous is the instance's last beat as this Redis
+-- holds it (ms, 0 for none), which tells a replica that Redis lost its writes since; now is
+-- Redis's clock (ms).
 --
 -- The score is Redis's TIME, taken here: no caller can choose it. Scores are only ever written
 -- by this script, so a member scored after now was written by something else (a ZADD by hand,
@@ -17,6 +22,7 @@ local ttl = tonumber(ARGV[2])
 local batch = 256
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local previous = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) or 0
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 local function drop(members)
   for _, m in ipairs(members) do
@@ -27,6 +33,12 @@ end
 drop(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - ttl, 'LIMIT', 0, batch))
 drop(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'LIMIT', 0, batch))
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+local losses
+if ARGV[4] == '1' then
+  losses = redis.call('HINCRBY', KEYS[2], '!losses', 1)
+else
+  losses = tonumber(redis.call('HGET', KEYS[2], '!losses')) or 0
+end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
-return redis.call('ZCOUNT', KEYS[1], '(' .. (now - ttl), now)
+return {redis.call('ZCOUNT', KEYS[1], '(' .. (now - ttl), now), losses, previous, now}

@@ -113,6 +113,9 @@ func (l *Limiter) drainClosed() {
 // run decides one batch through the circuit breaker and wakes its callers.
 func (l *Limiter) run(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 	_, err := l.breaker.Execute(func() (struct{}, error) {
+		if err := l.resume(); err != nil {
+			return struct{}{}, err
+		}
 		var err error
 		cmds, err = l.pipeline(batch, cmds)
 		return struct{}{}, err
@@ -123,11 +126,14 @@ func (l *Limiter) run(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 			c.err = ErrCircuitOpen
 		}
 	case err != nil:
-		l.failing.Store(true)
-	case l.failing.Load() && l.failing.Swap(false):
-		// Redis answers again after failing: it may be another node, or the same one
-		// restarted, holding less than was granted.
-		l.Reassert()
+		if l.shares != nil {
+			l.failing.Store(true)
+		}
+		for _, c := range batch {
+			if c.err == nil && c.res == (Result{}) {
+				c.err = err // the batch never left: resume failed
+			}
+		}
 	}
 	for _, c := range batch {
 		l.answer(c)
@@ -231,4 +237,28 @@ func (l *Limiter) recordShare(c *call) {
 		l.restored(c.args[3].(string), c.g.restored)
 		l.Reassert()
 	}
+}
+
+// resume re-asserts every share before the first pipeline after Redis failed: the Redis that
+// answers again may be another node, or the same one restarted, holding less than this replica
+// was granted, and a grant made before the re-assertion would admit this replica's lost units
+// a second time. Flushers wait for the one that re-asserts.
+func (l *Limiter) resume() error {
+	if !l.failing.Load() {
+		return nil
+	}
+	l.resumeMu.Lock()
+	defer l.resumeMu.Unlock()
+	if !l.failing.Load() {
+		return nil
+	}
+	if err := l.reassertAll(); err != nil {
+		l.stats.reassertErrors.Add(1)
+		if isOutage(err) {
+			return fmt.Errorf("re-asserting shares before deciding again: %w", err)
+		}
+		l.Reassert() // some keys refused for another reason: the reasserter retries them
+	}
+	l.failing.Store(false)
+	return nil
 }

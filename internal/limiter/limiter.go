@@ -122,7 +122,8 @@ type Limiter struct {
 	stats    counters
 	calls    sync.Pool
 	shares   *shares       // nil without a ReplicaID
-	failing  atomic.Bool   // the last pipeline that reached for Redis failed
+	failing  atomic.Bool   // a pipeline that reached for Redis failed, and no re-assertion since
+	resumeMu sync.Mutex    // held by the flusher re-asserting before the first pipeline after failing
 	reassert chan struct{} // a re-assertion of every share is due
 }
 

@@ -28,11 +28,14 @@ func (l *Limiter) Reassert() {
 	}
 }
 
-// reasserter runs re-assertions as they are asked for, and sweeps the share table.
+// reasserter runs re-assertions as they are asked for, and sweeps the share table. One that
+// could not reach every key is run again a second later, until one does: on a cluster, the
+// shard whose master died answers only once its replica has taken over, which the other
+// shards' answers do not wait for.
 func (l *Limiter) reasserter() {
-	defer l.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	retry := false
 	for {
 		select {
 		case <-l.quit:
@@ -41,10 +44,15 @@ func (l *Limiter) reasserter() {
 			if now := l.clock.deadline(time.Now()); now > 0 {
 				l.shares.sweep(now / 1000)
 			}
-		case <-l.reassert:
-			if err := l.reassertAll(); err != nil {
-				l.stats.reassertErrors.Add(1)
+			if !retry {
+				continue
 			}
+		case <-l.reassert:
+		}
+		retry = false
+		if err := l.reassertAll(); err != nil {
+			l.stats.reassertErrors.Add(1)
+			retry = true
 		}
 	}
 }

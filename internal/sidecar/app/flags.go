@@ -60,6 +60,7 @@ type Config struct {
 	RedisTimeout      time.Duration
 	LeaseHorizon      time.Duration
 	LeaseKeys         int
+	ShareKeys         int
 	LogLevel          slog.Level
 	Pprof             bool
 	// MaxProcs is the GOMAXPROCS Run sets; 0 keeps the runtime's. It is 0 when a GOMAXPROCS
@@ -126,6 +127,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.IntVar(&c.RedisMaxIdle, "redis-max-idle-conns", 0, "idle Redis connections kept per node (0: the pool); one returned beyond them closes, and under load is redialed")
 	fs.DurationVar(&c.RedisIdleTimeout, "redis-idle-timeout", contract.DefaultRedisIdleTimeoutSeconds*time.Second, "a Redis connection idle this long closes (a pod at rest keeps the one its heartbeat uses)")
 	fs.DurationVar(&c.RedisTimeout, contract.FlagRedisTimeout, contract.DefaultRedisTimeoutMillis*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
+	fs.IntVar(&c.ShareKeys, "share-keys", contract.DefaultShareKeys, "most keys whose shares (what this replica was granted in their live windows, about 150 bytes a key) are kept to restore counts Redis loses in a failover or restart; a key beyond it keeps none")
 	fs.IntVar(&c.LeaseKeys, contract.FlagLeaseKeys, contract.DefaultLeaseKeys, "most keys holding a lease at once, about 400 bytes each (twice that with the garbage collector's headroom); beyond it the least recently used lease goes back and its key asks Redis per decision")
 	fs.DurationVar(&c.LeaseHorizon, contract.FlagLeaseHorizon, contract.DefaultLeaseHorizonSeconds*time.Second, "FixedWindow and SlidingWindowCounter rules admit from leases of about this long's local demand, counted in Redis when granted (exact across replicas); 0 asks Redis for every decision")
 	fs.IntVar(&c.MaxProcs, contract.FlagMaxProcs, contract.DefaultMaxProcs, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
@@ -181,6 +183,9 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	}
 	if c.RedisMaxIdle < 0 || c.RedisIdleTimeout <= 0 {
 		errs = append(errs, errors.New("--redis-max-idle-conns must not be negative and --redis-idle-timeout must be positive"))
+	}
+	if c.ShareKeys < 1 || c.ShareKeys > contract.MaxShareKeys {
+		errs = append(errs, fmt.Errorf("--share-keys must be 1 to %d (about 150 bytes a key)", contract.MaxShareKeys))
 	}
 	if c.LeaseKeys < 1 || c.LeaseKeys > contract.MaxLeaseKeys {
 		errs = append(errs, fmt.Errorf("--lease-keys must be 1 to %d (about 400 bytes a key)", contract.MaxLeaseKeys))

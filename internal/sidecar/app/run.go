@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,25 +102,20 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		return fmt.Errorf("creating redis client: %w", err)
 	}
 	defer client.Close()
-	leaseHorizon := cfg.LeaseHorizon
-	if leaseHorizon <= 0 {
-		leaseHorizon = -1 // off: every decision asks Redis
-	}
-	lim, err := limiter.New(client, limiter.Options{LeaseHorizon: leaseHorizon, LeaseSize: cfg.LeaseKeys,
-		// A script that runs after the client's read timeout would count units for a caller
-		// already answered by the failure mode; a quarter of the timeout is left for its reply.
-		CallDeadline: cfg.RedisTimeout * 3 / 4})
+	store := &ruleset.Store{}
+	beat := make(chan struct{}, 1)                 // a heartbeat now, not at the next tick
+	var restoredTo atomic.Pointer[metrics.Metrics] // set once the metrics exist, before any decision
+	lim, err := newLimiter(client, cfg, store, beat, &restoredTo)
 	if err != nil {
-		return fmt.Errorf("creating limiter: %w", err)
+		return err
 	}
 
-	store := &ruleset.Store{}
 	m := metrics.New(lim.Stats, store)
+	restoredTo.Store(m)
 	builder := ruleset.NewBuilder(limiter.FailureMode(cfg.FailureMode))
 	builder.Namespace = cfg.PodNamespace
 	client.AddHook(m.RedisHook())
 	m.WatchPool(client, conns, cfg.RedisPoolSize)
-	beat := make(chan struct{}, 1)
 	// healthSrv is the gRPC health service, set before the watcher starts reloading.
 	var healthSrv *health.Server
 	loader := &ruleset.Loader{
@@ -203,7 +199,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			log.Error("policy watcher stopped; the set in force stays", "error", err)
 		}
 	})
-	bgWG.Go(func() { heartbeat(bg, cfg, log, client, store, instance, beat, m) })
+	bgWG.Go(func() { heartbeat(bg, cfg, log, client, store, instance, beat, m, lim) })
 
 	serveErr := make(chan error, 4)
 	serve := func(name string, f func() error) {
@@ -397,33 +393,97 @@ func listenAll(cfg *Config, onFull faceHooks) (*listeners, error) {
 	return &lns, nil
 }
 
+// newLimiter makes the sidecar's limiter. Its shares' restorations are counted in the
+// metrics m will hold, and start a heartbeat at once (beat), which tells the other replicas.
+func newLimiter(client redis.UniversalClient, cfg *Config, store *ruleset.Store, beat chan<- struct{},
+	m *atomic.Pointer[metrics.Metrics]) (*limiter.Limiter, error) {
+	leaseHorizon := cfg.LeaseHorizon
+	if leaseHorizon <= 0 {
+		leaseHorizon = -1 // off: every decision asks Redis
+	}
+	lim, err := limiter.New(client, limiter.Options{LeaseHorizon: leaseHorizon, LeaseSize: cfg.LeaseKeys,
+		// A script that runs after the client's read timeout would count units for a caller
+		// already answered by the failure mode; a quarter of the timeout is left for its reply.
+		CallDeadline: cfg.RedisTimeout * 3 / 4,
+		// A fresh id per process: a restarted sidecar knows none of its old grants anyway.
+		ReplicaID: limiter.NewReplicaID(), ShareKeys: cfg.ShareKeys,
+		OnRestore: func(key string, units int64) {
+			if mm := m.Load(); mm != nil {
+				mm.Restored(policyOfKey(store.Current(), key), units)
+			}
+			select { // tell the other replicas at once: they re-assert when they hear of it
+			case beat <- struct{}{}:
+			default:
+			}
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("creating limiter: %w", err)
+	}
+	return lim, nil
+}
+
 // heartbeat announces this replica in the group of every policy it enforces while Redis is
-// reachable, and records each group's live count for LocalFallback.
+// reachable, and records each group's live count for LocalFallback. It is also how replicas
+// tell each other that Redis lost counts: a beat after this replica restored some says so,
+// and a replica that sees a group's losses change, or finds Redis no longer holding its own
+// last beat, re-asserts every share it holds (see limiter's shares.go).
 func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.UniversalClient, store *ruleset.Store,
-	instance string, now <-chan struct{}, m *metrics.Metrics) {
+	instance string, now <-chan struct{}, m *metrics.Metrics, lim *limiter.Limiter) {
 	t := time.NewTicker(cfg.HeartbeatInterval)
 	defer t.Stop()
 	ttl := fleet.TTL(cfg.HeartbeatInterval)
 	failing := false
+	var failedSince time.Time
+	type seen struct{ losses, last int64 }
+	groups := map[string]seen{}
+	told := lim.Stats()
 	for {
 		if set := store.Current(); set != nil && len(set.Policies) > 0 {
+			st := lim.Stats()
+			lost := st.Restorations > told.Restorations
 			hctx, cancel := context.WithTimeout(ctx, cfg.HeartbeatInterval)
-			counts, err := fleet.Announce(hctx, client, set.Namespace, instance, set.Hash, ttl, set.PolicyNames())
+			beats, err := fleet.Beat(hctx, client, set.Namespace, instance, set.Hash, ttl, set.PolicyNames(), lost)
 			cancel()
 			switch {
 			case err != nil && ctx.Err() == nil:
 				m.HeartbeatFailed()
 				if !failing {
 					log.Warn("heartbeat failed; LocalFallback keeps the last replica counts", "error", err)
+					failedSince = time.Now()
 				}
 				failing = true
 			case err == nil:
 				if failing {
-					log.Info("heartbeat recorded again")
+					log.Info("heartbeat recorded again", "failedFor", time.Since(failedSince).Round(time.Millisecond).String())
+					// Redis answers again: perhaps another node, or the same one restarted
+					// empty. A replica deciding from its leases meanwhile made no call that
+					// would have told its limiter so.
+					lim.Reassert()
 				}
 				failing = false
+				if lost {
+					log.Warn("Redis had lost counts this replica was granted (a failover to a replica that lagged, or a restart); restored them from this replica's shares",
+						"windows", st.Restorations-told.Restorations, "units", st.RestoredUnits-told.RestoredUnits)
+				}
+				told = st
+				signal := ""
 				for i, p := range set.Policies {
-					p.Replicas.Store(counts[i])
+					b := beats[i]
+					g, known := groups[p.Name]
+					switch {
+					case !known:
+					case b.Losses != g.losses && (!lost || b.Losses != g.losses+1):
+						signal = "another replica of policy " + p.Name + " found Redis short of its shares"
+					case b.Previous < g.last:
+						signal = "Redis no longer holds this replica's last heartbeat of policy " + p.Name
+					}
+					groups[p.Name] = seen{losses: b.Losses, last: b.Now}
+					p.Replicas.Store(b.Live)
+				}
+				if signal != "" {
+					log.Warn("Redis may have lost counts: re-asserting every share of this replica", "why", signal)
+					m.LossSignalled()
+					lim.Reassert()
 				}
 			}
 		}
@@ -434,4 +494,22 @@ func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.
 		case <-now:
 		}
 	}
+}
+
+// policyOfKey names the policy of a limiter state key (rl:{<namespace>/<policy>/...}) among
+// the policies of set, for a metric label: "unknown" for none, so that the label's values are
+// bounded by the document's policies.
+func policyOfKey(set *ruleset.Set, key string) string {
+	rest, ok := strings.CutPrefix(key, "rl:{")
+	if !ok || set == nil {
+		return "unknown"
+	}
+	_, rest, _ = strings.Cut(rest, "/")
+	part, _, _ := strings.Cut(rest, "/")
+	for _, p := range set.Policies {
+		if limiter.KeyPart(p.Name) == part {
+			return p.Name
+		}
+	}
+	return "unknown"
 }

@@ -81,6 +81,10 @@ const (
 	// bounds it, because the table and its warm-key hashes are sized from it at start.
 	DefaultLeaseKeys = 16384
 	MaxLeaseKeys     = 1 << 20
+	// DefaultShareKeys is how many keys' shares a sidecar keeps to restore what Redis loses in
+	// a failover (--share-keys); MaxShareKeys bounds it.
+	DefaultShareKeys = 65536
+	MaxShareKeys     = 1 << 21
 	// LeaseKeyBytes is what one key of the lease table may take at its worst: about 400 bytes,
 	// twice that with the garbage collector's headroom.
 	LeaseKeyBytes = 800

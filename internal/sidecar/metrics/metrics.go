@@ -30,6 +30,9 @@ const (
 	ResultShadowRefused = "shadow_refused"
 )
 
+// labelPolicy is the label naming a policy.
+const labelPolicy = "policy"
+
 // Metrics holds the sidecar's collectors.
 type Metrics struct {
 	// Registry holds every collector; Handler serves it.
@@ -41,6 +44,9 @@ type Metrics struct {
 	configInfo   *prometheus.GaugeVec
 	heartbeatErr prometheus.Counter
 	redisErrors  *prometheus.CounterVec
+	regressions  *prometheus.CounterVec
+	restoredUnit *prometheus.CounterVec
+	lossSignals  prometheus.Counter
 }
 
 // New registers the collectors. stats reads the limiter's counters and store the set in force
@@ -51,7 +57,7 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "decisions_total",
 			Help: "Rule decisions by policy, rule, result (allowed, refused, shadow_refused) and source (redis, precheck, fallback, failopen, failclosed).",
-		}, []string{"policy", "rule", "result", "source"}),
+		}, []string{labelPolicy, "rule", "result", "source"}),
 		redisLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Name: "redis_latency_seconds",
 			Help:    "Latency of Redis round trips (one command or one pipeline), errors included.",
@@ -70,6 +76,18 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 		heartbeatErr: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "heartbeat_errors_total", Help: "Heartbeats that Redis did not record.",
 		}),
+		regressions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "counter_regressions_total",
+			Help: "Windows this replica found Redis holding less of than it was granted (a failover to a replica that lagged, or a restart without persistence), by policy; each was restored from this replica's share.",
+		}, []string{labelPolicy}),
+		restoredUnit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "restored_units_total",
+			Help: "Units this replica's shares added back to windows Redis had lost them from, by policy.",
+		}, []string{labelPolicy}),
+		lossSignals: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "redis_loss_signals_total",
+			Help: "Times this replica re-asserted every share because another replica's heartbeat said Redis lost counts, or Redis no longer held this replica's last heartbeat.",
+		}),
 		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "redis_errors_total",
 			Help: "Failed Redis round trips, connection handshakes included, by kind: " +
@@ -79,6 +97,7 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 	for _, k := range []string{RedisErrMaxClients, RedisErrPoolTimeout, RedisErrTimeout, RedisErrNetwork, RedisErrReply} {
 		m.redisErrors.WithLabelValues(k) // every kind shows, at 0, from the start
 	}
+	m.Registry.MustRegister(m.regressions, m.restoredUnit, m.lossSignals)
 	m.Registry.MustRegister(m.decisions, m.redisLatency, m.reloads, m.reloadErrors, m.configInfo, m.heartbeatErr, m.redisErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&limiterCollector{stats: stats, store: store})
@@ -111,6 +130,15 @@ func (m *Metrics) ConfigLoaded(s *ruleset.Set) {
 
 // ReloadFailed counts a refused document.
 func (m *Metrics) ReloadFailed() { m.reloadErrors.Inc() }
+
+// Restored records that this replica's shares restored units of a window of policy.
+func (m *Metrics) Restored(policy string, units int64) {
+	m.regressions.WithLabelValues(policy).Inc()
+	m.restoredUnit.WithLabelValues(policy).Add(float64(units))
+}
+
+// LossSignalled counts a re-assertion of every share started by a heartbeat.
+func (m *Metrics) LossSignalled() { m.lossSignals.Inc() }
 
 // HeartbeatFailed counts a failed heartbeat.
 func (m *Metrics) HeartbeatFailed() { m.heartbeatErr.Inc() }
@@ -243,15 +271,19 @@ var (
 	descPerDecision    = prometheus.NewDesc(ns+"_redis_round_trips_per_decision", "Redis round trips per Redis decision since start; below 1 when batching merges concurrent decisions.", nil, nil)
 	descScriptLoads    = prometheus.NewDesc(ns+"_script_loads_total", "SCRIPT LOADs after NOSCRIPT.", nil, nil)
 	descStaleCalls     = prometheus.NewDesc(ns+"_stale_calls_total", "Decisions whose script reached Redis after their deadline and counted nothing (the failure mode decided).", nil, nil)
+	descShareKeys      = prometheus.NewDesc(ns+"_share_keys", "Keys whose shares this replica keeps, to restore what Redis loses (at most --share-keys).", nil, nil)
+	descUnkeptShares   = prometheus.NewDesc(ns+"_unkept_share_units_total", "Units granted to keys beyond --share-keys: they keep no share, and a Redis losing them cannot be repaired.", nil, nil)
+	descReassertions   = prometheus.NewDesc(ns+"_share_reassertions_total", "Re-assertions of every live share (after Redis failed and answered again, a loss seen, or a heartbeat's signal).", nil, nil)
+	descReassertErrors = prometheus.NewDesc(ns+"_share_reassertion_errors_total", "Re-assertions that could not reach every key; the next one retries.", nil, nil)
 	descBreaker        = prometheus.NewDesc(ns+"_breaker_open", "1 while the Redis circuit breaker is open.", nil, nil)
 	descFallback       = prometheus.NewDesc(ns+"_fallback_active", "1 while the breaker is open and some enforced policy falls back to local limits.", nil, nil)
-	descReplicas       = prometheus.NewDesc(ns+"_policy_replicas", "Live replicas enforcing a policy, from heartbeats; LocalFallback divides its limit by this.", []string{"policy"}, nil)
+	descReplicas       = prometheus.NewDesc(ns+"_policy_replicas", "Live replicas enforcing a policy, from heartbeats; LocalFallback divides its limit by this.", []string{labelPolicy}, nil)
 	descPolicies       = prometheus.NewDesc(ns+"_policies", "Policies of the document in force that select this pod.", nil, nil)
 )
 
 func (c *limiterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRedisDecisions, descPrecheck, descLeased, descLeaseGrants, descLeaseKeys, descDegraded, descRoundTrips, descPerDecision,
-		descScriptLoads, descStaleCalls, descBreaker, descFallback, descReplicas, descPolicies} {
+		descScriptLoads, descStaleCalls, descShareKeys, descUnkeptShares, descReassertions, descReassertErrors, descBreaker, descFallback, descReplicas, descPolicies} {
 		ch <- d
 	}
 }
@@ -272,6 +304,10 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descRoundTrips, prometheus.CounterValue, float64(s.Pipelines))
 		ch <- prometheus.MustNewConstMetric(descScriptLoads, prometheus.CounterValue, float64(s.ScriptLoads))
 		ch <- prometheus.MustNewConstMetric(descStaleCalls, prometheus.CounterValue, float64(s.StaleCalls))
+		ch <- prometheus.MustNewConstMetric(descShareKeys, prometheus.GaugeValue, float64(s.ShareKeys))
+		ch <- prometheus.MustNewConstMetric(descUnkeptShares, prometheus.CounterValue, float64(s.UnkeptShareUnits))
+		ch <- prometheus.MustNewConstMetric(descReassertions, prometheus.CounterValue, float64(s.Reassertions))
+		ch <- prometheus.MustNewConstMetric(descReassertErrors, prometheus.CounterValue, float64(s.ReassertErrors))
 		per := 0.0
 		if s.RedisDecisions > 0 {
 			per = float64(s.Pipelines) / float64(s.RedisDecisions)

@@ -1,0 +1,281 @@
+package limiter_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/redisconn"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// The window state and its shares, script by script: what the scripts promise whatever the
+// limiter does (shares.lua).
+func TestSharesScripts(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, shared.URL())
+	fw, _ := scripts.For(string(limiter.FixedWindow))
+	const window = int64(3_600_000)
+	run := func(g Gomega, s scripts.Script, key string, args ...any) []int64 {
+		cmds := []redis.Cmder{scripts.EvalSha(ctx, s, []string{key}, args...)}
+		scripts.Exec(ctx, c, cmds, []scripts.Script{s})
+		n, err := cmds[0].(*redis.Cmd).Int64Slice()
+		g.Expect(err).NotTo(HaveOccurred())
+		return n
+	}
+	count := func(g Gomega, key, field string) int64 {
+		n, err := c.HGet(ctx, key, field).Int64()
+		g.Expect(err).NotTo(HaveOccurred())
+		return n
+	}
+	// grant asks for cost units as replica id, which knows it was granted known in window start.
+	grant := func(g Gomega, key string, cost int64, id string, start, known, knownPrev int64) []int64 {
+		return run(g, fw, key, 100, window, cost, 0, cost, id, start, known, knownPrev)
+	}
+
+	t.Run("a lost window is restored once, however often it is asserted", func(t *testing.T) {
+		g := NewWithT(t)
+		key := uniqueKey(t) + ":swc"
+		r := grant(g, key, 30, "a", 0, 0, 0)
+		g.Expect(r[5]).To(BeEquivalentTo(30))
+		start := r[4] / 1000 / window * window
+		g.Expect(grant(g, key, 20, "b", 0, 0, 0)[5]).To(BeEquivalentTo(20))
+		g.Expect(c.Del(ctx, key).Err()).To(Succeed()) // Redis lost the window
+
+		restored := 0
+		for range 3 {
+			restored += int(run(g, fw, key, 100, window, 0, 0, 0, "a", start, 30, 0)[6])
+		}
+		g.Expect(restored).To(Equal(30))
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(30), "a's share, once")
+		r = grant(g, key, 1, "b", start, 20, 0)
+		g.Expect(r[6]).To(BeEquivalentTo(20), "b restores its share with its next call")
+		g.Expect(r[5]).To(BeEquivalentTo(1))
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(51))
+		g.Expect(grant(g, key, 1, "b", start, 21, 0)[6]).To(BeZero(), "nothing twice")
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(52))
+	})
+
+	t.Run("a partly replicated share is topped up, not added again", func(t *testing.T) {
+		g := NewWithT(t)
+		key := uniqueKey(t) + ":swc"
+		r := grant(g, key, 10, "a", 0, 0, 0)
+		start := r[4] / 1000 / window * window
+		// What a replica that saw a's first grant of 10 but not its next 15 holds.
+		f, err := c.HGet(ctx, key, "a").Result()
+		g.Expect(err).NotTo(HaveOccurred())
+		r = grant(g, key, 15, "a", start, 10, 0)
+		g.Expect(r[5]).To(BeEquivalentTo(15))
+		g.Expect(c.HSet(ctx, key, "c", 10, "a", f).Err()).To(Succeed())
+
+		r = grant(g, key, 5, "a", start, 25, 0)
+		g.Expect(r[6]).To(BeEquivalentTo(15), "only the 15 the replica did not see")
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(30))
+	})
+
+	t.Run("knowledge older than the state adds nothing", func(t *testing.T) {
+		g := NewWithT(t)
+		key := uniqueKey(t) + ":swc"
+		r := grant(g, key, 40, "a", 0, 0, 0)
+		start := r[4] / 1000 / window * window
+		// A reply lost on the way back: Redis counted 40, the replica knows of none.
+		r = grant(g, key, 1, "a", start, 0, 0)
+		g.Expect(r[6]).To(BeZero())
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(41))
+	})
+
+	t.Run("a lease goes back only to a Redis that holds it", func(t *testing.T) {
+		g := NewWithT(t)
+		key := uniqueKey(t) + ":swc"
+		ret := scripts.LeaseReturn()
+		r := grant(g, key, 30, "a", 0, 0, 0)
+		start := r[4] / 1000 / window * window
+		g.Expect(grant(g, key, 20, "b", 0, 0, 0)[5]).To(BeEquivalentTo(20))
+		// z never held units here: a return of 9 by z takes nothing off the others' count.
+		g.Expect(run(g, ret, key, window, start, 9, "z", start, 0, 0)).To(Equal([]int64{0, 0}))
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(50))
+		// After a loss, a's return restores its share first, then gives back what it returns.
+		g.Expect(c.HSet(ctx, key, "c", 20, "a", 0).Err()).To(Succeed())
+		g.Expect(run(g, ret, key, window, start, 10, "a", start, 30, 0)).To(Equal([]int64{10, 30}))
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(40), "20 + a's 30 restored - 10 returned")
+		g.Expect(run(g, ret, key, window, start, 100, "a", start, 20, 0)).To(Equal([]int64{20, 0}),
+			"never more than a's share")
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(20))
+	})
+
+	t.Run("the previous window is restored where the roll was lost", func(t *testing.T) {
+		g := NewWithT(t)
+		key := uniqueKey(t) + ":swc"
+		swc, _ := scripts.For(string(limiter.SlidingWindowCounter))
+		// A short window: the replica was granted 40 in window k-1, and the Redis that took
+		// over lost all of it; in window k the replica's first call restores p.
+		const w = int64(2000)
+		redisMS := func() int64 {
+			n, err := c.Time(ctx).Result()
+			g.Expect(err).NotTo(HaveOccurred())
+			return n.UnixMilli()
+		}
+		g.Eventually(func() int64 { return redisMS() % w }).WithTimeout(5 * time.Second).WithPolling(5 * time.Millisecond).
+			Should(BeNumerically("<", 1000))
+		r := run(g, swc, key, 100, w, 40, 0, 40, "a", 0, 0, 0)
+		g.Expect(r[5]).To(BeEquivalentTo(40))
+		prevStart := r[4] / 1000 / w * w
+		g.Expect(c.Del(ctx, key).Err()).To(Succeed())
+		g.Eventually(func() int64 { return redisMS() / w * w }).WithTimeout(5 * time.Second).WithPolling(10 * time.Millisecond).
+			Should(BeEquivalentTo(prevStart + w))
+		r = run(g, swc, key, 100, w, 1, 0, 1, "a", prevStart, 40, 0)
+		g.Expect(r[6]).To(BeEquivalentTo(40))
+		g.Expect(count(g, key, "p")).To(BeEquivalentTo(40))
+		r = run(g, swc, key, 100, w, 1, 0, 1, "a", prevStart+w, 1, 40)
+		g.Expect(r[6]).To(BeZero(), "p is restored once")
+		g.Expect(count(g, key, "p")).To(BeEquivalentTo(40))
+	})
+}
+
+// exactWindow waits, if need be, until the current window of w on Redis's clock has at least
+// margin left, so that a test's decisions all fall in one window.
+func exactWindow(t *testing.T, c redis.UniversalClient, w, margin time.Duration) {
+	t.Helper()
+	now, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("reading Redis's clock: %v", err)
+	}
+	left := w - time.Duration(now.UnixMilli()%w.Milliseconds())*time.Millisecond
+	if left < margin {
+		time.Sleep(left + 10*time.Millisecond)
+	}
+}
+
+// fleetDemand drives demand well above lim through every limiter until stop closes; it
+// returns how many were admitted.
+func fleetDemand(ls []*limiter.Limiter, key string, lim limiter.Limit, stop <-chan struct{}) *atomic.Int64 {
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		for range 4 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					r, err := l.Allow(context.Background(), key, lim, 1)
+					if err == nil && r.Allowed {
+						admitted.Add(1)
+					}
+					if err != nil || !r.Allowed {
+						time.Sleep(time.Millisecond)
+					}
+				}
+			})
+		}
+	}
+	go func() { <-stop; wg.Wait() }()
+	return &admitted
+}
+
+// waitAdmitted polls until admitted reaches n.
+func waitAdmitted(t *testing.T, admitted *atomic.Int64, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for admitted.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("admitted %d of %d within 30s", admitted.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A Redis restarted empty mid-window (no persistence): three replicas, leasing, each restore
+// what they were granted, so the window admits no more than its limit; without shares, it
+// admits the limit again after the restart.
+func TestSharesRestoreARestartedRedis(t *testing.T) {
+	for _, alg := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
+		for _, withShares := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/shares=%v", alg, withShares), func(t *testing.T) {
+				g := NewWithT(t)
+				srv, err := redistest.Start()
+				g.Expect(err).NotTo(HaveOccurred())
+				t.Cleanup(func() { _ = srv.Close() })
+				lim := limiter.Limit{Algorithm: alg, Requests: 2000, Window: time.Hour, Replicas: 3,
+					FailureMode: limiter.FailureModeClosed}
+				var ls []*limiter.Limiter
+				var first redis.UniversalClient
+				for range 3 {
+					c, err := redisconn.NewClient(srv.URL(), redisconn.Options{PoolSize: 8, DialTimeout: time.Second,
+						ReadTimeout: time.Second, WriteTimeout: time.Second, PoolTimeout: time.Second})
+					g.Expect(err).NotTo(HaveOccurred())
+					t.Cleanup(func() { _ = c.Close() })
+					if first == nil {
+						first = c
+					}
+					o := limiter.Options{LeaseHorizon: 2 * time.Second, BreakerOpenFor: 100 * time.Millisecond}
+					if withShares {
+						o.ReplicaID = limiter.NewReplicaID()
+					}
+					ls = append(ls, newLimiter(t, c, o))
+				}
+				exactWindow(t, first, time.Hour, 2*time.Minute)
+				key := uniqueKey(t)
+				stop := make(chan struct{})
+				admitted := fleetDemand(ls, key, lim, stop)
+				waitAdmitted(t, admitted, 1200)
+
+				lost := admitted.Load() // at least: every unit admitted was counted before
+				g.Expect(srv.Stop()).To(Succeed())
+				g.Expect(srv.Start()).To(Succeed())
+				restarted := time.Now()
+				// Demand goes on until the limit is surely spent, and a few seconds more.
+				time.Sleep(5 * time.Second)
+				close(stop)
+				total := admitted.Load()
+				var restored uint64
+				for _, l := range ls {
+					restored += l.Stats().RestoredUnits
+				}
+				t.Logf("admitted %d of %d in the window (%d before Redis was killed), %d units restored, %s after the restart",
+					total, lim.Requests, lost, restored, time.Since(restarted).Round(time.Millisecond))
+				if !withShares {
+					g.Expect(total).To(BeNumerically(">", lim.Requests+lost/2),
+						"the restart must lose counts for this test to mean anything")
+					return
+				}
+				// Each replica re-asserts its shares before it decides again; what one grants
+				// before the others have is the bound (README, Redis failover): the gap
+				// between replicas resuming, here 100 ms of breaker.
+				g.Expect(total).To(BeNumerically("<=", lim.Requests+lim.Requests/100))
+				g.Expect(total).To(BeNumerically(">=", lim.Requests*95/100))
+				g.Expect(restored).To(BeNumerically(">=", lost))
+			})
+		}
+	}
+}
+
+// More keys than the share table: the units beyond it are counted as unkept, and decisions go
+// on exactly.
+func TestShareTableBound(t *testing.T) {
+	g := NewWithT(t)
+	c := newClient(t, shared.URL())
+	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), ShareKeys: 4})
+	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 3, Window: time.Hour, Replicas: 1}
+	for i := range 10 {
+		key := fmt.Sprintf("%s-%d", uniqueKey(t), i)
+		for j := range 4 {
+			r, err := l.Allow(context.Background(), key, lim, 1)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(r.Allowed).To(Equal(j < 3), "key %d decision %d", i, j)
+		}
+	}
+	st := l.Stats()
+	g.Expect(st.ShareKeys).To(Equal(4))
+	g.Expect(st.UnkeptShareUnits).To(BeEquivalentTo(6 * 3))
+}
