@@ -87,6 +87,10 @@ type NamespaceReconciler struct {
 	accepted map[string]map[types.UID]policydoc.Policy
 	// conditions puts each policy's conditions on /metrics (redline_policy_condition).
 	conditions conditionMetrics
+	// losses is, by policy UID, the count of heartbeats that said Redis lost counts, as last
+	// read: a rise is a Warning Event on the policy. One entry per policy in the document.
+	lossMu sync.Mutex
+	losses map[string]map[types.UID]int64
 }
 
 // +kubebuilder:rbac:groups=redline.dev,resources=ratelimitpolicies,verbs=get;list;watch
@@ -180,10 +184,12 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	var statusErrs []error
 	stale := false
 	conditions := make(map[string][]metav1.Condition, len(outcomes))
+	reported := make([]outcome, 0, len(outcomes))
 	for _, o := range outcomes {
 		o.configErr, o.scriptErr = cmErr, scriptErr
 		if o.inDocument() {
 			o.enforcement = r.enforcement(ctx, ns, o.policy.Name)
+			reported = append(reported, o)
 		}
 		conditions[o.policy.Name] = desiredStatus(o, doc).Conditions
 		update := r.updateStatus
@@ -199,6 +205,8 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 			statusErrs = append(statusErrs, err)
 		}
 	}
+	r.reportLosses(ns, reported)
+
 	r.conditions.record(ns, conditions)
 	if scriptErr != nil {
 		logger.Info("redis unavailable; policies written but not programmed, retrying", "error", scriptErr.Error())
@@ -236,8 +244,8 @@ func (r *NamespaceReconciler) enforcement(ctx context.Context, ns, policy string
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
 	defer cancel()
-	members, err := r.Sidecars.Members(ctx, ns, policy)
-	return enforcement{err: err, members: members}
+	members, losses, err := r.Sidecars.Members(ctx, ns, policy)
+	return enforcement{err: err, members: members, losses: losses}
 }
 
 // redisError marks a reconcile error as Redis's: the scripts' status says so.

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
@@ -158,6 +159,28 @@ var _ = Describe("RateLimitPolicy controller", func() {
 			g.Expect(c.Message).To(ContainSubstring("2 of 3"))
 			g.Expect(c.Message).To(ContainSubstring("pod-c"))
 		}, timeout, interval).Should(Succeed())
+	})
+
+	It("records a Warning Event when the sidecars say Redis lost counts of a policy", func() {
+		ns := newNamespace(ctx)
+		Expect(k8s.Create(ctx, policy(ns, "p", 100))).To(Succeed())
+		p := expectProgrammed(ctx, ns, "p")
+		beat := func(lost bool) {
+			GinkgoHelper()
+			_, err := fleet.Beat(ctx, rdb, ns, "pod-a", p.Status.ConfigHash, 10*time.Second, []string{"p"}, lost)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		beat(false)
+		Eventually(func(g Gomega) {
+			g.Expect(condition(g, ctx, ns, "p", v1alpha1.ConditionEnforced).Status).To(Equal(metav1.ConditionTrue))
+		}, timeout, interval).Should(Succeed())
+		// A few resyncs with nothing lost: no Event.
+		Consistently(func() []string { return eventReasons(ctx, ns, "p") }, time.Second, interval).
+			ShouldNot(ContainElement(controller.ReasonRedisLostCounts))
+
+		beat(true) // a sidecar found Redis short of its shares and restored them
+		Eventually(func() []string { return eventReasons(ctx, ns, "p") }, timeout, interval).
+			Should(ContainElement(controller.ReasonRedisLostCounts))
 	})
 
 	It("updates the ConfigMap and its hash when a policy changes, and deletes it with the last policy", func() {

@@ -14,8 +14,9 @@ import (
 
 // SidecarReports tells which sidecars enforce a policy and which configuration each applies.
 type SidecarReports interface {
-	// Members returns the live sidecars of a policy: pod name -> configuration hash applied.
-	Members(ctx context.Context, namespace, policy string) (map[string]string, error)
+	// Members returns the live sidecars of a policy (pod name -> configuration hash applied)
+	// and how many times they said Redis lost counts of it (fleet.Report.Losses).
+	Members(ctx context.Context, namespace, policy string) (map[string]string, int64, error)
 }
 
 // RedisSidecars reads the heartbeats sidecars write to Redis (fleet.Announce).
@@ -27,14 +28,16 @@ type RedisSidecars struct {
 }
 
 // Members implements SidecarReports.
-func (s *RedisSidecars) Members(ctx context.Context, namespace, policy string) (map[string]string, error) {
-	return fleet.Members(ctx, s.Client, namespace, policy, s.TTL)
+func (s *RedisSidecars) Members(ctx context.Context, namespace, policy string) (map[string]string, int64, error) {
+	r, err := fleet.Read(ctx, s.Client, namespace, policy, s.TTL)
+	return r.Members, r.Losses, err
 }
 
 // enforcement is what the sidecars of one policy report.
 type enforcement struct {
 	err     error
 	members map[string]string
+	losses  int64
 }
 
 // condition turns the reports into the Enforced condition for the configuration hash the

@@ -138,22 +138,37 @@ func Beat(ctx context.Context, client redis.UniversalClient, namespace, instance
 // one applies: those whose last heartbeat is within ttl of Redis's now (a member scored after
 // now is not live). At most MaxMembers are returned, names and hashes cut to MaxMemberBytes.
 func Members(ctx context.Context, client redis.UniversalClient, namespace, policy string, ttl time.Duration) (map[string]string, error) {
+	r, err := Read(ctx, client, namespace, policy, ttl)
+	return r.Members, err
+}
+
+// Report is what the manager reads of a policy's group.
+type Report struct {
+	// Members maps each live replica to the configuration hash it applies (see Members).
+	Members map[string]string
+	// Losses counts the heartbeats that said Redis lost counts of the group (Heartbeat.Losses).
+	Losses int64
+}
+
+// Read returns the group's Report.
+func Read(ctx context.Context, client redis.UniversalClient, namespace, policy string, ttl time.Duration) (Report, error) {
 	cmd := scripts.EvalSha(ctx, membersScript, []string{GroupKey(namespace, policy), GroupConfigKey(namespace, policy)},
 		ttl.Milliseconds(), MaxMembers, MaxMemberBytes)
 	cmds := []redis.Cmder{cmd}
 	scripts.Exec(ctx, client, cmds, []scripts.Script{membersScript})
 	reply, err := cmds[0].(*redis.Cmd).Slice()
 	if err != nil {
-		return nil, fmt.Errorf("reading policy group %s/%s: %w", namespace, policy, err)
+		return Report{}, fmt.Errorf("reading policy group %s/%s: %w", namespace, policy, err)
 	}
-	if len(reply) == 0 || len(reply)%2 != 1 {
-		return nil, fmt.Errorf("reading policy group %s/%s: unexpected reply of %d values", namespace, policy, len(reply))
+	if len(reply) < 2 || len(reply)%2 != 0 {
+		return Report{}, fmt.Errorf("reading policy group %s/%s: unexpected reply of %d values", namespace, policy, len(reply))
 	}
-	out := make(map[string]string, len(reply)/2)
-	for i := 1; i+1 < len(reply); i += 2 {
+	losses, _ := reply[1].(int64)
+	out := Report{Members: make(map[string]string, len(reply)/2-1), Losses: losses}
+	for i := 2; i+1 < len(reply); i += 2 {
 		m, _ := reply[i].(string)
 		h, _ := reply[i+1].(string)
-		out[m] = h
+		out.Members[m] = h
 	}
 	return out, nil
 }

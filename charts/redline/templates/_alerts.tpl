@@ -85,6 +85,14 @@ spec:
         summary: {{ quote `Sidecars in {{ $labels.namespace }} cannot record their heartbeats in Redis.` }}
         description: {{ quote `Live replicas are undercounted: LocalFallback divides by a stale count and the Enforced condition drops.` }}
         runbook: "Heartbeats share the sidecars' Redis: check Redis reachability and the namespace's Redis identity."
+    - alert: RedlineCountsRestored
+      expr: |
+        sum by (namespace, policy) (increase(redline_sidecar_counter_regressions_total[10m])) > {{ $r.countRegressions }}
+      labels: {severity: warning}
+      annotations:
+        summary: {{ quote `Redis lost counts of policy {{ $labels.namespace }}/{{ $labels.policy }}; its sidecars restored them.` }}
+        description: {{ quote `{{ $value | humanize }} windows were found holding less than the sidecars had been granted (a failover to a replica that lagged, or a Redis restarted without persistence).` }}
+        runbook: "Check Redis replication (lag, persistence) and whether a failover happened; redline_sidecar_unkept_share_units_total counts units that could not be restored (raise --share-keys), and the policy's RedisLostCounts Events say when."
   - name: redline-manager
     rules:
     - alert: RedlinePolicyNotEnforced

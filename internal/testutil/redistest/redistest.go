@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -39,14 +42,58 @@ func (s *Server) Pid() int {
 // URL is the redis:// URL of the server.
 func (s *Server) URL() string { return "redis://" + s.Addr() }
 
-// FreePort asks the kernel for a free loopback TCP port.
+// FreePort returns a TCP port free on every address, below the kernel's ephemeral range.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	portMu.Lock()
+	defer portMu.Unlock()
+	// Below the kernel's ephemeral range, with the cluster bus port (port + 10000) too: a port
+	// the kernel hands out for :0 is also the local port of the next outgoing connection, which
+	// can take it between this check and the listener's bind ("address already in use").
+	lo, hi := 12000, min(ephemeralLow()-10000, 22768)
+	for range 500 {
+		p := lo + rand.IntN(hi-lo)
+		if portsGiven[p] || !canListen(p) || !canListen(p+clusterBusOffset) {
+			continue
+		}
+		portsGiven[p] = true
+		return p, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free port in %d-%d below the ephemeral range", lo, hi)
+}
+
+// clusterBusOffset is where Redis Cluster puts a node's bus port.
+const clusterBusOffset = 10000
+
+var (
+	portMu     sync.Mutex
+	portsGiven = map[int]bool{} // never the same port twice in one process
+)
+
+// canListen says whether port is free on every address.
+func canListen(port int) bool {
+	l, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768 where it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil || n < 22768 {
+		return 32768
+	}
+	return n
 }
 
 // Binary returns the path of redis-server, or an error that says how to install it.

@@ -8,7 +8,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,6 +26,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
@@ -147,10 +147,9 @@ func (r *replica) start() { runManager(r.mgr, r.rot.SecretKey, r.cfg.CertDir) }
 
 func freePort() int {
 	GinkgoHelper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := redistest.FreePort()
 	Expect(err).NotTo(HaveOccurred())
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 var _ = Describe("Self-signed webhook certificates", func() {
