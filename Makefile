@@ -138,6 +138,7 @@ BENCH_FLAGS ?=
 .PHONY: bench
 bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json) in about 2 minutes; needs redis-server and redis-benchmark, and wrk for the wrk rows.
 	cd hack/bench && go run . -root $(CURDIR) -out $(CURDIR)/results $(BENCH_FLAGS)
+	cd hack/bench && go run ./cmd/scriptcost -root $(CURDIR) > $(CURDIR)/results/scriptcost.md
 
 ENVOY_RATELIMIT_BIN ?=
 COMPARE_FLAGS ?=

@@ -42,16 +42,16 @@ if deadline > 0 and now_us > deadline then
   return {0, 0, -2, reset, now_us, 0, 0}
 end
 
-local st = read_state(key, window, start, id, tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0)
-local restored = st.dcur + st.dprev
-local cur = st.cur
+local kind, cur, prev, had, mine, dcur, dprev, current =
+  read_state(key, window, start, id, tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0)
+local restored = dcur + dprev
 
 local grant = 0
 if cost > 0 and cost <= limit and cur + cost <= limit then
   grant = math.min(want, limit - cur)
 end
 if grant > 0 or restored > 0 then
-  write_state(key, st, window, start, elapsed, id, grant)
+  write_state(key, window, start, elapsed, id, grant, kind, cur, prev, had, mine, dcur, dprev, current)
 end
 if cost == 0 then
   return {1, math.max(limit - cur, 0), 0, reset, now_us, 0, restored}

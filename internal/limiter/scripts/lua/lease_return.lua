@@ -22,17 +22,18 @@ end
 if redis.call('TYPE', key)['ok'] ~= 'hash' then
   return {0, 0}
 end
-local st = read_state(key, window, start, id, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0)
-if st.kind ~= 1 then
+local kind, cur, prev, had, mine, dcur, dprev, current =
+  read_state(key, window, start, id, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0)
+if kind ~= 1 then
   -- This Redis holds no count of the window: nothing of the lease is here to give back.
   return {0, 0}
 end
-local n = math.min(units, st.cur)
+local n = math.min(units, cur)
 if id ~= '' then
-  n = math.min(n, st.mine)
+  n = math.min(n, mine)
 end
-local restored = st.dcur + st.dprev
+local restored = dcur + dprev
 if n > 0 or restored > 0 then
-  write_state(key, st, window, start, now % window, id, -n)
+  write_state(key, window, start, now % window, id, -n, kind, cur, prev, had, mine, dcur, dprev, current)
 end
 return {n, restored}

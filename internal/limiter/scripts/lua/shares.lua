@@ -19,8 +19,10 @@
 local TAGS = 4096
 
 -- read_state returns the window state of key for the window starting at start, with what the
--- replica id knows of its shares (m1 units in the window starting at ms, m2 in the one before),
--- and what is to be restored.
+-- replica id knows of its shares (m1 units in the window starting at ms, m2 in the one before)
+-- restored: kind (1 the state is this window's, 2 the previous window's, 3 none or older), cur,
+-- prev, had (a state of an older window is there), mine (the replica's share of this window),
+-- dcur and dprev (what was restored to each window), and held, the field as read.
 local function read_state(key, window, start, id, ms, m1, m2)
   local h
   if id ~= '' then
@@ -28,29 +30,28 @@ local function read_state(key, window, start, id, ms, m1, m2)
   else
     h = redis.call('HMGET', key, 's', 'c', 'p')
   end
-  local st = {kind = 3, cur = 0, prev = 0, had = tonumber(h[1]) ~= nil, mine = 0, dcur = 0, dprev = 0}
+  local kind, cur, prev = 3, 0, 0
   local s = tonumber(h[1])
   if s == start then
-    st.kind, st.cur, st.prev = 1, tonumber(h[2]) or 0, tonumber(h[3]) or 0
+    kind, cur, prev = 1, tonumber(h[2]) or 0, tonumber(h[3]) or 0
   elseif s == start - window then
-    st.kind, st.prev = 2, tonumber(h[2]) or 0
+    kind, prev = 2, tonumber(h[2]) or 0
   end
   if id == '' then
-    return st
+    return kind, cur, prev, s ~= nil, 0, 0, 0, false
   end
   local q = (start / window) % TAGS
   local held_cur, held_prev, current = 0, 0, false
   local f = tonumber(h[4])
   if f then
     local fq = f % TAGS
-    local fn = (f - fq) / TAGS
     if fq == q then
       -- A field naming this window in a state of another is a tag TAGS windows old.
-      if st.kind == 1 then
-        held_cur, current = fn, true
+      if kind == 1 then
+        held_cur, current = (f - fq) / TAGS, true
       end
-    elseif fq == (q - 1) % TAGS and st.kind ~= 3 then
-      held_prev = fn
+    elseif kind ~= 3 and fq == (q - 1) % TAGS then
+      held_prev = (f - fq) / TAGS
     end
   end
   local known_cur, known_prev = 0, 0
@@ -59,53 +60,52 @@ local function read_state(key, window, start, id, ms, m1, m2)
   elseif ms == start - window then
     known_prev = m1
   end
-  st.dcur = math.max(known_cur - held_cur, 0)
+  local dcur, dprev = math.max(known_cur - held_cur, 0), 0
   if not current then
-    st.dprev = math.max(known_prev - held_prev, 0)
+    dprev = math.max(known_prev - held_prev, 0)
   end
-  st.mine = held_cur + st.dcur
-  st.cur, st.prev = st.cur + st.dcur, st.prev + st.dprev
-  return st
+  return kind, cur + dcur, prev + dprev, s ~= nil, held_cur + dcur, dcur, dprev, current
 end
 
 -- write_state counts add more units (negative: gives them back) for the replica in the state
--- read_state returned, together with what it restored. The hash lives until the end of the next
--- window; a new window drops the fields of replicas that wrote none in the last two once there
--- are many, so a hot key outliving its replicas does not keep every id it ever saw.
-local function write_state(key, st, window, start, elapsed, id, add)
-  local mine = st.mine + add
-  if st.kind == 1 then
-    if st.dcur + add ~= 0 then
-      redis.call('HINCRBY', key, 'c', st.dcur + add)
+-- read_state returned, with what it restored. The hash lives until the end of the next window;
+-- a new window drops the fields of replicas that wrote none in the last two once there are
+-- many, so a hot key outliving its replicas does not keep every id it ever saw.
+local function write_state(key, window, start, elapsed, id, add, kind, cur, prev, had, mine, dcur, dprev, current)
+  local q = (start / window) % TAGS
+  if kind == 1 then
+    if id == '' then
+      if add ~= 0 then
+        redis.call('HINCRBY', key, 'c', add)
+      end
+      return
     end
-    if st.dprev > 0 then
-      redis.call('HINCRBY', key, 'p', st.dprev)
+    -- One write for the count and the share (the field names this window from now on, so
+    -- that p is restored once).
+    if dprev > 0 then
+      redis.call('HSET', key, 'c', cur + add, 'p', prev, id, (mine + add) * TAGS + q)
+    elseif dcur + add ~= 0 or not current then
+      redis.call('HSET', key, 'c', cur + add, id, (mine + add) * TAGS + q)
     end
-    -- The field names this window once p is restored, so that p is restored once.
-    if id ~= '' and (mine ~= st.mine - st.dcur or st.dprev > 0) then
-      redis.call('HSET', key, id, mine * TAGS + (start / window) % TAGS)
-    end
-    return mine
+    return
   end
-  if st.kind == 3 and st.had then
+  if kind == 3 and had then
     redis.call('DEL', key) -- every field in it is from windows that ended
   end
   if id ~= '' then
-    redis.call('HSET', key, 's', start, 'c', st.dcur + add, 'p', st.prev, id, mine * TAGS + (start / window) % TAGS)
+    redis.call('HSET', key, 's', start, 'c', dcur + add, 'p', prev, id, (mine + add) * TAGS + q)
   else
-    redis.call('HSET', key, 's', start, 'c', st.dcur + add, 'p', st.prev)
+    redis.call('HSET', key, 's', start, 'c', dcur + add, 'p', prev)
   end
   redis.call('PEXPIRE', key, 2 * window - elapsed)
-  if st.kind == 2 and redis.call('HLEN', key) > 35 then
-    local q = (start / window) % TAGS
+  if kind == 2 and redis.call('HLEN', key) > 35 then
     local keep = {s = true, c = true, p = true}
     local all = redis.call('HGETALL', key)
     for i = 1, #all, 2 do
-      local f, v = all[i], tonumber(all[i + 1])
-      if not keep[f] and v and v % TAGS ~= q and v % TAGS ~= (q - 1) % TAGS then
-        redis.call('HDEL', key, f)
+      local v = tonumber(all[i + 1])
+      if not keep[all[i]] and v and v % TAGS ~= q and v % TAGS ~= (q - 1) % TAGS then
+        redis.call('HDEL', key, all[i])
       end
     end
   end
-  return mine
 end

@@ -38,9 +38,9 @@ if deadline > 0 and now_us > deadline then
   return {0, 0, -2, 0, now_us, 0, 0}
 end
 
-local st = read_state(key, window, start, id, tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0)
-local restored = st.dcur + st.dprev
-local cur, prev = st.cur, st.prev
+local kind, cur, prev, had, mine, dcur, dprev, current =
+  read_state(key, window, start, id, tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0)
+local restored = dcur + dprev
 
 local weight = (window - elapsed) / window
 local estimate = prev * weight + cur
@@ -62,7 +62,7 @@ if cost > 0 and cost <= limit and estimate + cost <= limit then
   grant = math.min(want, math.floor(limit - estimate))
 end
 if grant > 0 or restored > 0 then
-  write_state(key, st, window, start, elapsed, id, grant)
+  write_state(key, window, start, elapsed, id, grant, kind, cur, prev, had, mine, dcur, dprev, current)
 end
 if cost == 0 then
   return {1, remaining(estimate), 0, reset_after(cur), now_us, 0, restored}
