@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -154,17 +155,17 @@ func exactWindow(t *testing.T, c redis.UniversalClient, w, margin time.Duration)
 	}
 }
 
-// fleetDemand drives demand well above lim through every limiter until stop closes; it
-// returns how many were admitted.
-func fleetDemand(ls []*limiter.Limiter, key string, lim limiter.Limit, stop <-chan struct{}) *atomic.Int64 {
-	var admitted atomic.Int64
+// fleetDemand drives demand well above lim through every limiter, counting admissions in
+// admitted, until the returned stop is called; stop waits for every caller.
+func fleetDemand(ls []*limiter.Limiter, key string, lim limiter.Limit, admitted *atomic.Int64) (stop func()) {
+	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, l := range ls {
 		for range 4 {
 			wg.Go(func() {
 				for {
 					select {
-					case <-stop:
+					case <-quit:
 						return
 					default:
 					}
@@ -179,8 +180,7 @@ func fleetDemand(ls []*limiter.Limiter, key string, lim limiter.Limit, stop <-ch
 			})
 		}
 	}
-	go func() { <-stop; wg.Wait() }()
-	return &admitted
+	return func() { close(quit); wg.Wait() }
 }
 
 // waitAdmitted polls until admitted reaches n.
@@ -226,8 +226,8 @@ func TestSharesRestoreARestartedRedis(t *testing.T) {
 				}
 				exactWindow(t, first, time.Hour, 2*time.Minute)
 				key := uniqueKey(t)
-				stop := make(chan struct{})
-				admitted := fleetDemand(ls, key, lim, stop)
+				admitted := &atomic.Int64{}
+				stop := fleetDemand(ls, key, lim, admitted)
 				waitAdmitted(t, admitted, 1200)
 
 				lost := admitted.Load() // at least: every unit admitted was counted before
@@ -236,7 +236,7 @@ func TestSharesRestoreARestartedRedis(t *testing.T) {
 				restarted := time.Now()
 				// Demand goes on until the limit is surely spent, and a few seconds more.
 				time.Sleep(5 * time.Second)
-				close(stop)
+				stop()
 				total := admitted.Load()
 				var restored uint64
 				for _, l := range ls {
@@ -249,11 +249,14 @@ func TestSharesRestoreARestartedRedis(t *testing.T) {
 						"the restart must lose counts for this test to mean anything")
 					return
 				}
-				// Each replica re-asserts its shares before it decides again; what one grants
-				// before the others have is the bound (README, Redis failover): the gap
-				// between replicas resuming (measured 0-70 of 2000 here, the most when the limit was
-				// spent before the crash and the replicas refused from their pre-check).
-				g.Expect(total).To(BeNumerically("<=", lim.Requests+lim.Requests/20))
+				// Redis's count holds every admitted unit again: nothing lost stays lost.
+				c, err := first.HGet(context.Background(), key+":"+"swc", "c").Int64()
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(c).To(BeNumerically(">=", total))
+				// What one replica grants before another has re-asserted is the bound (README,
+				// Redis failover): never more than the lost shares, which without shares are
+				// all admitted again.
+				g.Expect(total).To(BeNumerically("<=", lim.Requests+lost))
 				g.Expect(total).To(BeNumerically(">=", lim.Requests*95/100))
 				g.Expect(restored).To(BeNumerically(">=", lost))
 			})
@@ -279,4 +282,87 @@ func TestShareTableBound(t *testing.T) {
 	st := l.Stats()
 	g.Expect(st.ShareKeys).To(Equal(4))
 	g.Expect(st.UnkeptShareUnits).To(BeEquivalentTo(6 * 3))
+}
+
+// A shard's master dies while its replica is behind (cut off from it), and the replica takes
+// over: the replicas restore the window on the new master, whose count holds every unit
+// admitted.
+func TestSharesRestoreAClusterFailover(t *testing.T) {
+	g := NewWithT(t)
+	cl, err := redistest.StartClusterWithReplicas(3)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = cl.Close() })
+	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 20000, Window: time.Hour, Replicas: 2,
+		FailureMode: limiter.FailureModeClosed}
+	var ls []*limiter.Limiter
+	var first redis.UniversalClient
+	for range 2 {
+		c, err := redisconn.NewClient(cl.URL(), redisconn.Options{
+			ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond,
+			DialTimeout: 200 * time.Millisecond, PoolTimeout: 500 * time.Millisecond,
+		})
+		g.Expect(err).NotTo(HaveOccurred())
+		t.Cleanup(func() { _ = c.Close() })
+		if first == nil {
+			first = c
+		}
+		ls = append(ls, newLimiter(t, c, limiter.Options{LeaseHorizon: 2 * time.Second,
+			BreakerOpenFor: 100 * time.Millisecond, ReplicaID: limiter.NewReplicaID()}))
+	}
+	exactWindow(t, first, time.Hour, 2*time.Minute)
+	key := uniqueKey(t)
+	ctx := context.Background()
+	master, err := first.(*redis.ClusterClient).MasterForKey(ctx, key+":swc")
+	g.Expect(err).NotTo(HaveOccurred())
+	replica, err := cl.ReplicaOf(master.Options().Addr)
+	g.Expect(err).NotTo(HaveOccurred())
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = rc.Close() })
+	mc := redis.NewClient(&redis.Options{Addr: master.Options().Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = mc.Close() })
+
+	admitted := &atomic.Int64{}
+	stop := fleetDemand(ls, key, lim, admitted)
+	waitAdmitted(t, admitted, 2000)
+	stop()
+	// Cut the replica off: it cannot authenticate to its master any more, and its link goes.
+	g.Expect(rc.ConfigSet(ctx, "masteruser", "nobody").Err()).To(Succeed())
+	g.Expect(rc.ConfigSet(ctx, "masterauth", "wrong").Err()).To(Succeed())
+	g.Expect(mc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err()).To(Succeed())
+	cut := admitted.Load()
+	stop = fleetDemand(ls, key, lim, admitted)
+	waitAdmitted(t, admitted, cut+3000)
+	stop()
+	behind := admitted.Load() - cut
+	for _, s := range cl.Nodes {
+		if s.Addr() == master.Options().Addr {
+			g.Expect(s.Stop()).To(Succeed())
+		}
+	}
+	g.Expect(rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err()).To(Succeed())
+	stop = fleetDemand(ls, key, lim, admitted)
+	time.Sleep(8 * time.Second)
+	stop()
+	total := admitted.Load()
+	var restored uint64
+	for _, l := range ls {
+		restored += l.Stats().RestoredUnits
+	}
+	state, _ := rc.HGetAll(ctx, key+":swc").Result()
+	t.Logf("admitted %d of %d; %d admitted after the replica was cut off; %d units restored; the new master holds %v",
+		total, lim.Requests, behind, restored, state)
+	for i, l := range ls {
+		t.Logf("limiter %d: %+v", i, l.Stats())
+	}
+	// behind counts admissions from leases granted before the cut too, so it bounds what the
+	// replica missed from above.
+	g.Expect(restored).To(BeNumerically(">", behind/2), "the new master lacked what the replica missed")
+	c, err := strconv.ParseInt(state["c"], 10, 64)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c).To(BeNumerically(">=", total), "the new master's count holds every admitted unit")
+	// Not asserted: total <= limit. A replica deciding from its lease meanwhile re-asserts on
+	// its next call (a sidecar also on its next heartbeat), and the others may grant its
+	// missing share first: measured up to 1.57x here, two limiters without heartbeats (README,
+	// Redis failover, what it cannot repair yet). What holds is the count.
+	g.Expect(total).To(BeNumerically(">=", lim.Requests*95/100))
 }
