@@ -19,6 +19,7 @@ import (
 type call struct {
 	alg    Algorithm
 	window time.Duration
+	hold   int64 // ms grants wait in a state where a share was restored (ARGV[10])
 	args   []any // the whole EVALSHA command
 	res    Result
 	g      grant
@@ -54,9 +55,11 @@ func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *share
 	c.state.Store(callPending)
 	c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 1, stateKey)
 	c.args = limit.scriptArgs(c.args, cost, want)
+	c.hold = 0
 	if sh != nil && limit.Algorithm.leases() {
 		start, cur, prev := sh.known(stateKey)
-		c.args = append(c.args, sh.id, start, cur, prev)
+		c.hold = sh.holdFor(limit)
+		c.args = append(c.args, sh.id, start, cur, prev, c.hold)
 	}
 }
 
@@ -190,10 +193,13 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 		}
 		c.res, c.g, err = decodeReply(vals)
 		l.clock.observe(c.g.nowUS, read)
-		if err == nil {
+		if err == nil || errors.Is(err, errHeld) {
 			l.recordShare(c)
 		}
 		switch {
+		case errors.Is(err, errHeld):
+			l.stats.held.Add(1)
+			c.err = fmt.Errorf("running %s script: %w", c.alg, err)
 		case errors.Is(err, errStale):
 			l.stats.stale.Add(1)
 			c.err = fmt.Errorf("running %s script: %w", c.alg, err)
@@ -229,7 +235,7 @@ func (l *Limiter) recordShare(c *call) {
 	}
 	if c.g.units > 0 {
 		start, _ := c.g.window(c.window)
-		if !l.shares.add(c.args[3].(string), c.alg, c.window, start, c.g.units) {
+		if !l.shares.add(c.args[3].(string), c.alg, c.window, c.hold, start, c.g.units) {
 			l.stats.unkept.Add(uint64(c.g.units))
 		}
 	}

@@ -357,7 +357,7 @@ func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 			}
 			r := sent[i]
 			if vals[0] > 0 {
-				ls.shares.add(r.key, "", r.window, r.windowStart, -vals[0])
+				ls.shares.add(r.key, "", r.window, 0, r.windowStart, -vals[0])
 			}
 			if vals[1] > 0 && ls.onRestore != nil {
 				ls.onRestore(r.key, vals[1])

@@ -219,6 +219,10 @@ func (g grant) window(w time.Duration) (startMS int64, left time.Duration) {
 // counted nothing, and the decision falls to the failure mode.
 var errStale = errors.New("the call reached Redis after its deadline")
 
+// errHeld is wrapped by the error of a call refused a grant while the replicas restore their
+// shares in its state (Options.RestoreHold); the failure mode decides.
+var errHeld = errors.New("grants wait while the replicas restore what Redis lost")
+
 // decodeReply turns a script's {allowed, remaining, retry_after_ms, reset_after_ms, now_us,
 // granted[, restored]} into a Result and a grant. A reply of a call that ran after its deadline
 // (retry_after_ms -2) is errStale, with the grant's clock still read.
@@ -238,6 +242,9 @@ func decodeReply(n []int64) (Result, grant, error) {
 	}
 	if n[0] == 0 && n[2] == -2 {
 		return Result{}, grant{nowUS: g.nowUS}, errStale
+	}
+	if n[0] == 0 && n[2] == -3 {
+		return Result{}, grant{nowUS: g.nowUS, restored: g.restored}, errHeld
 	}
 	if g.units < 0 || (n[0] == 1) != (g.units > 0) {
 		return Result{}, grant{}, fmt.Errorf("%w: grant %d with allowed %d", errBadReply, g.units, n[0])

@@ -51,6 +51,12 @@ type Options struct {
 	// a key). A key whose two last windows have ended frees its slot; a grant to a key beyond
 	// the bound keeps no share (Stats.UnkeptShareUnits).
 	ShareKeys int
+	// RestoreHold is how long grants of a key wait once a replica had to restore its share in
+	// it (default none): the Redis lost counts, so other replicas' shares are likely missing
+	// too, and a grant before they re-assert theirs admits them again. Set it above the time
+	// the other replicas take to hear of the loss (the sidecar: twice its heartbeat interval).
+	// Waiting decisions go to the failure mode; limits that fail open do not wait.
+	RestoreHold time.Duration
 	// OnRestore, when set, is told each time this replica's shares restored units of key (its
 	// state key: Key plus the algorithm's suffix) that Redis had lost.
 	OnRestore func(key string, units int64)
@@ -142,7 +148,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		clock:  newRedisClock(),
 	}
 	if o.ReplicaID != "" {
-		l.shares = newShares(o.ReplicaID, o.ShareKeys)
+		l.shares = newShares(o.ReplicaID, o.ShareKeys, o.RestoreHold)
 		l.reassert = make(chan struct{}, 1)
 		l.wg.Go(l.reasserter)
 	}
@@ -360,6 +366,9 @@ type Stats struct {
 	// Reassertions counts re-assertions of every live share, and ReassertErrors those that
 	// could not reach every key (the next one retries).
 	Reassertions, ReassertErrors uint64
+	// HeldCalls counts decisions that waited for the replicas to restore their shares
+	// (RestoreHold) and went to the failure mode.
+	HeldCalls uint64
 	// UnkeptShareUnits counts units granted to keys beyond ShareKeys: those keep no share, and
 	// Redis losing them could not be repaired.
 	UnkeptShareUnits uint64
@@ -369,7 +378,7 @@ type Stats struct {
 
 type counters struct {
 	redis, precheck, degraded, pipelines, scriptLoads, leased, grants, stale atomic.Uint64
-	restorations, restoredUnits, reassertions, reassertErrors, unkept        atomic.Uint64
+	restorations, restoredUnits, reassertions, reassertErrors, unkept, held  atomic.Uint64
 }
 
 func (l *Limiter) leaseKeys() int {
@@ -397,6 +406,7 @@ func (l *Limiter) Stats() Stats {
 		Reassertions:      l.stats.reassertions.Load(),
 		ReassertErrors:    l.stats.reassertErrors.Load(),
 		UnkeptShareUnits:  l.stats.unkept.Load(),
+		HeldCalls:         l.stats.held.Load(),
 		BreakerOpen:       l.breaker.State() == gobreaker.StateOpen,
 	}
 }

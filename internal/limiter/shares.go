@@ -30,6 +30,7 @@ import (
 // units cannot be restored.
 type shares struct {
 	id     string
+	hold   time.Duration // how long grants wait in a state where a share was restored
 	size   int64
 	n      atomic.Int64
 	seed   maphash.Seed
@@ -47,6 +48,7 @@ type shareShard struct {
 type share struct {
 	window    time.Duration
 	alg       Algorithm
+	hold      int64 // ARGV[10] of its calls
 	start     int64 // ms on Redis's clock
 	cur, prev int64 // units granted in the window starting at start, and in the one before
 }
@@ -59,8 +61,8 @@ func NewReplicaID() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-func newShares(id string, size int) *shares {
-	s := &shares{id: id, size: int64(size), seed: maphash.MakeSeed()}
+func newShares(id string, size int, hold time.Duration) *shares {
+	s := &shares{id: id, size: int64(size), hold: hold, seed: maphash.MakeSeed()}
 	for i := range s.shards {
 		s.shards[i].m = map[string]*share{}
 	}
@@ -85,7 +87,7 @@ func (s *shares) known(key string) (start, cur, prev int64) {
 
 // add records units (negative: given back) granted to key in the window starting at start. It
 // returns false when the table had no room for the key: those units keep no share.
-func (s *shares) add(key string, alg Algorithm, window time.Duration, start, units int64) bool {
+func (s *shares) add(key string, alg Algorithm, window time.Duration, hold, start, units int64) bool {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -118,10 +120,20 @@ func (s *shares) add(key string, alg Algorithm, window time.Duration, start, uni
 		return true // older still: its window is over
 	}
 	if alg != "" {
-		e.alg = alg
+		e.alg, e.hold = alg, hold
 	}
 	e.cur = max(e.cur+units, 0)
 	return true
+}
+
+// holdFor is how long (ms) grants wait in a state of limit where a share had to be restored: the
+// shares' hold, except for a limit that fails open, where a decision that waits is admitted
+// uncounted, which would admit more than the missing shares it protects.
+func (s *shares) holdFor(limit Limit) int64 {
+	if limit.FailureMode == FailureModeOpen {
+		return 0
+	}
+	return s.hold.Milliseconds()
 }
 
 // sweep frees the keys whose last two windows have ended by nowMS (Redis's clock).
@@ -143,6 +155,7 @@ func (s *shares) sweep(nowMS int64) {
 type liveShare struct {
 	key       string
 	alg       Algorithm
+	hold      int64
 	window    time.Duration
 	start     int64
 	cur, prev int64
@@ -156,7 +169,7 @@ func (s *shares) live(nowMS int64) []liveShare {
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			if e.start+2*e.window.Milliseconds() > nowMS && (e.cur > 0 || e.prev > 0) {
-				out = append(out, liveShare{key: k, alg: e.alg, window: e.window, start: e.start, cur: e.cur, prev: e.prev})
+				out = append(out, liveShare{key: k, alg: e.alg, hold: e.hold, window: e.window, start: e.start, cur: e.cur, prev: e.prev})
 			}
 		}
 		sh.mu.Unlock()

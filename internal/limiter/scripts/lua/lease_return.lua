@@ -22,7 +22,7 @@ end
 if redis.call('TYPE', key)['ok'] ~= 'hash' then
   return {0, 0}
 end
-local kind, cur, prev, had, mine, dcur, dprev, current =
+local kind, cur, prev, had, mine, dcur, dprev, current, _ =
   read_state(key, window, start, id, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0)
 if kind ~= 1 then
   -- This Redis holds no count of the window: nothing of the lease is here to give back.

@@ -22,11 +22,12 @@ local TAGS = 4096
 -- replica id knows of its shares (m1 units in the window starting at ms, m2 in the one before)
 -- restored: kind (1 the state is this window's, 2 the previous window's, 3 none or older), cur,
 -- prev, had (a state of an older window is there), mine (the replica's share of this window),
--- dcur and dprev (what was restored to each window), and held, the field as read.
+-- dcur and dprev (what was restored to each window), current (the replica's field names this
+-- window) and hold (until when, ms on Redis's clock, grants in the state wait: see hold_state).
 local function read_state(key, window, start, id, ms, m1, m2)
   local h
   if id ~= '' then
-    h = redis.call('HMGET', key, 's', 'c', 'p', id)
+    h = redis.call('HMGET', key, 's', 'c', 'p', id, 'h')
   else
     h = redis.call('HMGET', key, 's', 'c', 'p')
   end
@@ -38,7 +39,11 @@ local function read_state(key, window, start, id, ms, m1, m2)
     kind, prev = 2, tonumber(h[2]) or 0
   end
   if id == '' then
-    return kind, cur, prev, s ~= nil, 0, 0, 0, false
+    return kind, cur, prev, s ~= nil, 0, 0, 0, false, 0
+  end
+  local hold = 0
+  if kind ~= 3 then
+    hold = tonumber(h[5]) or 0
   end
   local q = (start / window) % TAGS
   local held_cur, held_prev, current = 0, 0, false
@@ -64,7 +69,15 @@ local function read_state(key, window, start, id, ms, m1, m2)
   if not current then
     dprev = math.max(known_prev - held_prev, 0)
   end
-  return kind, cur + dcur, prev + dprev, s ~= nil, held_cur + dcur, dcur, dprev, current
+  return kind, cur + dcur, prev + dprev, s ~= nil, held_cur + dcur, dcur, dprev, current, hold
+end
+
+-- hold_state makes grants in the state wait until upto (ms on Redis's clock): a replica that
+-- restored its share found this Redis short of what was granted here, so others' shares are
+-- likely missing too, and a grant before they re-assert theirs would admit them again. The
+-- other replicas hear of the loss within a heartbeat and re-assert; the hold outlasts that.
+local function hold_state(key, upto)
+  redis.call('HSET', key, 'h', upto)
 end
 
 -- write_state counts add more units (negative: gives them back) for the replica in the state
@@ -99,7 +112,7 @@ local function write_state(key, window, start, elapsed, id, add, kind, cur, prev
   end
   redis.call('PEXPIRE', key, 2 * window - elapsed)
   if kind == 2 and redis.call('HLEN', key) > 35 then
-    local keep = {s = true, c = true, p = true}
+    local keep = {s = true, c = true, p = true, h = true}
     local all = redis.call('HGETALL', key)
     for i = 1, #all, 2 do
       local v = tonumber(all[i + 1])

@@ -6,10 +6,12 @@
 -- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost (0: only restore shares), ARGV[4] deadline
 -- (us on Redis's clock, 0 for none), ARGV[5] the units wanted, at least cost: a lease,
 -- ARGV[6] the replica's id ('' keeps no share), ARGV[7] the start of the window ARGV[8] is the
--- replica's known share of, ARGV[9] its known share of the window before.
+-- replica's known share of, ARGV[9] its known share of the window before, ARGV[10] how long
+-- (ms) grants in the state wait once a share had to be restored in it (0: they do not).
 -- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted, restored};
--- retry_after_ms is -1 when the cost can never fit in the limit, and -2 when the call ran after
--- its deadline, in which case nothing was counted; restored is what the shares added, to the
+-- retry_after_ms is -1 when the cost can never fit in the limit, -2 when the call ran after
+-- its deadline, in which case nothing was counted, and -3 while grants wait for the replicas to
+-- restore their shares, in which case only this replica's share was; restored is what the shares added, to the
 -- current window and to the previous one (which the sliding estimate weighs).
 --
 -- Both windows live in one hash so the script touches exactly one declared key. Windows are
@@ -38,9 +40,14 @@ if deadline > 0 and now_us > deadline then
   return {0, 0, -2, 0, now_us, 0, 0}
 end
 
-local kind, cur, prev, had, mine, dcur, dprev, current =
+local kind, cur, prev, had, mine, dcur, dprev, current, hold =
   read_state(key, window, start, id, tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0)
 local restored = dcur + dprev
+local hold_ms = tonumber(ARGV[10]) or 0
+if restored > 0 and hold_ms > 0 then
+  hold = now + hold_ms
+end
+local held = cost > 0 and hold > now
 
 local weight = (window - elapsed) / window
 local estimate = prev * weight + cur
@@ -58,11 +65,17 @@ end
 
 -- estimate + cost <= limit and cost is whole, so the room's floor is at least cost.
 local grant = 0
-if cost > 0 and cost <= limit and estimate + cost <= limit then
+if not held and cost > 0 and cost <= limit and estimate + cost <= limit then
   grant = math.min(want, math.floor(limit - estimate))
 end
 if grant > 0 or restored > 0 then
   write_state(key, window, start, elapsed, id, grant, kind, cur, prev, had, mine, dcur, dprev, current)
+end
+if restored > 0 and hold_ms > 0 then
+  hold_state(key, hold)
+end
+if held and cost <= limit then
+  return {0, remaining(estimate), -3, reset_after(cur), now_us, 0, restored}
 end
 if cost == 0 then
   return {1, remaining(estimate), 0, reset_after(cur), now_us, 0, restored}
