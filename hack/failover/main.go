@@ -46,8 +46,9 @@ const (
 	namespace, policyName = "failover", "failover"
 	window                = time.Minute
 	// tail is how long the demand goes on after the sentinels name the new master: long enough
-	// for every sidecar to decide on it and spend what it lets through.
-	tail = 8 * time.Second
+	// for every sidecar to decide on it and spend what it lets through, after the hold on keys
+	// whose shares were restored (a heartbeat interval and a second).
+	tail = 15 * time.Second
 )
 
 // rules are the measured algorithms; each is a rule of the policy, named after it in lower case.

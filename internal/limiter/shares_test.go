@@ -388,3 +388,68 @@ func TestSharesRestoreAClusterFailover(t *testing.T) {
 	g.Expect(total).To(BeNumerically("<=", lim.Requests))
 	g.Expect(total).To(BeNumerically(">=", lim.Requests*95/100))
 }
+
+// Sentinel: the replica is cut off (it cannot resync), the master killed, and the sentinels
+// promote the replica, which lacks what was admitted after the cut: the replicas, following
+// the new master by themselves, restore it, and the window admits exactly its limit.
+func TestSharesRestoreASentinelFailover(t *testing.T) {
+	for _, leases := range []bool{true, false} {
+		t.Run(fmt.Sprintf("leases=%v", leases), func(t *testing.T) {
+			g := NewWithT(t)
+			grp, err := redistest.StartSentinel()
+			g.Expect(err).NotTo(HaveOccurred())
+			t.Cleanup(func() { _ = grp.Close() })
+			lim := limiter.Limit{Algorithm: limiter.SlidingWindowCounter, Requests: 20000, Window: time.Hour, Replicas: 3,
+				FailureMode: limiter.FailureModeClosed}
+			horizon := 2 * time.Second
+			if !leases {
+				horizon = -1
+			}
+			var ls []*limiter.Limiter
+			var first redis.UniversalClient
+			fleet := &heartbeats{}
+			for range 3 {
+				c, err := redisconn.NewClient(grp.URL(), redisconn.Options{PoolSize: 8, DialTimeout: 200 * time.Millisecond,
+					ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, PoolTimeout: 500 * time.Millisecond})
+				g.Expect(err).NotTo(HaveOccurred())
+				t.Cleanup(func() { _ = c.Close() })
+				if first == nil {
+					first = c
+				}
+				l := newLimiter(t, c, limiter.Options{LeaseHorizon: horizon, BreakerOpenFor: 100 * time.Millisecond,
+					ReplicaID: limiter.NewReplicaID(), RestoreHold: 2 * time.Second, OnRestore: fleet.tell})
+				ls = append(ls, l)
+				fleet.mu.Lock()
+				fleet.ls = append(fleet.ls, l)
+				fleet.mu.Unlock()
+			}
+			ctx := context.Background()
+			exactWindow(t, first, time.Hour, 2*time.Minute)
+			key := uniqueKey(t)
+			admitted := &atomic.Int64{}
+			stop := fleetDemand(ls, key, lim, admitted)
+			waitAdmitted(t, admitted, 3000)
+			stop()
+			g.Expect(grp.CutReplica(ctx)).To(Succeed())
+			cut := admitted.Load()
+			stop = fleetDemand(ls, key, lim, admitted)
+			waitAdmitted(t, admitted, cut+4000)
+			stop()
+			behind := admitted.Load() - cut
+			g.Expect(grp.Master().Stop()).To(Succeed())
+			stop = fleetDemand(ls, key, lim, admitted)
+			g.Expect(grp.WaitMaster(ctx, grp.Replica())).To(Succeed())
+			time.Sleep(8 * time.Second)
+			stop()
+			total := admitted.Load()
+			var restored uint64
+			for _, l := range ls {
+				restored += l.Stats().RestoredUnits
+			}
+			t.Logf("admitted %d of %d; %d after the replica was cut off; %d units restored", total, lim.Requests, behind, restored)
+			g.Expect(restored).To(BeNumerically(">", behind/2), "the promoted replica lacked what it missed")
+			g.Expect(total).To(BeNumerically("<=", lim.Requests))
+			g.Expect(total).To(BeNumerically(">=", lim.Requests*95/100))
+		})
+	}
+}
