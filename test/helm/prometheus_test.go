@@ -81,7 +81,8 @@ type check struct {
 }
 
 // waitData polls q until it returns a sample (above 0 when positive), or fails after a minute.
-func waitData(ctx context.Context, api promv1.API, c check) error {
+// It returns what the query returned then.
+func waitData(ctx context.Context, api promv1.API, c check) (string, error) {
 	deadline := time.Now().Add(time.Minute)
 	var last string
 	for {
@@ -92,7 +93,7 @@ func waitData(ctx context.Context, api promv1.API, c check) error {
 			last = fmt.Sprintf("%d series", len(vec))
 			for _, s := range vec {
 				if !c.positive || s.Value > 0 {
-					return nil
+					return summary(vec), nil
 				}
 				last = "only zeros: " + vec.String()
 			}
@@ -100,10 +101,24 @@ func waitData(ctx context.Context, api promv1.API, c check) error {
 			last = "not a vector: " + v.Type().String()
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s: %s returned no data within a minute (%s)", c.what, c.query, last)
+			return "", fmt.Errorf("%s: %s returned no data within a minute (%s)", c.what, c.query, last)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// summary is a vector as the run's log shows it: its series count and its first few samples.
+func summary(vec model.Vector) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d series", len(vec))
+	for i, s := range vec {
+		if i == 3 {
+			b.WriteString(" ...")
+			break
+		}
+		fmt.Fprintf(&b, "; %s = %.4g", s.Metric, float64(s.Value))
+	}
+	return b.String()
 }
 
 // comparison is an alert's trailing threshold (" > 0.01", " > 1 * min(...)").
@@ -246,8 +261,10 @@ func TestPrometheusQueries(t *testing.T) {
 		healthy = append(healthy, check{what: "alert " + name + " without its threshold", query: comparison.ReplaceAllString(expr, "")})
 	}
 	for _, c := range healthy {
-		if err := waitData(ctx, api, c); err != nil {
+		if got, err := waitData(ctx, api, c); err != nil {
 			t.Error(err)
+		} else {
+			t.Logf("healthy: %s: %s", c.what, got)
 		}
 	}
 	if t.Failed() {
@@ -280,8 +297,10 @@ func TestPrometheusQueries(t *testing.T) {
 		{what: "Redis errors", query: `sum(rate(redline_sidecar_redis_errors_total[30s]))`, positive: true},
 	}
 	for _, c := range outage {
-		if err := waitData(ctx, api, c); err != nil {
+		if got, err := waitData(ctx, api, c); err != nil {
 			t.Error(err)
+		} else {
+			t.Logf("Redis down: %s: %s", c.what, got)
 		}
 	}
 	for _, name := range []string{"RedlineLocalFallback", "RedlineFailingOpen", "RedlineFailingClosed", "RedlineHeartbeatsMissing", "RedlineRedisErrors"} {

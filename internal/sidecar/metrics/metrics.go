@@ -274,7 +274,7 @@ var (
 	descShareKeys      = prometheus.NewDesc(ns+"_share_keys", "Keys whose shares this replica keeps, to restore what Redis loses (at most --share-keys).", nil, nil)
 	descUnkeptShares   = prometheus.NewDesc(ns+"_unkept_share_units_total", "Units granted to keys beyond --share-keys: they keep no share, and a Redis losing them cannot be repaired.", nil, nil)
 	descReassertions   = prometheus.NewDesc(ns+"_share_reassertions_total", "Re-assertions of every live share (after Redis failed and answered again, a loss seen, or a heartbeat's signal).", nil, nil)
-	descHeldCalls      = prometheus.NewDesc(ns+"_restore_held_calls_total", "Decisions the failure mode made because grants of their key waited for the replicas to restore what Redis lost (two heartbeat intervals after a restoration).", nil, nil)
+	descHeldCalls      = prometheus.NewDesc(ns+"_restore_held_calls_total", "Decisions the failure mode made because grants of their key waited for the replicas to restore what Redis lost (a heartbeat interval and a second after a restoration).", nil, nil)
 	descReassertErrors = prometheus.NewDesc(ns+"_share_reassertion_errors_total", "Re-assertions that could not reach every key; the next one retries.", nil, nil)
 	descBreaker        = prometheus.NewDesc(ns+"_breaker_open", "1 while the Redis circuit breaker is open.", nil, nil)
 	descFallback       = prometheus.NewDesc(ns+"_fallback_active", "1 while the breaker is open and some enforced policy falls back to local limits.", nil, nil)
