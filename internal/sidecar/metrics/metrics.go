@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +48,8 @@ type Metrics struct {
 	regressions  *prometheus.CounterVec
 	restoredUnit *prometheus.CounterVec
 	lossSignals  prometheus.Counter
+	policyMu     sync.Mutex
+	policies     map[string]bool // the policies whose restoration counters show
 }
 
 // New registers the collectors. stats reads the limiter's counters and store the set in force
@@ -121,11 +124,28 @@ func (m *Metrics) Observe(r *ruleset.Rule, res limiter.Result) {
 	m.decisions.WithLabelValues(r.Policy.Name, r.Name, result, res.Source.String()).Inc()
 }
 
-// ConfigLoaded records the set now in force.
+// ConfigLoaded records the set now in force. The restoration counters of its policies show
+// from then on, at 0, so that the first restoration is an increase a query can see; those of
+// policies no longer in force go.
 func (m *Metrics) ConfigLoaded(s *ruleset.Set) {
 	m.reloads.Inc()
 	m.configInfo.Reset()
 	m.configInfo.WithLabelValues(s.Namespace, s.Hash).Set(1)
+	m.policyMu.Lock()
+	defer m.policyMu.Unlock()
+	now := make(map[string]bool, len(s.Policies))
+	for _, p := range s.Policies {
+		now[p.Name] = true
+		m.regressions.WithLabelValues(p.Name)
+		m.restoredUnit.WithLabelValues(p.Name)
+	}
+	for name := range m.policies {
+		if !now[name] {
+			m.regressions.DeleteLabelValues(name)
+			m.restoredUnit.DeleteLabelValues(name)
+		}
+	}
+	m.policies = now
 }
 
 // ReloadFailed counts a refused document.
