@@ -129,7 +129,11 @@ func (l *Limiter) run(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 			c.err = ErrCircuitOpen
 		}
 	case err != nil:
-		if l.shares != nil {
+		// Only a failure that opened the breaker, not a lone timeout: a failover or a restart
+		// fails every call for seconds, and a re-assertion of every share after each stray
+		// timeout would stall decisions for no loss. A loss without an outage shows in replies
+		// (restored) and in heartbeats.
+		if l.shares != nil && l.breaker.State() != gobreaker.StateClosed {
 			l.failing.Store(true)
 		}
 		for _, c := range batch {
