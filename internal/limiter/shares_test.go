@@ -112,6 +112,32 @@ func TestSharesScripts(t *testing.T) {
 		g.Expect(count(g, key, "c")).To(BeEquivalentTo(20))
 	})
 
+	t.Run("a new window drops dead replicas' fields, but never scans a stuffed state", func(t *testing.T) {
+		for _, dead := range []int{40, 200} {
+			g := NewWithT(t)
+			key := uniqueKey(t) + ":swc"
+			now, err := c.Time(ctx).Result()
+			g.Expect(err).NotTo(HaveOccurred())
+			start := now.UnixMilli() / window * window
+			q := (start / window) % 4096
+			// The state of the previous window: one live replica's field (a, of that window) and
+			// dead ones of a window long gone.
+			fields := []any{"s", start - window, "c", 10, "p", 0, "a", 10*4096 + (q+4095)%4096}
+			for i := range dead {
+				fields = append(fields, fmt.Sprintf("dead%04d", i), 5*4096+(q+4000)%4096)
+			}
+			g.Expect(c.HSet(ctx, key, fields...).Err()).To(Succeed())
+			g.Expect(grant(g, key, 1, "b", 0, 0, 0)[5]).To(BeEquivalentTo(1))
+			n, err := c.HLen(ctx, key).Result()
+			g.Expect(err).NotTo(HaveOccurred())
+			if dead <= 128 {
+				g.Expect(n).To(BeEquivalentTo(5), "s, c, p, a (of the previous window) and b")
+			} else {
+				g.Expect(n).To(BeEquivalentTo(5+dead), "a stuffed state is left as it is")
+			}
+		}
+	})
+
 	t.Run("the previous window is restored where the roll was lost", func(t *testing.T) {
 		g := NewWithT(t)
 		key := uniqueKey(t) + ":swc"

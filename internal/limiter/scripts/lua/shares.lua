@@ -83,7 +83,7 @@ end
 -- write_state counts add more units (negative: gives them back) for the replica in the state
 -- read_state returned, with what it restored. The hash lives until the end of the next window;
 -- a new window drops the fields of replicas that wrote none in the last two once there are
--- many, so a hot key outliving its replicas does not keep every id it ever saw.
+-- more than 32, so a hot key outliving its replicas does not keep every id it ever saw.
 local function write_state(key, window, start, elapsed, id, add, kind, cur, prev, had, mine, dcur, dprev, current)
   local q = (start / window) % TAGS
   if kind == 1 then
@@ -111,7 +111,13 @@ local function write_state(key, window, start, elapsed, id, add, kind, cur, prev
     redis.call('HSET', key, 's', start, 'c', dcur + add, 'p', prev)
   end
   redis.call('PEXPIRE', key, 2 * window - elapsed)
-  if kind == 2 and redis.call('HLEN', key) > 35 then
+  -- At most 128 fields are scanned (a listpack's worth): the state is the tenant's own key, and
+  -- one stuffed by hand with millions must not stall Redis for every other tenant at its roll.
+  local fields = 0
+  if kind == 2 then
+    fields = redis.call('HLEN', key)
+  end
+  if fields > 35 and fields <= 128 then
     local keep = {s = true, c = true, p = true, h = true}
     local all = redis.call('HGETALL', key)
     for i = 1, #all, 2 do
