@@ -31,7 +31,6 @@ local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local want = math.max(tonumber(ARGV[5]) or cost, cost)
-local id = ARGV[6] or ''
 
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -44,25 +43,14 @@ if deadline > 0 and now_us > deadline then
   return {0, 0, -2, reset, now_us, 0, 0}
 end
 
-local kind, cur, prev, had, mine, dcur, dprev, current, hold =
-  read_state(key, window, start, id, tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0)
+local kind, cur, prev, had, mine, dcur, dprev, current, held = open_state(key, window, start, now, cost)
 local restored = dcur + dprev
-local hold_ms = tonumber(ARGV[10]) or 0
-if restored > 0 and hold_ms > 0 then
-  hold = now + hold_ms
-end
-local held = cost > 0 and hold > now
 
 local grant = 0
 if not held and cost > 0 and cost <= limit and cur + cost <= limit then
   grant = math.min(want, limit - cur)
 end
-if grant > 0 or restored > 0 then
-  write_state(key, window, start, elapsed, id, grant, kind, cur, prev, had, mine, dcur, dprev, current)
-end
-if restored > 0 and hold_ms > 0 then
-  hold_state(key, hold)
-end
+close_state(key, window, start, elapsed, now, grant, kind, cur, prev, had, mine, dcur, dprev, current)
 if held and cost <= limit then
   return {0, math.max(limit - cur, 0), -3, reset, now_us, 0, restored}
 end

@@ -128,3 +128,29 @@ local function write_state(key, window, start, elapsed, id, add, kind, cur, prev
     end
   end
 end
+
+-- open_state is read_state for a decision script: the replica's id and shares are ARGV[6] to
+-- ARGV[9]. held says that grants wait (a hold in force, or one this call starts by restoring:
+-- ARGV[10] ms); a call of cost 0 only restores and never waits.
+local function open_state(key, window, start, now, cost)
+  local kind, cur, prev, had, mine, dcur, dprev, current, hold =
+    read_state(key, window, start, ARGV[6] or '', tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0)
+  local hold_ms = tonumber(ARGV[10]) or 0
+  if dcur + dprev > 0 and hold_ms > 0 then
+    hold = now + hold_ms
+  end
+  return kind, cur, prev, had, mine, dcur, dprev, current, cost > 0 and hold > now
+end
+
+-- close_state writes what a decision script granted with what open_state restored, and starts
+-- the hold where it restored.
+local function close_state(key, window, start, elapsed, now, grant, kind, cur, prev, had, mine, dcur, dprev, current)
+  if grant == 0 and dcur + dprev == 0 then
+    return
+  end
+  write_state(key, window, start, elapsed, ARGV[6] or '', grant, kind, cur, prev, had, mine, dcur, dprev, current)
+  local hold_ms = tonumber(ARGV[10]) or 0
+  if dcur + dprev > 0 and hold_ms > 0 then
+    hold_state(key, now + hold_ms)
+  end
+end
