@@ -15,7 +15,7 @@ import (
 // Cluster failover), or a Redis restarted without persistence, lacks the last writes, and
 // counts lost there would be admitted a second time. Every replica knows what it was granted
 // (leased units and single admissions alike) per key and window; the scripts keep that, as the
-// replica's own field in the window state, beside the count (see scripts/lua/shares.lua). Each
+// replica's own field in the window state, beside the count (see scripts/lua/shares_open.lua). Each
 // call carries what this replica knows of its shares of the current window and the one before,
 // and the script first raises the state to them: the count by what this Redis lacks of them,
 // never more. Repeating it adds nothing, and a count partly replicated is repaired exactly.

@@ -19,7 +19,7 @@ import (
 )
 
 // The window state and its shares, script by script: what the scripts promise whatever the
-// limiter does (shares.lua).
+// limiter does (shares_open.lua).
 func TestSharesScripts(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t, shared.URL())

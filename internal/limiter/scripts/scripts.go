@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -41,24 +42,32 @@ var limiterFiles = []struct{ name, file string }{
 	{"TokenBucket", "lua/token_bucket.lua"},
 }
 
-// withShares names the scripts that start with lua/shares.lua: those of the window state that
-// FixedWindow and SlidingWindowCounter share.
-var withShares = map[string]bool{"lua/fixed_window.lua": true, "lua/sliding_window_counter.lua": true, "lua/lease_return.lua": true}
+// includeLine is how a script includes a fragment of lua/ in its place: the shares' opening and
+// closing (lua/shares_open.lua, lua/shares_close.lua), written inline in the scripts of the window
+// state that FixedWindow and SlidingWindowCounter share, and in the lease return. Inline, not
+// as Lua functions: a script's local functions are closures made again on every call.
+const includeLine = "--!include "
 
-// source reads an embedded script, with the shares prologue where it needs it.
+// source reads an embedded script with its fragments included. A fragment does not include.
 func source(file string) string {
 	src, err := luaFS.ReadFile(file)
 	if err != nil {
 		panic(fmt.Sprintf("embedded script %s missing: %v", file, err))
 	}
-	if !withShares[file] {
-		return string(src)
+	var b strings.Builder
+	for line := range strings.SplitAfterSeq(string(src), "\n") {
+		name, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), includeLine)
+		if !ok {
+			b.WriteString(line)
+			continue
+		}
+		frag, err := luaFS.ReadFile("lua/" + name)
+		if err != nil || strings.Contains(string(frag), includeLine) {
+			panic(fmt.Sprintf("script %s includes %q: not a fragment of lua/ (%v)", file, name, err))
+		}
+		b.Write(frag)
 	}
-	prologue, err := luaFS.ReadFile("lua/shares.lua")
-	if err != nil {
-		panic(fmt.Sprintf("embedded script lua/shares.lua missing: %v", err))
-	}
-	return string(prologue) + "\n" + string(src)
+	return b.String()
 }
 
 var limiterScripts = sync.OnceValue(func() []Script {

@@ -2,6 +2,7 @@ package scripts_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,4 +137,25 @@ func TestLoadAndMissing(t *testing.T) {
 	g.Expect(scripts.Missing(ctx, c)).To(BeEmpty())
 	g.Expect(c.ScriptFlush(ctx).Err()).To(Succeed())
 	g.Expect(scripts.Missing(ctx, c)).To(Equal([]string{"FixedWindow", "SlidingWindowCounter", "SlidingWindowLog", "TokenBucket"}))
+}
+
+// The window state's scripts carry the shares' opening and closing inline, once each, and no
+// include line reaches Redis.
+func TestScriptsIncludeTheirFragments(t *testing.T) {
+	g := NewWithT(t)
+	window := []scripts.Script{scripts.LeaseReturn()}
+	for _, name := range []string{"FixedWindow", "SlidingWindowCounter"} {
+		s, ok := scripts.For(name)
+		g.Expect(ok).To(BeTrue(), name)
+		window = append(window, s)
+	}
+	for _, s := range window {
+		g.Expect(s.Source).NotTo(ContainSubstring("--!include"), s.Name)
+		g.Expect(strings.Count(s.Source, "local TAGS = 4096")).To(Equal(1), "%s opens the shares once", s.Name)
+		g.Expect(strings.Count(s.Source, "if add ~= 0 or restored ~= 0 then")).To(Equal(1), "%s closes them once", s.Name)
+	}
+	for _, name := range []string{"SlidingWindowLog", "TokenBucket"} {
+		s, _ := scripts.For(name)
+		g.Expect(s.Source).NotTo(ContainSubstring("TAGS"), "%s keeps no shares", name)
+	}
 }

@@ -1,7 +1,7 @@
 -- Fixed window counter, with leases and shares.
 -- KEYS[1] window state: a hash with fields s (current window start, ms), c (its count) and p (the
 -- previous window's count), shared with SlidingWindowCounter (see below), and one field per
--- replica holding its share (see shares.lua, which this script starts with).
+-- replica holding its share (see shares_open.lua, included below).
 -- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost (0: only restore shares), ARGV[4] deadline
 -- (us on Redis's clock, 0 for none), ARGV[5] the units wanted, at least cost: a lease,
 -- ARGV[6] the replica's id ('' keeps no share), ARGV[7] the start of the window ARGV[8] is the
@@ -43,14 +43,14 @@ if deadline > 0 and now_us > deadline then
   return {0, 0, -2, reset, now_us, 0, 0}
 end
 
-local kind, cur, prev, had, mine, dcur, dprev, current, held = open_state(key, window, start, now, cost)
-local restored = dcur + dprev
+local id, ms, m1, m2, hold_ms = ARGV[6] or '', tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
+--!include shares_open.lua
 
-local grant = 0
+local add = 0
 if not held and cost > 0 and cost <= limit and cur + cost <= limit then
-  grant = math.min(want, limit - cur)
+  add = math.min(want, limit - cur)
 end
-close_state(key, window, start, elapsed, now, grant, kind, cur, prev, had, mine, dcur, dprev, current)
+--!include shares_close.lua
 if held and cost <= limit then
   return {0, math.max(limit - cur, 0), -3, reset, now_us, 0, restored}
 end
@@ -60,7 +60,7 @@ end
 if cost > limit then
   return {0, math.max(limit - cur, 0), -1, reset, now_us, 0, restored}
 end
-if grant == 0 then
+if add == 0 then
   return {0, math.max(limit - cur, 0), reset, reset, now_us, 0, restored}
 end
-return {1, limit - cur - grant, 0, reset, now_us, grant, restored}
+return {1, limit - cur - add, 0, reset, now_us, add, restored}

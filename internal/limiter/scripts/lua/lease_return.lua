@@ -1,6 +1,6 @@
 -- Returns the unused units of a lease to the window they were counted in.
 -- KEYS[1] the limit's window state (the hash FixedWindow and SlidingWindowCounter share, with
--- the replicas' shares: see shares.lua, which this script starts with).
+-- the replicas' shares: see shares_open.lua, included below).
 -- ARGV[1] window (ms), ARGV[2] the window's start (ms on Redis's clock, as the grant said),
 -- ARGV[3] units, ARGV[4] the replica's id ('' keeps no share), ARGV[5] the start of the window
 -- ARGV[6] is the replica's known share of (units returned included), ARGV[7] its share of the
@@ -22,8 +22,8 @@ end
 if redis.call('TYPE', key)['ok'] ~= 'hash' then
   return {0, 0}
 end
-local kind, cur, prev, had, mine, dcur, dprev, current, _ =
-  read_state(key, window, start, id, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0)
+local ms, m1, m2, hold_ms, cost = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0, 0, 0
+--!include shares_open.lua
 if kind ~= 1 then
   -- This Redis holds no count of the window: nothing of the lease is here to give back.
   return {0, 0}
@@ -32,8 +32,6 @@ local n = math.min(units, cur)
 if id ~= '' then
   n = math.min(n, mine)
 end
-local restored = dcur + dprev
-if n > 0 or restored > 0 then
-  write_state(key, window, start, now % window, id, -n, kind, cur, prev, had, mine, dcur, dprev, current)
-end
+local add = -n
+--!include shares_close.lua
 return {n, restored}

@@ -2,7 +2,7 @@
 -- overlaps the sliding window, plus the current window's count.
 -- KEYS[1] window state: a hash with fields s (current window start, ms), c (its count) and p (the
 -- previous window's count), shared with FixedWindow (see fixed_window.lua), and one field per
--- replica holding its share (see shares.lua, which this script starts with).
+-- replica holding its share (see shares_open.lua, included below).
 -- ARGV[1] limit, ARGV[2] window (ms), ARGV[3] cost (0: only restore shares), ARGV[4] deadline
 -- (us on Redis's clock, 0 for none), ARGV[5] the units wanted, at least cost: a lease,
 -- ARGV[6] the replica's id ('' keeps no share), ARGV[7] the start of the window ARGV[8] is the
@@ -39,39 +39,35 @@ if deadline > 0 and now_us > deadline then
   return {0, 0, -2, 0, now_us, 0, 0}
 end
 
-local kind, cur, prev, had, mine, dcur, dprev, current, held = open_state(key, window, start, now, cost)
-local restored = dcur + dprev
+local id, ms, m1, m2, hold_ms = ARGV[6] or '', tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
+--!include shares_open.lua
 
 local weight = (window - elapsed) / window
 local estimate = prev * weight + cur
 
-local function reset_after(c)
-  if c > 0 then
-    return 2 * window - elapsed
-  end
-  return window - elapsed
-end
-
-local function remaining(est)
-  return math.max(math.floor(limit - est), 0)
-end
-
 -- estimate + cost <= limit and cost is whole, so the room's floor is at least cost.
-local grant = 0
+local add = 0
 if not held and cost > 0 and cost <= limit and estimate + cost <= limit then
-  grant = math.min(want, math.floor(limit - estimate))
+  add = math.min(want, math.floor(limit - estimate))
 end
-close_state(key, window, start, elapsed, now, grant, kind, cur, prev, had, mine, dcur, dprev, current)
+--!include shares_close.lua
+
+-- Until the end of the next window while this one counted anything (the next inherits it).
+local reset = window - elapsed
+if cur + add > 0 then
+  reset = 2 * window - elapsed
+end
+local remaining = math.max(math.floor(limit - estimate - add), 0)
 if held and cost <= limit then
-  return {0, remaining(estimate), -3, reset_after(cur), now_us, 0, restored}
+  return {0, remaining, -3, reset, now_us, 0, restored}
 end
 if cost == 0 then
-  return {1, remaining(estimate), 0, reset_after(cur), now_us, 0, restored}
+  return {1, remaining, 0, reset, now_us, 0, restored}
 end
 if cost > limit then
-  return {0, remaining(estimate), -1, reset_after(cur), now_us, 0, restored}
+  return {0, remaining, -1, reset, now_us, 0, restored}
 end
-if grant == 0 then
+if add == 0 then
   local retry
   local room = limit - cost - cur
   if room >= 0 and prev > 0 then
@@ -85,7 +81,6 @@ if grant == 0 then
     end
     retry = (window - elapsed) + math.max(need, 0)
   end
-  return {0, remaining(estimate), math.max(retry, 1), reset_after(cur), now_us, 0, restored}
+  return {0, remaining, math.max(retry, 1), reset, now_us, 0, restored}
 end
-cur = cur + grant
-return {1, remaining(estimate + grant), 0, reset_after(cur), now_us, grant, restored}
+return {1, remaining, 0, reset, now_us, add, restored}

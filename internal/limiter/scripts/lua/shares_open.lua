@@ -1,0 +1,96 @@
+-- Shares, opening: what each replica was granted in a window, kept beside the window's count,
+-- so that counts a Redis lost (a failover to a replica that lagged, a restart without
+-- persistence) are restored by the replicas that were granted them, exactly, and never counted
+-- twice. It is not a script: scripts.go writes it in place of the line that includes it, in
+-- the scripts of the window state (fixed_window.lua, sliding_window_counter.lua,
+-- lease_return.lua), and shares_close.lua writes what it read. Inline rather than functions:
+-- a script's local functions are closures made again on every call, and the closures alone
+-- cost Redis about an eighth of a call.
+--
+-- The window state (see fixed_window.lua) holds, beside s, c and p, one field per replica that
+-- was granted units in it, named by the replica's id: its share of one window, as
+-- share * TAGS + (window index mod TAGS). A replica writes only its own field. Each call says
+-- what the replica knows it was granted in the current window and the one before, and this
+-- raises the state to it first: c by what this Redis lacks of the replica's share of the
+-- current window, p by what it lacks of the previous one. The share becomes max(field, known),
+-- so a repeat, or a replica whose knowledge is older than the field, adds nothing.
+--
+-- Why p needs only the field, not a second one: replication is in order, so a Redis that holds
+-- a write of window k by a replica also holds everything of window k-1 (the roll to window k
+-- came after it). p is incomplete only where the replica's field still names window k-1 or an
+-- older one: then the field says what of its k-1 share reached this Redis. Once the replica
+-- writes in window k here, its field names k and p is its concern no longer.
+--
+-- In: key, window, start (of the current window, ms on Redis's clock), now (ms), cost (0: the
+-- call only restores and never waits), and the replica's part: id ('' keeps no share), ms (the
+-- start of the window m1 is its known share of), m1, m2 (its known share of the window before)
+-- and hold_ms (how long grants in the state wait once a share had to be restored in it, 0 for
+-- not at all).
+-- Out: kind (1 the state is this window's, 2 the previous window's, 3 none or older), cur and
+-- prev (the counts, restored), had (a state of an older window is there), hold (until when
+-- grants in the state wait, ms on Redis's clock; 0 for none), q (this window's
+-- tag), mine (the replica's share of this window, restored), dcur and dprev (what was restored
+-- to each window), restored (their sum), current (the replica's field names this window), and
+-- held (grants wait: a hold in force, or one this call starts by restoring; see
+-- shares_close.lua).
+local TAGS = 4096
+local h
+if id ~= '' then
+  h = redis.call('HMGET', key, 's', 'c', 'p', id)
+else
+  h = redis.call('HMGET', key, 's', 'c', 'p')
+end
+local kind, cur, prev = 3, 0, 0
+-- s is the window's start, or start:hold while grants wait (see shares_close.lua): the hold
+-- rides on a field every call reads anyway, and one more field read costs every call.
+local s, hold = tonumber(h[1]), 0
+if not s and h[1] and #h[1] <= 40 then
+  local a, b = string.match(h[1], '^(%d+):(%d+)$')
+  s, hold = tonumber(a), tonumber(b) or 0
+end
+if s == start then
+  kind, cur, prev = 1, tonumber(h[2]) or 0, tonumber(h[3]) or 0
+elseif s == start - window then
+  kind, prev = 2, tonumber(h[2]) or 0
+else
+  hold = 0 -- a state of an older window holds nothing of these two
+end
+local had = h[1] ~= false
+local q = (start / window) % TAGS
+local mine, dcur, dprev, current, held = 0, 0, 0, false, false
+if id ~= '' then
+  local held_cur, held_prev = 0, 0
+  local f = tonumber(h[4])
+  if f then
+    local fq = f % TAGS
+    if fq == q then
+      -- A field naming this window in a state of another is a tag TAGS windows old.
+      if kind == 1 then
+        held_cur, current = (f - fq) / TAGS, true
+      end
+    elseif kind ~= 3 and fq == (q - 1) % TAGS then
+      held_prev = (f - fq) / TAGS
+    end
+  end
+  local known_cur, known_prev = 0, 0
+  if ms == start then
+    known_cur, known_prev = m1, m2
+  elseif ms == start - window then
+    known_prev = m1
+  end
+  if known_cur > held_cur then
+    dcur = known_cur - held_cur
+  end
+  if not current and known_prev > held_prev then
+    dprev = known_prev - held_prev
+  end
+  cur, prev, mine = cur + dcur, prev + dprev, held_cur + dcur
+end
+local restored = dcur + dprev
+if cost > 0 then
+  if restored > 0 and hold_ms > 0 then
+    held = true
+  elseif kind ~= 3 then
+    held = hold > now
+  end
+end
