@@ -104,6 +104,24 @@ func run() error {
 	}
 	defer func() { _ = rdb.Close() }()
 
+	nodes, err := redisconn.NewNodes(redisURL, redisconn.Options{
+		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+		Password: password, ClientName: "redline-manager",
+	}, rdb)
+	if err != nil {
+		return fmt.Errorf("configuring redis nodes: %w", err)
+	}
+	defer func() { _ = nodes.Close() }()
+	// Before the manager, which reaches the API server: a Redis that refuses ACLs stops it at once.
+	if tenantACL == controller.TenantACLRequired {
+		pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := controller.ProbeTenantACL(pctx, nodes.Each)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--redis-tenant-acl=required: %w", err)
+		}
+	}
+
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return err
@@ -139,22 +157,6 @@ func run() error {
 		SidecarRedisPoolSize: int64(webhookCfg.SidecarRedisPoolSize),
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
-	}
-	nodes, err := redisconn.NewNodes(redisURL, redisconn.Options{
-		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-		Password: password, ClientName: "redline-manager",
-	}, rdb)
-	if err != nil {
-		return fmt.Errorf("configuring redis nodes: %w", err)
-	}
-	defer func() { _ = nodes.Close() }()
-	if tenantACL == controller.TenantACLRequired {
-		pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := controller.ProbeTenantACL(pctx, nodes.Each)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("--redis-tenant-acl=required: %w", err)
-		}
 	}
 	if err := controller.SetupTenantACL(mgr, controller.TenantACLConfig{
 		Mode: tenantACL, Nodes: nodes.Each, SecretName: webhookCfg.RedisSecret,

@@ -12,6 +12,8 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/redisacl"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
@@ -63,4 +65,53 @@ func TestManagerRefusesBadSidecarDefaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// --redis-tenant-acl=required stops the manager at start when Redis refuses ACL commands (a
+// managed service), naming the flag, instead of running with tenants sharing one credential;
+// a Redis that answers ACLs gets it past the probe. The API server named is unreachable: the
+// probe runs before anything needs it.
+func TestManagerRequiredTenantACLRefusesARedisWithoutACLs(t *testing.T) {
+	bin := managerBinary(t)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func(g *WithT, redisURL string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, "--redis-tenant-acl=required", "--metrics-bind-address=0", "--health-probe-bind-address=0")
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "REDLINE_REDIS_URL="+redisURL)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		var exit *exec.ExitError
+		g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
+		g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit by itself\n%s", out.String())
+		return out.String()
+	}
+	t.Run("Redis refuses ACL commands", func(t *testing.T) {
+		g := NewWithT(t)
+		srv, err := redistest.Start("--rename-command", "ACL", "")
+		g.Expect(err).NotTo(HaveOccurred(), "starting redis-server")
+		t.Cleanup(func() { _ = srv.Close() })
+		out := run(g, srv.URL())
+		g.Expect(out).To(ContainSubstring("--redis-tenant-acl=required"))
+		g.Expect(out).To(ContainSubstring(redisacl.ErrUnavailable.Error()))
+	})
+	t.Run("Redis answers ACL commands", func(t *testing.T) {
+		g := NewWithT(t)
+		srv, err := redistest.Start()
+		g.Expect(err).NotTo(HaveOccurred(), "starting redis-server")
+		t.Cleanup(func() { _ = srv.Close() })
+		out := run(g, srv.URL())
+		g.Expect(out).NotTo(ContainSubstring("--redis-tenant-acl=required"))
+		g.Expect(out).To(ContainSubstring("creating manager"), "past the probe, the manager fails on the API server")
+	})
 }
