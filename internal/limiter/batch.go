@@ -59,7 +59,7 @@ func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *share
 	if sh != nil && limit.Algorithm.leases() {
 		start, cur, prev := sh.known(stateKey)
 		c.hold = sh.holdFor(limit)
-		c.args = append(c.args, sh.id, start, cur, prev, c.hold)
+		c.args = append(c.args, sh.id, start, cur, prev, c.hold, limit.Peers)
 	}
 }
 

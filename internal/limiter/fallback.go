@@ -49,6 +49,7 @@ func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, c
 // returns, so a flapping Redis does not hand out a fresh share on every outage.
 func (f *fallback) allow(key string, limit Limit, cost, replicas int64, now time.Time, cause error) Result {
 	replicas = max(replicas, 1)
+	limit.Peers = 0 // a hold's business, not the local window's
 	w, ok := f.cache.Get(key)
 	if !ok || w.limit != limit || w.replicas != replicas {
 		nw := &localWindow{

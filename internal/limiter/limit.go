@@ -38,6 +38,10 @@ type Limit struct {
 	// Replicas is the live replica count LocalFallback divides this limit by (0 counts as 1):
 	// the count of the limit's heartbeat group, as Announce returns it.
 	Replicas int64
+	// Peers is the most live replicas of the limit's group seen lately (0: unknown). A key
+	// whose grants wait after a restore (Options.RestoreHold) decides again once that many
+	// replicas re-asserted their shares in it, instead of at the end of the hold.
+	Peers int64
 }
 
 // FailureMode says how a limit decides while Redis is unreachable. The values match the API's enum.
@@ -139,6 +143,9 @@ func (l Limit) Validate() error {
 	}
 	if l.Replicas < 0 {
 		return fmt.Errorf("%w: replicas must not be negative, got %d", ErrInvalidLimit, l.Replicas)
+	}
+	if l.Peers < 0 {
+		return fmt.Errorf("%w: peers must not be negative, got %d", ErrInvalidLimit, l.Peers)
 	}
 	if l.Burst < 0 {
 		return fmt.Errorf("%w: burst must not be negative, got %d", ErrInvalidLimit, l.Burst)

@@ -139,6 +139,10 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		return nil, errors.New("creating limiter: nil redis client")
 	}
 	o := opts.withDefaults()
+	// The id names a field of the window state beside s, c, p and the hold's @<id> marks.
+	if id := o.ReplicaID; id != "" && (len(id) < 2 || len(id) > 64 || id[0] == '@') {
+		return nil, fmt.Errorf("creating limiter: replica id %q: want 2-64 bytes, not starting with @ (NewReplicaID makes one)", id)
+	}
 	l := &Limiter{
 		client: client,
 		opts:   o,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -164,6 +165,98 @@ func TestSharesScripts(t *testing.T) {
 		r = run(g, swc, key, 100, w, 1, 0, 1, "a", prevStart+w, 1, 40)
 		g.Expect(r[6]).To(BeZero(), "p is restored once")
 		g.Expect(count(g, key, "p")).To(BeEquivalentTo(40))
+	})
+
+	// call is one decision of replica id with its known share, a hold of 60 s and the peers it
+	// saw live lately.
+	call := func(g Gomega, key string, cost int64, id string, start, known, peers int64) []int64 {
+		return run(g, fw, key, 100, window, cost, 0, cost, id, start, known, 0, 60_000, peers)
+	}
+	// lost grants ra, rb and rc (ids as short as a state's own fields would collide) 10 each in a window and then loses the state, as a failover to a
+	// replica that received none of it; it returns the window's start.
+	lost := func(g Gomega, key string) int64 {
+		var start int64
+		for _, id := range []string{"ra", "rb", "rc"} {
+			r := call(g, key, 10, id, 0, 0, 3)
+			g.Expect(r[5]).To(BeEquivalentTo(10))
+			start = r[4] / 1000 / window * window
+		}
+		g.Expect(c.Del(ctx, key).Err()).To(Succeed())
+		return start
+	}
+	marks := func(g Gomega, key string) int {
+		all, err := c.HGetAll(ctx, key).Result()
+		g.Expect(err).NotTo(HaveOccurred())
+		n := 0
+		for f := range all {
+			if strings.HasPrefix(f, "@") {
+				n++
+			}
+		}
+		return n
+	}
+
+	t.Run("a hold ends once as many replicas as were live re-asserted", func(t *testing.T) {
+		g := NewWithT(t)
+		key := uniqueKey(t) + ":swc"
+		start := lost(g, key)
+		r := call(g, key, 1, "ra", start, 10, 3)
+		g.Expect(r[2]).To(BeEquivalentTo(-3), "a restored its share: grants wait")
+		g.Expect(r[6]).To(BeEquivalentTo(10))
+		r = call(g, key, 1, "ra", start, 10, 3)
+		g.Expect(r[2]).To(BeEquivalentTo(-3), "a replica counts once in a hold")
+		r = call(g, key, 1, "rb", start, 10, 1)
+		g.Expect(r[2]).To(BeEquivalentTo(-3), "b is the second of three: a caller that saw fewer peers does not shorten the hold")
+		g.Expect(marks(g, key)).To(Equal(2))
+		r = run(g, fw, key, 100, window, 0, 0, 0, "rc", start, 10, 0, 60_000, 0) // c re-asserts
+		g.Expect(r[6]).To(BeEquivalentTo(10))
+		g.Expect(marks(g, key)).To(BeZero(), "the hold ended and its marks went")
+		r = call(g, key, 1, "ra", start, 10, 3)
+		g.Expect(r[0]).To(BeEquivalentTo(1), "grants go on")
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(31), "every share once, and the grant")
+	})
+
+	t.Run("a hold whose peers are unknown runs its length", func(t *testing.T) {
+		g := NewWithT(t)
+		key := uniqueKey(t) + ":swc"
+		start := lost(g, key)
+		for _, id := range []string{"ra", "rb", "rc"} {
+			r := call(g, key, 1, id, start, 10, 0)
+			g.Expect(r[2]).To(BeEquivalentTo(-3), id)
+		}
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(30))
+	})
+
+	t.Run("a hold carries over into the next window with its marks", func(t *testing.T) {
+		g := NewWithT(t)
+		swc, _ := scripts.For(string(limiter.SlidingWindowCounter))
+		key := uniqueKey(t) + ":swc"
+		const w = int64(2000)
+		redisMS := func() int64 {
+			n, err := c.Time(ctx).Result()
+			g.Expect(err).NotTo(HaveOccurred())
+			return n.UnixMilli()
+		}
+		g.Eventually(func() int64 { return redisMS() % w }).WithTimeout(5 * time.Second).WithPolling(5 * time.Millisecond).
+			Should(BeNumerically("<", 1000))
+		one := func(id string, start, known, knownPrev, peers int64) []int64 {
+			return run(g, swc, key, 100, w, 1, 0, 1, id, start, known, knownPrev, 60_000, peers)
+		}
+		r := one("ra", 0, 0, 0, 2)
+		g.Expect(r[5]).To(BeEquivalentTo(1))
+		start := r[4] / 1000 / w * w
+		g.Expect(one("rb", 0, 0, 0, 2)[5]).To(BeEquivalentTo(1))
+		g.Expect(c.Del(ctx, key).Err()).To(Succeed())
+		g.Expect(one("ra", start, 1, 0, 2)[2]).To(BeEquivalentTo(-3), "a restored: the hold begins")
+		g.Eventually(func() int64 { return redisMS() / w * w }).WithTimeout(5 * time.Second).WithPolling(10 * time.Millisecond).
+			Should(BeEquivalentTo(start + w))
+		r = one("ra", start, 1, 0, 2)
+		g.Expect(r[2]).To(BeEquivalentTo(-3), "the hold outlives its window")
+		g.Expect(r[6]).To(BeZero())
+		r = one("rb", start, 1, 0, 2)
+		g.Expect(r[6]).To(BeEquivalentTo(1), "b's share of the window before")
+		g.Expect(r[0]).To(BeEquivalentTo(1), "b is the second of two: the hold ends")
+		g.Expect(count(g, key, "p")).To(BeEquivalentTo(2))
 	})
 }
 

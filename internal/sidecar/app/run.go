@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -437,7 +438,16 @@ func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.
 	ttl := fleet.TTL(cfg.HeartbeatInterval)
 	failing := false
 	var failedSince time.Time
-	type seen struct{ losses, last int64 }
+	// lives are a group's last live counts, newest at lives[n % len]: their most is the
+	// group's Peers. A count read after a failover may be short (the new master's heartbeats
+	// lag like its counts), so a hold ends only once as many replicas as were live before it
+	// re-asserted; a replica gone for good stops counting after len beats (the heartbeat TTL
+	// is three intervals by default).
+	type seen struct {
+		losses, last int64
+		lives        [4]int64
+		n            int
+	}
 	groups := map[string]seen{}
 	told := lim.Stats()
 	for {
@@ -480,8 +490,12 @@ func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.
 					case b.Previous < g.last:
 						signal = "Redis no longer holds this replica's last heartbeat of policy " + p.Name
 					}
-					groups[p.Name] = seen{losses: b.Losses, last: b.Now}
+					g.losses, g.last = b.Losses, b.Now
+					g.lives[g.n%len(g.lives)] = b.Live
+					g.n++
+					groups[p.Name] = g
 					p.Replicas.Store(b.Live)
+					p.Peers.Store(slices.Max(g.lives[:]))
 				}
 				if signal != "" {
 					log.Warn("Redis may have lost counts: re-asserting every share of this replica", "why", signal)

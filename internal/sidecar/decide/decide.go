@@ -162,6 +162,7 @@ func retryLonger(a, b time.Duration) bool {
 func (e *Engine) one(ctx context.Context, c call) Outcome {
 	lim := c.rule.Limit
 	lim.Replicas = c.rule.Policy.Replicas.Load()
+	lim.Peers = c.rule.Policy.Peers.Load()
 	res, err := e.Limiter.Allow(ctx, c.key, lim, c.cost)
 	if err != nil {
 		// Only a closed limiter or an invalid cost gets here; decide as Redis being down would.

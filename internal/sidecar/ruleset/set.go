@@ -49,6 +49,10 @@ type Policy struct {
 	// Replicas holds the live replica count of the policy's heartbeat group (0 until learnt).
 	// It outlives reloads: Sets built by the same Builder share it.
 	Replicas *atomic.Int64
+	// Peers holds the most live replicas the group had over its last few heartbeats (0 until
+	// learnt): a key whose grants wait after a restore decides again once that many replicas
+	// re-asserted their shares in it (limiter.Limit.Peers). Shared like Replicas.
+	Peers *atomic.Int64
 }
 
 // Rule is one rule ready to decide.
@@ -99,6 +103,7 @@ type Builder struct {
 	// requires it).
 	Namespace string
 	replicas  map[string]*atomic.Int64
+	peers     map[string]*atomic.Int64
 }
 
 // ErrForeignNamespace is wrapped by Build's error for a document of another namespace.
@@ -106,7 +111,7 @@ var ErrForeignNamespace = errors.New("policies document names another namespace 
 
 // NewBuilder returns a Builder that applies the failure mode override, if any.
 func NewBuilder(failureMode limiter.FailureMode) *Builder {
-	return &Builder{FailureMode: failureMode, replicas: map[string]*atomic.Int64{}}
+	return &Builder{FailureMode: failureMode, replicas: map[string]*atomic.Int64{}, peers: map[string]*atomic.Int64{}}
 }
 
 // Build keeps the policies of doc that select podLabels and compiles their rules. Builds must
@@ -127,7 +132,7 @@ func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*
 		}
 		p := &Policy{
 			Name: cp.Name, FailureMode: limiter.FailureMode(cp.FailureMode),
-			HeadersOnRefusal: cp.HeadersOnRefusal, Replicas: b.replicasOf(cp.Name),
+			HeadersOnRefusal: cp.HeadersOnRefusal, Replicas: counter(b.replicas, cp.Name), Peers: counter(b.peers, cp.Name),
 		}
 		if b.FailureMode != "" {
 			p.FailureMode = b.FailureMode
@@ -148,12 +153,13 @@ func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*
 	return s, nil
 }
 
-func (b *Builder) replicasOf(policy string) *atomic.Int64 {
-	if r, ok := b.replicas[policy]; ok {
+// counter returns m's counter of policy, made on first use.
+func counter(m map[string]*atomic.Int64, policy string) *atomic.Int64 {
+	if r, ok := m[policy]; ok {
 		return r
 	}
 	r := new(atomic.Int64)
-	b.replicas[policy] = r
+	m[policy] = r
 	return r
 }
 

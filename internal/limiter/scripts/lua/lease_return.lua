@@ -22,7 +22,8 @@ end
 if redis.call('TYPE', key)['ok'] ~= 'hash' then
   return {0, 0}
 end
-local ms, m1, m2, hold_ms, cost = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0, 0, 0
+local ms, m1, m2 = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
+local hold_ms, peers_seen, cost = 0, 0, 0 -- a return starts no hold, and only counts in one
 --!include shares_open.lua
 if kind ~= 1 then
   -- This Redis holds no count of the window: nothing of the lease is here to give back.

@@ -1,29 +1,22 @@
 -- Shares, closing (see shares_open.lua, whose names this uses): writes add more units for the
--- replica (negative: gives them back) with what the opening restored, and starts the hold where
--- it restored.
---
--- The hold: a replica that restored its share found this Redis short of what was granted here,
--- so others' shares are likely missing too, and a grant before they re-assert theirs would
--- admit them again. Grants in the state wait until the hold (ms on Redis's clock), written into
--- s as start:hold: the other replicas hear of the loss within a heartbeat and re-assert; the
--- hold outlasts that. It carries over into the next window (its units were counted in p).
+-- replica (negative: gives them back) with what the opening restored, and what changed of the
+-- hold, which rides on s.
 --
 -- The hash lives until the end of the next window; a new window drops the fields of replicas
 -- that wrote none in the last two once there are more than 35, so a hot key outliving its
 -- replicas does not keep every id it ever saw.
-if restored > 0 and hold_ms > 0 then
-  hold = now + hold_ms
-end
-if add ~= 0 or restored ~= 0 then
+if add ~= 0 or restored ~= 0 or hold_changed then
   local sv = start
   if hold > now then
-    sv = string.format('%d:%d', start, hold)
+    sv = string.format('%d:%d:%d:%d:%d', start, hold, since, marks, peers)
   end
   if kind == 1 then
-    if restored > 0 and hold_ms > 0 then
+    if hold_changed then
       redis.call('HSET', key, 's', sv)
     end
-    if id == '' then
+    if add == 0 and restored == 0 then
+      -- Only the hold changed.
+    elseif id == '' then
       redis.call('HINCRBY', key, 'c', add)
     elseif dprev > 0 then
       -- One write for the count and the share (the field names this window from now on, so
@@ -44,7 +37,7 @@ if add ~= 0 or restored ~= 0 then
     redis.call('PEXPIRE', key, 2 * window - (now - start))
     -- At most 128 fields are scanned (a listpack's worth): the state is the tenant's own key,
     -- and one stuffed by hand with millions must not stall Redis for every other tenant at its
-    -- roll.
+    -- roll. Marks of a hold in force stay.
     local fields = 0
     if kind == 2 then
       fields = redis.call('HLEN', key)
@@ -54,7 +47,23 @@ if add ~= 0 or restored ~= 0 then
       local all = redis.call('HGETALL', key)
       for i = 1, #all, 2 do
         local v = tonumber(all[i + 1])
-        if not keep[all[i]] and (not v or (v % TAGS ~= q and v % TAGS ~= (q - 1) % TAGS)) then
+        if not keep[all[i]] and string.sub(all[i], 1, 1) ~= '@' and (not v or (v % TAGS ~= q and v % TAGS ~= (q - 1) % TAGS)) then
+          redis.call('HDEL', key, all[i])
+        end
+      end
+    end
+  end
+  if hold > now then
+    if marked then
+      redis.call('HSET', key, '@' .. id, since)
+    end
+  elseif hold_changed then
+    -- The hold ended early: its marks go (a listpack's worth at most is scanned, as above;
+    -- beyond it they go with the hash).
+    if redis.call('HLEN', key) <= 128 then
+      local all = redis.call('HGETALL', key)
+      for i = 1, #all, 2 do
+        if string.sub(all[i], 1, 1) == '@' then
           redis.call('HDEL', key, all[i])
         end
       end

@@ -24,15 +24,17 @@
 -- In: key, window, start (of the current window, ms on Redis's clock), now (ms), cost (0: the
 -- call only restores and never waits), and the replica's part: id ('' keeps no share), ms (the
 -- start of the window m1 is its known share of), m1, m2 (its known share of the window before)
--- and hold_ms (how long grants in the state wait once a share had to be restored in it, 0 for
--- not at all).
+-- hold_ms (how long grants in the state wait once a share had to be restored in it, 0 for
+-- not at all) and peers_seen (the most replicas of the limit the caller saw live lately, 0 for
+-- unknown: a hold ends early once that many re-asserted here).
 -- Out: kind (1 the state is this window's, 2 the previous window's, 3 none or older), cur and
 -- prev (the counts, restored), had (a state of an older window is there), hold (until when
 -- grants in the state wait, ms on Redis's clock; 0 for none), q (this window's
 -- tag), mine (the replica's share of this window, restored), dcur and dprev (what was restored
--- to each window), restored (their sum), current (the replica's field names this window), and
--- held (grants wait: a hold in force, or one this call starts by restoring; see
--- shares_close.lua).
+-- to each window), restored (their sum), current (the replica's field names this window),
+-- held (grants wait: a hold in force, or one this call starts by restoring), and what
+-- shares_close.lua writes of the hold: hold_changed (s changes), marked (@<id> is written),
+-- since, marks, peers.
 local TAGS = 4096
 local h
 if id ~= '' then
@@ -41,12 +43,12 @@ else
   h = redis.call('HMGET', key, 's', 'c', 'p')
 end
 local kind, cur, prev = 3, 0, 0
--- s is the window's start, or start:hold while grants wait (see shares_close.lua): the hold
--- rides on a field every call reads anyway, and one more field read costs every call.
-local s, hold = tonumber(h[1]), 0
-if not s and h[1] and #h[1] <= 40 then
-  local a, b = string.match(h[1], '^(%d+):(%d+)$')
-  s, hold = tonumber(a), tonumber(b) or 0
+-- s is the window's start, or start:hold:since:marks:peers while grants wait (see below): the
+-- hold rides on a field every call reads anyway, and one more field read costs every call.
+local s, hold, since, marks, peers = tonumber(h[1]), 0, 0, 0, 0
+if not s and h[1] and #h[1] <= 80 then
+  local a, b, c, d, e = string.match(h[1], '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  s, hold, since, marks, peers = tonumber(a), tonumber(b) or 0, tonumber(c) or 0, tonumber(d) or 0, tonumber(e) or 0
 end
 if s == start then
   kind, cur, prev = 1, tonumber(h[2]) or 0, tonumber(h[3]) or 0
@@ -87,10 +89,34 @@ if id ~= '' then
   cur, prev, mine = cur + dcur, prev + dprev, held_cur + dcur
 end
 local restored = dcur + dprev
-if cost > 0 then
-  if restored > 0 and hold_ms > 0 then
-    held = true
-  elseif kind ~= 3 then
-    held = hold > now
+
+-- The hold: a replica that restored its share found this Redis short of what was granted here,
+-- so the others' shares are likely missing too, and a grant before they re-assert theirs would
+-- admit them again. Grants in the state wait until hold (ms on Redis's clock): the other
+-- replicas hear of the loss within a heartbeat and re-assert; the hold outlasts that. It
+-- carries over into the next window (its units were counted in p). It ends early once as
+-- many replicas as the most any caller said were live lately (peers_seen) have called here
+-- since it began (marks), each with its share restored: a replica is marked once per hold by
+-- a field @<id> holding the hold's start (since).
+local hold_changed, marked = false, false
+if id ~= '' and (hold > now or (restored > 0 and hold_ms > 0)) then
+  if hold <= now then
+    since, marks, peers = now, 0, 0
   end
+  if restored > 0 and hold_ms > 0 and now + hold_ms > hold then
+    hold = now + hold_ms
+  end
+  if tonumber(redis.call('HGET', key, '@' .. id)) ~= since then
+    marks, marked = marks + 1, true
+  end
+  if peers_seen > peers then
+    peers = peers_seen
+  end
+  if peers > 0 and marks >= peers then
+    hold = 0
+  end
+  hold_changed = true
+end
+if cost > 0 then
+  held = hold > now
 end

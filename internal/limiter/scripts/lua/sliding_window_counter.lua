@@ -7,7 +7,9 @@
 -- (us on Redis's clock, 0 for none), ARGV[5] the units wanted, at least cost: a lease,
 -- ARGV[6] the replica's id ('' keeps no share), ARGV[7] the start of the window ARGV[8] is the
 -- replica's known share of, ARGV[9] its known share of the window before, ARGV[10] how long
--- (ms) grants in the state wait once a share had to be restored in it (0: they do not).
+-- (ms) grants in the state wait once a share had to be restored in it (0: they do not),
+-- ARGV[11] the most replicas of the limit the caller saw live lately (0: unknown), once that
+-- many re-asserted their shares in a hold it ends.
 -- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted, restored};
 -- retry_after_ms is -1 when the cost can never fit in the limit, -2 when the call ran after
 -- its deadline, in which case nothing was counted, and -3 while grants wait for the replicas to
@@ -39,7 +41,8 @@ if deadline > 0 and now_us > deadline then
   return {0, 0, -2, 0, now_us, 0, 0}
 end
 
-local id, ms, m1, m2, hold_ms = ARGV[6] or '', tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
+local id, ms, m1, m2 = ARGV[6] or '', tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0
+local hold_ms, peers_seen = tonumber(ARGV[10]) or 0, tonumber(ARGV[11]) or 0
 --!include shares_open.lua
 
 local weight = (window - elapsed) / window
