@@ -4,12 +4,12 @@
 // real master with one replica on loopback, and the same with the replica stalled (SIGSTOP), so
 // that every WAIT runs into its timeout: what a user sees while a replica lags (and once more with
 // the master's hz at 100, since a timed-out WAIT is answered on the event loop's next tick). The
-// stalled cells take under 30 s together, within the master's repl-timeout (60 s), so the replica
+// stalled cells take under 20 s together, within the master's repl-timeout (60 s), so the replica
 // stays attached and lagging rather than dropped.
 //
-//	go run ./cmd/waitcost [-concurrency 1,16,64] [-cell-time 3s] [-cell-ops 30000]
+//	go run ./cmd/waitcost [-concurrency 1,16,64] [-rounds 3] [-cell-time 2s] [-cell-ops 20000]
 //
-// Per cell: decisions/s, latency p50/p99 of a decision (one pipeline round trip), the master's
+// Per cell (median of -rounds runs, alternating, while the replica is healthy): decisions/s, latency p50/p99 of a decision (one pipeline round trip), the master's
 // CPU per decision (INFO cpu, used_cpu_sys+used_cpu_user of the whole process over the cell,
 // replication included) and how many WAITs returned fewer than one replica. Every call is a grant
 // of one unit with the replica's share, as a sidecar without leases sends it, on one of 1,000
@@ -49,8 +49,9 @@ const (
 
 func main() {
 	var conc string
-	cellTime := flag.Duration("cell-time", 3*time.Second, "longest run of one cell")
-	cellOps := flag.Int64("cell-ops", 30000, "most decisions of one cell")
+	cellTime := flag.Duration("cell-time", 2*time.Second, "longest run of one cell")
+	cellOps := flag.Int64("cell-ops", 20000, "most decisions of one cell")
+	rounds := flag.Int("rounds", 3, "runs of each cell with the replica healthy, EVALSHA alone and with WAIT alternating")
 	flag.StringVar(&conc, "concurrency", "1,16,64", "concurrent callers")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
 	flag.Parse()
@@ -63,7 +64,11 @@ func main() {
 		}
 		concs = append(concs, n)
 	}
-	if err := run(concs, *cellTime, *cellOps, *timeout, strings.TrimSpace("go run ./cmd/waitcost "+strings.Join(os.Args[1:], " "))); err != nil {
+	if *rounds < 1 {
+		fmt.Fprintln(os.Stderr, "waitcost: -rounds must be positive")
+		os.Exit(2)
+	}
+	if err := run(concs, *rounds, *cellTime, *cellOps, *timeout, strings.TrimSpace("go run ./cmd/waitcost "+strings.Join(os.Args[1:], " "))); err != nil {
 		fmt.Fprintln(os.Stderr, "waitcost:", err)
 		os.Exit(1)
 	}
@@ -102,7 +107,7 @@ func progress(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%s] %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
-func run(concs []int, cellTime time.Duration, cellOps int64, timeout time.Duration, command string) error {
+func run(concs []int, rounds int, cellTime time.Duration, cellOps int64, timeout time.Duration, command string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -133,29 +138,57 @@ func run(concs []int, cellTime time.Duration, cellOps int64, timeout time.Durati
 		return fmt.Errorf("SCRIPT LOAD: %w", err)
 	}
 	g := &granter{sha: s.SHA}
-	var results []result
-	stalled := false
-	for _, m := range modes {
-		if m.stalled && !stalled {
-			progress("stalling the replica (SIGSTOP)")
-			if err := replica.Pause(); err != nil {
-				return fmt.Errorf("stopping the replica: %w", err)
-			}
-			stalled = true
+	results := map[cellKey][]result{}
+	measure := func(m mode, n int) error {
+		r, err := cell(ctx, c, g, m, n, cellTime, cellOps)
+		if err != nil {
+			return fmt.Errorf("%s at %d callers: %w", m.name, n, err)
 		}
+		progress("%-46s c=%-3d %8.0f/s p50 %-9s p99 %-9s master CPU %.1f µs/decision, WAIT unacked %d of %d",
+			m.name, n, r.perSec, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), float64(r.cpuPerOp)/1e3, r.unacked, r.ops)
+		k := cellKey{m.name, n}
+		results[k] = append(results[k], r)
+		return nil
+	}
+	// With the replica healthy, the difference is small beside the machine's noise: the two
+	// alternate, which goes first swapping every round.
+	var healthy, stalled []mode
+	for _, m := range modes {
+		if m.stalled {
+			stalled = append(stalled, m)
+		} else {
+			healthy = append(healthy, m)
+		}
+	}
+	for r := range rounds {
+		for _, n := range concs {
+			order := slices.Clone(healthy)
+			if r%2 == 1 {
+				slices.Reverse(order)
+			}
+			for _, m := range order {
+				if err := measure(m, n); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	// Stalled, every WAIT waits for its timeout: one run each is enough, and the whole stall
+	// stays within the master's repl-timeout.
+	progress("stalling the replica (SIGSTOP)")
+	if err := replica.Pause(); err != nil {
+		return fmt.Errorf("stopping the replica: %w", err)
+	}
+	for _, m := range stalled {
 		if m.hz != 0 {
 			if err := c.ConfigSet(ctx, "hz", strconv.Itoa(m.hz)).Err(); err != nil {
 				return fmt.Errorf("CONFIG SET hz: %w", err)
 			}
 		}
 		for _, n := range concs {
-			r, err := cell(ctx, c, g, m, n, cellTime, cellOps)
-			if err != nil {
-				return fmt.Errorf("%s at %d callers: %w", m.name, n, err)
+			if err := measure(m, n); err != nil {
+				return err
 			}
-			progress("%-40s c=%-3d %8.0f/s p50 %-9s p99 %-9s master CPU %.1f µs/decision, WAIT unacked %d of %d",
-				m.name, n, r.perSec, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), float64(r.cpuPerOp)/1e3, r.unacked, r.ops)
-			results = append(results, r)
 		}
 		if m.hz != 0 {
 			if err := c.ConfigSet(ctx, "hz", "10").Err(); err != nil {
@@ -163,12 +196,10 @@ func run(concs []int, cellTime time.Duration, cellOps int64, timeout time.Durati
 			}
 		}
 	}
-	if stalled {
-		if err := replica.Resume(); err != nil {
-			return fmt.Errorf("resuming the replica: %w", err)
-		}
+	if err := replica.Resume(); err != nil {
+		return fmt.Errorf("resuming the replica: %w", err)
 	}
-	printTable(command, load, cellTime, cellOps, results)
+	printTable(command, load, rounds, cellTime, cellOps, concs, results)
 	return nil
 }
 
@@ -340,33 +371,72 @@ func loadAverage() string {
 	return strings.Join(f[:3], " ")
 }
 
-func printTable(command, load string, cellTime time.Duration, cellOps int64, results []result) {
-	fmt.Printf("`%s`: one master and one replica (redis-server, loopback, `replicaof`), each cell at most %s or %d decisions, "+
-		"%s, %d cores; load average %s at start, %s at end.\n\n", command, cellTime, cellOps, runtime.Version(), runtime.NumCPU(), load, loadAverage())
+// cellKey names a cell: a mode at a number of callers.
+type cellKey struct {
+	mode        string
+	concurrency int
+}
+
+// summary is the median of a cell's runs.
+type summary struct {
+	runs          int
+	perSec, cpuUs float64
+	p50, p99      time.Duration
+	unacked, ops  int64
+}
+
+func summarize(rs []result) summary {
+	med := func(f func(result) float64) float64 {
+		v := make([]float64, 0, len(rs))
+		for _, r := range rs {
+			v = append(v, f(r))
+		}
+		slices.Sort(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	s := summary{runs: len(rs), perSec: med(func(r result) float64 { return r.perSec }),
+		cpuUs: med(func(r result) float64 { return float64(r.cpuPerOp) / 1e3 }),
+		p50:   time.Duration(med(func(r result) float64 { return float64(r.p50) })),
+		p99:   time.Duration(med(func(r result) float64 { return float64(r.p99) }))}
+	for _, r := range rs {
+		s.unacked += r.unacked
+		s.ops += r.ops
+	}
+	return s
+}
+
+func printTable(command, load string, rounds int, cellTime time.Duration, cellOps int64, concs []int, results map[cellKey][]result) {
+	fmt.Printf("`%s`: one master and one replica (redis-server, loopback, `replicaof`), each run at most %s or %d decisions; "+
+		"with the replica healthy, %d runs per cell, EVALSHA alone and with WAIT alternating; %s, %d cores; load average %s at start, %s at end.\n\n",
+		command, cellTime, cellOps, rounds, runtime.Version(), runtime.NumCPU(), load, loadAverage())
 	fmt.Println("A decision is the FixedWindow script's grant of one unit (with the replica's share), and with WAIT the " +
 		"`WAIT 1 <timeout ms>` sent in the same pipeline, on the same connection: WAIT returns once a replica acknowledged " +
 		"every write of that connection so far, or at its timeout. \"stalled\": the replica is stopped (SIGSTOP), so every WAIT " +
 		"times out; a blocked WAIT's timeout is noticed when Redis's event loop next runs, which an otherwise idle Redis does hz " +
-		"times a second (10 by default), so a timeout is rounded up to the next tick. Master CPU: INFO cpu's used_cpu_sys+used_cpu_user over the cell, divided by the decisions. " +
-		"With the replica stalled and few decisions, it is mostly the master's idle work (serverCron) over few decisions. " +
-		"\"vs alone\": decisions/s and master CPU per decision against EVALSHA alone at the same callers.")
+		"times a second (10 by default), so a timeout is rounded up to the next tick. Master CPU: INFO cpu's used_cpu_sys+used_cpu_user " +
+		"over the run, divided by its decisions; with the replica stalled and few decisions, it is mostly the master's idle work " +
+		"(serverCron) spread over them. Values are medians over the runs; \"vs alone\": decisions/s and master CPU per decision " +
+		"against EVALSHA alone at the same callers.")
 	fmt.Println()
-	fmt.Println("| decision | callers | decisions/s | vs alone | p50 | p99 | master CPU µs/decision | vs alone | WAITs that saw no replica |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-	alone := map[int]result{}
-	for _, r := range results {
-		if r.mode.wait == 0 {
-			alone[r.concurrency] = r
+	fmt.Println("| decision | callers | runs | decisions/s | vs alone | p50 | p99 | master CPU µs/decision | vs alone | WAITs that saw no replica |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	for _, m := range modes {
+		for _, n := range concs {
+			rs := results[cellKey{m.name, n}]
+			if len(rs) == 0 {
+				continue
+			}
+			s, a := summarize(rs), summarize(results[cellKey{modes[0].name, n}])
+			unacked := "–"
+			if m.wait != 0 {
+				unacked = fmt.Sprintf("%d of %d", s.unacked, s.ops)
+			}
+			fmt.Printf("| %s | %d | %d | %.0f | %.2fx | %s | %s | %.1f | %.2fx | %s |\n", m.name, n, s.runs, s.perSec, s.perSec/a.perSec,
+				fmtDur(s.p50), fmtDur(s.p99), s.cpuUs, s.cpuUs/a.cpuUs, unacked)
 		}
-	}
-	for _, r := range results {
-		a := alone[r.concurrency]
-		unacked := "–"
-		if r.mode.wait != 0 {
-			unacked = fmt.Sprintf("%d of %d", r.unacked, r.ops)
-		}
-		fmt.Printf("| %s | %d | %.0f | %.2fx | %s | %s | %.1f | %.2fx | %s |\n", r.mode.name, r.concurrency, r.perSec, r.perSec/a.perSec,
-			fmtDur(r.p50), fmtDur(r.p99), float64(r.cpuPerOp)/1e3, float64(r.cpuPerOp)/float64(a.cpuPerOp), unacked)
 	}
 }
 
