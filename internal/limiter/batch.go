@@ -58,8 +58,9 @@ func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *share
 	c.hold = 0
 	if sh != nil && limit.Algorithm.leases() {
 		start, cur, prev := sh.known(stateKey)
-		c.hold = sh.holdFor(limit)
-		c.args = append(c.args, sh.id, start, cur, prev, c.hold, limit.Peers)
+		var hold any
+		c.hold, hold = sh.holdFor(limit)
+		c.args = append(c.args, sh.idArg, start, cur, prev, hold, limit.Peers)
 	}
 }
 

@@ -29,12 +29,15 @@ import (
 // slot. A grant to a key beyond the bound keeps no share, and is counted as such (Stats): those
 // units cannot be restored.
 type shares struct {
-	id     string
-	hold   time.Duration // how long grants wait in a state where a share was restored
-	size   int64
-	n      atomic.Int64
-	seed   maphash.Seed
-	shards [shareShards]shareShard
+	id   string
+	hold time.Duration // how long grants wait in a state where a share was restored
+	// idArg, holdArg and noHold are id, hold's milliseconds and 0 boxed once for the script
+	// arguments, which every call to Redis appends.
+	idArg, holdArg, noHold any
+	size                   int64
+	n                      atomic.Int64
+	seed                   maphash.Seed
+	shards                 [shareShards]shareShard
 }
 
 const shareShards = 32
@@ -62,7 +65,7 @@ func NewReplicaID() string {
 }
 
 func newShares(id string, size int, hold time.Duration) *shares {
-	s := &shares{id: id, size: int64(size), hold: hold, seed: maphash.MakeSeed()}
+	s := &shares{id: id, size: int64(size), hold: hold, seed: maphash.MakeSeed(), idArg: id, holdArg: hold.Milliseconds(), noHold: int64(0)}
 	for i := range s.shards {
 		s.shards[i].m = map[string]*share{}
 	}
@@ -129,11 +132,11 @@ func (s *shares) add(key string, alg Algorithm, window time.Duration, hold, star
 // holdFor is how long (ms) grants wait in a state of limit where a share had to be restored: the
 // shares' hold, except for a limit that fails open, where a decision that waits is admitted
 // uncounted, which would admit more than the missing shares it protects.
-func (s *shares) holdFor(limit Limit) int64 {
+func (s *shares) holdFor(limit Limit) (int64, any) {
 	if limit.FailureMode == FailureModeOpen {
-		return 0
+		return 0, s.noHold
 	}
-	return s.hold.Milliseconds()
+	return s.hold.Milliseconds(), s.holdArg
 }
 
 // sweep frees the keys whose last two windows have ended by nowMS (Redis's clock).
