@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -91,48 +92,9 @@ func (e *Env) Cluster(ctx context.Context, n int, leases, takeover bool, rules [
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, cl.Close()) }()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1})
-	defer cc.Close()
-	masterOf := func(key string) (string, error) {
-		m, err := cc.MasterForKey(ctx, key)
-		if err != nil {
-			return "", fmt.Errorf("finding the master of %s: %w", key, err)
-		}
-		return m.Options().Addr, nil
-	}
-	// The hot keys of every rule on one shard (a rule's name enters its hash tag, so one key
-	// value puts the rules on shards a fixed distance apart: each rule gets its own), and probe
-	// keys on it too.
-	master, err := masterOf(limiter.Key(Namespace, Policy, rules[0], HotKey) + ":swc")
+	master, hot, probes, err := shardKeys(ctx, cl, rules, fmt.Sprintf("probe-%d", e.cellSeq+1))
 	if err != nil {
 		return nil, err
-	}
-	hot := map[string]string{rules[0]: HotKey}
-	for _, r := range rules[1:] {
-		for i := 0; hot[r] == "" && i < 1000; i++ {
-			v := fmt.Sprintf("%s-%d", HotKey, i)
-			a, err := masterOf(limiter.Key(Namespace, Policy, r, v) + ":swc")
-			if err != nil {
-				return nil, err
-			}
-			if a == master {
-				hot[r] = v
-			}
-		}
-		if hot[r] == "" {
-			return nil, fmt.Errorf("no key value of rule %s on %s among 1000", r, master)
-		}
-	}
-	var probes []string
-	for i := 0; len(probes) < 5000 && i < 100_000; i++ {
-		v := fmt.Sprintf("probe-%d-%d", e.cellSeq+1, i)
-		a, err := masterOf(limiter.Key(Namespace, Policy, ProbeRule, v) + ":swc")
-		if err != nil {
-			return nil, err
-		}
-		if a == master {
-			probes = append(probes, v)
-		}
 	}
 	var msrv *redistest.Server
 	for _, s := range cl.Nodes {
@@ -199,6 +161,54 @@ func (e *Env) Cluster(ctx context.Context, n int, leases, takeover bool, rules [
 	return c, nil
 }
 
+// shardKeys picks, on the cluster's master of the first rule's HotKey, a hot key value for
+// every rule and fresh probe key values (ProbeRule) starting with probePrefix.
+func shardKeys(ctx context.Context, cl *redistest.Cluster, rules []string, probePrefix string) (master string, hot map[string]string, probes []string, err error) {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1})
+	defer cc.Close()
+	masterOf := func(key string) (string, error) {
+		m, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return "", fmt.Errorf("finding the master of %s: %w", key, err)
+		}
+		return m.Options().Addr, nil
+	}
+	// The hot key of every rule on one shard (a rule's name enters its hash tag, so one key
+	// value puts the rules on shards a fixed distance apart: each rule gets its own), and probe
+	// keys on it too.
+	master, err = masterOf(limiter.Key(Namespace, Policy, rules[0], HotKey) + ":swc")
+	if err != nil {
+		return "", nil, nil, err
+	}
+	hot = map[string]string{rules[0]: HotKey}
+	for _, r := range rules[1:] {
+		for i := 0; hot[r] == "" && i < 1000; i++ {
+			v := fmt.Sprintf("%s-%d", HotKey, i)
+			a, err := masterOf(limiter.Key(Namespace, Policy, r, v) + ":swc")
+			if err != nil {
+				return "", nil, nil, err
+			}
+			if a == master {
+				hot[r] = v
+			}
+		}
+		if hot[r] == "" {
+			return "", nil, nil, fmt.Errorf("no key value of rule %s on %s among 1000", r, master)
+		}
+	}
+	for i := 0; len(probes) < 5000 && i < 100_000; i++ {
+		v := fmt.Sprintf("%s-%d", probePrefix, i)
+		a, err := masterOf(limiter.Key(Namespace, Policy, ProbeRule, v) + ":swc")
+		if err != nil {
+			return "", nil, nil, err
+		}
+		if a == master {
+			probes = append(probes, v)
+		}
+	}
+	return master, hot, probes, nil
+}
+
 // cutClusterReplica keeps a cluster replica from catching up: it makes the replica
 // authenticate to its master as a user that does not exist, kills its link, and waits until
 // the master has no replica and the replica reports its link down.
@@ -263,7 +273,7 @@ func (e *Env) Restart(ctx context.Context, n int, leases bool, rules []string, t
 			if err != nil {
 				return err
 			}
-			if !slicesContainsZero(restored) {
+			if !slices.Contains(restored, 0) {
 				c.RestoredIn = time.Since(killed)
 				return nil
 			}
@@ -280,20 +290,15 @@ func (e *Env) Restart(ctx context.Context, n int, leases bool, rules []string, t
 	return c, nil
 }
 
-func slicesContainsZero(v []float64) bool {
-	for _, x := range v {
-		if x == 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// Table writes one row per rule of every cell: admitted against the limit (per key), the
-// switch, and what the sidecars restored.
+// Table writes one row per rule of every cell: the demand and what was admitted against the
+// limit (limit, demand and admitted over every key of the rule; max/key and min/key per key;
+// over: keys above their limit; short: keys whose demand exceeded the limit that admitted
+// less than 95% of it), the switch (Redis has a master again), when every sidecar decided
+// from Redis again, the last decision of the failure mode after the kill, and what the
+// sidecars restored.
 func Table(w io.Writer, cells []*Cell) {
-	_, _ = fmt.Fprintf(w, "%-40s %-21s %5s %8s %6s %7s %8s %8s %9s %6s %7s %7s %5s %6s %9s %7s %7s %7s %8s %9s\n",
-		"scenario", "algorithm", "keys", "sidecars", "leases", "limit", "at cut", "at kill", "admitted", "x",
+	_, _ = fmt.Fprintf(w, "%-40s %-21s %5s %8s %6s %7s %8s %8s %8s %9s %6s %7s %7s %5s %6s %9s %7s %7s %7s %8s %9s\n",
+		"scenario", "algorithm", "keys", "sidecars", "leases", "limit", "demand", "at cut", "at kill", "admitted", "x",
 		"max/key", "min/key", "over", "short", "degraded", "switch", "decided", "closed", "restored", "regressed")
 	for _, c := range cells {
 		lease := "off"
@@ -307,8 +312,8 @@ func Table(w io.Writer, cells []*Cell) {
 		}
 		for _, r := range c.Rules {
 			limit := r.Limit * int64(r.Keys)
-			_, _ = fmt.Fprintf(w, "%-40s %-21s %5d %8d %6s %7d %8d %8d %9d %5.2fx %7d %7d %5d %6d %9d %6.1fs %6.1fs %6.1fs %8.0f %9.0f\n",
-				c.Scenario, r.Algorithm, r.Keys, c.Sidecars, lease, limit, r.AtCut, r.AtKill, r.Admitted,
+			_, _ = fmt.Fprintf(w, "%-40s %-21s %5d %8d %6s %7d %8d %8d %8d %9d %5.2fx %7d %7d %5d %6d %9d %6.1fs %6.1fs %6.1fs %8.0f %9.0f\n",
+				c.Scenario, r.Algorithm, r.Keys, c.Sidecars, lease, limit, r.Demand, r.AtCut, r.AtKill, r.Admitted,
 				float64(r.Admitted)/float64(limit), r.MaxKey, r.MinKey, r.OverKeys, r.ShortKeys, r.Degraded,
 				c.Switch.Seconds(), c.Decided.Seconds(), r.Closed.Seconds(), restored, regressed)
 		}

@@ -85,7 +85,6 @@ type Env struct {
 	stopUpstream          func()
 	hc                    *http.Client
 	cellSeq               int
-	probeFor              map[string]bool
 	ruleIndex             map[string]int
 	hotRules, spreadRules []int
 }
