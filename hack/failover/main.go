@@ -100,8 +100,8 @@ func run(keep bool, ns []int, limit, keys, keyLimit, concurrency int, window, he
 	}
 	if keys > 0 {
 		rules = append(rules,
-			failover.Rule{Name: "fixedwindow-keys", Algorithm: "FixedWindow", Limit: int64(keyLimit), Keys: keys},
-			failover.Rule{Name: "slidingwindowcounter-keys", Algorithm: "SlidingWindowCounter", Limit: int64(keyLimit), Keys: keys})
+			failover.Rule{Name: "fixedwindow-keys", Algorithm: "FixedWindow", Limit: int64(keyLimit), Keys: keys, Weight: 2},
+			failover.Rule{Name: "slidingwindowcounter-keys", Algorithm: "SlidingWindowCounter", Limit: int64(keyLimit), Keys: keys, Weight: 2})
 	}
 	env, err := failover.NewEnv(ctx, failover.Options{Dir: dir, SidecarBin: bin, Window: window, Rules: rules,
 		HeartbeatInterval: heartbeat, Concurrency: concurrency, Progress: progress})

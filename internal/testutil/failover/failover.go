@@ -56,6 +56,8 @@ type Rule struct {
 	Name, Algorithm string
 	Limit           int64
 	Keys            int
+	// Weight is the rule's share of the demand against the other rules' (0: 1).
+	Weight int
 }
 
 // Options configure an Env.
@@ -103,7 +105,7 @@ func NewEnv(ctx context.Context, o Options) (*Env, error) {
 		e.o.Progress = func(string, ...any) {}
 	}
 	for i, r := range o.Rules {
-		if r.Keys < 1 || r.Limit < 1 || r.Name == ProbeRule {
+		if r.Keys < 1 || r.Limit < 1 || r.Weight < 0 || r.Name == ProbeRule {
 			return nil, fmt.Errorf("failover: rule %q needs a key, a limit and a name other than %q", r.Name, ProbeRule)
 		}
 		e.ruleIndex[r.Name] = i

@@ -59,6 +59,7 @@ type load struct {
 	e        *Env
 	f        *Fleet
 	rules    []int            // indexes into e.o.Rules
+	slots    []int            // indexes into rules, each rule as often as its weight
 	hotKeys  []string         // by rule (of rules): the key value of a one-key rule
 	admitted [][]atomic.Int64 // by rule (of rules), by key
 	demand   [][]atomic.Int64
@@ -85,6 +86,9 @@ func (e *Env) newLoad(f *Fleet, rules []int, hotKeys map[string]string, probeKey
 	for i, ri := range rules {
 		l.admitted[i] = make([]atomic.Int64, e.o.Rules[ri].Keys)
 		l.demand[i] = make([]atomic.Int64, e.o.Rules[ri].Keys)
+		for range max(e.o.Rules[ri].Weight, 1) {
+			l.slots = append(l.slots, i)
+		}
 		l.hotKeys[i] = HotKey
 		if v, ok := hotKeys[e.o.Rules[ri].Name]; ok {
 			l.hotKeys[i] = v
@@ -106,9 +110,9 @@ func (l *load) run(ctx context.Context) {
 			for ctx.Err() == nil {
 				i := l.next.Add(1)
 				s, rest := i%n, i/n
-				ri := int(rest % int64(len(l.rules)))
+				ri := l.slots[rest%int64(len(l.slots))]
 				r := l.e.o.Rules[l.rules[ri]]
-				k := int((rest / int64(len(l.rules))) % int64(r.Keys))
+				k := int((rest / int64(len(l.slots))) % int64(r.Keys))
 				key := l.hotKeys[ri]
 				if r.Keys > 1 {
 					key = "k" + strconv.Itoa(k)
