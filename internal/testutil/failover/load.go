@@ -67,6 +67,7 @@ type load struct {
 	closedNs []atomic.Int64
 	killedAt atomic.Int64 // unix ns of the kill, 0 before
 	next     atomic.Int64
+	keyNext  []atomic.Int64 // by rule (of rules)
 
 	probeKeys []string
 	probeNext atomic.Int64
@@ -82,7 +83,7 @@ func (e *Env) newLoad(f *Fleet, rules []int, hotKeys map[string]string, probeKey
 	l := &load{e: e, f: f, rules: rules, hotKeys: make([]string, len(rules)), probeKeys: probeKeys,
 		admitted: make([][]atomic.Int64, len(rules)), demand: make([][]atomic.Int64, len(rules)),
 		degraded: make([]atomic.Int64, len(rules)), closedNs: make([]atomic.Int64, len(rules)),
-		decided: make([]atomic.Int64, len(f.Checks))}
+		decided: make([]atomic.Int64, len(f.Checks)), keyNext: make([]atomic.Int64, len(rules))}
 	for i, ri := range rules {
 		l.admitted[i] = make([]atomic.Int64, e.o.Rules[ri].Keys)
 		l.demand[i] = make([]atomic.Int64, e.o.Rules[ri].Keys)
@@ -112,7 +113,9 @@ func (l *load) run(ctx context.Context) {
 				s, rest := i%n, i/n
 				ri := l.slots[rest%int64(len(l.slots))]
 				r := l.e.o.Rules[l.rules[ri]]
-				k := int((rest / int64(len(l.slots))) % int64(r.Keys))
+				// Each rule goes round its keys on its own count, so that every key's demand
+				// is spread over the whole window, not spent in one burst.
+				k := int((l.keyNext[ri].Add(1) - 1) % int64(r.Keys))
 				key := l.hotKeys[ri]
 				if r.Keys > 1 {
 					key = "k" + strconv.Itoa(k)
