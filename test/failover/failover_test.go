@@ -30,8 +30,8 @@ const (
 	heartbeat = 2 * time.Second
 	// hotLimit is the limit of each one-key rule per window; keyLimit that of each key of the
 	// rules spread over keys keys. The demand (32 callers; the spread rules take twice the
-	// share of a hot one) is above both: measured 10,000-40,000 checks of a hot rule a
-	// window, about 20 of each spread key, on 2 shared cores.
+	// share of a hot one, and each goes round its keys) is far above both: measured 15,000-
+	// 60,000 checks of a hot rule a window, 30-60 of each spread key, on 2 shared cores.
 	hotLimit, keyLimit, keys = 3000, 5, 1000
 	// decideBound is how long after a kill every sidecar must decide from Redis again: a
 	// generous bound (Sentinel switches in 2-3s; a cluster shard's failover took the sidecars
@@ -150,10 +150,10 @@ func TestSentinelFailoverKeepsEveryWindowWithinItsLimit(t *testing.T) {
 				logTable(t, c)
 				checkWindow(t, c)
 				for _, r := range c.Rules {
-					// A spread key's demand (about 20 checks a window) may leave it short of its
-					// limit of 5 after the switch and the hold, or with leased units not spent
-					// by the window's end; all of them together are not far short (measured
-					// 99% and more).
+					// A spread key's demand (30-60 checks a window, spread over it) may leave
+					// one short of its limit of 5 on a loaded machine, after the switch and the
+					// hold, or with leased units not spent by the window's end; all of them
+					// together are not far short (measured: every key admitted exactly 5).
 					if r.Keys > 1 && r.Admitted*100 < int64(r.Keys)*r.Limit*80 {
 						t.Errorf("%s: %d keys admitted %d together, less than 80%% of their limits (%d)",
 							r.Name, r.Keys, r.Admitted, int64(r.Keys)*r.Limit)

@@ -257,7 +257,8 @@ func (f *Fleet) LogTails(n int) string {
 	return b.String()
 }
 
-// Metric sums, over every sidecar, the samples of the named metric (every label value).
+// Metric reads the named metric of every sidecar of f, summed over its label values: one
+// value per sidecar.
 func (e *Env) Metric(ctx context.Context, f *Fleet, name string) ([]float64, error) {
 	out := make([]float64, len(f.Admins))
 	for i, a := range f.Admins {

@@ -102,7 +102,8 @@ func (l *load) fail(err error) {
 	l.errOnce.Do(func() { l.err = err; l.stop() })
 }
 
-// run calls until ctx ends; it returns when every caller has.
+// run calls until ctx ends; it returns when every caller has (the probes markKill starts are
+// waited for by runWindow once the drive has returned, so that none starts after the wait).
 func (l *load) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	n := int64(len(l.f.Checks))
@@ -132,7 +133,6 @@ func (l *load) run(ctx context.Context) {
 		})
 	}
 	wg.Wait()
-	l.probes.Wait()
 }
 
 // record counts one decision of rule ri (of l.rules) on key k.
@@ -307,6 +307,7 @@ func (e *Env) runWindow(ctx context.Context, f *Fleet, spec CellSpec, d drive) (
 		stop()
 	}
 	<-done
+	l.probes.Wait()
 	if l.err != nil {
 		return nil, l.err
 	}
