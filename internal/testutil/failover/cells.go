@@ -1,0 +1,321 @@
+package failover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// Timing says when a cell cuts the replica off and kills the master: when every one-key rule
+// has admitted CutAt (0: at once) and KillAt of its limit.
+type Timing struct {
+	CutAt, KillAt float64
+	// Tail, when positive, ends the demand this long after the switch instead of just before
+	// the window ends.
+	Tail time.Duration
+}
+
+func (t Timing) valid() error {
+	if t.CutAt < 0 || t.KillAt <= t.CutAt || t.KillAt >= 1 {
+		return fmt.Errorf("failover: want 0 <= cut at (%v) < kill at (%v) < 1", t.CutAt, t.KillAt)
+	}
+	return nil
+}
+
+// Sentinel is one failover of a Sentinel group (redistest.StartSentinel) under n sidecars on
+// its redis+sentinel:// URL: the replica cut off (CutReplica) at t.CutAt, the master SIGKILLed
+// at t.KillAt, the demand kept up while Sentinel promotes the replica, which lacks what was
+// counted in between.
+func (e *Env) Sentinel(ctx context.Context, n int, leases bool, t Timing) (_ *Cell, err error) {
+	if err := t.valid(); err != nil {
+		return nil, err
+	}
+	g, err := redistest.StartSentinel()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, g.Close()) }()
+	f, err := e.StartFleet(ctx, g.URL(), n, leases)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Stop()
+	c, err := e.runWindow(ctx, f, CellSpec{Scenario: "sentinel", Tail: t.Tail}, func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) error {
+		if err := l.waitHot(ctx, t.CutAt); err != nil {
+			return err
+		}
+		if err := g.CutReplica(ctx); err != nil {
+			return err
+		}
+		*atCut = l.totals()
+		if err := l.waitHot(ctx, t.KillAt); err != nil {
+			return err
+		}
+		*atKill = l.totals()
+		l.markKill(ctx)
+		killed := time.Now()
+		if err := g.Master().Stop(); err != nil {
+			return err
+		}
+		if err := g.WaitMaster(ctx, g.Replica()); err != nil {
+			return err
+		}
+		c.Switch = time.Since(killed)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sentinel, %d sidecars, leases %t: %w\n%s", n, leases, err, f.LogTails(1500))
+	}
+	return c, nil
+}
+
+// Cluster is one failover of a Redis Cluster shard (3 masters with a replica each) under n
+// sidecars on its seed list: the shard holding the hot key of every rule in rules has its
+// replica cut off (it cannot authenticate to its master any more) at t.CutAt, its master is
+// SIGKILLed at t.KillAt, and the replica is promoted by CLUSTER FAILOVER TAKEOVER (takeover)
+// or by the cluster itself once the master is past its node timeout.
+func (e *Env) Cluster(ctx context.Context, n int, leases, takeover bool, rules []string, t Timing) (_ *Cell, err error) {
+	if err := t.valid(); err != nil {
+		return nil, err
+	}
+	cl, err := redistest.StartClusterWithReplicas(3)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, cl.Close()) }()
+	master, hot, probes, err := shardKeys(ctx, cl, rules, fmt.Sprintf("probe-%d", e.cellSeq+1))
+	if err != nil {
+		return nil, err
+	}
+	var msrv *redistest.Server
+	for _, s := range cl.Nodes {
+		if s.Addr() == master {
+			msrv = s
+		}
+	}
+	replica, err := cl.ReplicaOf(master)
+	if err != nil {
+		return nil, err
+	}
+	mc := redis.NewClient(&redis.Options{Addr: master, MaxRetries: -1})
+	defer mc.Close()
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
+	defer rc.Close()
+
+	f, err := e.StartFleet(ctx, cl.URL(), n, leases)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Stop()
+	scenario := "cluster, replica promoted by the cluster"
+	if takeover {
+		scenario = "cluster, CLUSTER FAILOVER TAKEOVER"
+	}
+	spec := CellSpec{Scenario: scenario, Rules: rules, HotKeys: hot, ProbeKeys: probes, Tail: t.Tail}
+	c, err := e.runWindow(ctx, f, spec, func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) error {
+		if err := l.waitHot(ctx, t.CutAt); err != nil {
+			return err
+		}
+		if err := cutClusterReplica(ctx, mc, rc); err != nil {
+			return err
+		}
+		*atCut = l.totals()
+		if err := l.waitHot(ctx, t.KillAt); err != nil {
+			return err
+		}
+		*atKill = l.totals()
+		l.markKill(ctx)
+		killed := time.Now()
+		if err := msrv.Stop(); err != nil {
+			return err
+		}
+		if takeover {
+			if err := rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+				return fmt.Errorf("CLUSTER FAILOVER TAKEOVER on %s: %w", replica.Addr(), err)
+			}
+		}
+		for {
+			role, err := rc.Do(ctx, "ROLE").Slice()
+			if err == nil && len(role) > 0 && role[0] == "master" {
+				break
+			}
+			if err := sleep(ctx, 20*time.Millisecond); err != nil {
+				return fmt.Errorf("waiting for %s to be promoted (ROLE %v): %w", replica.Addr(), role, err)
+			}
+		}
+		c.Switch = time.Since(killed)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s, %d sidecars, leases %t: %w\n%s", scenario, n, leases, err, f.LogTails(1500))
+	}
+	return c, nil
+}
+
+// shardKeys picks, on the cluster's master of the first rule's HotKey, a hot key value for
+// every rule and fresh probe key values (ProbeRule) starting with probePrefix.
+func shardKeys(ctx context.Context, cl *redistest.Cluster, rules []string, probePrefix string) (master string, hot map[string]string, probes []string, err error) {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1})
+	defer cc.Close()
+	masterOf := func(key string) (string, error) {
+		m, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return "", fmt.Errorf("finding the master of %s: %w", key, err)
+		}
+		return m.Options().Addr, nil
+	}
+	// The hot key of every rule on one shard (a rule's name enters its hash tag, so one key
+	// value puts the rules on shards a fixed distance apart: each rule gets its own), and probe
+	// keys on it too.
+	master, err = masterOf(limiter.Key(Namespace, Policy, rules[0], HotKey) + ":swc")
+	if err != nil {
+		return "", nil, nil, err
+	}
+	hot = map[string]string{rules[0]: HotKey}
+	for _, r := range rules[1:] {
+		for i := 0; hot[r] == "" && i < 1000; i++ {
+			v := fmt.Sprintf("%s-%d", HotKey, i)
+			a, err := masterOf(limiter.Key(Namespace, Policy, r, v) + ":swc")
+			if err != nil {
+				return "", nil, nil, err
+			}
+			if a == master {
+				hot[r] = v
+			}
+		}
+		if hot[r] == "" {
+			return "", nil, nil, fmt.Errorf("no key value of rule %s on %s among 1000", r, master)
+		}
+	}
+	for i := 0; len(probes) < 5000 && i < 100_000; i++ {
+		v := fmt.Sprintf("%s-%d", probePrefix, i)
+		a, err := masterOf(limiter.Key(Namespace, Policy, ProbeRule, v) + ":swc")
+		if err != nil {
+			return "", nil, nil, err
+		}
+		if a == master {
+			probes = append(probes, v)
+		}
+	}
+	return master, hot, probes, nil
+}
+
+// cutClusterReplica keeps a cluster replica from catching up: it makes the replica
+// authenticate to its master as a user that does not exist, kills its link, and waits until
+// the master has no replica and the replica reports its link down.
+func cutClusterReplica(ctx context.Context, mc, rc *redis.Client) error {
+	if err := rc.ConfigSet(ctx, "masteruser", "nobody").Err(); err != nil {
+		return fmt.Errorf("setting masteruser on the replica: %w", err)
+	}
+	if err := rc.ConfigSet(ctx, "masterauth", "wrong").Err(); err != nil {
+		return fmt.Errorf("setting masterauth on the replica: %w", err)
+	}
+	if err := mc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
+		return fmt.Errorf("killing the replication link: %w", err)
+	}
+	for {
+		mi, merr := mc.Info(ctx, "replication").Result()
+		ri, rerr := rc.Info(ctx, "replication").Result()
+		if merr == nil && rerr == nil && strings.Contains(mi, "connected_slaves:0") &&
+			strings.Contains(ri, "master_link_status:down") {
+			return nil
+		}
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return fmt.Errorf("waiting for the replica to lose its link: %w (master: %v, replica: %v)", err, merr, rerr)
+		}
+	}
+}
+
+// Restart is a standalone Redis under n sidecars, SIGKILLed when every one-key rule of rules
+// has admitted t.KillAt of its limit and restarted at once, empty (no persistence), on the
+// same port. The cell's RestoredIn is when every sidecar's restored units had risen.
+func (e *Env) Restart(ctx context.Context, n int, leases bool, rules []string, t Timing) (_ *Cell, err error) {
+	if err := t.valid(); err != nil {
+		return nil, err
+	}
+	srv, err := redistest.Start()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, srv.Close()) }()
+	f, err := e.StartFleet(ctx, srv.URL(), n, leases)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Stop()
+	spec := CellSpec{Scenario: "standalone, restarted empty", Rules: rules, Tail: t.Tail}
+	c, err := e.runWindow(ctx, f, spec, func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) error {
+		if err := l.waitHot(ctx, t.KillAt); err != nil {
+			return err
+		}
+		*atKill = l.totals()
+		*atCut = *atKill
+		l.markKill(ctx)
+		killed := time.Now()
+		if err := srv.Stop(); err != nil {
+			return err
+		}
+		if err := srv.Start(); err != nil {
+			return err
+		}
+		c.Switch = time.Since(killed)
+		for {
+			restored, err := e.Metric(ctx, f, "redline_sidecar_restored_units_total")
+			if err != nil {
+				return err
+			}
+			if !slices.Contains(restored, 0) {
+				c.RestoredIn = time.Since(killed)
+				return nil
+			}
+			if err := sleep(ctx, 100*time.Millisecond); err != nil {
+				// Not every sidecar restored before the window ended: the caller's assertions
+				// on the metrics say which.
+				return nil
+			}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("standalone restart, %d sidecars, leases %t: %w\n%s", n, leases, err, f.LogTails(1500))
+	}
+	return c, nil
+}
+
+// Table writes one row per rule of every cell: the demand and what was admitted against the
+// limit (limit, demand and admitted over every key of the rule; max/key and min/key per key;
+// over: keys above their limit; short: keys whose demand exceeded the limit that admitted
+// less than 95% of it), the switch (Redis has a master again), when every sidecar decided
+// from Redis again, the last decision of the failure mode after the kill, and what the
+// sidecars restored.
+func Table(w io.Writer, cells []*Cell) {
+	_, _ = fmt.Fprintf(w, "%-40s %-21s %5s %8s %6s %7s %8s %8s %8s %9s %6s %7s %7s %5s %6s %9s %7s %7s %7s %8s %9s\n",
+		"scenario", "algorithm", "keys", "sidecars", "leases", "limit", "demand", "at cut", "at kill", "admitted", "x",
+		"max/key", "min/key", "over", "short", "degraded", "switch", "decided", "closed", "restored", "regressed")
+	for _, c := range cells {
+		lease := "off"
+		if c.Leases {
+			lease = "on"
+		}
+		var restored, regressed float64
+		for i := range c.Restored {
+			restored += c.Restored[i]
+			regressed += c.Regressions[i]
+		}
+		for _, r := range c.Rules {
+			limit := r.Limit * int64(r.Keys)
+			_, _ = fmt.Fprintf(w, "%-40s %-21s %5d %8d %6s %7d %8d %8d %8d %9d %5.2fx %7d %7d %5d %6d %9d %6.1fs %6.1fs %6.1fs %8.0f %9.0f\n",
+				c.Scenario, r.Algorithm, r.Keys, c.Sidecars, lease, limit, r.Demand, r.AtCut, r.AtKill, r.Admitted,
+				float64(r.Admitted)/float64(limit), r.MaxKey, r.MinKey, r.OverKeys, r.ShortKeys, r.Degraded,
+				c.Switch.Seconds(), c.Decided.Seconds(), r.Closed.Seconds(), restored, regressed)
+		}
+	}
+}
