@@ -28,9 +28,11 @@ const (
 	workRefuse = "over limit"
 )
 
+// The limits are one replica's, as a sidecar's heartbeat says (the limiter leases only once
+// the live replicas are known), and every engine keeps its shares, as a sidecar does.
 var (
-	admitLimit  = limiter.Limit{Algorithm: limiter.SlidingWindowCounter, Requests: benchLimit, Window: time.Minute}
-	refuseLimit = limiter.Limit{Algorithm: limiter.SlidingWindowCounter, Requests: 10, Window: time.Minute}
+	admitLimit  = limiter.Limit{Algorithm: limiter.SlidingWindowCounter, Requests: benchLimit, Window: time.Minute, Replicas: 1, Peers: 1}
+	refuseLimit = limiter.Limit{Algorithm: limiter.SlidingWindowCounter, Requests: 10, Window: time.Minute, Replicas: 1, Peers: 1}
 )
 
 // RoundTripCell is one way of deciding under one workload.
@@ -71,7 +73,7 @@ type rtMode struct {
 // engine returns the limiter engine with batching, pre-check and leases on or off.
 func engine(name string, batch, precheck, leases bool) rtMode {
 	return rtMode{name, func(c redis.UniversalClient) (decider, func(), error) {
-		o := limiter.Options{LeaseHorizon: -1}
+		o := limiter.Options{LeaseHorizon: -1, ReplicaID: limiter.NewReplicaID()}
 		if leases {
 			o.LeaseHorizon = 0 // the default
 		}
