@@ -43,6 +43,19 @@ func TestSharesScripts(t *testing.T) {
 		return run(g, fw, key, 100, window, cost, 0, cost, id, start, known, knownPrev)
 	}
 
+	// earlyInAWindow waits until Redis's clock is in the first half of a window of w ms (so
+	// that a case has the rest of it) and returns how to read that clock.
+	earlyInAWindow := func(g Gomega, w int64) func() int64 {
+		redisMS := func() int64 {
+			n, err := c.Time(ctx).Result()
+			g.Expect(err).NotTo(HaveOccurred())
+			return n.UnixMilli()
+		}
+		g.Eventually(func() int64 { return redisMS() % w }).WithTimeout(5 * time.Second).WithPolling(5 * time.Millisecond).
+			Should(BeNumerically("<", w/2))
+		return redisMS
+	}
+
 	t.Run("a lost window is restored once, however often it is asserted", func(t *testing.T) {
 		g := NewWithT(t)
 		key := uniqueKey(t) + ":swc"
@@ -146,13 +159,7 @@ func TestSharesScripts(t *testing.T) {
 		// A short window: the replica was granted 40 in window k-1, and the Redis that took
 		// over lost all of it; in window k the replica's first call restores p.
 		const w = int64(2000)
-		redisMS := func() int64 {
-			n, err := c.Time(ctx).Result()
-			g.Expect(err).NotTo(HaveOccurred())
-			return n.UnixMilli()
-		}
-		g.Eventually(func() int64 { return redisMS() % w }).WithTimeout(5 * time.Second).WithPolling(5 * time.Millisecond).
-			Should(BeNumerically("<", 1000))
+		redisMS := earlyInAWindow(g, w)
 		r := run(g, swc, key, 100, w, 40, 0, 40, "a", 0, 0, 0)
 		g.Expect(r[5]).To(BeEquivalentTo(40))
 		prevStart := r[4] / 1000 / w * w
@@ -232,13 +239,7 @@ func TestSharesScripts(t *testing.T) {
 		swc, _ := scripts.For(string(limiter.SlidingWindowCounter))
 		key := uniqueKey(t) + ":swc"
 		const w = int64(2000)
-		redisMS := func() int64 {
-			n, err := c.Time(ctx).Result()
-			g.Expect(err).NotTo(HaveOccurred())
-			return n.UnixMilli()
-		}
-		g.Eventually(func() int64 { return redisMS() % w }).WithTimeout(5 * time.Second).WithPolling(5 * time.Millisecond).
-			Should(BeNumerically("<", 1000))
+		redisMS := earlyInAWindow(g, w)
 		one := func(id string, start, known, knownPrev, peers int64) []int64 {
 			return run(g, swc, key, 100, w, 1, 0, 1, id, start, known, knownPrev, 60_000, peers)
 		}

@@ -27,6 +27,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/hack/bench/internal/machine"
+
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
@@ -135,7 +137,7 @@ func measure(v version, alg string, replicas, keys, calls int) (cost, error) {
 	if err != nil {
 		return cost{}, fmt.Errorf("loading %s of %s: %w", alg, v.name, err)
 	}
-	cpu0, err := cpuSeconds(ctx, c)
+	cpu0, err := machine.RedisCPU(ctx, c)
 	if err != nil {
 		return cost{}, err
 	}
@@ -181,7 +183,7 @@ func measure(v version, alg string, replicas, keys, calls int) (cost, error) {
 	if err := flush(); err != nil {
 		return cost{}, err
 	}
-	cpu1, err := cpuSeconds(ctx, c)
+	cpu1, err := machine.RedisCPU(ctx, c)
 	if err != nil {
 		return cost{}, err
 	}
@@ -197,33 +199,7 @@ func measure(v version, alg string, replicas, keys, calls int) (cost, error) {
 		}
 		total += n
 	}
-	return cost{scriptUS: us, cpuUS: (cpu1 - cpu0) * 1e6 / float64(calls), bytes: float64(total) / float64(keys)}, nil
-}
-
-// cpuSeconds reads the server's CPU time, user and system, from INFO cpu.
-func cpuSeconds(ctx context.Context, c *redis.Client) (float64, error) {
-	info, err := c.Info(ctx, "cpu").Result()
-	if err != nil {
-		return 0, fmt.Errorf("INFO cpu: %w", err)
-	}
-	var total float64
-	found := 0
-	for line := range strings.SplitSeq(info, "\n") {
-		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
-			continue
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return 0, fmt.Errorf("INFO cpu %s: %w", name, err)
-		}
-		total += f
-		found++
-	}
-	if found != 2 {
-		return 0, errors.New("no used_cpu_user and used_cpu_sys in INFO cpu")
-	}
-	return total, nil
+	return cost{scriptUS: us, cpuUS: float64((cpu1 - cpu0).Microseconds()) / float64(calls), bytes: float64(total) / float64(keys)}, nil
 }
 
 // usecPerCall reads EVALSHA's usec_per_call from INFO commandstats.

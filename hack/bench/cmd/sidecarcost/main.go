@@ -53,6 +53,8 @@ import (
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
+
+	"github.com/redline-dev/redline/hack/bench/internal/machine"
 )
 
 const (
@@ -233,7 +235,7 @@ func run(o options, command string) error {
 	for _, c := range cells {
 		results[c] = &[2][]sample{}
 	}
-	load := loadAverage()
+	load := machine.LoadAverage()
 	for r := range o.rounds {
 		for _, c := range cells {
 			order := []int{0, 1}
@@ -742,18 +744,6 @@ func samplePeak(pid int) func() float64 {
 	}
 }
 
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
@@ -770,7 +760,7 @@ func printTable(o options, command, load string, versions [2]*version, cells []c
 	b := versions[0].name
 	fmt.Printf("`%s`, %d rounds per cell and version (base and now alternating, each run on a fresh redis-server and sidecar), "+
 		"%d clients, %d decisions measured per run (after 200 of warm-up), %s, %d cores; load average %s at start, %s at end.\n\n",
-		command, o.rounds, o.concurrency, o.ops, runtime.Version(), runtime.NumCPU(), load, loadAverage())
+		command, o.rounds, o.concurrency, o.ops, runtime.Version(), runtime.NumCPU(), load, machine.LoadAverage())
 	fmt.Println("CPU: the sidecar's utime+stime over the measured decisions (/proc/<pid>/stat, 10 ms ticks). " +
 		"RSS: the largest VmRSS sampled every 50 ms under load; HWM: VmHWM at the end of the run. " +
 		"Each value is the median over the rounds, the minimum in parentheses; ratios are of the medians (of the minimums in parentheses); " +

@@ -37,6 +37,8 @@ import (
 
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+
+	"github.com/redline-dev/redline/hack/bench/internal/machine"
 )
 
 const (
@@ -112,7 +114,7 @@ func run(concs []int, rounds int, cellTime time.Duration, cellOps int64, timeout
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	load := loadAverage()
+	load := machine.LoadAverage()
 	master, err := redistest.Start()
 	if err != nil {
 		return fmt.Errorf("starting the master: %w", err)
@@ -280,7 +282,7 @@ func cell(ctx context.Context, c *redis.Client, g *granter, m mode, n int, cellT
 			return result{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	cpu0, err := masterCPU(ctx, c)
+	cpu0, err := machine.RedisCPU(ctx, c)
 	if err != nil {
 		return result{}, err
 	}
@@ -319,7 +321,7 @@ func cell(ctx context.Context, c *redis.Client, g *granter, m mode, n int, cellT
 	if first != nil {
 		return result{}, first
 	}
-	cpu1, err := masterCPU(ctx, c)
+	cpu1, err := machine.RedisCPU(ctx, c)
 	if err != nil {
 		return result{}, err
 	}
@@ -331,44 +333,6 @@ func cell(ctx context.Context, c *redis.Client, g *granter, m mode, n int, cellT
 	return result{mode: m, concurrency: n, ops: int64(len(all)), perSec: float64(len(all)) / elapsed.Seconds(),
 		p50: all[len(all)/2], p99: all[min(len(all)-1, len(all)*99/100)],
 		cpuPerOp: (cpu1 - cpu0) / time.Duration(len(all)), unacked: unacked.Load()}, nil
-}
-
-// masterCPU is used_cpu_sys + used_cpu_user from INFO cpu.
-func masterCPU(ctx context.Context, c *redis.Client) (time.Duration, error) {
-	info, err := c.Info(ctx, "cpu").Result()
-	if err != nil {
-		return 0, fmt.Errorf("INFO cpu: %w", err)
-	}
-	var total float64
-	found := 0
-	for line := range strings.SplitSeq(info, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || (k != "used_cpu_sys" && k != "used_cpu_user") {
-			continue
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return 0, fmt.Errorf("INFO cpu %s=%q: %w", k, v, err)
-		}
-		total += f
-		found++
-	}
-	if found != 2 {
-		return 0, errors.New("INFO cpu has no used_cpu_sys and used_cpu_user")
-	}
-	return time.Duration(total * float64(time.Second)), nil
-}
-
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // cellKey names a cell: a mode at a number of callers.
@@ -411,7 +375,7 @@ func summarize(rs []result) summary {
 func printTable(command, load string, rounds int, cellTime time.Duration, cellOps int64, concs []int, results map[cellKey][]result) {
 	fmt.Printf("`%s`: one master and one replica (redis-server, loopback, `replicaof`), each run at most %s or %d decisions; "+
 		"with the replica healthy, %d runs per cell, EVALSHA alone and with WAIT alternating; %s, %d cores; load average %s at start, %s at end.\n\n",
-		command, cellTime, cellOps, rounds, runtime.Version(), runtime.NumCPU(), load, loadAverage())
+		command, cellTime, cellOps, rounds, runtime.Version(), runtime.NumCPU(), load, machine.LoadAverage())
 	fmt.Println("A decision is the FixedWindow script's grant of one unit (with the replica's share), and with WAIT the " +
 		"`WAIT 1 <timeout ms>` sent in the same pipeline, on the same connection: WAIT returns once a replica acknowledged " +
 		"every write of that connection so far, or at its timeout. \"stalled\": the replica is stopped (SIGSTOP), so every WAIT " +

@@ -10,6 +10,8 @@ import (
 
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+
+	"github.com/redline-dev/redline/hack/bench/internal/machine"
 )
 
 // TestWaitSeesTheReplicaUntilItStalls checks what the cells rest on: a grant followed by WAIT
@@ -51,7 +53,7 @@ func TestWaitSeesTheReplicaUntilItStalls(t *testing.T) {
 	if got := g.known[7].Load(); got != 2 {
 		t.Errorf("known share of key 7 after two grants: %d, want 2", got)
 	}
-	cpu, err := masterCPU(ctx, c)
+	cpu, err := machine.RedisCPU(ctx, c)
 	if err != nil || cpu <= 0 {
 		t.Errorf("masterCPU: %v, %v", cpu, err)
 	}
