@@ -278,6 +278,10 @@ const (
 	// a worst case (every injected workload at its maxReplicas, each pod with its full Redis
 	// pool) that exceeds Redis's maxclients.
 	ConditionRedisConnectionBudget = "RedisConnectionBudget"
+	// ConditionRedisMemoryPolicy is False when a Redis node can evict keys to make room
+	// (maxmemory set, maxmemory-policy not noeviction): another tenant's writes can then evict
+	// this policy's counts, and its clients are admitted again.
+	ConditionRedisMemoryPolicy = "RedisMemoryPolicy"
 )
 
 // ConditionTenantIsolation is True when the sidecars of the policy's namespace reach Redis as
@@ -291,7 +295,8 @@ type RateLimitPolicyStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions: Accepted, Programmed, Enforced and RedisConnectionBudget.
+	// conditions: Accepted, Programmed, Enforced, RedisConnectionBudget, TenantIsolation and
+	// RedisMemoryPolicy.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

@@ -150,7 +150,7 @@ func run() error {
 	budget := &connbudget.Publisher{}
 	webhookCfg.Budget = budget
 	if err := controller.Setup(mgr, controller.Config{
-		Redis: rdb, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
+		Redis: rdb, Nodes: nodes.Each, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
 		HeartbeatTTL: heartbeatTTL, ResyncInterval: resync,
 		RedisMaxClients: redisMaxClients, BudgetInterval: budgetInterval, Budget: budget,
 		// The injector's ceiling, so that the budget counts the pools it gives.

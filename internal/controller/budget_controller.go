@@ -438,12 +438,16 @@ func (r *BudgetReconciler) coalesce() time.Duration {
 	return time.Second
 }
 
-// coalescing enqueues the budget request a while after a change, so that the changes of that
-// while make one pass (the delaying queue keeps the earliest time of one key).
-type coalescing struct{ delay time.Duration }
+// coalescing enqueues one request (the budget's, the memory policy's) a while after a change,
+// so that the changes of that while make one pass (the delaying queue keeps the earliest time
+// of one key).
+type coalescing struct {
+	delay time.Duration
+	req   reconcile.Request
+}
 
 func (c coalescing) add(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	q.AddAfter(budgetRequest, c.delay)
+	q.AddAfter(c.req, c.delay)
 }
 
 func (c coalescing) Create(_ context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
@@ -465,7 +469,7 @@ func (c coalescing) Generic(_ context.Context, _ event.GenericEvent, q workqueue
 // SetupWithManager registers the reconciler: every change of a workload, an HPA or a policy
 // maps to the one budget request, coalesced (see Coalesce).
 func (r *BudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	all := coalescing{delay: r.coalesce()}
+	all := coalescing{delay: r.coalesce(), req: budgetRequest}
 	maxBackoff := r.MaxBackoff
 	if maxBackoff == 0 {
 		maxBackoff = 30 * time.Second

@@ -298,7 +298,7 @@ func TestBudgetChangesCoalesce(t *testing.T) {
 	g := NewWithT(t)
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 	defer q.ShutDown()
-	h := coalescing{delay: 50 * time.Millisecond}
+	h := coalescing{delay: 50 * time.Millisecond, req: budgetRequest}
 	for range 100 {
 		h.Update(context.Background(), event.UpdateEvent{}, q)
 		h.Create(context.Background(), event.CreateEvent{}, q)

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"time"
@@ -43,6 +44,10 @@ type Config struct {
 	// podinject.Config.SidecarRedisPoolSize: the largest pool the budget gives (0:
 	// contract.DefaultRedisPoolSize).
 	SidecarRedisPoolSize int64
+	// Nodes runs a function on every Redis node, replicas included (redisconn.Nodes.Each),
+	// for what each node keeps of its own (maxmemory-policy); nil: Redis alone, which is
+	// right for a single server.
+	Nodes func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
 	// Budget receives every computed budget, for the pod injector to size pools from (the
 	// manager gives the same Publisher to podinject.Config.Budget); nil publishes nothing.
 	Budget *connbudget.Publisher
@@ -110,5 +115,21 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		Budget:             cfg.Budget,
 		Elected:            mgr.Elected(),
 	}
-	return b.SetupWithManager(mgr)
+	if err := b.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	nodes := cfg.Nodes
+	if nodes == nil {
+		c, ok := cfg.Redis.(*redis.Client)
+		if !ok {
+			return fmt.Errorf("controller setup: Config.Nodes is needed for a %T", cfg.Redis)
+		}
+		nodes = func(ctx context.Context, fn func(context.Context, *redis.Client) error) error { return fn(ctx, c) }
+	}
+	m := &MemoryPolicyReconciler{
+		Client: mgr.GetClient(), Policies: mgr.GetCache(), Nodes: nodes,
+		Recorder: mgr.GetEventRecorder("redline-controller"),
+		Interval: cfg.BudgetInterval, RedisTimeout: cfg.RedisTimeout, MaxBackoff: cfg.MaxBackoff,
+	}
+	return m.SetupWithManager(mgr)
 }

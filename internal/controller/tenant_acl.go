@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -108,6 +109,48 @@ type TenantACLReconciler struct {
 	secrets cache.Cache
 	keyMu   sync.Mutex
 	key     []byte
+
+	// restartGen counts the node restarts (and new nodes) the restart watcher saw; applied is,
+	// per namespace, the last ACL SETUSER that succeeded on every node. A namespace's reconcile
+	// sets its user again only in a new rotation period, after a restart, or CheckInterval after
+	// the last time: a tenant that edits its Secret in a loop gets the Secret written back, not
+	// an ACL SETUSER and an ACL LIST on every node per edit.
+	restartGen atomic.Uint64
+	appliedMu  sync.Mutex
+	applied    map[string]appliedUser
+}
+
+// appliedUser is one namespace's last successful ACL SETUSER on every node.
+type appliedUser struct {
+	period int64
+	gen    uint64
+	at     time.Time
+	nodes  int
+	open   []string // redisacl.OpenUsers then
+}
+
+// appliedUser returns the namespace's last ACL SETUSER, and whether it still holds: the same
+// period and restart generation, less than CheckInterval ago.
+func (r *TenantACLReconciler) appliedUser(ns string, period int64, gen uint64, now time.Time) (appliedUser, bool) {
+	r.appliedMu.Lock()
+	defer r.appliedMu.Unlock()
+	a, ok := r.applied[ns]
+	return a, ok && a.period == period && a.gen == gen && now.Sub(a.at) < r.checkInterval()
+}
+
+func (r *TenantACLReconciler) setAppliedUser(ns string, a appliedUser) {
+	r.appliedMu.Lock()
+	defer r.appliedMu.Unlock()
+	if r.applied == nil {
+		r.applied = map[string]appliedUser{}
+	}
+	r.applied[ns] = a
+}
+
+func (r *TenantACLReconciler) forgetAppliedUser(ns string) {
+	r.appliedMu.Lock()
+	defer r.appliedMu.Unlock()
+	delete(r.applied, ns)
 }
 
 // Secrets: create is not restricted by name in Kubernetes' RBAC; everything else is, to the
@@ -142,9 +185,19 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	now := r.now()
 	period := now.UnixNano() / int64(r.rotation())
 	cur, prev := derivePassword(key, ns, period), derivePassword(key, ns, period-1)
-	nodes, err := r.collectNodes(rctx)
-	if err == nil {
-		err = redisacl.Ensure(rctx, nodes, ns, []string{prev, cur})
+	gen := r.restartGen.Load()
+	done, fresh := r.appliedUser(ns, period, gen, now)
+	if !fresh {
+		done = appliedUser{period: period, gen: gen, at: now}
+		var nodes []redisacl.Node
+		nodes, err = r.collectNodes(rctx)
+		if err == nil {
+			err = redisacl.Ensure(rctx, nodes, ns, []string{prev, cur})
+		}
+		done.nodes = len(nodes)
+		if err == nil {
+			done.open, _ = redisacl.OpenUsers(rctx, nodes)
+		}
 	}
 	switch {
 	case errors.Is(err, redisacl.ErrUnavailable):
@@ -156,19 +209,21 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		_ = r.setCondition(ctx, ns, metav1.ConditionUnknown, ReasonRedisUnavailable, truncate("setting the namespace's Redis user: "+err.Error()))
 		return ctrl.Result{}, fmt.Errorf("setting the redis user of %s: %w", ns, err)
 	}
+	r.setAppliedUser(ns, done)
 	if err := r.writeSecret(ctx, ns, cur); err != nil {
 		_ = r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonTenantCredentialsErr, truncate(err.Error()))
 		return ctrl.Result{}, err
 	}
 	next := time.Unix(0, (period+1)*int64(r.rotation()))
 	requeue := ctrl.Result{RequeueAfter: next.Sub(now) + time.Second}
-	if open, err := redisacl.DefaultUserOpen(rctx, nodes); err == nil && open {
+	if open := done.open; len(open) > 0 {
 		return requeue, r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonRedisDefaultUserOpen,
-			"Redis's default user needs no password, so the namespace's own Redis user "+redisacl.Username(ns)+
-				" isolates nothing: anything that reaches Redis can connect as the default user, with every key; give it a password (requirepass)")
+			truncate(fmt.Sprintf("Redis user(s) %s need no password (on, nopass), so the namespace's own Redis user %s"+
+				" isolates nothing: anything that reaches Redis can connect as them, with whatever keys and commands they hold "+
+				"(the default user: every key); give each a password (requirepass for the default user) or turn it off", strings.Join(open, ", "), redisacl.Username(ns))))
 	}
 	msg := fmt.Sprintf("Redis user %s on %d node(s), keys %s only, commands a sidecar runs only; credentials in Secret %s, rotated every %s",
-		redisacl.Username(ns), len(nodes), strings.Join(redisacl.KeyPatterns(ns), " "), r.SecretName, r.rotation())
+		redisacl.Username(ns), done.nodes, strings.Join(redisacl.KeyPatterns(ns), " "), r.SecretName, r.rotation())
 	if err := r.setCondition(ctx, ns, metav1.ConditionTrue, ReasonTenantIsolated, msg); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -198,6 +253,7 @@ func (r *TenantACLReconciler) collectNodes(ctx context.Context) ([]redisacl.Node
 
 // cleanup removes the user and the Secret of a namespace without policies: nothing to enforce.
 func (r *TenantACLReconciler) cleanup(ctx context.Context, ns string) error {
+	r.forgetAppliedUser(ns)
 	nodes, err := r.collectNodes(ctx)
 	if err == nil {
 		err = redisacl.Remove(ctx, nodes, ns)
@@ -454,7 +510,7 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.secrets = secrets
 	restarts := make(chan event.GenericEvent, 1)
-	if err := mgr.Add(&redisRestartWatcher{nodes: r.Nodes, interval: r.checkInterval(), timeout: r.redisTimeout(), events: restarts}); err != nil {
+	if err := mgr.Add(&redisRestartWatcher{nodes: r.Nodes, interval: r.checkInterval(), timeout: r.redisTimeout(), events: restarts, gen: &r.restartGen}); err != nil {
 		return fmt.Errorf("adding the redis restart watcher: %w", err)
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -505,6 +561,7 @@ type redisRestartWatcher struct {
 	interval time.Duration
 	timeout  time.Duration
 	events   chan<- event.GenericEvent
+	gen      *atomic.Uint64 // counts the restarts seen (TenantACLReconciler.restartGen)
 	last     map[string]string
 }
 
@@ -553,6 +610,9 @@ func (w *redisRestartWatcher) check(ctx context.Context) {
 	}
 	maps.Copy(w.last, ids)
 	if changed {
+		if w.gen != nil {
+			w.gen.Add(1)
+		}
 		select {
 		case w.events <- event.GenericEvent{}:
 		case <-ctx.Done():

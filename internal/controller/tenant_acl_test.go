@@ -3,6 +3,7 @@ package controller_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -30,7 +31,7 @@ const aclAdminPassword = "acl-admin"
 
 // startTenantACL runs a manager with only the tenant ACL reconciler, against srv (whose default
 // user needs aclAdminPassword), until the returned function is called.
-func startTenantACL(srv *redistest.Server, mode string, rotation time.Duration, keyNS string) func() {
+func startTenantACL(srv *redistest.Server, mode string, rotation time.Duration, keyNS string, hooks ...redis.Hook) func() {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: k8s.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
 		// Each spec starts its own manager in this process: the controller's name repeats.
@@ -38,6 +39,9 @@ func startTenantACL(srv *redistest.Server, mode string, rotation time.Duration, 
 	})
 	Expect(err).NotTo(HaveOccurred())
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: aclAdminPassword, MaxRetries: -1})
+	for _, h := range hooks {
+		admin.AddHook(h)
+	}
 	Expect(controller.SetupTenantACL(mgr, controller.TenantACLConfig{
 		Mode: mode, SecretName: "redline-redis",
 		Nodes:     func(ctx context.Context, fn func(context.Context, *redis.Client) error) error { return fn(ctx, admin) },
@@ -179,6 +183,30 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		Expect(admin.Do(ctx, "acl", "getuser", userB).Val()).To(BeNil())
 	})
 
+	It("sets a namespace's user at most once a check interval, however often its tenant edits the Secret", func(ctx SpecContext) {
+		setusers := &setuserCounter{}
+		start := time.Now()
+		stop := startTenantACL(srv, controller.TenantACLAuto, time.Hour, tenantNamespace("redline-acl-key"), setusers)
+		defer stop()
+		ns := tenantNamespace("tenant-churn")
+		tenantPolicy(ns)
+		user := redisacl.Username(ns)
+		Eventually(func(g Gomega) { tenantSecret(g, ns) }).WithTimeout(20 * time.Second).Should(Succeed())
+		for i := range 30 {
+			edit(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "redline-redis"}}, func(s *corev1.Secret) {
+				s.Data[contract.RedisSecretKey] = fmt.Appendf(nil, "tenant-edit-%d", i)
+			})
+			Eventually(func(g Gomega) {
+				_, pw := tenantSecret(g, ns)
+				g.Expect(pw).NotTo(HavePrefix("tenant-edit-"))
+			}).WithTimeout(20*time.Second).Should(Succeed(), "edit %d written back", i)
+		}
+		// One at the start, then at most one per CheckInterval (the default, 10s) of the run.
+		most := 1 + int(time.Since(start)/(10*time.Second)) + 1
+		GinkgoWriter.Printf("ACL SETUSER %s: %d for 30 Secret edits in %s (bound %d)\n", user, setusers.count(user), time.Since(start).Round(time.Millisecond), most)
+		Expect(setusers.count(user)).To(And(BeNumerically(">=", 1), BeNumerically("<=", most)))
+	})
+
 	It("falls back to the admin's shared credential, and says so, where Redis refuses ACL commands", func(ctx SpecContext) {
 		refusing, err := redistest.Start("--requirepass", aclAdminPassword, "--rename-command", "ACL", "")
 		Expect(err).NotTo(HaveOccurred())
@@ -234,3 +262,35 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		Expect(apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "redline-redis"}, &corev1.Secret{}))).To(BeTrue())
 	})
 })
+
+// setuserCounter counts the ACL SETUSER commands the manager sends, per user.
+type setuserCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *setuserCounter) count(user string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[user]
+}
+
+func (c *setuserCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *setuserCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) >= 3 && fmt.Sprint(a[0]) == "acl" && fmt.Sprint(a[1]) == "setuser" {
+			c.mu.Lock()
+			if c.n == nil {
+				c.n = map[string]int{}
+			}
+			c.n[fmt.Sprint(a[2])]++
+			c.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *setuserCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}

@@ -176,46 +176,36 @@ func Probe(ctx context.Context, nodes []Node) error {
 	})
 }
 
-// DefaultUserOpen says whether a node lets anyone in without a password: its default user is
-// on and has nopass. Then a namespace's own user isolates nothing, since a tenant can connect
-// as the default user, which has every key and command unless the admin limited it.
-func DefaultUserOpen(ctx context.Context, nodes []Node) (bool, error) {
-	open := false
+// OpenUsers lists the users of any node that let anyone in without a password: on, with
+// nopass. Then a namespace's own user isolates nothing, since a tenant can connect as such a
+// user, which holds whatever keys and commands the admin gave it (the default user: all). Not
+// only the default user: an admin's own user created with nopass opens Redis as well. Names
+// are sorted and unique; ACL LIST costs O(users) per node.
+func OpenUsers(ctx context.Context, nodes []Node) ([]string, error) {
+	set := map[string]bool{}
 	err := each(ctx, nodes, func(ctx context.Context, n Node) error {
-		reply, err := n.Do(ctx, "acl", "getuser", "default").Result()
+		lines, err := n.Do(ctx, "acl", "list").StringSlice()
 		if err != nil {
 			return classify(err)
 		}
-		flags := field(reply, "flags")
-		list, _ := flags.([]any)
-		on, nopass := false, false
-		for _, f := range list {
-			switch f {
-			case "on":
-				on = true
-			case "nopass":
-				nopass = true
+		for _, l := range lines {
+			// "user <name> on|off [nopass] [sanitize-payload] #<sha>... ~keys &channels +@cmds"
+			f := strings.Fields(l)
+			if len(f) < 3 || f[0] != "user" {
+				continue
+			}
+			if slices.Contains(f[2:], "on") && slices.Contains(f[2:], "nopass") {
+				set[f[1]] = true
 			}
 		}
-		open = open || (on && nopass)
 		return nil
 	})
-	return open, err
-}
-
-// field reads key of an ACL GETUSER reply: a map (RESP3) or a flat key, value list (RESP2).
-func field(reply any, key string) any {
-	switch r := reply.(type) {
-	case map[any]any:
-		return r[key]
-	case []any:
-		for i := 0; i+1 < len(r); i += 2 {
-			if r[i] == key {
-				return r[i+1]
-			}
-		}
+	out := make([]string, 0, len(set))
+	for u := range set {
+		out = append(out, u)
 	}
-	return nil
+	slices.Sort(out)
+	return out, err
 }
 
 func each(ctx context.Context, nodes []Node, fn func(context.Context, Node) error) error {

@@ -265,21 +265,29 @@ func TestClusterUserOnEveryNode(t *testing.T) {
 	g.Expect(tenant.Do(ctx, "del", limiter.Key("other", "p", "r", "k")+":swc").Err()).To(MatchError(HavePrefix("NOPERM")))
 }
 
-// A default user without a password makes per-namespace users pointless: it is reported.
-func TestDefaultUserOpen(t *testing.T) {
+// A user without a password makes per-namespace users pointless: the default user (no
+// requirepass) and an admin's own user made with nopass are both reported, by name.
+func TestOpenUsers(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	_, protected := startACLRedis(t)
-	open, err := redisacl.DefaultUserOpen(ctx, []redisacl.Node{protected})
+	_, admin := startACLRedis(t)
+	protected := admin
+	open, err := redisacl.OpenUsers(ctx, []redisacl.Node{protected})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(open).To(BeFalse())
+	g.Expect(open).To(BeEmpty())
+
+	g.Expect(admin.Do(ctx, "acl", "setuser", "ops", "on", "nopass", "~*", "+get").Err()).To(Succeed())
+	g.Expect(admin.Do(ctx, "acl", "setuser", "parked", "off", "nopass", "~*", "+@all").Err()).To(Succeed())
+	open, err = redisacl.OpenUsers(ctx, []redisacl.Node{protected})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(open).To(Equal([]string{"ops"}), "a user turned off lets no one in")
 
 	srv, err := redistest.Start()
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = srv.Close() })
-	open, err = redisacl.DefaultUserOpen(ctx, []redisacl.Node{client(t, srv.URL(), "", "")})
+	open, err = redisacl.OpenUsers(ctx, []redisacl.Node{client(t, srv.URL(), "", ""), protected})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(open).To(BeTrue())
+	g.Expect(open).To(Equal([]string{"default", "ops"}), "every node's open users, once each")
 }
 
 // With Sentinel the user is set on the master and on every replica (ACL users are not

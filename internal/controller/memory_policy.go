@@ -1,0 +1,262 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+)
+
+// Why the manager watches Redis's memory policy.
+//
+// One Redis holds every namespace's counters, and a tenant may write its own keys up to
+// maxmemory. What Redis does then is maxmemory-policy's choice, not the tenant's: an allkeys-*
+// policy evicts any key, and a volatile-* one any key with a TTL, which every Redline key has.
+// Either way a tenant that fills its own keys evicts other tenants' counters and heartbeats
+// (measured: a victim's counter gone, its clients admitted again in the same window). With
+// noeviction Redis refuses writes once full (OOM): the scripts fail, and each policy decides by
+// its failureMode, which is visible and chosen. So anything but noeviction with a maxmemory set
+// is reported on every policy: the counts of a tenant are only as durable as its neighbours'
+// restraint.
+
+// Reasons of the RedisMemoryPolicy condition.
+const (
+	ReasonNoEviction       = "NoEviction"
+	ReasonNoMaxmemory      = "NoMaxmemory"
+	ReasonEvictionPossible = "EvictionPossible"
+	ReasonMemoryUnknown    = "RedisUnavailable"
+)
+
+// memoryPolicyRequest is the reconciler's one key: the memory policy is Redis's, shared by
+// every namespace.
+var memoryPolicyRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "redis-memory-policy"}}
+
+// NodeMemory is what one Redis node reports of its memory limit.
+type NodeMemory struct {
+	Addr string
+	// MaxMemory is INFO memory's maxmemory (bytes); 0 is no limit.
+	MaxMemory int64
+	// Policy is INFO memory's maxmemory_policy.
+	Policy string
+}
+
+// Evicts says whether the node can evict a Redline key to make room: a limit is set and the
+// policy is not noeviction. (Every Redline key has a TTL, so volatile-* policies can evict any.)
+func (n NodeMemory) Evicts() bool { return n.MaxMemory > 0 && n.Policy != "noeviction" }
+
+// ReadNodeMemory reads maxmemory and maxmemory_policy from INFO memory, which managed Redis
+// services answer where they refuse CONFIG GET.
+func ReadNodeMemory(ctx context.Context, c *redis.Client) (NodeMemory, error) {
+	n := NodeMemory{Addr: c.Options().Addr}
+	info, err := c.Info(ctx, "memory").Result()
+	if err != nil {
+		return n, fmt.Errorf("reading INFO memory on %s: %w", n.Addr, err)
+	}
+	if n.MaxMemory, err = infoField(info, "maxmemory"); err != nil {
+		return n, fmt.Errorf("reading maxmemory on %s: %w", n.Addr, err)
+	}
+	for line := range strings.Lines(info) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && k == "maxmemory_policy" {
+			n.Policy = v
+		}
+	}
+	if n.Policy == "" {
+		return n, fmt.Errorf("reading maxmemory_policy on %s: field missing from INFO", n.Addr)
+	}
+	return n, nil
+}
+
+// memoryCondition is the RedisMemoryPolicy condition every policy carries, from what every
+// node reported: pure, so that its messages are tested without a Redis.
+func memoryCondition(nodes []NodeMemory, err error) (metav1.ConditionStatus, string, string) {
+	if err != nil {
+		return metav1.ConditionUnknown, ReasonMemoryUnknown, "cannot read Redis's maxmemory-policy (INFO memory): " + err.Error()
+	}
+	var evicting, unbounded []string
+	for _, n := range nodes {
+		switch {
+		case n.Evicts():
+			evicting = append(evicting, fmt.Sprintf("%s (maxmemory-policy %s, maxmemory %d bytes)", n.Addr, n.Policy, n.MaxMemory))
+		case n.MaxMemory == 0:
+			unbounded = append(unbounded, n.Addr)
+		}
+	}
+	slices.Sort(evicting)
+	slices.Sort(unbounded)
+	switch {
+	case len(evicting) > 0:
+		return metav1.ConditionFalse, ReasonEvictionPossible, "counts can be evicted by another tenant's writes: " +
+			listSome(evicting) + " evicts keys when full, and every Redline key is a candidate; " +
+			"set maxmemory-policy noeviction on every node (a full Redis then refuses writes, and each policy decides by its failureMode) and lazyfree-lazy-user-del yes"
+	case len(unbounded) > 0:
+		return metav1.ConditionTrue, ReasonNoMaxmemory, "Redis evicts no key (maxmemory 0 on " + listSome(unbounded) +
+			"), but its memory is bounded only by the host: set maxmemory with maxmemory-policy noeviction, so that a full Redis refuses writes instead of being killed and losing counts"
+	default:
+		return metav1.ConditionTrue, ReasonNoEviction, fmt.Sprintf("maxmemory-policy noeviction on all %d Redis nodes: no tenant's writes can evict another's counts; a full Redis refuses writes, and each policy decides by its failureMode", len(nodes))
+	}
+}
+
+func listSome(items []string) string {
+	const most = 3
+	if len(items) <= most {
+		return strings.Join(items, ", ")
+	}
+	return strings.Join(items[:most], ", ") + fmt.Sprintf(" and %d more", len(items)-most)
+}
+
+var memoryEvictable = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "redline_redis_counts_evictable",
+	Help: "1 when a Redis node can evict keys to make room (maxmemory set and maxmemory-policy not noeviction): one tenant's writes can then evict another's counts.",
+}, []string{"node", "maxmemory_policy"})
+
+func init() { metrics.Registry.MustRegister(memoryEvictable) }
+
+// MemoryPolicyReconciler reads maxmemory and maxmemory-policy on every Redis node, replicas
+// too (a promoted replica brings its own), and writes the RedisMemoryPolicy condition on every
+// policy, an Event on each policy whose condition changed, and redline_redis_counts_evictable.
+type MemoryPolicyReconciler struct {
+	// Client writes policy status; Policies reads policies (the manager's cache).
+	Client   client.Client
+	Policies client.Reader
+	// Nodes runs a function on every Redis node (redisconn.Nodes.Each).
+	Nodes    func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+	Recorder events.EventRecorder
+	// Interval is how often the nodes are read again (default 30s): an admin's CONFIG SET or a
+	// failover changes the answer without any Kubernetes event.
+	Interval time.Duration
+	// RedisTimeout bounds the reads of one pass (default 5s).
+	RedisTimeout time.Duration
+	// MaxBackoff caps the retry delay while Redis is down (default 30s).
+	MaxBackoff time.Duration
+
+	mu sync.Mutex
+}
+
+// Reconcile reads every node and brings every policy's condition in line.
+func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, durationOr(r.RedisTimeout, 5*time.Second))
+	var (
+		nodes []NodeMemory
+		errs  []error
+	)
+	err := r.Nodes(rctx, func(ctx context.Context, c *redis.Client) error {
+		n, err := ReadNodeMemory(ctx, c)
+		if err != nil {
+			errs = append(errs, err)
+			return nil
+		}
+		nodes = append(nodes, n)
+		return nil
+	})
+	cancel()
+	err = errors.Join(append(errs, err)...)
+	memoryEvictable.Reset()
+	for _, n := range nodes {
+		v := 0.0
+		if n.Evicts() {
+			v = 1
+		}
+		memoryEvictable.WithLabelValues(n.Addr, n.Policy).Set(v)
+	}
+	status, reason, msg := memoryCondition(nodes, err)
+	if werr := r.setCondition(ctx, status, reason, truncate(msg)); werr != nil {
+		return ctrl.Result{}, werr
+	}
+	if err != nil {
+		return ctrl.Result{}, wrapRedis(err)
+	}
+	return ctrl.Result{RequeueAfter: durationOr(r.Interval, 30*time.Second)}, nil
+}
+
+// setCondition writes the condition on every policy where it changed, with an Event there:
+// each policy is told once, when its condition changes, new policies included.
+func (r *MemoryPolicyReconciler) setCondition(ctx context.Context, status metav1.ConditionStatus, reason, msg string) error {
+	list := newPolicyList()
+	if err := r.Policies.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("listing ratelimitpolicies: %w", err)
+	}
+	var errs []error
+	for i := range list.Items {
+		p, err := decodePolicy(&list.Items[i])
+		if err != nil {
+			continue // the namespace reconciler reports it Undecodable
+		}
+		prev := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionRedisMemoryPolicy)
+		want := p.Status.DeepCopy()
+		meta.SetStatusCondition(&want.Conditions, metav1.Condition{
+			Type: v1alpha1.ConditionRedisMemoryPolicy, Status: status, Reason: reason, Message: msg,
+			ObservedGeneration: p.Generation,
+		})
+		if apiequality.Semantic.DeepEqual(p.Status, *want) {
+			continue
+		}
+		before := p.DeepCopy()
+		p.Status = *want
+		// The optimistic lock keeps a stale read from dropping the other reconcilers'
+		// conditions; a conflict retries.
+		if err := r.Client.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+			if !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err))
+			}
+			continue
+		}
+		if r.Recorder != nil && (prev == nil || prev.Reason != reason) && reason != ReasonMemoryUnknown {
+			kind := corev1.EventTypeNormal
+			if status == metav1.ConditionFalse {
+				kind = corev1.EventTypeWarning
+			}
+			r.Recorder.Eventf(p, nil, kind, reason, "RedisMemoryPolicy", "%s", msg)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func durationOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// SetupWithManager registers the reconciler: a first pass at start, one after policy changes
+// (coalesced, so that a new policy gets its condition), and one every Interval.
+func (r *MemoryPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	start := make(chan event.GenericEvent, 1)
+	start <- event.GenericEvent{Object: newPolicyObject()}
+	all := coalescing{delay: time.Second, req: memoryPolicyRequest}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("redismemorypolicy").
+		WithOptions(controller.Options{
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, durationOr(r.MaxBackoff, 30*time.Second)),
+		}).
+		WatchesRawSource(source.Channel(start, all)).
+		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Complete(r)
+}
