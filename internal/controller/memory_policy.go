@@ -195,8 +195,8 @@ func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	return ctrl.Result{RequeueAfter: durationOr(r.Interval, 30*time.Second)}, nil
 }
 
-// setCondition writes the condition on every policy where it changed, with an Event there:
-// each policy is told once, when its condition changes, new policies included.
+// setCondition writes the condition on every policy where it changed, with an Event there
+// when its counts become evictable (new policies included) or stop being so.
 func (r *MemoryPolicyReconciler) setCondition(ctx context.Context, status metav1.ConditionStatus, reason, msg string) error {
 	list := newPolicyList()
 	if err := r.Policies.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
@@ -227,12 +227,14 @@ func (r *MemoryPolicyReconciler) setCondition(ctx context.Context, status metav1
 			}
 			continue
 		}
-		if r.Recorder != nil && (prev == nil || prev.Reason != reason) && reason != ReasonMemoryUnknown {
-			kind := corev1.EventTypeNormal
-			if status == metav1.ConditionFalse {
-				kind = corev1.EventTypeWarning
-			}
-			r.Recorder.Eventf(p, nil, kind, reason, "RedisMemoryPolicy", "%s", msg)
+		// A Warning when counts become evictable, a Normal Event when they no longer are; a new
+		// policy on a safe Redis is told nothing.
+		switch {
+		case r.Recorder == nil:
+		case status == metav1.ConditionFalse && (prev == nil || prev.Reason != reason):
+			r.Recorder.Eventf(p, nil, corev1.EventTypeWarning, reason, "RedisMemoryPolicy", "%s", msg)
+		case status == metav1.ConditionTrue && prev != nil && prev.Status == metav1.ConditionFalse:
+			r.Recorder.Eventf(p, nil, corev1.EventTypeNormal, reason, "RedisMemoryPolicy", "%s", msg)
 		}
 	}
 	return errors.Join(errs...)
