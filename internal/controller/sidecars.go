@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -118,7 +119,7 @@ func (e enforcement) condition(hash string) (metav1.ConditionStatus, string, str
 	}
 	stale := s.Stale
 	if int64(len(stale)) < s.Live-current {
-		stale = append(stale[:len(stale):len(stale)], "...")
+		stale = append(slices.Clip(stale), "...")
 	}
 	return metav1.ConditionFalse, ReasonPropagating,
 		fmt.Sprintf("%d of %d live sidecars apply configuration %.12s; still on an older one: %v",
