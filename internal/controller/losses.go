@@ -31,15 +31,16 @@ func (r *NamespaceReconciler) reportLosses(ns string, outcomes []outcome) {
 			continue
 		}
 		prev, seen := before[o.policy.UID]
-		if o.enforcement.err != nil {
+		if !o.enforcement.read() {
 			if seen {
 				now[o.policy.UID] = prev
 			}
 			continue
 		}
-		now[o.policy.UID] = o.enforcement.losses
-		if seen && o.enforcement.losses > prev {
-			rises = append(rises, rise{o, o.enforcement.losses - prev})
+		losses := o.enforcement.report.Losses
+		now[o.policy.UID] = losses
+		if seen && losses > prev {
+			rises = append(rises, rise{o, losses - prev})
 		}
 	}
 	if len(now) == 0 {

@@ -185,10 +185,11 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	stale := false
 	conditions := make(map[string][]metav1.Condition, len(outcomes))
 	reported := make([]outcome, 0, len(outcomes))
-	for _, o := range outcomes {
+	reports := r.enforcements(ctx, ns, doc.Hash, outcomes, cmErr == nil)
+	for i, o := range outcomes {
 		o.configErr, o.scriptErr = cmErr, scriptErr
 		if o.inDocument() {
-			o.enforcement = r.enforcement(ctx, ns, o.policy.Name)
+			o.enforcement = reports[i]
 			reported = append(reported, o)
 		}
 		conditions[o.policy.Name] = desiredStatus(o, doc).Conditions
@@ -236,16 +237,6 @@ func (r *NamespaceReconciler) resyncInterval() time.Duration {
 		return r.ResyncInterval
 	}
 	return 15 * time.Second
-}
-
-func (r *NamespaceReconciler) enforcement(ctx context.Context, ns, policy string) enforcement {
-	if r.Sidecars == nil {
-		return enforcement{err: errors.New("sidecar reports are not configured")}
-	}
-	ctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
-	defer cancel()
-	members, losses, err := r.Sidecars.Members(ctx, ns, policy)
-	return enforcement{err: err, members: members, losses: losses}
 }
 
 // redisError marks a reconcile error as Redis's: the scripts' status says so.

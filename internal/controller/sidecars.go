@@ -2,8 +2,9 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -12,11 +13,23 @@ import (
 	"github.com/redline-dev/redline/internal/fleet"
 )
 
-// SidecarReports tells which sidecars enforce a policy and which configuration each applies.
+// Enforced reasons of reports that were not read.
+const (
+	// ReasonSidecarReportsOverBound: the policy's group holds more live heartbeats than were
+	// left of what the manager reads per namespace (fleet.Summarize); they were counted only.
+	ReasonSidecarReportsOverBound = "SidecarReportsOverBound"
+	// ReasonNotWritten: the namespace's configuration was not written (see Programmed), so
+	// there is nothing to compare the sidecars' reports with; they are not read.
+	ReasonNotWritten = "ConfigurationNotWritten"
+)
+
+// SidecarReports tells which sidecars enforce a namespace's policies and which configuration
+// each applies.
 type SidecarReports interface {
-	// Members returns the live sidecars of a policy (pod name -> configuration hash applied)
-	// and how many times they said Redis lost counts of it (fleet.Report.Losses).
-	Members(ctx context.Context, namespace, policy string) (map[string]string, int64, error)
+	// Summaries tells, of each of policies of namespace, in order, how many sidecars are live,
+	// how many apply configuration hash, and how many times they said Redis lost counts of it
+	// (fleet.Summary). What it reads of a namespace in all is bounded.
+	Summaries(ctx context.Context, namespace, hash string, policies []string) []fleet.Summary
 }
 
 // RedisSidecars reads the heartbeats sidecars write to Redis (fleet.Announce).
@@ -25,47 +38,90 @@ type RedisSidecars struct {
 	// TTL is how long a sidecar counts as live after its last heartbeat; it must match the
 	// sidecars' heartbeat TTL.
 	TTL time.Duration
+	// MaxMembers is the most heartbeats read of one namespace per reconcile, over all its
+	// policies (default fleet.NamespaceMembers).
+	MaxMembers int
 }
 
-// Members implements SidecarReports.
-func (s *RedisSidecars) Members(ctx context.Context, namespace, policy string) (map[string]string, int64, error) {
-	r, err := fleet.Read(ctx, s.Client, namespace, policy, s.TTL)
-	return r.Members, r.Losses, err
+// Summaries implements SidecarReports.
+func (s *RedisSidecars) Summaries(ctx context.Context, namespace, hash string, policies []string) []fleet.Summary {
+	return fleet.Summarize(ctx, s.Client, namespace, hash, policies, s.TTL, s.MaxMembers)
 }
 
 // enforcement is what the sidecars of one policy report.
 type enforcement struct {
-	err     error
-	members map[string]string
-	losses  int64
+	// unwritten says the reports were not read: the configuration was not written.
+	unwritten bool
+	// err is why the reports could not be read.
+	err    error
+	report fleet.Summary
+}
+
+// read reports whether the sidecars' reports were read (losses among them).
+func (e enforcement) read() bool { return !e.unwritten && e.err == nil }
+
+// enforcements reads the reports of the policies of outcomes that are in the document
+// written, in one bounded reading of the namespace; the others are not read at all (a
+// document refused, as too large or otherwise, leaves nothing to compare them with).
+func (r *NamespaceReconciler) enforcements(ctx context.Context, ns, hash string, outcomes []outcome, written bool) []enforcement {
+	out := make([]enforcement, len(outcomes))
+	var policies []string
+	var of []int
+	for i := range outcomes {
+		switch {
+		case !outcomes[i].inDocument():
+		case !written:
+			out[i].unwritten = true
+		case r.Sidecars == nil:
+			out[i].err = errors.New("sidecar reports are not configured")
+		default:
+			policies = append(policies, outcomes[i].policy.Name)
+			of = append(of, i)
+		}
+	}
+	if len(policies) == 0 {
+		return out
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
+	defer cancel()
+	for k, s := range r.Sidecars.Summaries(ctx, ns, hash, policies) {
+		out[of[k]] = enforcement{err: s.Err, report: s}
+	}
+	return out
 }
 
 // condition turns the reports into the Enforced condition for the configuration hash the
 // controller last wrote.
 func (e enforcement) condition(hash string) (metav1.ConditionStatus, string, string) {
-	if e.err != nil {
+	s := e.report
+	switch {
+	case e.unwritten:
+		return metav1.ConditionUnknown, ReasonNotWritten,
+			"the namespace's configuration was not written (see Programmed), so the sidecars' reports are not read"
+	case e.err != nil:
 		return metav1.ConditionUnknown, ReasonRedisUnavailable,
 			truncate("cannot read sidecar heartbeats from Redis: " + e.err.Error())
-	}
-	if len(e.members) == 0 {
+	case s.OverBound:
+		return metav1.ConditionUnknown, ReasonSidecarReportsOverBound, fmt.Sprintf(
+			"%d live sidecars report for this policy, more than were left of the %d heartbeats the manager reads of a namespace "+
+				"per reconcile (all its policies together, the smallest groups first): they are counted, not read. "+
+				"Have fewer policies select each pod, or split the workloads across namespaces", s.Live, s.Bound)
+	case s.Live == 0:
 		return metav1.ConditionUnknown, ReasonNoSidecars,
 			"no live sidecar enforces this policy: no injected pod matches spec.targetSelector yet"
 	}
-	var stale []string
-	for pod, h := range e.members {
-		if h != hash {
-			stale = append(stale, pod)
-		}
-	}
-	if len(stale) == 0 {
+	// A sidecar that started between the count and the read is live but unread: not counted
+	// as applying the configuration until the next reconcile reads it.
+	current := min(s.Current, s.Live)
+	if current == s.Live {
 		return metav1.ConditionTrue, ReasonEnforced,
-			fmt.Sprintf("%d of %d live sidecars apply configuration %.12s", len(e.members), len(e.members), hash)
+			fmt.Sprintf("%d of %d live sidecars apply configuration %.12s", s.Live, s.Live, hash)
 	}
-	sort.Strings(stale)
-	if len(stale) > 5 {
-		stale = append(stale[:5], "...")
+	stale := s.Stale
+	if int64(len(stale)) < s.Live-current {
+		stale = append(slices.Clip(stale), "...")
 	}
 	return metav1.ConditionFalse, ReasonPropagating,
 		fmt.Sprintf("%d of %d live sidecars apply configuration %.12s; still on an older one: %v",
-			len(e.members)-len(stale), len(e.members), hash, stale)
+			current, s.Live, hash, stale)
 }

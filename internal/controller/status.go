@@ -104,7 +104,8 @@ func truncate(s string) string {
 var errStaleStatus = errors.New("policy changed since it was read")
 
 // updateStatus writes the status only when it changed, and records an Event when Accepted or
-// Programmed changes, which is what a person wants to be told about.
+// Programmed changes, or when Enforced becomes SidecarReportsOverBound, which is what a person
+// wants to be told about.
 func (r *NamespaceReconciler) updateStatus(ctx context.Context, o outcome, doc *policydoc.Document) error {
 	p := o.policy
 	want := desiredStatus(o, doc)
@@ -145,5 +146,11 @@ func (r *NamespaceReconciler) recordChanges(before, after *v1alpha1.RateLimitPol
 			kind = corev1.EventTypeWarning
 		}
 		r.Recorder.Eventf(after, nil, kind, cur.Reason, "Reconcile", "%s=%s: %s", t, cur.Status, cur.Message)
+	}
+	// Enforced changes with every rollout, which is no news; reports left unread are.
+	old := meta.FindStatusCondition(before.Status.Conditions, v1alpha1.ConditionEnforced)
+	cur := meta.FindStatusCondition(after.Status.Conditions, v1alpha1.ConditionEnforced)
+	if cur != nil && cur.Reason == ReasonSidecarReportsOverBound && (old == nil || old.Reason != cur.Reason) {
+		r.Recorder.Eventf(after, nil, corev1.EventTypeWarning, cur.Reason, "ReadReports", "%s=%s: %s", v1alpha1.ConditionEnforced, cur.Status, cur.Message)
 	}
 }

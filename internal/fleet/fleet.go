@@ -150,7 +150,9 @@ type Report struct {
 	Losses int64
 }
 
-// Read returns the group's Report.
+// Read returns the group's Report. It reads one group whole, up to MaxMembers (about 5 MiB):
+// for tests and tools that look at one group. The manager reads a namespace's groups with
+// Summarize, which bounds what it reads of all of them together.
 func Read(ctx context.Context, client redis.UniversalClient, namespace, policy string, ttl time.Duration) (Report, error) {
 	cmd := scripts.EvalSha(ctx, membersScript, []string{GroupKey(namespace, policy), GroupConfigKey(namespace, policy)},
 		ttl.Milliseconds(), MaxMembers, MaxMemberBytes)
