@@ -16,13 +16,20 @@ import (
 	"github.com/redline-dev/redline/internal/fleet"
 )
 
+// DefaultCheckInterval is how often the manager checks, on every Redis node, that the scripts
+// are loaded and that the node did not restart (--script-check-interval): a second, so that a
+// Redis restarted empty is given its scripts and its ACL users within a second of answering
+// again. Each check is one SCRIPT EXISTS and one INFO server per node.
+const DefaultCheckInterval = time.Second
+
 // Config wires the controller to Redis.
 type Config struct {
 	// Redis is the client used for SCRIPT LOAD / SCRIPT EXISTS (standalone or cluster).
 	Redis redis.UniversalClient
 	// RedisTimeout bounds the script check of one reconcile (default 5s).
 	RedisTimeout time.Duration
-	// CheckInterval is how often the scripts are re-checked in Redis (default 10s).
+	// CheckInterval is how often the scripts are re-checked in Redis (default
+	// DefaultCheckInterval).
 	CheckInterval time.Duration
 	// MaxBackoff caps the retry delay while Redis is down (default 30s).
 	MaxBackoff time.Duration
@@ -66,12 +73,12 @@ func CacheOptions(opts cache.Options) cache.Options {
 // Setup adds the policy reconciler, the script watcher and the connection budget to mgr.
 func Setup(mgr ctrl.Manager, cfg Config) error {
 	if cfg.CheckInterval == 0 {
-		cfg.CheckInterval = 10 * time.Second
+		cfg.CheckInterval = DefaultCheckInterval
 	}
 	if cfg.HeartbeatTTL == 0 {
 		cfg.HeartbeatTTL = fleet.TTL(fleet.DefaultInterval)
 	}
-	store := &RedisScripts{Client: cfg.Redis}
+	store := &RedisScripts{Client: cfg.Redis, Nodes: cfg.Nodes, Log: mgr.GetLogger().WithName("scripts")}
 	events := make(chan event.GenericEvent, 1)
 	if err := mgr.Add(&ScriptWatcher{
 		Scripts:  store,

@@ -102,7 +102,7 @@ type TenantACLReconciler struct {
 	MaxBackoff time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// CheckInterval is how often every node's run_id is read (default 10s): a node that
+	// CheckInterval is how often every node's run_id is read (default DefaultCheckInterval, 1s): a node that
 	// restarted lost its ACL users (they live in memory), and every namespace is set again.
 	CheckInterval time.Duration
 
@@ -112,7 +112,7 @@ type TenantACLReconciler struct {
 
 	// restartGen counts the node restarts (and new nodes) the restart watcher saw; applied is,
 	// per namespace, the last ACL SETUSER that succeeded on every node. A namespace's reconcile
-	// sets its user again only in a new rotation period, after a restart, or CheckInterval after
+	// sets its user again only in a new rotation period, after a restart, or userRecheck after
 	// the last time: a tenant that edits its Secret in a loop gets the Secret written back, not
 	// an ACL SETUSER and an ACL LIST on every node per edit.
 	restartGen atomic.Uint64
@@ -130,12 +130,12 @@ type appliedUser struct {
 }
 
 // appliedUser returns the namespace's last ACL SETUSER, and whether it still holds: the same
-// period and restart generation, less than CheckInterval ago.
+// period and restart generation, less than userRecheck ago.
 func (r *TenantACLReconciler) appliedUser(ns string, period int64, gen uint64, now time.Time) (appliedUser, bool) {
 	r.appliedMu.Lock()
 	defer r.appliedMu.Unlock()
 	a, ok := r.applied[ns]
-	return a, ok && a.period == period && a.gen == gen && now.Sub(a.at) < r.checkInterval()
+	return a, ok && a.period == period && a.gen == gen && now.Sub(a.at) < userRecheck
 }
 
 func (r *TenantACLReconciler) setAppliedUser(ns string, a appliedUser) {
@@ -550,8 +550,12 @@ func (r *TenantACLReconciler) checkInterval() time.Duration {
 	if r.CheckInterval > 0 {
 		return r.CheckInterval
 	}
-	return 10 * time.Second
+	return DefaultCheckInterval
 }
+
+// userRecheck is how long a namespace's ACL SETUSER on every node is taken to hold without a
+// restart or a new rotation period: it bounds what a tenant's edits of its Secret cost Redis.
+const userRecheck = 10 * time.Second
 
 // redisRestartWatcher reads every node's run_id on a period and sends an event when one
 // changed (a restart or a new node): ACL users live in memory, so a restarted node has none
