@@ -31,7 +31,30 @@ func slimByObject() map[client.Object]cache.ByObject {
 		&appsv1.StatefulSet{}:                    {Transform: slimWorkload},
 		&appsv1.ReplicaSet{}:                     {Transform: slimWorkload},
 		&autoscalingv2.HorizontalPodAutoscaler{}: {Transform: slimHPA},
+		&corev1.Service{}:                        {Transform: slimService},
 	}
+}
+
+// maxTemplatePorts and maxServicePorts bound what the cache keeps of a pod template's named
+// container ports and of a Service's ports (bypass detection): a tenant can list thousands.
+// Ports past the bound are not checked for going around the sidecar.
+const (
+	maxTemplatePorts = 64
+	maxServicePorts  = 64
+)
+
+// slimService keeps a Service's selector and its ports' protocol, number and target.
+func slimService(obj any) (any, error) {
+	if svc, ok := obj.(*corev1.Service); ok {
+		slimMeta(&svc.ObjectMeta, nil, nil)
+		ports := make([]corev1.ServicePort, 0, min(len(svc.Spec.Ports), maxServicePorts))
+		for _, p := range svc.Spec.Ports[:min(len(svc.Spec.Ports), maxServicePorts)] {
+			ports = append(ports, corev1.ServicePort{Protocol: p.Protocol, Port: p.Port, TargetPort: p.TargetPort})
+		}
+		svc.Spec = corev1.ServiceSpec{Selector: svc.Spec.Selector, Ports: ports}
+		svc.Status = corev1.ServiceStatus{}
+	}
+	return obj, nil
 }
 
 // slimMeta keeps the metadata the manager reads: identity, version, generation, owners,
@@ -80,12 +103,24 @@ func redlineAnnotations(ann map[string]string) map[string]string {
 	return out
 }
 
-// slimTemplate keeps the pod template's labels (matched against policies' targetSelectors)
-// and Redline's annotations (injection, pool size).
+// slimTemplate keeps the pod template's labels (matched against policies' targetSelectors),
+// Redline's annotations (injection, pool size, ports) and, in one container, up to
+// maxTemplatePorts of its containers' named ports (a Service's named targetPort, see bypass.go).
 func slimTemplate(t *corev1.PodTemplateSpec) {
+	var ports []corev1.ContainerPort
+	for _, c := range t.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.Name != "" && len(ports) < maxTemplatePorts {
+				ports = append(ports, corev1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort})
+			}
+		}
+	}
 	*t = corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{
 		Labels: t.Labels, Annotations: redlineAnnotations(t.Annotations),
 	}}
+	if len(ports) > 0 {
+		t.Spec.Containers = []corev1.Container{{Name: "ports", Ports: ports}}
+	}
 }
 
 // slimWorkload keeps of a Deployment, StatefulSet or ReplicaSet what the connection budget and

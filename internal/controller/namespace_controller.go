@@ -102,6 +102,7 @@ type NamespaceReconciler struct {
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=list;watch;create
 // +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=redline-policies,verbs=get;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch
 
 // Reconcile brings the ConfigMap and the status of every policy of req.Namespace up to date.
 func (r *NamespaceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -121,7 +122,7 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	}
 	if len(live) == 0 && len(undecodable) == 0 {
 		r.setAccepted(ns, nil)
-		r.conditions.record(ns, nil)
+		r.conditions.record(ns, nil, nil)
 		return ctrl.Result{}, r.deleteConfigMap(ctx, current)
 	}
 
@@ -186,6 +187,13 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	conditions := make(map[string][]metav1.Condition, len(outcomes))
 	reported := make([]outcome, 0, len(outcomes))
 	reports := r.enforcements(ctx, ns, doc.Hash, outcomes, cmErr == nil)
+	bypasses, err := r.bypasses(ctx, ns, outcomes)
+	if err != nil {
+		logger.Info("services not checked for ports around the sidecar", "namespace", ns, "error", err.Error())
+	}
+	for i := range reports {
+		reports[i].bypass = bypasses[i]
+	}
 	for i, o := range outcomes {
 		o.configErr, o.scriptErr = cmErr, scriptErr
 		if o.inDocument() {
@@ -208,7 +216,11 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	}
 	r.reportLosses(ns, reported)
 
-	r.conditions.record(ns, conditions)
+	bypassed := make(map[string]int, len(outcomes))
+	for i, o := range outcomes {
+		bypassed[o.policy.Name] = bypasses[i].count
+	}
+	r.conditions.record(ns, conditions, bypassed)
 	if scriptErr != nil {
 		logger.Info("redis unavailable; policies written but not programmed, retrying", "error", scriptErr.Error())
 	}
@@ -452,6 +464,9 @@ func (r *NamespaceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(newPolicyObject(),
 			handler.EnqueueRequestsFromMapFunc(namespaceRequest),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// A Service that starts or stops going around the sidecars changes Enforced now, not at
+		// the next resync.
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(namespaceRequest)).
 		Watches(&corev1.ConfigMap{},
 			handler.EnqueueRequestsFromMapFunc(namespaceRequest),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {

@@ -19,7 +19,14 @@ var policyCondition = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Help: "1 when the RateLimitPolicy's condition is True, 0 when False (Unknown: no series), as the leader last computed it.",
 }, []string{"namespace", "policy", "condition"})
 
-func init() { metrics.Registry.MustRegister(policyCondition) }
+// policyBypasses is each policy's count of Service ports that reach its pods around the
+// sidecar (see bypass.go), so that a dashboard can say which policy and an alert can fire.
+var policyBypasses = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "redline_policy_service_bypasses",
+	Help: "Service ports whose targetPort is the application's port of pods the RateLimitPolicy targets: their traffic goes around the sidecar.",
+}, []string{"namespace", "policy"})
+
+func init() { metrics.Registry.MustRegister(policyCondition, policyBypasses) }
 
 // conditionMetrics remembers which policies of each namespace have series, so that a deleted
 // policy's series go with it.
@@ -32,7 +39,7 @@ var exportedConditions = []string{v1alpha1.ConditionAccepted, v1alpha1.Condition
 
 // record sets the series of a namespace's policies to their conditions and drops those of
 // policies it no longer has; nil drops the namespace's every series.
-func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Condition) {
+func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Condition, bypasses map[string]int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.seen == nil {
@@ -41,6 +48,7 @@ func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Cond
 	for p := range m.seen[ns] {
 		if _, ok := conditions[p]; !ok {
 			policyCondition.DeletePartialMatch(prometheus.Labels{"namespace": ns, "policy": p})
+			policyBypasses.DeleteLabelValues(ns, p)
 		}
 	}
 	if len(conditions) == 0 {
@@ -50,6 +58,7 @@ func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Cond
 	now := make(map[string]bool, len(conditions))
 	for p, cs := range conditions {
 		now[p] = true
+		policyBypasses.WithLabelValues(ns, p).Set(float64(bypasses[p]))
 		for _, t := range exportedConditions {
 			var c *metav1.Condition
 			for i := range cs {

@@ -55,6 +55,8 @@ type enforcement struct {
 	// err is why the reports could not be read.
 	err    error
 	report fleet.Summary
+	// bypass are the Service ports that reach the policy's pods around their sidecars.
+	bypass bypass
 }
 
 // read reports whether the sidecars' reports were read (losses among them).
@@ -98,6 +100,8 @@ func (e enforcement) condition(hash string) (metav1.ConditionStatus, string, str
 	case e.unwritten:
 		return metav1.ConditionUnknown, ReasonNotWritten,
 			"the namespace's configuration was not written (see Programmed), so the sidecars' reports are not read"
+	case e.bypass.count > 0:
+		return metav1.ConditionFalse, ReasonServiceBypassesSidecar, e.bypass.message()
 	case e.err != nil:
 		return metav1.ConditionUnknown, ReasonRedisUnavailable,
 			truncate("cannot read sidecar heartbeats from Redis: " + e.err.Error())
