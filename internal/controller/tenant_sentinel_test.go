@@ -48,7 +48,7 @@ func startTenantACLSentinel(grp *redistest.Sentinel, keyNS string) func() {
 	Expect(controller.SetupTenantACL(mgr, controller.TenantACLConfig{
 		Mode: controller.TenantACLAuto, SecretName: "redline-redis",
 		Nodes: nodes.Each, Sentinels: nodes.EachSentinel,
-		KeySecret: types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
+		KeySecret:    types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		RedisTimeout: 5 * time.Second, MaxBackoff: time.Second,
 	})).To(Succeed())
 	ctx, cancel := context.WithCancel(context.Background())
