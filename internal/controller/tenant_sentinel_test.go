@@ -140,9 +140,13 @@ var _ = Describe("Tenant Redis users with Sentinel", func() {
 			Expect(err).To(MatchError(HavePrefix("NOPERM")), "a channel go-redis does not follow")
 			_ = ps.Close()
 			// Neither the namespace's data user nor no credential gets in.
-			Expect(redis.NewClient(&redis.Options{Addr: s.Addr(), Username: string(data[contract.RedisUsernameKey]),
-				Password: string(data[contract.RedisSecretKey]), MaxRetries: -1}).Ping(ctx).Err()).To(MatchError(HavePrefix("WRONGPASS")))
-			Expect(redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1}).Ping(ctx).Err()).To(MatchError(HavePrefix("NOAUTH")))
+			dataUser := redis.NewClient(&redis.Options{Addr: s.Addr(), Username: string(data[contract.RedisUsernameKey]),
+				Password: string(data[contract.RedisSecretKey]), MaxRetries: -1})
+			Expect(dataUser.Ping(ctx).Err()).To(MatchError(HavePrefix("WRONGPASS")))
+			_ = dataUser.Close()
+			anonymous := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+			Expect(anonymous.Ping(ctx).Err()).To(MatchError(HavePrefix("NOAUTH")))
+			_ = anonymous.Close()
 			_ = tc.Close()
 		}
 		addr, err := grp.MasterAddr(ctx)
