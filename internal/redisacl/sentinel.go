@@ -38,7 +38,8 @@ var sentinelReaderChannels = []string{"+switch-master", "+replica-reconf-done"}
 // SentinelReaderRules returns the ACL SETUSER rules of SentinelReaderUser holding password,
 // without the user's name; "reset" first, so nothing it held before survives.
 func SentinelReaderRules(password string) []string {
-	rules := []string{"reset", "on", ">" + password, "resetchannels"}
+	// reset also resets channels: only those below are allowed.
+	rules := []string{"reset", "on", ">" + password}
 	for _, c := range sentinelReaderChannels {
 		rules = append(rules, "&"+c)
 	}

@@ -85,7 +85,9 @@ func agreedGroup(ctx context.Context, uo *redis.UniversalOptions, o Options) (se
 
 // verifyingDialer refuses to connect to a data node (any address that is not one of the URL's
 // sentinels) unless a majority of the sentinels names it as the master: the manager
-// authenticates there with the admin's credential at once.
+// authenticates there with the admin's credential at once. go-redis dials sentinels with the
+// same dialer, so a sentinel the URL does not list is refused too: the manager's client uses
+// the URL's sentinels only.
 func verifyingDialer(uo *redis.UniversalOptions, o Options, dial func(context.Context, string, string) (net.Conn, error)) func(context.Context, string, string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if !slices.Contains(uo.Addrs, addr) {
