@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
@@ -75,4 +78,48 @@ func TestManagerAuthenticatesOnlyToTheMasterAMajorityOfSentinelsNames(t *testing
 	data, _ := rec.Received()
 	g.Expect(string(data)).NotTo(ContainSubstring(adminPassword), "the manager's password reached the attacker's server")
 	g.Expect(string(data)).NotTo(ContainSubstring(clientName), "the manager connected to the attacker's server")
+}
+
+// A sidecar starts before its namespace's Secret exists (the volume is optional), and go-redis
+// takes only static sentinel credentials. SentinelCredentials reads the files at every new
+// sentinel connection: refused while they are missing, the same client reaches the master
+// once they appear, without a restart. The reader set by the manager survives a sentinel's
+// restart (it is in the sentinel's config).
+func TestSentinelCredentialsAreReadAtEveryNewSentinelConnection(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	grp, err := redistest.StartSentinelWith(redistest.SentinelOptions{Password: "sentinel-admin"})
+	g.Expect(err).NotTo(HaveOccurred(), "starting the sentinel group")
+	t.Cleanup(func() { _ = grp.Close() })
+	var sentinels []redisacl.Node
+	for _, s := range grp.Sentinels {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr(), Password: grp.Password(), MaxRetries: -1})
+		defer c.Close()
+		sentinels = append(sentinels, c)
+	}
+	g.Expect(redisacl.EnsureSentinelReader(ctx, sentinels, "reader-pw")).To(Succeed())
+	// Restarted, a sentinel still knows the reader.
+	g.Expect(grp.Sentinels[0].Stop()).To(Succeed())
+	g.Expect(grp.Sentinels[0].Start()).To(Succeed())
+
+	dir := t.TempDir()
+	c, err := redisconn.NewClient(grp.URL(), redisconn.Options{
+		SentinelCredentials: redisconn.FileCredentials(dir, "sentinel-username", "sentinel-password", ""),
+		DialTimeout:         time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+	})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer c.Close()
+	g.Expect(c.Ping(ctx).Err()).To(MatchError(ContainSubstring("NOAUTH")), "no Secret yet: the sentinels refuse")
+
+	g.Expect(os.WriteFile(filepath.Join(dir, "sentinel-username"), []byte(redisacl.SentinelReaderUser), 0o600)).To(Succeed())
+	g.Expect(os.WriteFile(filepath.Join(dir, "sentinel-password"), []byte("reader-pw"), 0o600)).To(Succeed())
+	g.Expect(c.Ping(ctx).Err()).To(Succeed(), "the same client, once the Secret is there")
+
+	// Each sentinel, the restarted one included, lets the reader look the master up.
+	for _, s := range grp.Sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), Username: redisacl.SentinelReaderUser, Password: "reader-pw", MaxRetries: -1})
+		g.Expect(sc.GetMasterAddrByName(ctx, redistest.SentinelMasterName).Err()).To(Succeed(), "on %s", s.Addr())
+		_ = sc.Close()
+	}
 }
