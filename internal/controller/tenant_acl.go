@@ -111,6 +111,11 @@ type TenantACLReconciler struct {
 	secrets cache.Cache
 	keyMu   sync.Mutex
 	key     []byte
+
+	// When the sentinel reader was last set, with which password (tenant_sentinel.go).
+	sentinelMu    sync.Mutex
+	sentinelSetAt time.Time
+	sentinelSetPW string
 }
 
 // Secrets: create is not restricted by name in Kubernetes' RBAC; everything else is, to the

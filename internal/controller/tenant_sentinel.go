@@ -76,6 +76,14 @@ func (r *TenantACLReconciler) ensureSentinels(ctx context.Context, key []byte) (
 		return "", why, nil
 	}
 	password = deriveSentinelPassword(key)
+	// Every namespace's reconcile comes here, and each set writes every sentinel's config to
+	// disk: once per check interval is enough for one shared user (a sentinel that restarts
+	// keeps it in its config).
+	r.sentinelMu.Lock()
+	defer r.sentinelMu.Unlock()
+	if r.sentinelSetPW == password && r.now().Sub(r.sentinelSetAt) < r.checkInterval() {
+		return password, "", nil
+	}
 	if err := r.Sentinels(ctx, func(ctx context.Context, c *redis.Client) error {
 		return redisacl.EnsureSentinelReader(ctx, []redisacl.Node{c}, password)
 	}); err != nil {
@@ -84,6 +92,7 @@ func (r *TenantACLReconciler) ensureSentinels(ctx context.Context, key []byte) (
 		}
 		return "", "", fmt.Errorf("setting the sentinel reader: %w", err)
 	}
+	r.sentinelSetPW, r.sentinelSetAt = password, r.now()
 	return password, "", nil
 }
 
