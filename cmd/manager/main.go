@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -38,17 +39,18 @@ func main() {
 
 func run() error {
 	var (
-		metricsAddr, probeAddr      string
-		leaderElect                 bool
-		leaderElectionNamespace     string
-		redisURL, redisPasswordFile string
-		redisTimeout, checkInterval time.Duration
-		maxBackoff                  time.Duration
-		heartbeatTTL, resync        time.Duration
-		redisMaxClients             int64
-		budgetInterval              time.Duration
-		tenantACL, aclKeySecret     string
-		credentialRotation          time.Duration
+		metricsAddr, probeAddr       string
+		leaderElect                  bool
+		leaderElectionNamespace      string
+		redisURL, redisPasswordFile  string
+		redisTimeout, checkInterval  time.Duration
+		maxBackoff                   time.Duration
+		heartbeatTTL, resync         time.Duration
+		redisMaxClients              int64
+		budgetInterval               time.Duration
+		tenantACL, aclKeySecret      string
+		sentinelUser, sentinelPWFile string
+		credentialRotation           time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 turns it off.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
@@ -58,6 +60,8 @@ func run() error {
 		"Redis to load scripts into: redis://host:port, rediss://host:port (TLS), redis://h1:p,h2:p,h3:p (cluster) "+
 			"or redis+sentinel://s1:p,s2:p/master. Env "+contract.EnvRedisURL+". Put no password here: use --redis-password-file.")
 	flag.StringVar(&redisPasswordFile, "redis-password-file", "", "File holding the Redis password (e.g. a mounted Secret). Env "+contract.EnvRedisPassword+" is read otherwise.")
+	flag.StringVar(&sentinelUser, "redis-sentinel-username", "", "With redis+sentinel://: the sentinels' ACL user the manager authenticates as (empty: the default user). It must be able to run ACL SETUSER and SENTINEL on every sentinel.")
+	flag.StringVar(&sentinelPWFile, "redis-sentinel-password-file", "", "With redis+sentinel://: file holding the sentinels' admin password (e.g. a mounted Secret). Never given to sidecars: they get a read-only sentinel user in their namespace's Secret.")
 	flag.DurationVar(&redisTimeout, "redis-timeout", 5*time.Second, "Bound on the script check of one reconcile.")
 	flag.DurationVar(&checkInterval, "script-check-interval", controller.DefaultCheckInterval, "How often every Redis node, replicas included, is checked for the scripts and for a restart (which lost them and the ACL users): after restarts, failovers, SCRIPT FLUSH.")
 	flag.DurationVar(&maxBackoff, "max-backoff", 30*time.Second, "Longest retry delay while Redis is unavailable.")
@@ -84,20 +88,31 @@ func run() error {
 		return fmt.Errorf("checking the webhook and sidecar flags: %w", err)
 	}
 
-	// A password in the URL sidecars get would be every tenant's (their pods' environment).
-	// Sentinel URLs carry the sentinels' own credentials, which sidecars need.
-	if tenantACL != controller.TenantACLOff && !strings.Contains(webhookCfg.RedisURL, "+sentinel://") &&
-		redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
-		return errors.New("the Redis URL given to sidecars (--sidecar-redis-url, default --redis-url) carries credentials every tenant could read: put the admin password in --redis-password-file")
+	// A password in the URL sidecars get would be every tenant's (their pods' environment). A
+	// sentinel URL's is no exception: with the sentinels' credential a tenant can SENTINEL
+	// MONITOR the group at a server of its own and collect every client's password there.
+	// Sidecars get a read-only sentinel user in their namespace's Secret instead.
+	if tenantACL != controller.TenantACLOff && redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
+		return errors.New("the Redis URL given to sidecars (--sidecar-redis-url, default --redis-url) carries credentials every tenant could read: put the admin password in --redis-password-file (and the sentinels' in --redis-sentinel-password-file)")
 	}
 	password, err := redisPassword(redisPasswordFile)
 	if err != nil {
 		return err
 	}
+	sentinelPassword := ""
+	if sentinelPWFile != "" {
+		if sentinelPassword, err = readSecretFile(sentinelPWFile); err != nil {
+			return fmt.Errorf("reading the sentinel password file: %w", err)
+		}
+	}
 	// The manager's calls are not on a request path: timeouts of seconds, a small pool.
 	rdb, err := redisconn.NewClient(redisURL, redisconn.Options{
 		PoolSize: controller.ManagerRedisPoolSize, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 		PoolTimeout: 3 * time.Second, Password: password, ClientName: "redline-manager",
+		SentinelUsername: sentinelUser, SentinelPassword: sentinelPassword,
+		// The admin's password goes to the master in the handshake: only to one the sentinels
+		// agree on, not to whatever one sentinel answers.
+		VerifyMaster: true,
 	})
 	if err != nil {
 		return fmt.Errorf("configuring redis: %w", err)
@@ -107,6 +122,7 @@ func run() error {
 	nodes, err := redisconn.NewNodes(redisURL, redisconn.Options{
 		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 		Password: password, ClientName: "redline-manager",
+		SentinelUsername: sentinelUser, SentinelPassword: sentinelPassword,
 	}, rdb)
 	if err != nil {
 		return fmt.Errorf("configuring redis nodes: %w", err)
@@ -116,6 +132,9 @@ func run() error {
 	if tenantACL == controller.TenantACLRequired {
 		pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := controller.ProbeTenantACL(pctx, nodes.Each)
+		if err == nil && nodes.IsSentinel() {
+			err = controller.ProbeSentinels(pctx, nodes.EachSentinel)
+		}
 		cancel()
 		if err != nil {
 			return fmt.Errorf("--redis-tenant-acl=required: %w", err)
@@ -158,8 +177,12 @@ func run() error {
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
 	}
+	var sentinels func(context.Context, func(context.Context, *redis.Client) error) error
+	if nodes.IsSentinel() {
+		sentinels = nodes.EachSentinel
+	}
 	if err := controller.SetupTenantACL(mgr, controller.TenantACLConfig{
-		Mode: tenantACL, Nodes: nodes.Each, SecretName: webhookCfg.RedisSecret,
+		Mode: tenantACL, Nodes: nodes.Each, Sentinels: sentinels, SecretName: webhookCfg.RedisSecret,
 		KeySecret: types.NamespacedName{Namespace: webhookCfg.Namespace, Name: aclKeySecret},
 		Rotation:  credentialRotation, RedisTimeout: redisTimeout, MaxBackoff: maxBackoff, CheckInterval: checkInterval,
 	}); err != nil {
@@ -191,13 +214,22 @@ func redisPassword(file string) (string, error) {
 	if file == "" {
 		return os.Getenv(contract.EnvRedisPassword), nil
 	}
-	data, err := os.ReadFile(file)
+	pw, err := readSecretFile(file)
 	if err != nil {
 		return "", fmt.Errorf("reading redis password file: %w", err)
 	}
+	return pw, nil
+}
+
+// readSecretFile reads a password file, trailing newline dropped; empty is an error.
+func readSecretFile(file string) (string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
 	pw := strings.TrimRight(string(data), "\r\n")
 	if pw == "" {
-		return "", errors.New("redis password file is empty")
+		return "", fmt.Errorf("%s is empty", file)
 	}
 	return pw, nil
 }

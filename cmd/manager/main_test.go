@@ -115,3 +115,60 @@ current-context: c
 		g.Expect(out).To(ContainSubstring("creating manager"), "past the probe, the manager fails on the API server")
 	})
 }
+
+// With Sentinel, --redis-tenant-acl=required also stops the manager when the sentinels have
+// no password (anyone reaching them could point the group at a server of their own), naming
+// Sentinel; sentinels with a password, which the manager reads from
+// --redis-sentinel-password-file, get it past the probe. A URL for sidecars that carries the
+// sentinels' credentials is refused before anything connects.
+func TestManagerRequiredTenantACLRefusesUnprotectedSentinels(t *testing.T) {
+	bin := managerBinary(t)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func(g *WithT, redisURL string, args ...string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, append([]string{"--redis-tenant-acl=required", "--metrics-bind-address=0", "--health-probe-bind-address=0"}, args...)...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "REDLINE_REDIS_URL="+redisURL)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		var exit *exec.ExitError
+		g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
+		g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit by itself\n%s", out.String())
+		return out.String()
+	}
+	t.Run("sentinels without a password", func(t *testing.T) {
+		g := NewWithT(t)
+		grp, err := redistest.StartSentinel()
+		g.Expect(err).NotTo(HaveOccurred(), "starting the sentinel group")
+		t.Cleanup(func() { _ = grp.Close() })
+		out := run(g, grp.URL())
+		g.Expect(out).To(ContainSubstring("--redis-tenant-acl=required"))
+		g.Expect(out).To(ContainSubstring("SentinelUnprotected"))
+	})
+	t.Run("sentinels with a password, given by file", func(t *testing.T) {
+		g := NewWithT(t)
+		grp, err := redistest.StartSentinelWith(redistest.SentinelOptions{Password: "sentinel-admin"})
+		g.Expect(err).NotTo(HaveOccurred(), "starting the sentinel group")
+		t.Cleanup(func() { _ = grp.Close() })
+		pwFile := filepath.Join(t.TempDir(), "sentinel-password")
+		g.Expect(os.WriteFile(pwFile, []byte("sentinel-admin\n"), 0o600)).To(Succeed())
+		out := run(g, grp.URL(), "--redis-sentinel-password-file="+pwFile)
+		g.Expect(out).NotTo(ContainSubstring("--redis-tenant-acl=required"))
+		g.Expect(out).To(ContainSubstring("creating manager"), "past the probe, the manager fails on the API server")
+	})
+	t.Run("the sentinels' password in the sidecars' URL", func(t *testing.T) {
+		g := NewWithT(t)
+		out := run(g, "redis+sentinel://:sentinel-admin@127.0.0.1:1/mymaster")
+		g.Expect(out).To(ContainSubstring("carries credentials every tenant could read"))
+	})
+}

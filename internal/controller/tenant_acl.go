@@ -88,6 +88,9 @@ type TenantACLReconciler struct {
 	APIReader client.Reader
 	// Nodes runs a function on every Redis node (redisconn.Nodes.Each).
 	Nodes func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+	// Sentinels, with Sentinel, runs a function on every sentinel as the admin
+	// (redisconn.Nodes.EachSentinel); nil otherwise. See tenant_sentinel.go.
+	Sentinels func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
 	// Mode is TenantACLAuto, TenantACLRequired or TenantACLOff.
 	Mode string
 	// SecretName is the Secret written in each namespace (the injector's --sidecar-redis-secret).
@@ -118,6 +121,11 @@ type TenantACLReconciler struct {
 	restartGen atomic.Uint64
 	appliedMu  sync.Mutex
 	applied    map[string]appliedUser
+
+	// When the sentinel reader was last set, with which password (tenant_sentinel.go).
+	sentinelMu    sync.Mutex
+	sentinelSetAt time.Time
+	sentinelSetPW string
 }
 
 // appliedUser is one namespace's last successful ACL SETUSER on every node.
@@ -210,12 +218,21 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, fmt.Errorf("setting the redis user of %s: %w", ns, err)
 	}
 	r.setAppliedUser(ns, done)
-	if err := r.writeSecret(ctx, ns, cur); err != nil {
+	sentinelPW, sentinelOpen, err := r.ensureSentinels(rctx, key)
+	if err != nil {
+		_ = r.setCondition(ctx, ns, metav1.ConditionUnknown, ReasonRedisUnavailable, truncate("setting the sentinels' reader user: "+err.Error()))
+		return ctrl.Result{}, fmt.Errorf("setting the sentinel reader for %s: %w", ns, err)
+	}
+	if err := r.writeSecret(ctx, ns, cur, sentinelPW); err != nil {
 		_ = r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonTenantCredentialsErr, truncate(err.Error()))
 		return ctrl.Result{}, err
 	}
 	next := time.Unix(0, (period+1)*int64(r.rotation()))
 	requeue := ctrl.Result{RequeueAfter: next.Sub(now) + time.Second}
+	if ok, reason, msg := sentinelIsolation(sentinelOpen); !ok {
+		log.FromContext(ctx).Info("the sentinels are unprotected: tenants are not isolated", "namespace", ns, "reason", sentinelOpen)
+		return ctrl.Result{RequeueAfter: r.maxBackoff()}, r.setCondition(ctx, ns, metav1.ConditionFalse, reason, truncate(msg))
+	}
 	if open := done.open; len(open) > 0 {
 		return requeue, r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonRedisDefaultUserOpen,
 			truncate(fmt.Sprintf("Redis user(s) %s need no password (on, nopass), so the namespace's own Redis user %s"+
@@ -275,18 +292,21 @@ func (r *TenantACLReconciler) cleanup(ctx context.Context, ns string) error {
 	return nil
 }
 
-// desiredSecretData is what the namespace's Secret holds.
-func desiredSecretData(ns, password string) map[string][]byte {
-	return map[string][]byte{
+// desiredSecretData is what the namespace's Secret holds: its user, and with Sentinel the
+// shared sentinel reader (sentinelPassword, "" without).
+func desiredSecretData(ns, password, sentinelPassword string) map[string][]byte {
+	data := map[string][]byte{
 		contract.RedisUsernameKey: []byte(redisacl.Username(ns)),
 		contract.RedisSecretKey:   []byte(password),
 	}
+	sentinelSecretData(data, sentinelPassword)
+	return data
 }
 
 // writeSecret makes the namespace's Secret hold its user's current credentials. What a tenant
 // did to it (edited, deleted, emptied, made immutable) is undone.
-func (r *TenantACLReconciler) writeSecret(ctx context.Context, ns, password string) error {
-	data := desiredSecretData(ns, password)
+func (r *TenantACLReconciler) writeSecret(ctx context.Context, ns, password, sentinelPassword string) error {
+	data := desiredSecretData(ns, password, sentinelPassword)
 	want := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: r.SecretName, Namespace: ns,
@@ -338,12 +358,12 @@ func secretDigest(s *corev1.Secret) string {
 
 func dataDigest(data map[string][]byte) string {
 	h := sha256.New()
-	for _, k := range []string{contract.RedisUsernameKey, contract.RedisSecretKey} {
+	for _, k := range []string{contract.RedisUsernameKey, contract.RedisSecretKey, contract.RedisSentinelUsernameKey, contract.RedisSentinelSecretKey} {
 		v, ok := data[k]
 		h.Write([]byte(k + "=" + strconv.FormatBool(ok) + ":" + strconv.Itoa(len(v)) + ":"))
 		h.Write(v)
 	}
-	// Any other key makes it differ too: the Secret holds exactly the two.
+	// Any other key makes it differ too: the Secret holds exactly these.
 	h.Write([]byte(strconv.Itoa(len(data))))
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -673,6 +693,9 @@ type TenantACLConfig struct {
 	Mode string
 	// Nodes runs a function on every Redis node (redisconn.Nodes.Each).
 	Nodes func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+	// Sentinels runs a function on every sentinel (redisconn.Nodes.EachSentinel); nil
+	// without Sentinel.
+	Sentinels func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
 	// SecretName is the credentials Secret of each namespace (the injector's).
 	SecretName string
 	// KeySecret holds the key passwords are derived from, in the manager's namespace.
@@ -693,7 +716,7 @@ func SetupTenantACL(mgr ctrl.Manager, cfg TenantACLConfig) error {
 	}
 	r := &TenantACLReconciler{
 		Client: mgr.GetClient(), Policies: mgr.GetCache(), APIReader: mgr.GetAPIReader(),
-		Nodes: cfg.Nodes, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
+		Nodes: cfg.Nodes, Sentinels: cfg.Sentinels, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
 		Rotation: cfg.Rotation, RedisTimeout: cfg.RedisTimeout, MaxBackoff: cfg.MaxBackoff,
 		CheckInterval: cfg.CheckInterval,
 	}

@@ -42,6 +42,7 @@ func NewNodes(rawURL string, opts Options, client redis.UniversalClient) (*Nodes
 	if o.TLSConfig != nil {
 		uo.TLSConfig = o.TLSConfig
 	}
+	applySentinelOptions(uo, o)
 	return &Nodes{opts: uo, client: client, o: o, clients: map[string]*redis.Client{}}, nil
 }
 
@@ -94,23 +95,15 @@ func (n *Nodes) Each(ctx context.Context, fn func(ctx context.Context, node *red
 	}
 }
 
-// sentinelNodes asks the sentinels, first to answer wins, for the master and its replicas.
+// sentinelNodes is the master and the replicas a majority of the URL's sentinels agree on
+// (agreedGroup): the nodes get the admin's credential, so one sentinel someone else pointed
+// elsewhere is not enough to be sent it.
 func (n *Nodes) sentinelNodes(ctx context.Context) ([]string, error) {
-	var errs []error
-	for _, s := range n.opts.Addrs {
-		sc := redis.NewSentinelClient(&redis.Options{
-			Addr: s, Username: n.opts.SentinelUsername, Password: n.opts.SentinelPassword,
-			TLSConfig: n.opts.TLSConfig, DialTimeout: n.o.DialTimeout, ReadTimeout: n.o.ReadTimeout,
-			WriteTimeout: n.o.WriteTimeout, MaxRetries: -1, PoolSize: 1, DisableIdentity: true,
-		})
-		addrs, err := sentinelGroup(ctx, sc, n.opts.MasterName)
-		_ = sc.Close()
-		if err == nil {
-			return addrs, nil
-		}
-		errs = append(errs, fmt.Errorf("sentinel %s: %w", s, err))
+	v, err := agreedGroup(ctx, n.opts, n.o)
+	if err != nil {
+		return nil, fmt.Errorf("listing the nodes of sentinel group %s: %w", n.opts.MasterName, err)
 	}
-	return nil, fmt.Errorf("listing the nodes of sentinel group %s: %w", n.opts.MasterName, errors.Join(errs...))
+	return append([]string{v.master}, v.replicas...), nil
 }
 
 func sentinelGroup(ctx context.Context, sc *redis.SentinelClient, master string) ([]string, error) {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -58,6 +59,19 @@ type Options struct {
 	// Credentials, when set, is asked for the username and password at every new connection
 	// (see FileCredentials) and wins over Username and Password.
 	Credentials func(context.Context) (username, password string, err error)
+	// SentinelUsername and SentinelPassword override the credentials a redis+sentinel URL
+	// gives the sentinels (the manager's admin credential, from a file).
+	SentinelUsername, SentinelPassword string
+	// SentinelCredentials, when set, is asked for the sentinels' username and password at
+	// every new connection to one of the URL's sentinels (see FileCredentials), which is then
+	// authenticated before go-redis's handshake. Static sentinel credentials, when given too
+	// (a URL's, with tenant ACLs off), authenticate again in that handshake and win. A
+	// sidecar's sentinel reader comes from its mounted Secret so.
+	SentinelCredentials func(context.Context) (username, password string, err error)
+	// VerifyMaster, with Sentinel, refuses to connect to a master that a majority of the URL's
+	// sentinels does not name (ErrMasterUnverified): for a client that authenticates to the
+	// master with a credential worth stealing (the manager's).
+	VerifyMaster bool
 	// TLSConfig overrides the TLS settings of a rediss:// URL, or enables TLS for redis://.
 	TLSConfig *tls.Config
 	// ClientName is sent with CLIENT SETNAME on every connection.
@@ -149,11 +163,17 @@ func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 	if o.Credentials != nil {
 		uo.CredentialsProviderContext = o.Credentials
 	}
+	applySentinelOptions(uo, o)
 	// The dialer go-redis would use (TCP keep-alive, TLS when configured), with every
 	// connection tracked so that idle ones close (idle.go).
-	uo.Dialer = newReaper(o.ConnMaxIdleTime, o.Stats).dialer(redis.NewDialer(&redis.Options{
-		DialTimeout: o.DialTimeout, TLSConfig: uo.TLSConfig,
-	}))
+	dial := redis.NewDialer(&redis.Options{DialTimeout: o.DialTimeout, TLSConfig: uo.TLSConfig})
+	if uo.MasterName != "" && o.SentinelCredentials != nil {
+		dial = sentinelAuthDialer(slices.Clone(uo.Addrs), o.SentinelCredentials, o.DialTimeout+o.ReadTimeout, dial)
+	}
+	if uo.MasterName != "" && o.VerifyMaster {
+		dial = verifyingDialer(uo, o, dial)
+	}
+	uo.Dialer = newReaper(o.ConnMaxIdleTime, o.Stats).dialer(dial)
 	c := redis.NewUniversalClient(uo)
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		cc.AddHook(clusterFailover{cc})

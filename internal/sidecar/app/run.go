@@ -89,15 +89,18 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	// Connections open lazily and idle ones close: nothing at start needs Redis (readiness
 	// is the policies file; the heartbeat and the scripts dial when they first run).
 	conns := &redisconn.ConnStats{}
-	var creds func(context.Context) (string, string, error)
+	var creds, sentinelCreds func(context.Context) (string, string, error)
 	if cfg.RedisCredsDir != "" {
 		creds = redisconn.FileCredentials(cfg.RedisCredsDir, contract.RedisUsernameKey, contract.RedisSecretKey, cfg.RedisPassword)
+		// With Sentinel: the read-only sentinel user the controller writes beside the
+		// namespace's own, read at every new sentinel connection like it.
+		sentinelCreds = redisconn.FileCredentials(cfg.RedisCredsDir, contract.RedisSentinelUsernameKey, contract.RedisSentinelSecretKey, "")
 	}
 	client, err := redisconn.NewClient(cfg.RedisURL, redisconn.Options{
 		PoolSize: cfg.RedisPoolSize, MaxIdleConns: cfg.RedisMaxIdle, ConnMaxIdleTime: cfg.RedisIdleTimeout,
 		// Waiting for a free connection is part of a decision's wait for Redis.
 		ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout, PoolTimeout: cfg.RedisTimeout,
-		Password: cfg.RedisPassword, Credentials: creds, ClientName: contract.RedisClientName, Stats: conns,
+		Password: cfg.RedisPassword, Credentials: creds, SentinelCredentials: sentinelCreds, ClientName: contract.RedisClientName, Stats: conns,
 	})
 	if err != nil {
 		return fmt.Errorf("creating redis client: %w", err)

@@ -193,6 +193,12 @@ const (
 	// RedisUsernameKey is the key of the Redis ACL user in the credentials Secret (absent: the
 	// default user).
 	RedisUsernameKey = "username"
+	// RedisSentinelUsernameKey and RedisSentinelSecretKey, with Sentinel, are the user and
+	// password the sidecar authenticates to the sentinels with: a user that may only look the
+	// master up and follow its switches (redisacl.SentinelReaderUser), never reconfigure the
+	// group. Absent: no credential for the sentinels.
+	RedisSentinelUsernameKey = "sentinel-username"
+	RedisSentinelSecretKey   = "sentinel-password"
 )
 
 // Volumes and where the sidecar finds them.

@@ -40,6 +40,9 @@ const (
 // down, so kill the master within 10 s of CutReplica.
 type Sentinel struct {
 	master, replica *Server
+	// password is the sentinels' default user's (SentinelOptions.Password) and dataPassword
+	// the data servers' (SentinelOptions.DataPassword); "" for none.
+	password, dataPassword string
 	// Sentinels are the three sentinel processes; each has its own config file in its own
 	// directory, since a sentinel rewrites its config as it learns the group.
 	Sentinels []*Server
@@ -48,7 +51,21 @@ type Sentinel struct {
 // StartSentinel starts the group and waits until the replica is in sync and every sentinel
 // knows the master, the replica and the two other sentinels (SENTINEL CKQUORUM), so that a
 // failover can happen from the moment it returns.
-func StartSentinel() (*Sentinel, error) {
+func StartSentinel() (*Sentinel, error) { return StartSentinelWith(SentinelOptions{}) }
+
+// SentinelOptions change the group StartSentinelWith starts.
+type SentinelOptions struct {
+	// Password, when set, is the sentinels' requirepass (their default user's password, which
+	// can run every command, ACL SETUSER included) and what they authenticate to each other
+	// with (sentinel sentinel-pass). The helpers of Sentinel use it.
+	Password string
+	// DataPassword, when set, is the master's and the replica's requirepass, which the
+	// sentinels monitor them with (sentinel auth-pass).
+	DataPassword string
+}
+
+// StartSentinelWith is StartSentinel with opts.
+func StartSentinelWith(opts SentinelOptions) (*Sentinel, error) {
 	// Both data servers carry the replication user and the credentials to use it, so that
 	// either can replicate from the other: the old master, restarted after a failover, is
 	// turned into a replica of the promoted one by Sentinel.
@@ -56,7 +73,10 @@ func StartSentinel() (*Sentinel, error) {
 		"--user", ReplicationUser, "on", ">" + replicationPass, "+psync", "+replconf", "+ping",
 		"--masteruser", ReplicationUser, "--masterauth", replicationPass,
 	}
-	g := &Sentinel{}
+	if opts.DataPassword != "" {
+		dataArgs = append(dataArgs, "--requirepass", opts.DataPassword)
+	}
+	g := &Sentinel{password: opts.Password, dataPassword: opts.DataPassword}
 	var err error
 	if g.master, err = Start(dataArgs...); err != nil {
 		return nil, fmt.Errorf("starting sentinel group master: %w", err)
@@ -67,7 +87,7 @@ func StartSentinel() (*Sentinel, error) {
 		return nil, fmt.Errorf("starting sentinel group replica: %w", err)
 	}
 	for i := range 3 {
-		s, err := startSentinelProcess(g.master.Port)
+		s, err := startSentinelProcess(g.master.Port, opts)
 		if err != nil {
 			_ = g.Close()
 			return nil, fmt.Errorf("starting sentinel %d: %w", i, err)
@@ -88,8 +108,8 @@ func StartSentinel() (*Sentinel, error) {
 }
 
 // startSentinelProcess writes a sentinel config monitoring the master on masterPort and
-// starts redis-server on it in sentinel mode.
-func startSentinelProcess(masterPort int) (*Server, error) {
+// starts redis-server on it in sentinel mode; with a password, the sentinel requires it.
+func startSentinelProcess(masterPort int, opts SentinelOptions) (*Server, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
@@ -111,6 +131,12 @@ sentinel failover-timeout %[3]s %[7]d
 sentinel parallel-syncs %[3]s 1
 `, port, dir, SentinelMasterName, masterPort, sentinelQuorum,
 		sentinelDownAfter.Milliseconds(), sentinelFailover.Milliseconds())
+	if opts.Password != "" {
+		text += fmt.Sprintf("requirepass %s\nsentinel sentinel-pass %s\n", opts.Password, opts.Password)
+	}
+	if opts.DataPassword != "" {
+		text += fmt.Sprintf("sentinel auth-pass %s %s\n", SentinelMasterName, opts.DataPassword)
+	}
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("writing sentinel config: %w", err)
@@ -233,7 +259,7 @@ func infoInt(info, field string) (int64, bool) {
 func (g *Sentinel) MasterAddr(ctx context.Context) (string, error) {
 	var addrs []string
 	for _, s := range g.Sentinels {
-		sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		sc := g.SentinelClient(s)
 		hp, err := sc.GetMasterAddrByName(ctx, SentinelMasterName).Result()
 		_ = sc.Close()
 		if err != nil {
@@ -295,7 +321,7 @@ func (g *Sentinel) waitReady(ctx context.Context) error {
 
 func (g *Sentinel) ready(ctx context.Context) error {
 	for _, s := range g.Sentinels {
-		sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		sc := g.SentinelClient(s)
 		err := sentinelReady(ctx, sc, g.replica.Port, len(g.Sentinels)-1)
 		_ = sc.Close()
 		if err != nil {
@@ -331,8 +357,17 @@ func sentinelReady(ctx context.Context, sc *redis.SentinelClient, replicaPort, o
 	return fmt.Errorf("does not know replica :%d yet", replicaPort)
 }
 
+// SentinelClient is a client to sentinel s as its admin (the default user, with the group's
+// password if any).
+func (g *Sentinel) SentinelClient(s *Server) *redis.SentinelClient {
+	return redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), Password: g.password, MaxRetries: -1})
+}
+
+// Password is the sentinels' admin password ("" when they have none).
+func (g *Sentinel) Password() string { return g.password }
+
 func (g *Sentinel) client(s *Server) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	return redis.NewClient(&redis.Options{Addr: s.Addr(), Password: g.dataPassword, MaxRetries: -1})
 }
 
 // Close stops every process and removes their directories.

@@ -153,6 +153,8 @@ func sidecarVolumes(cfg *Config) []corev1.Volume {
 				Items: []corev1.KeyToPath{
 					{Key: contract.RedisUsernameKey, Path: contract.RedisUsernameKey},
 					{Key: contract.RedisSecretKey, Path: contract.RedisSecretKey},
+					{Key: contract.RedisSentinelUsernameKey, Path: contract.RedisSentinelUsernameKey},
+					{Key: contract.RedisSentinelSecretKey, Path: contract.RedisSentinelSecretKey},
 				},
 			},
 		}})
