@@ -18,7 +18,15 @@
 -- like a dead one; a real replica scored ahead by a failover comes back with its next beat.
 -- Each beat removes at most `batch` members of each kind, so a group stuffed with members
 -- costs every beat O(log N + batch), never a pass over the whole set; the count is a ZCOUNT.
+-- batch is a constant, not an argument: a tenant's user may run this script with any ARGV.
+--
+-- The TTL must be a whole number of ms, at least 1: checked before anything is written, so that
+-- a bad one (NaN, inf, negative, 1e300, which PEXPIRE refuses or takes as "delete now") fails
+-- the call instead of leaving a member in a key without a TTL.
 local ttl = tonumber(ARGV[2])
+if not ttl or ttl < 1 or ttl > 1e15 or ttl ~= math.floor(ttl) then
+  return redis.error_reply('ERR group heartbeat: ttl must be a whole number of ms from 1 to 1e15')
+end
 local batch = 256
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

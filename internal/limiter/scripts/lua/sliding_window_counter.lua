@@ -30,6 +30,12 @@ local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local want = math.max(tonumber(ARGV[5]) or cost, cost)
+-- The window is checked before anything is written: it sizes the key's TTL, and NaN, inf, 0 or
+-- a negative one (any ARGV a tenant's user sends, see package redisacl) would have PEXPIRE fail
+-- after the writes, leaving a key without a TTL, or delete the key at once, on Redis's thread.
+if not window or window < 1 or window > 1e15 or window ~= math.floor(window) then
+  return redis.error_reply('ERR sliding window counter: window must be a whole number of ms from 1 to 1e15')
+end
 
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -1,0 +1,510 @@
+package redisacl_test
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/fleet"
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/redisacl"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// A tenant's user may EVALSHA every script in Redis's cache (ACL cannot tell SHAs apart) with
+// any ARGV, over its own keys, which it may fill with what it likes. What follows stuffs an
+// attacking tenant's keys with millions of members and fields, runs every script Redline loads
+// over them as that tenant with hostile arguments, and times another tenant's calls meanwhile.
+
+const (
+	attackerNS = "attacker"
+	victimNS   = "victim"
+	// stuffed is how many members the attacker's heartbeat group holds, as in the incident;
+	// its other keys hold a half (window state, log), a quarter (the state UNLINKed at its first
+	// call) or a tenth (the group's hashes) of that: what each script does with them does not
+	// grow with their size, and stuffing fewer keeps the test under a minute on a shared machine.
+	stuffed = 2_000_000
+	// hour is the window and TTL of the calls over the stuffed keys that keep them stuffed.
+	hour = 3_600_000
+)
+
+// groupMembersUnclamped is group_members.lua before its caps were set inside it: it took the
+// most members it returns from ARGV[2], unchecked. Kept to measure what it cost (see
+// BenchmarkTenantStall).
+//
+//go:embed testdata/group_members_unclamped.lua
+var groupMembersUnclamped string
+
+// groupMembers is the manager's script that reads a group (fleet.Read): not a sidecar's, but
+// loaded by the manager's own calls, so in the cache and callable by a tenant as well.
+func groupMembers(t testing.TB) scripts.Script {
+	t.Helper()
+	src, err := os.ReadFile("../fleet/group_members.lua")
+	if err != nil {
+		t.Fatalf("reading the manager's group script: %v", err)
+	}
+	return scripts.New("GroupMembers", string(src))
+}
+
+// call is one EVALSHA the attacker sends.
+type call struct {
+	script scripts.Script
+	keys   []string
+	args   []any
+}
+
+// lab is a Redis with two tenants, the attacker's keys stuffed.
+type lab struct {
+	admin, attacker, victim redis.UniversalClient
+	// group and cfg are the attacker's heartbeat group; state a window state kept stuffed
+	// (calls over it use an hour's window, current); doomed a window state stuffed whose
+	// first call finds it of an ended window; log a sliding window log; tat a token
+	// bucket's key holding a 64 MiB string.
+	group, cfg, state, doomed, log, tat string
+	// start is the current hour's window start (ms on Redis's clock).
+	start int64
+}
+
+func startLab(t testing.TB) *lab {
+	t.Helper()
+	ctx := context.Background()
+	srv, err := redistest.Start("--requirepass", adminPassword)
+	if err != nil {
+		t.Fatalf("starting redis-server: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	l := &lab{admin: tbClient(t, srv.URL(), "", adminPassword)}
+	for _, ns := range []string{attackerNS, victimNS} {
+		if err := redisacl.Ensure(ctx, []redisacl.Node{l.admin.(*redis.Client)}, ns, []string{ns + "-pw"}); err != nil {
+			t.Fatalf("setting the user of %s: %v", ns, err)
+		}
+	}
+	// Every script the manager loads: the sidecars' (as controller.ScriptWatcher does) and its
+	// own group read, through its own path (fleet.Read runs it with scripts.Exec).
+	for _, s := range redisacl.SidecarScripts() {
+		if err := l.admin.ScriptLoad(ctx, s.Source).Err(); err != nil {
+			t.Fatalf("loading %s: %v", s.Name, err)
+		}
+	}
+	if _, err := fleet.Read(ctx, l.admin, attackerNS, "p", time.Minute); err != nil {
+		t.Fatalf("reading a group as the manager: %v", err)
+	}
+	if err := l.admin.ScriptLoad(ctx, groupMembersUnclamped).Err(); err != nil {
+		t.Fatalf("loading the unclamped group script: %v", err)
+	}
+	l.attacker = tbClient(t, srv.URL(), redisacl.Username(attackerNS), attackerNS+"-pw")
+	l.victim = tbClient(t, srv.URL(), redisacl.Username(victimNS), victimNS+"-pw")
+
+	l.group, l.cfg = fleet.GroupKey(attackerNS, "p"), fleet.GroupConfigKey(attackerNS, "p")
+	l.state = limiter.Key(attackerNS, "p", "r", "state")
+	l.doomed = limiter.Key(attackerNS, "p", "r", "doomed")
+	l.log = limiter.Key(attackerNS, "p", "r", "log")
+	l.tat = limiter.Key(attackerNS, "p", "r", "tat")
+	now, err := l.admin.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("reading redis time: %v", err)
+	}
+	ms := now.UnixMilli()
+	l.start = ms - ms%hour
+
+	// Setup, as the admin for speed: the attacker could write the same with its own ZADD and
+	// HSET, granted to it (what one such command costs: BenchmarkTenantStall, "ZADD").
+	began := time.Now()
+	l.stuff(t, stuffed, "zadd", l.group, "m%07d", ms-hour, ms, 0) // half dead an hour ago, half live
+	l.stuff(t, stuffed/10, "hset", l.cfg, "m%07d", "cfg", "cfg", 0)
+	l.stuff(t, stuffed/2, "hset", l.state, "r%07d", 1, 2, 0)
+	l.stuff(t, stuffed/4, "hset", l.doomed, "r%07d", 1, 2, 0)
+	l.stuff(t, stuffed/2, "zadd", l.log, "%017d", ms-2*hour, ms-1000, stuffed/4) // half out of the window, half in it
+	for _, err := range []error{
+		l.admin.HSet(ctx, l.state, "s", l.start, "c", 0, "p", 0).Err(),
+		l.admin.HSet(ctx, l.doomed, "s", l.start-10*hour, "c", 5, "p", 5).Err(),
+		l.admin.Set(ctx, l.tat, strings.Repeat("9", 64<<20), 0).Err(),
+	} {
+		if err != nil {
+			t.Fatalf("stuffing: %v", err)
+		}
+	}
+	t.Logf("stuffed %d members or fields in the keys of %s in %v", stuffed+stuffed/10+stuffed/2+stuffed/4+stuffed/2, attackerNS, time.Since(began).Round(time.Millisecond))
+	return l
+}
+
+func tbClient(t testing.TB, url, user, password string) redis.UniversalClient {
+	t.Helper()
+	// One connection each: the victim's calls are timed alone, the attacker's sent back to back.
+	c := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(url, "redis://"), Username: user, Password: password,
+		PoolSize: 1, ReadTimeout: time.Minute, WriteTimeout: time.Minute, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// stuffer fills a key with stuffed members (kind zadd: score, member) or fields (kind hset:
+// field, value), from ARGV[2] to ARGV[3] - 1, named by the format ARGV[4] of their index, the
+// score or value ARGV[5] for the first half (ARGV[7] > 0: those below it) or the even ones, and
+// ARGV[6] for the others. In Redis rather than from the client: ten million members in a few
+// seconds, on a machine shared with other tests.
+var stuffer = scripts.New("Stuffer", `
+local key, kind, from, to, fmt, a, b, half = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+local args = {}
+for i = from, to - 1 do
+  local v = a
+  if (half > 0 and i >= half) or (half == 0 and i % 2 == 1) then
+    v = b
+  end
+  if kind == 'zadd' then
+    args[#args + 1], args[#args + 2] = v, string.format(fmt, i)
+  else
+    args[#args + 1], args[#args + 2] = string.format(fmt, i), v
+  end
+  if #args >= 2000 then
+    redis.call(kind, key, unpack(args))
+    args = {}
+  end
+end
+if #args > 0 then
+  redis.call(kind, key, unpack(args))
+end
+return 0
+`)
+
+// stuff writes stuffed members or fields into key with stuffer, 100,000 a call.
+func (l *lab) stuff(t testing.TB, n int, kind, key, format string, a, b any, half int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; i < n; i += 100_000 {
+		cmd := scripts.EvalSha(ctx, stuffer, []string{key}, kind, i, min(i+100_000, n), format, a, b, half)
+		scripts.Exec(ctx, l.admin, []redis.Cmder{cmd}, []scripts.Script{stuffer})
+		if err := cmd.Err(); err != nil {
+			t.Fatalf("stuffing %s: %v", key, err)
+		}
+	}
+}
+
+// hostile returns, by script name, the calls the attacker sends: over the stuffed keys, with
+// arguments a legitimate sidecar sends and with hostile ones (NaN, inf, negative, 1e300, not a
+// number, missing) in every position that a script parses.
+func (l *lab) hostile(t testing.TB) map[string][]call {
+	t.Helper()
+	by := map[string]scripts.Script{}
+	for _, s := range append(redisacl.SidecarScripts(), groupMembers(t)) {
+		by[s.Name] = s
+	}
+	out := map[string][]call{}
+	add := func(name string, keys []string, args ...any) {
+		s, ok := by[name]
+		if !ok {
+			t.Fatalf("no script %s", name)
+		}
+		out[name] = append(out[name], call{s, keys, args})
+	}
+	for _, w := range []string{"FixedWindow", "SlidingWindowCounter"} {
+		state, doomed := []string{l.state}, []string{l.doomed}
+		add(w, state, 100, hour, 1, 0, "1e300", "r1", 0, 0, 0, 0, 0) // a lease of 1e300
+		add(w, state, "1e300", hour, "1e300", "inf", "-inf", "x", "nan", "1e300", "-1e300", 0, 0)
+		add(w, state, "nan", hour, "nan", "nan", "nan", "r2", "nan", "nan", "nan", 0, 0)
+		add(w, state, -1, hour, -1, -1, -1, "", -1, -1, -1, -1, -1)
+		add(w, state, 100, hour, 1, 0, 1, "r3", l.start, "1e300", "1e300", "1e9", 3) // restores, holds
+		add(w, state, 100, hour, 0, 0, 0, "r4", l.start, 5, 5, 1, 1)
+		add(w, state)
+		// A state of an ended window (the first call finds it stuffed and UNLINKs it), bad
+		// windows, and holds and peers out of range, which garble the state's s (the tenant's
+		// own key, written anew at its next call).
+		add(w, doomed, 100, 1000, 1, 0, 1, "r1", 0, 0, 0, 0, 0)
+		add(w, doomed, "1e300", 1000, "1e300", "inf", "-inf", "x", "nan", "1e300", "-1e300", "1e300", "1e300")
+		add(w, doomed, "nan", 1000, "nan", "nan", "nan", "r2", "nan", "nan", "nan", "nan", "nan")
+		for _, win := range []any{"nan", "inf", "-inf", "1e300", 0, -5, 1.5, "x"} {
+			add(w, doomed, 100, win, 1, 0, 1, "r1", 0, 0, 0, 0, 0)
+		}
+	}
+	add("LeaseReturn", []string{l.state}, hour, l.start, "1e300", "r1", l.start, "1e300", 0)
+	add("LeaseReturn", []string{l.state}, hour, l.start, "nan", "r1", "nan", "nan", "nan")
+	add("LeaseReturn", []string{l.state}, hour, l.start, -5, "", 0, 0, 0)
+	add("LeaseReturn", []string{l.state}, "nan", "nan", "nan", "", "", "", "")
+	add("LeaseReturn", []string{l.doomed}, 1000, 0, 5, "r1", 0, 0, 0)
+	add("LeaseReturn", []string{l.state})
+	log := []string{l.log}
+	add("SlidingWindowLog", log, 100, hour, 1, 0)     // over the limit: searches the log
+	add("SlidingWindowLog", log, "1e300", hour, 1, 0) // admits
+	add("SlidingWindowLog", log, 100, 60000, 1, 0)    // a million expired: trims
+	add("SlidingWindowLog", log, 100, hour, "1e300", 0)
+	add("SlidingWindowLog", log, "nan", hour, "nan", "nan")
+	add("SlidingWindowLog", log, "-1e300", hour, "-1e300", "-1")
+	for _, win := range []any{"nan", "inf", "-inf", "1e300", "-1e300", 0, -1, "x"} {
+		add("SlidingWindowLog", log, 100, win, 1, 0)
+	}
+	add("SlidingWindowLog", log)
+	tat := []string{l.tat}
+	add("TokenBucket", tat, 100, 1000, 1, 0, 100)
+	add("TokenBucket", tat, "nan", "nan", "nan", "nan", "nan")
+	add("TokenBucket", tat, "1e300", 1, "1e300", 0, "1e300")
+	add("TokenBucket", tat, -1, -1, -1, -1, -1)
+	add("TokenBucket", tat, 0, 0, 0, 0, 0)
+	add("TokenBucket", tat)
+	group := []string{l.group, l.cfg}
+	add("GroupHeartbeat", group, "i1", hour, "h", "1")   // half the group dead: drops
+	add("GroupHeartbeat", group, "i2", 2*hour, "h", "0") // none dead
+	// (A short TTL would have the stuffed group expire, and be freed on Redis's thread, within
+	// the measurement: see the PEXPIRE row of BenchmarkTenantStall, the remedy there.)
+	for _, ttl := range []any{"nan", "inf", "-inf", "1e300", "-1e300", 0, -1, 1.5, "x"} {
+		add("GroupHeartbeat", group, "i3", ttl, "h", "1")
+	}
+	add("GroupHeartbeat", group)
+	for _, a := range [][]any{
+		{hour, "1e9", "1e9"}, {hour, -1, -1}, {hour, "nan", "nan"}, {hour, "inf", "-inf"},
+		{"inf", "1e300", "-1e300"}, {"-inf", 1, 1}, {"nan", 1, 1}, {hour, 0, 0}, {hour, 1.5, "x"}, {},
+	} {
+		add("GroupMembers", group, a...)
+	}
+	return out
+}
+
+// stats are the victim's latencies of one kind of call.
+type stats struct {
+	n             int
+	p50, p99, max time.Duration
+}
+
+func summarize(d []time.Duration) stats {
+	if len(d) == 0 {
+		return stats{}
+	}
+	slices.Sort(d)
+	at := func(q float64) time.Duration { return d[min(len(d)-1, int(q*float64(len(d))))] }
+	return stats{n: len(d), p50: at(0.50), p99: at(0.99), max: d[len(d)-1]}
+}
+
+func (s stats) String() string {
+	return fmt.Sprintf("n=%d p50=%v p99=%v max=%v", s.n, s.p50.Round(time.Microsecond), s.p99.Round(time.Microsecond), s.max.Round(time.Microsecond))
+}
+
+// siege is one measurement: the attacker sends calls back to back on its connection, round
+// after round, until it has done rounds rounds and the victim has timed at least samples
+// PINGs and as many decisions (an EVALSHA of FixedWindow on its own key, always admitted), each
+// on its own connection. It returns the victim's latencies and, by script, how many of the
+// attacker's calls Redis answered without an error and with one.
+func (l *lab) siege(t testing.TB, calls []call, rounds, samples int) (ping, decide stats, ok, failed map[string]int) {
+	t.Helper()
+	ctx := context.Background()
+	fw, _ := scripts.For("FixedWindow")
+	key := []string{limiter.Key(victimNS, "p", "r", "k")}
+	var (
+		stop       atomic.Bool
+		timed      atomic.Int64
+		wg         sync.WaitGroup
+		pings, fws []time.Duration
+		verr       error
+	)
+	// served times one call of the victim until Redis serves it: a BUSY reply (a script ran
+	// past lua-time-limit) is no answer, and the call is sent again.
+	served := func(what string, do func() error) (time.Duration, error) {
+		t0 := time.Now()
+		for {
+			err := do()
+			if err != nil && redis.HasErrorPrefix(err, "BUSY") {
+				continue
+			}
+			if err != nil {
+				return 0, fmt.Errorf("victim's %s: %w", what, err)
+			}
+			return time.Since(t0), nil
+		}
+	}
+	wg.Go(func() {
+		for !stop.Load() {
+			d, err := served("PING", func() error { return l.victim.Ping(ctx).Err() })
+			if err != nil {
+				verr = err
+				return
+			}
+			pings = append(pings, d)
+			d, err = served("decision", func() error {
+				return l.victim.Process(ctx, scripts.EvalSha(ctx, fw, key, 1_000_000_000, 1000, 1, 0, 1, "", 0, 0, 0, 0, 0))
+			})
+			if err != nil {
+				verr = err
+				return
+			}
+			fws = append(fws, d)
+			timed.Add(1)
+		}
+	})
+	ok, failed = map[string]int{}, map[string]int{}
+	for r := 0; r < rounds || timed.Load() < int64(samples); r++ {
+		for _, c := range calls {
+			if err := l.attacker.Process(ctx, scripts.EvalSha(ctx, c.script, c.keys, c.args...)); err != nil && err != redis.Nil {
+				failed[c.script.Name]++
+				// Refused for want of the script or of a command: the call measured nothing.
+				if strings.Contains(err.Error(), "NOPERM") || strings.Contains(err.Error(), "NOSCRIPT") {
+					t.Fatalf("attacker's %s %v: %v", c.script.Name, c.args, err)
+				}
+			} else {
+				ok[c.script.Name]++
+			}
+		}
+		if verr != nil {
+			break
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if verr != nil {
+		t.Fatal(verr)
+	}
+	return summarize(pings), summarize(fws), ok, failed
+}
+
+// A tenant that stuffed its own keys with millions of members and fields and runs every script
+// Redline loads over them, with any arguments, holds Redis no longer than a few ms a call:
+// another tenant's PING and decisions stay under 50 ms at the 99th percentile.
+func TestTenantCannotStallOthers(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	byScript := l.hostile(t)
+	var all []call
+	for _, s := range append(redisacl.SidecarScripts(), groupMembers(t)) {
+		if len(byScript[s.Name]) == 0 {
+			t.Fatalf("script %s is loaded in Redis but not called here with hostile arguments", s.Name)
+		}
+	}
+	names := make([]string, 0, len(byScript))
+	for name := range byScript {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		all = append(all, byScript[name]...)
+	}
+
+	ping, decide, ok, failed := l.siege(t, all, 5, 2000)
+	for _, name := range names {
+		t.Logf("%s: %d calls answered, %d refused with an error", name, ok[name], failed[name])
+		if ok[name] == 0 {
+			t.Errorf("no call of %s ran to its end: the siege measured nothing of it", name)
+		}
+	}
+	t.Logf("victim's PING under siege: %v", ping)
+	t.Logf("victim's decision under siege: %v", decide)
+	if ping.n < 2000 || decide.n < 2000 {
+		t.Fatalf("only %d PINGs and %d decisions timed", ping.n, decide.n)
+	}
+	if ping.p99 >= 50*time.Millisecond || decide.p99 >= 50*time.Millisecond {
+		t.Errorf("another tenant waited: PING p99 %v, decision p99 %v, want both under 50ms", ping.p99, decide.p99)
+	}
+	// The keys stayed stuffed, so every round ran over millions (the doomed state went at its
+	// first call, by UNLINK).
+	for _, n := range []*redis.IntCmd{l.admin.ZCard(ctx, l.group), l.admin.HLen(ctx, l.state), l.admin.ZCard(ctx, l.log)} {
+		if v, err := n.Result(); err != nil || v < stuffed/8 {
+			t.Errorf("%v: %d, %v: the key was not stuffed throughout", n.Args(), v, err)
+		}
+	}
+	if v, err := l.admin.StrLen(ctx, l.tat).Result(); err != nil || v != 64<<20 {
+		t.Errorf("token bucket key: %d bytes, %v: not stuffed throughout", v, err)
+	}
+}
+
+// BenchmarkTenantStall reports, script by script, the victim's latencies while the attacker
+// runs that script alone over its stuffed keys with hostile arguments (see
+// TestTenantCannotStallOthers): "after" is the script as loaded today, "before" its source
+// before its work was capped inside it, where that differs over these keys. "plain" rows are
+// one command the attacker's grant holds and whose cost no ACL can bound. One measurement per
+// row whatever b.N:
+//
+//	go test -run '^$' -bench TenantStall -benchtime 1x ./internal/redisacl/
+func BenchmarkTenantStall(b *testing.B) {
+	l := startLab(b)
+	byScript := l.hostile(b)
+	tb, _ := scripts.For("TokenBucket")
+	tbGet := strings.Replace(tb.Source, "redis.call('GETRANGE', key, 0, 31)", "redis.call('GET', key)", 1)
+	if tbGet == tb.Source {
+		b.Fatal("the token bucket reads its key otherwise: update the before row")
+	}
+	ctx := context.Background()
+	before := map[string][]call{
+		"GroupMembers": {{scripts.New("GroupMembersUnclamped", groupMembersUnclamped), []string{l.group, l.cfg}, []any{hour, "1e9", 256}}},
+		"TokenBucket":  {{scripts.New("TokenBucketGet", tbGet), []string{l.tat}, []any{100, 1000, 1, 0, 100}}},
+	}
+	if err := l.admin.ScriptLoad(ctx, tbGet).Err(); err != nil {
+		b.Fatal(err)
+	}
+	names := make([]string, 0, len(byScript))
+	for name := range byScript {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var table []string
+	row := func(name, version string, rounds, samples int, calls []call) {
+		b.Run(name+"/"+version, func(b *testing.B) {
+			if version == "before" {
+				// The grant of then: GET was the token bucket's read.
+				if err := l.admin.Do(ctx, "acl", "setuser", redisacl.Username(attackerNS), "+get").Err(); err != nil {
+					b.Fatal(err)
+				}
+				defer func() {
+					if err := redisacl.Ensure(ctx, []redisacl.Node{l.admin.(*redis.Client)}, attackerNS, []string{attackerNS + "-pw"}); err != nil {
+						b.Fatal(err)
+					}
+				}()
+			}
+			ping, decide, _, _ := l.siege(b, calls, rounds, samples)
+			b.ReportMetric(float64(ping.p99.Microseconds())/1000, "ping-p99-ms")
+			b.ReportMetric(float64(decide.p99.Microseconds())/1000, "decide-p99-ms")
+			table = append(table, fmt.Sprintf("| %s | %s | %s | %s |", name, version, ping, decide))
+		})
+	}
+	for _, name := range names {
+		if old, ok := before[name]; ok {
+			row(name, "before", 3, 0, old)
+		}
+		row(name, "after", 3, 2000, byScript[name])
+	}
+	// Plain commands the grant holds whose cost no ACL bounds: their arguments, or the size of
+	// the key they read.
+	// Their cost is what Redis's SLOWLOG says the command took: every other client waits that
+	// long (timing the victim beside a client that reads a reply of millions is timing Go).
+	plain := func(name string, args ...any) {
+		b.Run("plain/"+name, func(b *testing.B) {
+			if err := l.admin.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err(); err != nil {
+				b.Fatal(err)
+			}
+			if err := l.admin.SlowLogReset(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			if err := l.attacker.Do(ctx, args...).Err(); err != nil {
+				b.Fatal(err)
+			}
+			entries, err := l.admin.SlowLogGet(ctx, 10).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var took time.Duration
+			for _, e := range entries {
+				if len(e.Args) > 0 && strings.EqualFold(e.Args[0], fmt.Sprint(args[0])) {
+					took = e.Duration
+				}
+			}
+			b.ReportMetric(float64(took.Microseconds())/1000, "redis-held-ms")
+			table = append(table, fmt.Sprintf("| %s | plain | Redis held %v | |", name, took.Round(time.Microsecond)))
+		})
+	}
+	bulk := make([]any, 0, 2+2_000_000)
+	bulk = append(bulk, "zadd", limiter.Key(attackerNS, "p", "r", "bulk"))
+	for i := range 1_000_000 {
+		bulk = append(bulk, i, i)
+	}
+	plain("ZADD of 1e6 members", bulk...)
+	plain("HGETALL of 1e6 fields", "hgetall", l.state)
+	plain("ZRANGE 0 -1 of 1e6 members", "zrange", l.log, 0, -1)
+	plain("GETRANGE 0 -1 of 64 MiB", "getrange", l.tat, 0, -1)
+	plain("PEXPIRE 0 of 1e6 members", "pexpire", l.log, 0)
+	b.Logf("victim's latencies while the attacker runs one script over its stuffed keys:\n| script | version | PING | decision |\n| --- | --- | --- | --- |\n%s",
+		strings.Join(table, "\n"))
+}
