@@ -60,7 +60,7 @@ var _ = Describe("What the manager reads of sidecar heartbeats", func() {
 		victimHash := expectProgrammed(ctx, victim, "api").Status.ConfigHash
 
 		By("the tenant writing 40 groups of 10,000 live members of 256-byte names and hashes")
-		stuffed, err := fleettest.Stuff(ctx, rdb, stuffedNS, names, fleet.MaxMembers, 256, strings.Repeat("f", 256))
+		stuffed, err := fleettest.Stuff(ctx, rdb, stuffedNS, names, 10000, 256, strings.Repeat("f", 256))
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func(ctx context.Context) { _ = stuffed.Delete(ctx) })
 		// Everything beats again every 2s, well within the manager's TTL, while it is checked.
@@ -87,7 +87,7 @@ var _ = Describe("What the manager reads of sidecar heartbeats", func() {
 				c := condition(g, ctx, stuffedNS, n, v1alpha1.ConditionEnforced)
 				g.Expect(c.Status).To(Equal(metav1.ConditionUnknown), "%s: %s", n, c.Message)
 				g.Expect(c.Reason).To(Equal(controller.ReasonSidecarReportsOverBound))
-				g.Expect(c.Message).To(HavePrefix(fmt.Sprintf("%d live sidecars report for this policy, more than were left of the %d heartbeats",
+				g.Expect(c.Message).To(HavePrefix(fmt.Sprintf("10000 live sidecars report for this policy, more than the %d heartbeats the manager reads of one policy, or than were left of the %d",
 					fleet.MaxMembers, fleet.NamespaceMembers)))
 			}
 			// The namespace's small group is still read, and another namespace is untouched.

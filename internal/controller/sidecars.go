@@ -107,9 +107,9 @@ func (e enforcement) condition(hash string) (metav1.ConditionStatus, string, str
 			truncate("cannot read sidecar heartbeats from Redis: " + e.err.Error())
 	case s.OverBound:
 		return metav1.ConditionUnknown, ReasonSidecarReportsOverBound, fmt.Sprintf(
-			"%d live sidecars report for this policy, more than were left of the %d heartbeats the manager reads of a namespace "+
-				"per reconcile (all its policies together, the smallest groups first): they are counted, not read. "+
-				"Have fewer policies select each pod, or split the workloads across namespaces", s.Live, s.Bound)
+			"%d live sidecars report for this policy, more than the %d heartbeats the manager reads of one policy, or than were left "+
+				"of the %d it reads of a namespace per reconcile (all its policies together, the smallest groups first): they are counted, not read. "+
+				"Have fewer policies select each pod, or split the workloads across namespaces", s.Live, fleet.MaxMembers, s.Bound)
 	case s.Live == 0:
 		return metav1.ConditionUnknown, ReasonNoSidecars,
 			"no live sidecar enforces this policy: no injected pod matches spec.targetSelector yet"

@@ -23,7 +23,7 @@ func TestEnforcedFromSummaries(t *testing.T) {
 		{"not written", enforcement{unwritten: true}, metav1.ConditionUnknown, ReasonNotWritten, "not read"},
 		{"redis down", enforcement{err: errors.New("refused")}, metav1.ConditionUnknown, ReasonRedisUnavailable, "refused"},
 		{"over the bound", enforcement{report: fleet.Summary{Live: 12000, OverBound: true, Bound: 10000}},
-			metav1.ConditionUnknown, ReasonSidecarReportsOverBound, "12000 live sidecars report for this policy, more than were left of the 10000 heartbeats"},
+			metav1.ConditionUnknown, ReasonSidecarReportsOverBound, "12000 live sidecars report for this policy, more than the 2000 heartbeats the manager reads of one policy, or than were left of the 10000"},
 		{"none", enforcement{}, metav1.ConditionUnknown, ReasonNoSidecars, "no live sidecar"},
 		{"all current", enforcement{report: fleet.Summary{Live: 3, Read: 3, Current: 3}},
 			metav1.ConditionTrue, ReasonEnforced, "3 of 3 live sidecars apply configuration 0123456789ab"},

@@ -109,8 +109,10 @@ func Summarize(ctx context.Context, client redis.UniversalClient, namespace, has
 	var reads []redis.Cmder
 	var readOf []int
 	for _, i := range order {
-		most := out[i].Live + GroupSlack
-		if most > left {
+		// One group is read by one call of the script, which reads at most MaxMembers: one
+		// with more live replicas is counted, not read, whatever is left of bound.
+		most := min(out[i].Live+GroupSlack, MaxMembers)
+		if out[i].Live > MaxMembers || most > left {
 			out[i].OverBound = true
 			continue
 		}
