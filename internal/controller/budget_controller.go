@@ -14,9 +14,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -363,20 +360,10 @@ func (r *BudgetReconciler) updatePolicies(ctx context.Context, b budget, loads [
 			continue // the namespace reconciler reports it Undecodable
 		}
 		status, reason, msg := budgetCondition(p, byNS[p.Namespace], redisErr)
-		want := p.Status.DeepCopy()
-		meta.SetStatusCondition(&want.Conditions, metav1.Condition{
-			Type: v1alpha1.ConditionRedisConnectionBudget, Status: status, Reason: reason,
-			Message: truncate(msg), ObservedGeneration: p.Generation,
-		})
-		if apiequality.Semantic.DeepEqual(p.Status, *want) {
-			continue
-		}
-		before := p.DeepCopy()
-		p.Status = *want
-		// The optimistic lock keeps a stale read from dropping the namespace reconciler's
-		// conditions; a conflict retries.
-		if err := r.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err))
+		if _, _, err := setPolicyCondition(ctx, r.Client, p, metav1.Condition{
+			Type: v1alpha1.ConditionRedisConnectionBudget, Status: status, Reason: reason, Message: truncate(msg),
+		}); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

@@ -30,6 +30,9 @@ var _ = Describe("Services around the sidecar", func() {
 		d := injectedDeployment(ns, "checkout", 2, "")
 		d.Spec.Template.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
 		Expect(k8s.Create(ctx, d)).To(Succeed())
+		// The connection budget is cluster-wide: an injected workload left behind changes the
+		// shares the budget specs expect.
+		DeferCleanup(func(ctx context.Context) { Expect(k8s.Delete(ctx, d)).To(Succeed()) })
 		Expect(k8s.Create(ctx, policy(ns, "p", 100))).To(Succeed())
 		expectProgrammed(ctx, ns, "p")
 

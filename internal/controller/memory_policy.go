@@ -12,9 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -208,23 +205,13 @@ func (r *MemoryPolicyReconciler) setCondition(ctx context.Context, status metav1
 		if err != nil {
 			continue // the namespace reconciler reports it Undecodable
 		}
-		prev := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionRedisMemoryPolicy)
-		want := p.Status.DeepCopy()
-		meta.SetStatusCondition(&want.Conditions, metav1.Condition{
+		prev, written, err := setPolicyCondition(ctx, r.Client, p, metav1.Condition{
 			Type: v1alpha1.ConditionRedisMemoryPolicy, Status: status, Reason: reason, Message: msg,
-			ObservedGeneration: p.Generation,
 		})
-		if apiequality.Semantic.DeepEqual(p.Status, *want) {
-			continue
+		if err != nil {
+			errs = append(errs, err)
 		}
-		before := p.DeepCopy()
-		p.Status = *want
-		// The optimistic lock keeps a stale read from dropping the other reconcilers'
-		// conditions; a conflict retries.
-		if err := r.Client.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-			if !apierrors.IsNotFound(err) {
-				errs = append(errs, fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err))
-			}
+		if !written {
 			continue
 		}
 		// A Warning when counts become evictable, a Normal Event when they no longer are; a new

@@ -154,3 +154,30 @@ func (r *NamespaceReconciler) recordChanges(before, after *v1alpha1.RateLimitPol
 		r.Recorder.Eventf(after, nil, corev1.EventTypeWarning, cur.Reason, "ReadReports", "%s=%s: %s", v1alpha1.ConditionEnforced, cur.Status, cur.Message)
 	}
 }
+
+// setPolicyCondition sets cond on p's status and writes it where it changed, as a merge patch
+// with the optimistic lock: several reconcilers write conditions of one policy, and a patch
+// from a stale read would drop theirs; a conflict is returned, to be retried on a fresh read.
+// It returns the condition of that type p had before (a copy, or nil) and whether it wrote;
+// a policy gone meanwhile is not an error.
+func setPolicyCondition(ctx context.Context, c client.Client, p *v1alpha1.RateLimitPolicy, cond metav1.Condition) (*metav1.Condition, bool, error) {
+	var prev *metav1.Condition
+	if old := meta.FindStatusCondition(p.Status.Conditions, cond.Type); old != nil {
+		prev = old.DeepCopy()
+	}
+	want := p.Status.DeepCopy()
+	cond.ObservedGeneration = p.Generation
+	meta.SetStatusCondition(&want.Conditions, cond)
+	if apiequality.Semantic.DeepEqual(p.Status, *want) {
+		return prev, false, nil
+	}
+	before := p.DeepCopy()
+	p.Status = *want
+	if err := c.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsNotFound(err) {
+			return prev, false, nil
+		}
+		return prev, false, fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return prev, true, nil
+}

@@ -17,9 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -452,20 +450,10 @@ func (r *TenantACLReconciler) setCondition(ctx context.Context, ns string, statu
 		if err != nil {
 			continue // the namespace reconciler reports it Undecodable
 		}
-		want := p.Status.DeepCopy()
-		meta.SetStatusCondition(&want.Conditions, metav1.Condition{
+		if _, _, err := setPolicyCondition(ctx, r.Client, p, metav1.Condition{
 			Type: v1alpha1.ConditionTenantIsolation, Status: status, Reason: reason, Message: msg,
-			ObservedGeneration: p.Generation,
-		})
-		if apiequality.Semantic.DeepEqual(p.Status, *want) {
-			continue
-		}
-		before := p.DeepCopy()
-		p.Status = *want
-		// The optimistic lock keeps a stale read from dropping the other reconcilers'
-		// conditions; a conflict retries.
-		if err := r.Client.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err))
+		}); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
