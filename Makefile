@@ -28,12 +28,12 @@ manifests: controller-gen ## Generate the CRD and RBAC manifests from the marker
 	$(CONTROLLER_GEN) rbac:roleName=redline-manager crd paths="./..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	@$(MAKE) --no-print-directory chart-sync
 
-# What the chart takes from config/ (one source of truth): the CRD, the RBAC rules and the
-# webhook's rules, copied byte for byte into charts/redline/files/config, which its templates
-# read. test/helm's TestChartInSyncWithConfig fails until this has run after a change in config/.
-CHART_SYNC_FILES := crd/bases/redline.dev_ratelimitpolicies.yaml rbac/role.yaml rbac/leader_election_role.yaml webhook/rbac.yaml webhook/manifests.yaml
+# What the chart takes from config/ (one source of truth): the CRD, the RBAC rules, the
+# webhook's rules and the deprecation warnings (a ValidatingAdmissionPolicy), copied byte for
+# byte into charts/redline/files/config, which its templates read. test/helm's TestChartInSyncWithConfig fails until this has run after a change in config/.
+CHART_SYNC_FILES := crd/bases/redline.dev_ratelimitpolicies.yaml rbac/role.yaml rbac/leader_election_role.yaml webhook/rbac.yaml webhook/manifests.yaml deprecations/ratelimitpolicy.yaml
 .PHONY: chart-sync
-chart-sync: ## Copy the CRD, RBAC and webhook rules of config/ into the Helm chart (charts/redline/files/config).
+chart-sync: ## Copy the CRD, RBAC, webhook rules and deprecation warnings of config/ into the Helm chart (charts/redline/files/config).
 	@rm -rf charts/redline/files/config
 	@for f in $(CHART_SYNC_FILES); do mkdir -p charts/redline/files/config/$$(dirname $$f); cp config/$$f charts/redline/files/config/$$f; done
 

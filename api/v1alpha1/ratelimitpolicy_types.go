@@ -152,9 +152,63 @@ type Rule struct {
 	Mode Mode `json:"mode,omitempty"`
 }
 
+// PathMatchType says how match.path.value is compared with the request path: Gateway API's
+// HTTPPathMatch types.
+// +kubebuilder:validation:Enum=PathPrefix;Exact
+type PathMatchType string
+
+// The path match types.
+const (
+	// PathMatchPathPrefix matches by path element, case-sensitively: the value /abc matches
+	// /abc, /abc/ and /abc/def, never /abcd. A trailing / in the value is ignored; / matches
+	// every path.
+	PathMatchPathPrefix PathMatchType = "PathPrefix"
+	// PathMatchExact matches one path, case-sensitively: /abc matches /abc, not /abc/ or /Abc.
+	PathMatchExact PathMatchType = "Exact"
+)
+
+// MaxPathLength bounds match.path.value and match.pathPrefix, as Gateway API bounds
+// HTTPPathMatch's value.
+const MaxPathLength = 1024
+
+// PathMatch matches the request path the way Gateway API's HTTPPathMatch does. The value is
+// compared with the path after the sidecar normalised it (dot segments removed, slashes
+// merged, escapes decoded; a path with an encoded slash is refused before any rule), so a
+// request cannot dodge a rule by spelling its path differently.
+// +kubebuilder:validation:XValidation:rule="self.value.startsWith('/')",message="match.path.value must be an absolute path starting with '/', such as /api"
+// +kubebuilder:validation:XValidation:rule="!self.value.contains('//')",message="match.path.value must not contain '//': request paths are matched with runs of slashes merged into one"
+// +kubebuilder:validation:XValidation:rule="!self.value.contains('/./') && !self.value.endsWith('/.')",message="match.path.value must not contain a '.' segment ('/./' or a trailing '/.'): request paths are matched with dot segments removed"
+// +kubebuilder:validation:XValidation:rule="!self.value.contains('/../') && !self.value.endsWith('/..')",message="match.path.value must not contain a '..' segment ('/../' or a trailing '/..'): request paths are matched with dot segments removed"
+// +kubebuilder:validation:XValidation:rule="!self.value.contains('%2f') && !self.value.contains('%2F')",message="match.path.value must not contain an encoded slash ('%2f' or '%2F'): the sidecar refuses such requests, so the rule could never match"
+// +kubebuilder:validation:XValidation:rule="!self.value.contains('#')",message="match.path.value must not contain '#': a fragment is never part of a request path"
+// +kubebuilder:validation:XValidation:rule="self.value.matches('^(?:[-A-Za-z0-9/._~!$&\\'()*+,;=:@]|%[0-9a-fA-F]{2})+$')",message="match.path.value may contain only letters, digits, /, the characters -._~!$&'()*+,;=:@ and percent-escapes of two hex digits (write a space as %20)"
+type PathMatch struct {
+	// type is PathPrefix (the default: match by path element, a trailing / ignored) or Exact
+	// (the whole path).
+	// +kubebuilder:default=PathPrefix
+	// +optional
+	Type PathMatchType `json:"type,omitempty"`
+
+	// value is the path or path prefix, starting with /. Case-sensitive; percent-escapes are
+	// decoded before comparison.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +required
+	Value string `json:"value"`
+}
+
 // RuleMatch selects requests. Every field given must match.
+// +kubebuilder:validation:XValidation:rule="!(has(self.path) && has(self.pathPrefix))",message="match.path and match.pathPrefix are mutually exclusive: keep match.path (pathPrefix is deprecated)"
 type RuleMatch struct {
-	// pathPrefix matches request paths that start with it.
+	// path matches the request path, by path element (type PathPrefix, the default) or
+	// exactly (type Exact), as Gateway API's HTTPPathMatch does.
+	// +optional
+	Path *PathMatch `json:"path,omitempty"`
+
+	// pathPrefix is deprecated: write path: {type: PathPrefix, value: ...}, which it now
+	// behaves as. It matches by path element: /login matches /login and /login/x but not
+	// /login-help (before this release it matched any path starting with these characters).
+	// Mutually exclusive with path.
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="match.pathPrefix must start with '/'"
 	// +optional

@@ -190,8 +190,8 @@ func (d *demo) deploy(ctx context.Context) error {
 	}
 	r := d.policy.Spec.Rules[0]
 	d.say("  applied %s in namespace %s:", samplePolicy, namespace)
-	d.say("    %d %s to %s* per %s per value of header %s, algorithm %s, failureMode %s",
-		r.Limit.Requests, strings.Join(methods(r), ","), r.Match.PathPrefix, shortDuration(r.Limit.Window.Duration),
+	d.say("    %d %s under %s per %s per value of header %s, algorithm %s, failureMode %s",
+		r.Limit.Requests, strings.Join(methods(r), ","), pathOf(r), shortDuration(r.Limit.Window.Duration),
 		keyHeader, r.Algorithm, d.policy.Spec.FailureMode)
 	p, err := d.st.WaitProgrammed(ctx, namespace, d.policy.Name, time.Minute)
 	if err != nil {
@@ -437,6 +437,19 @@ func failed(t stack.Tally) error {
 		return fmt.Errorf("%d of %d requests failed; first: %s", t.Failed, t.Sent, t.FirstFailure)
 	}
 	return nil
+}
+
+// pathOf is the path a rule matches, in either form of the API.
+func pathOf(r v1alpha1.Rule) string {
+	switch {
+	case r.Match == nil:
+		return "/"
+	case r.Match.Path != nil:
+		return r.Match.Path.Value
+	case r.Match.PathPrefix != "":
+		return r.Match.PathPrefix
+	}
+	return "/"
 }
 
 func methods(r v1alpha1.Rule) []string {

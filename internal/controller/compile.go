@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 
@@ -100,11 +101,11 @@ func compileRule(r v1alpha1.Rule) (policydoc.Rule, error) {
 		}
 		out.Key = append(out.Key, policydoc.KeyPart{Header: strings.ToLower(k.Header), Attribute: string(k.Attribute), Constant: k.Constant})
 	}
-	if m := r.Match; m != nil && (m.PathPrefix != "" || len(m.Methods) > 0 || len(m.Headers) > 0) {
-		if m.PathPrefix != "" && !strings.HasPrefix(m.PathPrefix, "/") {
-			return policydoc.Rule{}, errors.New("match.pathPrefix must start with '/'")
+	if m := r.Match; m != nil && (m.Path != nil || m.PathPrefix != "" || len(m.Methods) > 0 || len(m.Headers) > 0) {
+		cm, err := compilePath(m)
+		if err != nil {
+			return policydoc.Rule{}, err
 		}
-		cm := &policydoc.Match{PathPrefix: m.PathPrefix}
 		for _, meth := range m.Methods {
 			cm.Methods = append(cm.Methods, string(meth))
 		}
@@ -124,4 +125,52 @@ func orDefault[T ~string](v, def T) T {
 		return def
 	}
 	return v
+}
+
+// compilePath compiles a match's path into the document's form, decoded as the sidecar
+// compares it. Both API forms of a prefix compile to pathPrefix, the field every sidecar
+// release reads (see policydoc.Match). It checks again what the schema checks, for objects
+// stored before the schema did, and what the schema cannot see (encoded dot segments).
+func compilePath(m *v1alpha1.RuleMatch) (*policydoc.Match, error) {
+	switch {
+	case m.Path != nil && m.PathPrefix != "":
+		return nil, errors.New("match.path and match.pathPrefix are mutually exclusive: keep match.path (pathPrefix is deprecated)")
+	case m.PathPrefix != "":
+		// pathPrefix was always compared as written, with the decoded path: kept so.
+		if !strings.HasPrefix(m.PathPrefix, "/") || len(m.PathPrefix) > v1alpha1.MaxPathLength {
+			return nil, fmt.Errorf("match.pathPrefix must start with '/' and be at most %d characters", v1alpha1.MaxPathLength)
+		}
+		return &policydoc.Match{PathPrefix: m.PathPrefix}, nil
+	case m.Path == nil:
+		return &policydoc.Match{}, nil
+	}
+	v := m.Path.Value
+	if !strings.HasPrefix(v, "/") || len(v) > v1alpha1.MaxPathLength {
+		return nil, fmt.Errorf("match.path.value must start with '/' and be at most %d characters", v1alpha1.MaxPathLength)
+	}
+	decoded, err := url.PathUnescape(v)
+	if err != nil {
+		return nil, fmt.Errorf("match.path.value %q: every %% must start an escape of two hex digits: %w", v, err)
+	}
+	// Requests are matched in normal form: segments that normal form never has would make a
+	// rule that can never match, which is a mistake to report, not a rule to keep.
+	if strings.Contains(decoded, "\\") || strings.Count(decoded, "/") != strings.Count(v, "/") {
+		return nil, fmt.Errorf("match.path.value %q must not contain an encoded slash or a backslash: the sidecar refuses such requests", v)
+	}
+	for seg := range strings.SplitSeq(decoded[1:], "/") {
+		if seg == "." || seg == ".." {
+			return nil, fmt.Errorf("match.path.value %q must not contain a '.' or '..' segment, encoded or not: request paths are matched with dot segments removed", v)
+		}
+	}
+	if strings.Contains(decoded, "//") {
+		return nil, fmt.Errorf("match.path.value %q must not contain '//': request paths are matched with runs of slashes merged", v)
+	}
+	switch orDefault(m.Path.Type, v1alpha1.PathMatchPathPrefix) {
+	case v1alpha1.PathMatchPathPrefix:
+		return &policydoc.Match{PathPrefix: decoded}, nil
+	case v1alpha1.PathMatchExact:
+		return &policydoc.Match{ExactPath: decoded}, nil
+	default:
+		return nil, fmt.Errorf("match.path.type %q must be PathPrefix or Exact", m.Path.Type)
+	}
 }

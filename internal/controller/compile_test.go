@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -131,6 +132,63 @@ func TestCompileRefuses(t *testing.T) {
 			tc.mutate(p)
 			_, err := CompilePolicy(p)
 			g.Expect(err).To(MatchError(ContainSubstring(tc.want)))
+		})
+	}
+}
+
+// TestCompilePaths: both forms of a prefix give the same document (the pathPrefix field every
+// sidecar release reads), Exact gives exactPath, values are decoded as the sidecar compares
+// them, and what the schema refuses is refused again for objects stored before it did.
+func TestCompilePaths(t *testing.T) {
+	compile := func(m *v1alpha1.RuleMatch) (*policydoc.Match, error) {
+		p := testPolicy("a", 10)
+		p.Spec.Rules[0].Match = m
+		c, err := CompilePolicy(p)
+		if err != nil {
+			return nil, err
+		}
+		return c.Rules[0].Match, nil
+	}
+	path := func(typ v1alpha1.PathMatchType, v string) *v1alpha1.RuleMatch {
+		return &v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Type: typ, Value: v}}
+	}
+	for name, tc := range map[string]struct {
+		m    *v1alpha1.RuleMatch
+		want policydoc.Match
+	}{
+		"deprecated pathPrefix":    {&v1alpha1.RuleMatch{PathPrefix: "/api/"}, policydoc.Match{PathPrefix: "/api/"}},
+		"path, type defaulted":     {path("", "/api/"), policydoc.Match{PathPrefix: "/api/"}},
+		"path PathPrefix":          {path(v1alpha1.PathMatchPathPrefix, "/api/"), policydoc.Match{PathPrefix: "/api/"}},
+		"path Exact":               {path(v1alpha1.PathMatchExact, "/login"), policydoc.Match{ExactPath: "/login"}},
+		"escapes decoded":          {path(v1alpha1.PathMatchExact, "/a%20b/caf%C3%A9"), policydoc.Match{ExactPath: "/a b/caf\u00e9"}},
+		"an encoded '#' is a char": {path("", "/a%23b"), policydoc.Match{PathPrefix: "/a#b"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			got, err := compile(tc.m)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(*got).To(Equal(tc.want))
+		})
+	}
+	for name, tc := range map[string]struct {
+		m    *v1alpha1.RuleMatch
+		want string
+	}{
+		"both":                {&v1alpha1.RuleMatch{PathPrefix: "/a", Path: &v1alpha1.PathMatch{Value: "/a"}}, "mutually exclusive"},
+		"relative pathPrefix": {&v1alpha1.RuleMatch{PathPrefix: "api"}, "match.pathPrefix must start with '/'"},
+		"relative":            {path("", "api"), "match.path.value must start with '/'"},
+		"too long":            {path("", "/"+strings.Repeat("a", v1alpha1.MaxPathLength)), "at most 1024 characters"},
+		"bad escape":          {path("", "/a%zz"), "two hex digits"},
+		"encoded slash":       {path("", "/a%2fb"), "encoded slash"},
+		"encoded backslash":   {path("", "/a%5Cb"), "backslash"},
+		"encoded dot segment": {path("", "/a/%2e%2E/b"), "'..' segment"},
+		"encoded dot":         {path(v1alpha1.PathMatchExact, "/a/%2E"), "'.' or '..' segment"},
+		"double slash":        {path("", "/a//b"), "'//'"},
+		"unknown type":        {path("RegularExpression", "/a"), "PathPrefix or Exact"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := compile(tc.m)
+			NewWithT(t).Expect(err).To(MatchError(And(ContainSubstring("spec.rules[0] (r): "), ContainSubstring(tc.want))))
 		})
 	}
 }

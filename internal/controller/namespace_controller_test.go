@@ -40,7 +40,7 @@ func policy(ns, name string, requests int64) *v1alpha1.RateLimitPolicy {
 			TargetSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "checkout"}},
 			Rules: []v1alpha1.Rule{{
 				Name:      "per-api-key",
-				Match:     &v1alpha1.RuleMatch{PathPrefix: "/api/", Methods: []v1alpha1.HTTPMethod{"POST"}},
+				Match:     &v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Value: "/api/"}, Methods: []v1alpha1.HTTPMethod{"POST"}},
 				Key:       []v1alpha1.KeyPart{{Header: "X-API-Key"}},
 				Algorithm: v1alpha1.SlidingWindowCounter,
 				Limit:     v1alpha1.Limit{Requests: requests, Window: metav1.Duration{Duration: time.Minute}},
@@ -365,8 +365,11 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		Entry("an empty key part", func(p *v1alpha1.RateLimitPolicy) {
 			p.Spec.Rules[0].Key = []v1alpha1.KeyPart{{}}
 		}, "a key part sets exactly one of header, attribute or constant"),
-		Entry("a path prefix without a slash", func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules[0].Match.PathPrefix = "api"
+		Entry("a path without a slash", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Match.Path.Value = "api"
+		}, "match.path.value must be an absolute path starting with '/'"),
+		Entry("a deprecated path prefix without a slash", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Match = &v1alpha1.RuleMatch{PathPrefix: "api"}
 		}, "match.pathPrefix must start with '/'"),
 		Entry("an unknown algorithm", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Algorithm = "LeakyBucket" },
 			`supported values: "FixedWindow", "SlidingWindowLog", "SlidingWindowCounter", "TokenBucket"`),

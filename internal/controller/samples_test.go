@@ -26,7 +26,9 @@ var _ = Describe("config/samples", func() {
 			var p v1alpha1.RateLimitPolicy
 			Expect(yaml.UnmarshalStrict(data, &p)).To(Succeed(), f)
 			p.Namespace = ns
-			Expect(k8s.Create(ctx, &p)).To(Succeed(), f)
+			warnings.Take()
+			Expect(warnK8s.Create(ctx, &p)).To(Succeed(), f)
+			Expect(warnings.Take()).To(BeEmpty(), "%s: samples use no deprecated field", f)
 			names = append(names, p.Name)
 		}
 		Expect(names).To(HaveLen(3))

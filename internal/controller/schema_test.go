@@ -236,10 +236,17 @@ func randomPolicy(rng *rand.Rand, ns, name string) *unstructured.Unstructured {
 		rule["mode"] = m
 	}
 	if rng.IntN(3) == 0 {
-		rule["match"] = map[string]any{
-			"pathPrefix": field(rng, []string{"/api/", "/"}, []string{"api"}),
-			"methods":    field(rng, []any{[]any{"GET"}, []any{"GET", "POST"}}, []any{[]any{"FETCH"}, []any{"GET", "GET"}}),
+		m := map[string]any{
+			"methods": field(rng, []any{[]any{"GET"}, []any{"GET", "POST"}}, []any{[]any{"FETCH"}, []any{"GET", "GET"}}),
 		}
+		if rng.IntN(2) == 0 {
+			m["pathPrefix"] = field(rng, []string{"/api/", "/"}, []string{"api"})
+		} else {
+			m["path"] = field[any](rng,
+				[]any{map[string]any{"value": "/api"}, map[string]any{"type": "Exact", "value": "/login/"}, map[string]any{"value": "/a%20b"}},
+				[]any{map[string]any{"value": "/a/../b"}, map[string]any{"value": "/a/%2E"}, map[string]any{"type": "Regex", "value": "/a"}, map[string]any{}})
+		}
+		rule["match"] = m
 	}
 	sel := map[string]any{"matchLabels": map[string]any{"app": field[any](rng, []any{"checkout", ""}, []any{"bad value!", int64(3)})}}
 	if rng.IntN(3) == 0 {

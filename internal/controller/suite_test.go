@@ -79,6 +79,8 @@ var _ = BeforeSuite(func() {
 	wcfg.WarningHandler = warnings
 	warnK8s, err = client.New(wcfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
+	// As the chart and config/default install them: policies are written with warnings on.
+	installDeprecationWarnings(context.Background())
 
 	wio := &testEnv.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{

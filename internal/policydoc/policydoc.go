@@ -14,6 +14,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -77,11 +78,21 @@ type Rule struct {
 	Mode      string    `json:"mode"`
 }
 
-// Match restricts a rule to some requests.
+// Match restricts a rule to some requests. Paths are decoded (as the sidecar matches them)
+// and at most one of PathPrefix and ExactPath is set.
+//
+// A prefix match is written as pathPrefix, the field every release of the sidecar reads: a
+// document without exact matches stays readable by the sidecars of the previous release
+// (which compare the prefix by character, not by path element, until they are upgraded). An
+// exact match needs the newer field, which an older sidecar refuses as unknown, keeping its
+// last good document: it never enforces an exact rule as a prefix.
 type Match struct {
-	PathPrefix string        `json:"pathPrefix,omitempty"`
-	Methods    []string      `json:"methods,omitempty"`
-	Headers    []HeaderMatch `json:"headers,omitempty"`
+	// PathPrefix matches by path element; a trailing "/" is ignored.
+	PathPrefix string `json:"pathPrefix,omitempty"`
+	// ExactPath matches one path.
+	ExactPath string        `json:"exactPath,omitempty"`
+	Methods   []string      `json:"methods,omitempty"`
+	Headers   []HeaderMatch `json:"headers,omitempty"`
 }
 
 // HeaderMatch matches a header (name lowercased) by presence or exact value.
@@ -179,6 +190,9 @@ func Parse(data []byte) (*Document, error) {
 			if r.Requests < 1 || r.WindowMS < 1000 || len(r.Key) == 0 {
 				return nil, fmt.Errorf("policy %s rule %s: invalid limit or key", p.Name, r.Name)
 			}
+			if err := r.Match.validPath(); err != nil {
+				return nil, fmt.Errorf("policy %s rule %s: %w", p.Name, r.Name, err)
+			}
 		}
 	}
 	return &doc, nil
@@ -204,4 +218,19 @@ func Decompress(gz []byte) ([]byte, error) {
 // Selects reports whether the policy targets a pod with these labels.
 func (p *Policy) Selects(podLabels map[string]string) bool {
 	return p.Selector.Matches(podLabels)
+}
+
+// validPath checks the path fields of a match (nil is valid).
+func (m *Match) validPath() error {
+	switch {
+	case m == nil:
+		return nil
+	case m.PathPrefix != "" && m.ExactPath != "":
+		return errors.New("match sets both pathPrefix and exactPath")
+	case m.PathPrefix != "" && !strings.HasPrefix(m.PathPrefix, "/"):
+		return fmt.Errorf("match.pathPrefix %q does not start with /", m.PathPrefix)
+	case m.ExactPath != "" && !strings.HasPrefix(m.ExactPath, "/"):
+		return fmt.Errorf("match.exactPath %q does not start with /", m.ExactPath)
+	}
+	return nil
 }

@@ -100,3 +100,72 @@ func TestVouchedAcceptsOnlyTheBytesBuildWrote(t *testing.T) {
 		t.Error("a document is vouched for by a hash that is not its own")
 	}
 }
+
+// The previous release's document types: the same but for Match, which had no exactPath.
+// encoding/json lets a shallower field hide the embedded one of the same name.
+type (
+	prevMatch struct {
+		PathPrefix string        `json:"pathPrefix,omitempty"`
+		Methods    []string      `json:"methods,omitempty"`
+		Headers    []HeaderMatch `json:"headers,omitempty"`
+	}
+	prevRule struct {
+		Rule
+		Match *prevMatch `json:"match,omitempty"`
+	}
+	prevPolicy struct {
+		Policy
+		Rules []prevRule `json:"rules"`
+	}
+	prevDocument struct {
+		Document
+		Policies []prevPolicy `json:"policies"`
+	}
+)
+
+// parsePrev decodes as the previous release's sidecar does: strictly.
+func parsePrev(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var doc prevDocument
+	return dec.Decode(&doc)
+}
+
+// TestPreviousSidecarReadsPrefixRulesAndRefusesExactOnes: a document whose paths are all
+// prefixes keeps the previous release's shape, so a sidecar not yet upgraded loads it; one
+// with an exact path is refused as a whole by that sidecar (which keeps its last good one)
+// rather than enforced as something else.
+func TestPreviousSidecarReadsPrefixRulesAndRefusesExactOnes(t *testing.T) {
+	g := NewWithT(t)
+	p := samplePolicy()
+	p.Rules[0].Match = &Match{PathPrefix: "/api", Methods: []string{"GET"}}
+	_, data, err := Build("shop", []Policy{p}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(parsePrev(data)).To(Succeed())
+	g.Expect(string(data)).NotTo(ContainSubstring("exactPath"))
+
+	p.Rules[0].Match = &Match{ExactPath: "/api"}
+	_, data, err = Build("shop", []Policy{p}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = Parse(data)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(parsePrev(data)).To(MatchError(ContainSubstring(`unknown field "exactPath"`)))
+}
+
+func TestParseRefusesInvalidPathMatches(t *testing.T) {
+	for name, m := range map[string]*Match{
+		"both":            {PathPrefix: "/a", ExactPath: "/a"},
+		"relative prefix": {PathPrefix: "a"},
+		"relative exact":  {ExactPath: "a/b"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			p := samplePolicy()
+			p.Rules[0].Match = m
+			_, data, err := Build("shop", []Policy{p}, map[string]string{})
+			g.Expect(err).NotTo(HaveOccurred())
+			_, err = Parse(data)
+			g.Expect(err).To(MatchError(ContainSubstring("policy a rule r: match")))
+		})
+	}
+}

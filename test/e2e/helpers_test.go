@@ -55,7 +55,7 @@ func policy(name, pathPrefix string, alg v1alpha1.Algorithm, requests int64, mod
 			FailureMode:    mode,
 			Rules: []v1alpha1.Rule{{
 				Name:      "per-client",
-				Match:     &v1alpha1.RuleMatch{PathPrefix: pathPrefix},
+				Match:     &v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Type: v1alpha1.PathMatchPathPrefix, Value: pathPrefix}},
 				Key:       []v1alpha1.KeyPart{{Header: keyHeader}},
 				Algorithm: alg,
 				Limit:     v1alpha1.Limit{Requests: requests, Window: metav1.Duration{Duration: 24 * time.Hour}},

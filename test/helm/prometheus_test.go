@@ -48,7 +48,7 @@ func e2ePolicy(name, prefix string, mode v1alpha1.FailureMode, rule v1alpha1.Mod
 			FailureMode:    mode,
 			Rules: []v1alpha1.Rule{{
 				Name:      "per-client",
-				Match:     &v1alpha1.RuleMatch{PathPrefix: prefix},
+				Match:     &v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Type: v1alpha1.PathMatchPathPrefix, Value: prefix}},
 				Key:       []v1alpha1.KeyPart{{Header: "X-Client"}},
 				Algorithm: v1alpha1.FixedWindow,
 				Limit:     v1alpha1.Limit{Requests: requests, Window: metav1.Duration{Duration: time.Hour}},

@@ -27,6 +27,7 @@ var syncFiles = []string{
 	"rbac/leader_election_role.yaml",
 	"webhook/rbac.yaml",
 	"webhook/manifests.yaml",
+	"deprecations/ratelimitpolicy.yaml",
 }
 
 const syncHint = "config/ is the source (make manifests generates it from the markers); run `make chart-sync` (make manifests runs it too) and commit charts/redline/files/config"
@@ -165,6 +166,15 @@ func TestChartMatchesConfig(t *testing.T) {
 			wp, _, _ := unstructured.NestedString(w, "clientConfig", "service", "path")
 			cp, _, _ := unstructured.NestedString(c, "clientConfig", "service", "path")
 			g.Expect(cp).To(Equal(wp), "webhook path")
+		}
+	})
+
+	t.Run("deprecations", func(t *testing.T) {
+		g := NewWithT(t)
+		for _, want := range readConfig(t, "deprecations/ratelimitpolicy.yaml") {
+			got := Find(chartObjs, want.GetKind(), want.GetName())
+			g.Expect(got).NotTo(BeNil(), "%s %s of config/deprecations is not in the chart (templates/deprecations.yaml)", want.GetKind(), want.GetName())
+			g.Expect(ToYAML(got.Object["spec"])).To(Equal(ToYAML(want.Object["spec"])), "%s %s: the chart's spec differs from config/deprecations: %s", want.GetKind(), want.GetName(), syncHint)
 		}
 	})
 

@@ -143,6 +143,9 @@ func TestCheckNormalisesThePath(t *testing.T) {
 		{"/x/../login?a=b", 200, true},
 		{"/%6Cogin", 200, true},
 		{"/logout", 200, false},
+		{"/login/x", 200, true},
+		{"/login-help", 200, false},
+		{"/LOGIN", 200, false},
 		{"/x%2F../login", 400, false},
 		{"/bad%zz", 400, false},
 	} {

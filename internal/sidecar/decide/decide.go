@@ -192,7 +192,7 @@ func Matches(m *ruleset.Match, req *Request) bool {
 	if m == nil {
 		return true
 	}
-	if m.PathPrefix != "" && !strings.HasPrefix(req.Path, m.PathPrefix) {
+	if m.Path != nil && !m.Path.Matches(req.Path) {
 		return false
 	}
 	if len(m.Methods) > 0 {

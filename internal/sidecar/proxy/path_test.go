@@ -59,7 +59,9 @@ func TestPathIsMatchedAndForwardedNormalised(t *testing.T) {
 		{"/public/../admin/users", http.StatusTooManyRequests, ""},
 		{"/public/%2e%2e/admin/users", http.StatusTooManyRequests, ""},
 		{"/%61dmin/users", http.StatusTooManyRequests, ""},
-		{"/admin", http.StatusOK, "/admin /admin"},
+		{"/admin", http.StatusTooManyRequests, ""}, // the prefix's trailing slash is ignored
+		{"/administrator", http.StatusOK, "/administrator /administrator"},
+		{"/admin-help/x", http.StatusOK, "/admin-help/x /admin-help/x"},
 		{"/public/./x//y/", http.StatusOK, "/public/x/y/ /public/x/y/"},
 		{"/a%20b/%7euser?q=1", http.StatusOK, "/a%20b/~user /a b/~user"},
 		{"/admin%2Fusers", http.StatusBadRequest, ""},

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/textproto"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -73,9 +74,44 @@ type Rule struct {
 
 // Match restricts a rule to some requests.
 type Match struct {
-	PathPrefix string
-	Methods    []string
-	Headers    []HeaderMatch
+	// Path, when not nil, restricts the rule to the paths it matches.
+	Path    *PathMatch
+	Methods []string
+	Headers []HeaderMatch
+}
+
+// PathMatch is Gateway API's HTTPPathMatch, on the decoded normal form of the request path
+// (internal/sidecar/reqpath): an exact path, or a prefix of whole path elements.
+type PathMatch struct {
+	// Exact compares the whole path with Value.
+	Exact bool
+	// Value is the path; for a prefix, without its trailing slashes ("" for "/", which
+	// matches every path).
+	Value string
+}
+
+// Matches reports whether path, normalised, is matched. Both kinds are case-sensitive. A
+// prefix matches the path equal to it and the paths that continue it with a "/": /abc
+// matches /abc, /abc/ and /abc/def, not /abcd.
+func (m *PathMatch) Matches(path string) bool {
+	if m.Exact {
+		return path == m.Value
+	}
+	rest, ok := strings.CutPrefix(path, m.Value)
+	return ok && (rest == "" || rest[0] == '/')
+}
+
+// newPathMatch compiles the document's path fields; nil when neither is set.
+func newPathMatch(m *policydoc.Match) *PathMatch {
+	switch {
+	case m.ExactPath != "":
+		return &PathMatch{Exact: true, Value: m.ExactPath}
+	case m.PathPrefix != "":
+		// Every trailing slash: the schema lets the deprecated pathPrefix end in several, and
+		// /api// means the elements of /api all the same.
+		return &PathMatch{Value: strings.TrimRight(m.PathPrefix, "/")}
+	}
+	return nil
 }
 
 // HeaderMatch requires a header, with an exact value when Value is not nil.
@@ -188,7 +224,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 		return nil, fmt.Errorf("checking limit: %w", err)
 	}
 	if m := cr.Match; m != nil {
-		r.Match = &Match{PathPrefix: m.PathPrefix, Methods: m.Methods}
+		r.Match = &Match{Path: newPathMatch(m), Methods: m.Methods}
 		for _, h := range m.Headers {
 			r.Match.Headers = append(r.Match.Headers, HeaderMatch{Name: textproto.CanonicalMIMEHeaderKey(h.Name), Value: h.Value})
 		}

@@ -92,3 +92,18 @@ func StoreOf(t testing.TB, doc []byte) *ruleset.Store {
 	store.Swap(set)
 	return store
 }
+
+// DocumentRules returns the bytes of a valid policies document of namespace with one policy
+// named policy selecting app=<app>, failing open, with these rules.
+func DocumentRules(namespace, policy, app string, rules ...policydoc.Rule) []byte {
+	p := policydoc.Policy{
+		Name: policy, Generation: 1, FailureMode: "Open",
+		Selector: policydoc.Selector{MatchLabels: map[string]string{labelApp: app}},
+		Rules:    rules,
+	}
+	_, data, err := policydoc.Build(namespace, []policydoc.Policy{p}, map[string]string{})
+	if err != nil {
+		panic(fmt.Sprintf("building test document: %v", err))
+	}
+	return data
+}

@@ -1,0 +1,157 @@
+package controller_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/policydoc"
+)
+
+// deprecationWarning is what the API server says of a policy using match.pathPrefix, through
+// config/deprecations (the chart ships the same objects).
+const deprecationWarning = "spec.rules[].match.pathPrefix is deprecated"
+
+// installDeprecationWarnings creates the ValidatingAdmissionPolicy and binding of
+// config/deprecations, as kustomize and the chart install them, and waits until the API
+// server applies them (it loads them asynchronously).
+func installDeprecationWarnings(ctx context.Context) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "config", "deprecations", "ratelimitpolicy.yaml"))
+	Expect(err).NotTo(HaveOccurred())
+	docs := strings.Split(string(data), "\n---\n")
+	Expect(docs).To(HaveLen(2))
+	var vap admissionregistrationv1.ValidatingAdmissionPolicy
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	Expect(yaml.UnmarshalStrict([]byte(docs[0]), &vap)).To(Succeed())
+	Expect(yaml.UnmarshalStrict([]byte(docs[1]), &binding)).To(Succeed())
+	Expect(k8s.Create(ctx, &vap)).To(Succeed())
+	Expect(k8s.Create(ctx, &binding)).To(Succeed())
+
+	ns := &corev1.Namespace{}
+	ns.GenerateName = "vap-probe-"
+	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	Eventually(func(g Gomega) {
+		warnings.Take()
+		g.Expect(warnK8s.Create(ctx, pathPolicy(ns.Name, "probe", map[string]any{"pathPrefix": "/x"}), client.DryRunAll)).To(Succeed())
+		g.Expect(warnings.Take()).To(ContainElement(ContainSubstring(deprecationWarning)))
+	}, timeout, interval).Should(Succeed())
+	Expect(k8s.Delete(ctx, ns)).To(Succeed())
+}
+
+// pathPolicy is a one-rule policy (rule "r") with this match, as a user writes it.
+func pathPolicy(ns, name string, match map[string]any) client.Object {
+	rule := rawRule("1m")
+	rule["match"] = match
+	return rawPolicy(ns, name, rule)
+}
+
+func pathValue(typ, value string) map[string]any {
+	p := map[string]any{"value": value}
+	if typ != "" {
+		p["type"] = typ
+	}
+	return map[string]any{"path": p}
+}
+
+var _ = Describe("match.path", func() {
+	ctx := context.Background()
+
+	DescribeTable("refuses what Gateway API's HTTPPathMatch refuses, saying what to write",
+		func(match map[string]any, message string) {
+			ns := newNamespace(ctx)
+			err := k8s.Create(ctx, pathPolicy(ns, "p", match))
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "match %v: %v", match, err)
+			Expect(err.Error()).To(ContainSubstring(message), "match %v", match)
+		},
+		Entry("relative", pathValue("", "api"), "match.path.value must be an absolute path starting with '/'"),
+		Entry("empty", pathValue("", ""), "spec.rules[0].match.path.value"),
+		Entry("too long", pathValue("", "/"+strings.Repeat("a", 1024)), "Too long: may not be more than 1024"),
+		Entry("'//'", pathValue("", "/a//b"), "match.path.value must not contain '//'"),
+		Entry("only '//'", pathValue("Exact", "//"), "match.path.value must not contain '//'"),
+		Entry("'/./'", pathValue("", "/a/./b"), "must not contain a '.' segment"),
+		Entry("leading '/./'", pathValue("", "/./a"), "must not contain a '.' segment"),
+		Entry("trailing '/.'", pathValue("Exact", "/a/."), "must not contain a '.' segment"),
+		Entry("'/../'", pathValue("", "/a/../b"), "must not contain a '..' segment"),
+		Entry("trailing '/..'", pathValue("", "/a/.."), "must not contain a '..' segment"),
+		Entry("'%2f'", pathValue("", "/a%2fb"), "must not contain an encoded slash"),
+		Entry("'%2F'", pathValue("Exact", "/a%2Fb"), "must not contain an encoded slash"),
+		Entry("'#'", pathValue("", "/a#b"), "match.path.value must not contain '#'"),
+		Entry("a space", pathValue("", "/a b"), "write a space as %20"),
+		Entry("a query", pathValue("", "/a?b=1"), "match.path.value may contain only"),
+		Entry("a backslash", pathValue("", "/a\\b"), "match.path.value may contain only"),
+		Entry("a bad escape", pathValue("", "/a%zz"), "percent-escapes of two hex digits"),
+		Entry("non-ASCII", pathValue("", "/caf\u00e9"), "match.path.value may contain only"),
+		Entry("an unknown type", pathValue("RegularExpression", "/a"), `supported values: "PathPrefix", "Exact"`),
+		Entry("no value", map[string]any{"path": map[string]any{"type": "Exact"}}, "spec.rules[0].match.path.value: Required value"),
+		Entry("path and pathPrefix", map[string]any{"path": map[string]any{"value": "/a"}, "pathPrefix": "/a"},
+			"match.path and match.pathPrefix are mutually exclusive"),
+	)
+
+	DescribeTable("stores what it accepts, defaulting type to PathPrefix, and the controller compiles it",
+		func(match map[string]any, want policydoc.Match) {
+			ns := newNamespace(ctx)
+			u := pathPolicy(ns, "p", match)
+			Expect(k8s.Create(ctx, u)).To(Succeed(), "match %v", match)
+			p := expectProgrammed(ctx, ns, "p")
+			if _, ok := match["path"]; ok {
+				Expect(p.Spec.Rules[0].Match.Path.Type).NotTo(BeEmpty(), "the API server defaults type")
+			}
+			Eventually(func(g Gomega) {
+				doc := readDocument(g, ctx, ns)
+				g.Expect(doc.Policies).To(HaveLen(1))
+				g.Expect(*doc.Policies[0].Rules[0].Match).To(Equal(want))
+			}, timeout, interval).Should(Succeed())
+		},
+		Entry("a prefix, type defaulted", pathValue("", "/api"), policydoc.Match{PathPrefix: "/api"}),
+		Entry("a prefix with a trailing slash", pathValue("PathPrefix", "/api/"), policydoc.Match{PathPrefix: "/api/"}),
+		Entry("the root", pathValue("", "/"), policydoc.Match{PathPrefix: "/"}),
+		Entry("an exact path", pathValue("Exact", "/login"), policydoc.Match{ExactPath: "/login"}),
+		Entry("escapes, decoded", pathValue("Exact", "/a%20b/caf%C3%A9"), policydoc.Match{ExactPath: "/a b/caf\u00e9"}),
+		Entry("sub-delims and dots inside segments", pathValue("", "/~u/a.b/..c/x;v=1/@me"), policydoc.Match{PathPrefix: "/~u/a.b/..c/x;v=1/@me"}),
+		Entry("the deprecated pathPrefix", map[string]any{"pathPrefix": "/api/"}, policydoc.Match{PathPrefix: "/api/"}),
+	)
+
+	It("refuses encoded dot segments the schema cannot see, as Accepted=False with the reason", func() {
+		ns := newNamespace(ctx)
+		Expect(k8s.Create(ctx, pathPolicy(ns, "p", pathValue("", "/a/%2e%2e/admin")))).To(Succeed())
+		Eventually(func(g Gomega) {
+			c := condition(g, ctx, ns, "p", v1alpha1.ConditionAccepted)
+			g.Expect(c.Status).To(BeEquivalentTo("False"))
+			g.Expect(c.Message).To(ContainSubstring("must not contain a '.' or '..' segment, encoded or not"))
+		}, timeout, interval).Should(Succeed())
+	})
+
+	It("warns, through the API server, of the deprecated pathPrefix and of nothing else", func() {
+		ns := newNamespace(ctx)
+		warnings.Take()
+		Expect(warnK8s.Create(ctx, pathPolicy(ns, "old", map[string]any{"pathPrefix": "/api/"}))).To(Succeed())
+		Expect(warnings.Take()).To(ConsistOf(And(
+			ContainSubstring("redline-ratelimitpolicy-deprecations"),
+			ContainSubstring(deprecationWarning+" (rules r): write match.path: {type: PathPrefix, value: <the prefix>}"),
+		)))
+		Expect(warnK8s.Create(ctx, pathPolicy(ns, "new", pathValue("", "/api/")))).To(Succeed())
+		Expect(warnings.Take()).To(BeEmpty())
+		// The controller's own status writes go to the status subresource, which the policy
+		// does not match: no warning on every reconcile.
+		expectProgrammed(ctx, ns, "old")
+	})
+})
+
+// readDocument reads the namespace's compiled document.
+func readDocument(g Gomega, ctx context.Context, ns string) *policydoc.Document {
+	var cm corev1.ConfigMap
+	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: policydoc.ConfigMapName}, &cm)).To(Succeed())
+	doc, err := policydoc.Parse([]byte(cm.Data[policydoc.DataKey]))
+	g.Expect(err).NotTo(HaveOccurred())
+	return doc
+}
