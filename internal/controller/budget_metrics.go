@@ -23,7 +23,7 @@ var (
 	budgetWorkload = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "redline_redis_workload_connections_worst_case",
 		Help: "One injected workload's share of the worst case: maxReplicas x pool size.",
-	}, []string{"namespace", "kind", "name"})
+	}, []string{labelNamespace, "kind", "name"})
 )
 
 func init() {

@@ -49,7 +49,7 @@ var _ = Describe("Services around the sidecar", func() {
 			g.Expect(c.Message).NotTo(ContainSubstring("Service through"))
 		}, timeout, interval).Should(Succeed())
 		Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "p") }, timeout, interval).
-			Should(ContainElement(HavePrefix("Warning/" + controller.ReasonServiceBypassesSidecar + ": Enforced=False: ")), "told when the first one appeared")
+			Should(ContainElement(HavePrefix("Warning/"+controller.ReasonServiceBypassesSidecar+": Enforced=False: ")), "told when the first one appeared")
 		Eventually(func(g Gomega) float64 {
 			return gauge(g, "redline_policy_service_bypasses", map[string]string{"namespace": ns, "policy": "p"})
 		}, timeout, interval).Should(Equal(2.0))

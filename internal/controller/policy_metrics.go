@@ -10,6 +10,12 @@ import (
 	"github.com/redline-dev/redline/api/v1alpha1"
 )
 
+// The label names of the manager's per-namespace and per-policy series.
+const (
+	labelNamespace = "namespace"
+	labelPolicy    = "policy"
+)
+
 // policyCondition is each policy's Accepted, Programmed and Enforced on the manager's /metrics,
 // so that an alert can say a policy has not been enforced for minutes. One series per policy
 // and condition: its cardinality is the policies', which the manager holds anyway. A condition
@@ -17,14 +23,14 @@ import (
 var policyCondition = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Name: "redline_policy_condition",
 	Help: "1 when the RateLimitPolicy's condition is True, 0 when False (Unknown: no series), as the leader last computed it.",
-}, []string{"namespace", "policy", "condition"})
+}, []string{labelNamespace, labelPolicy, "condition"})
 
 // policyBypasses is each policy's count of Service ports that reach its pods around the
 // sidecar (see bypass.go), so that a dashboard can say which policy and an alert can fire.
 var policyBypasses = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Name: "redline_policy_service_bypasses",
 	Help: "Service ports whose targetPort is the application's port of pods the RateLimitPolicy targets: their traffic goes around the sidecar.",
-}, []string{"namespace", "policy"})
+}, []string{labelNamespace, labelPolicy})
 
 func init() { metrics.Registry.MustRegister(policyCondition, policyBypasses) }
 
@@ -47,7 +53,7 @@ func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Cond
 	}
 	for p := range m.seen[ns] {
 		if _, ok := conditions[p]; !ok {
-			policyCondition.DeletePartialMatch(prometheus.Labels{"namespace": ns, "policy": p})
+			policyCondition.DeletePartialMatch(prometheus.Labels{labelNamespace: ns, labelPolicy: p})
 			policyBypasses.DeleteLabelValues(ns, p)
 		}
 	}

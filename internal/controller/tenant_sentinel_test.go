@@ -91,7 +91,7 @@ var _ = Describe("Tenant Redis users with Sentinel", func() {
 		// refused to what the namespace holds, on every sentinel, while the lookups work.
 		rec, err := redistest.StartRecorder()
 		Expect(err).NotTo(HaveOccurred())
-		defer rec.Close()
+		defer func() { _ = rec.Close() }()
 		for _, s := range grp.Sentinels {
 			reader := &redis.Options{Addr: s.Addr(), Username: sentinelUser, Password: sentinelPW, MaxRetries: -1}
 			sc := redis.NewSentinelClient(reader)

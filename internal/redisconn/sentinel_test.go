@@ -39,7 +39,7 @@ func TestManagerAuthenticatesOnlyToTheMasterAMajorityOfSentinelsNames(t *testing
 	const adminPassword = "manager-admin-secret"
 	const clientName = "redline-manager"
 	bad := grp.SentinelClient(grp.Sentinels[0])
-	defer bad.Close()
+	defer func() { _ = bad.Close() }()
 	g.Expect(bad.Remove(ctx, redistest.SentinelMasterName).Err()).To(Succeed())
 	g.Expect(bad.Monitor(ctx, redistest.SentinelMasterName, rec.Host(), rec.Port(), "1").Err()).To(Succeed())
 	g.Expect(bad.GetMasterAddrByName(ctx, redistest.SentinelMasterName).Val()).To(Equal([]string{rec.Host(), rec.Port()}))
@@ -54,10 +54,9 @@ func TestManagerAuthenticatesOnlyToTheMasterAMajorityOfSentinelsNames(t *testing
 	for range 10 {
 		c, err := redisconn.NewClient(grp.URL(), opts)
 		g.Expect(err).NotTo(HaveOccurred())
-		switch err := c.Ping(ctx).Err(); {
-		case err == nil:
+		if err := c.Ping(ctx).Err(); err == nil {
 			answered++
-		default:
+		} else {
 			g.Expect(errors.Is(err, redisconn.ErrMasterUnverified) || bytes.Contains([]byte(err.Error()), []byte("majority"))).
 				To(BeTrue(), "a refused ping is refused for the master being unverified, got %v", err)
 		}
