@@ -35,6 +35,12 @@ const ReasonServiceBypassesSidecar = "ServiceBypassesSidecar"
 // maxBypassesNamed is how many bypassing Service ports a condition names; the count is whole.
 const maxBypassesNamed = 3
 
+// maxBypassPairs bounds the (template, Service) pairs one policy's check looks at: a tenant
+// owns the number of both in its namespace, and the namespace's reconcile must not grow with
+// their product (10,000 Services and 1,000 templates would be ten million). Pairs past it are
+// not checked.
+const maxBypassPairs = 100_000
+
 // injectedTemplate is what bypass detection needs of an injected workload's pod template.
 type injectedTemplate struct {
 	workload string // "Deployment checkout"
@@ -58,11 +64,15 @@ func serviceBypasses(p *v1alpha1.RateLimitPolicy, templates []injectedTemplate, 
 		return bypass{}
 	}
 	var found []string
+	pairs := 0
 	for _, t := range templates {
 		if !sel.Matches(labels.Set(t.labels)) {
 			continue
 		}
 		for _, svc := range services {
+			if pairs++; pairs > maxBypassPairs {
+				break
+			}
 			if len(svc.Spec.Selector) == 0 || !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(t.labels)) {
 				continue
 			}
