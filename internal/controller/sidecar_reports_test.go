@@ -3,7 +3,6 @@ package controller_test
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"time"
 
@@ -19,27 +18,6 @@ import (
 
 // suiteTTL is the suite manager's HeartbeatTTL (suite_test.go).
 const suiteTTL = 10 * time.Second
-
-// allocation is what fn allocates in this process (TotalAlloc) and what of it is still held
-// when it returns (HeapAlloc after a GC, fn's result kept alive). The manager runs beside it,
-// so both are upper bounds.
-func allocation(fn func() any) (total, held uint64) {
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	v := fn()
-	runtime.ReadMemStats(&after)
-	total = after.TotalAlloc - before.TotalAlloc
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	if after.HeapAlloc > before.HeapAlloc {
-		held = after.HeapAlloc - before.HeapAlloc
-	}
-	runtime.KeepAlive(v)
-	return total, held
-}
-
-func mib(n uint64) float64 { return float64(n) / (1 << 20) }
 
 var _ = Describe("What the manager reads of sidecar heartbeats", func() {
 	// Issue 24: a tenant's 40 heartbeat groups of 10,000 members with 256-byte names took the
@@ -102,7 +80,7 @@ var _ = Describe("What the manager reads of sidecar heartbeats", func() {
 		Eventually(beat).Should(Succeed())
 
 		By("measuring one reading of the stuffed groups: the manager's before (fleet.Read of each) and now")
-		readTotal, readHeld := allocation(func() any {
+		readTotal, readHeld := fleettest.Allocation(func() any {
 			var all []fleet.Report
 			for _, n := range names {
 				r, err := fleet.Read(ctx, rdb, stuffedNS, n, suiteTTL)
@@ -113,12 +91,12 @@ var _ = Describe("What the manager reads of sidecar heartbeats", func() {
 		})
 		reports := &controller.RedisSidecars{Client: rdb, TTL: suiteTTL}
 		var got []fleet.Summary
-		sumTotal, sumHeld := allocation(func() any {
+		sumTotal, sumHeld := fleettest.Allocation(func() any {
 			got = reports.Summaries(ctx, stuffedNS, hash, append(names, "small"))
 			return got
 		})
 		entry := fmt.Sprintf("40 groups of 10,000 members of 256 bytes: before, fleet.Read of each allocates %.1f MiB and holds %.1f MiB; "+
-			"now, Summaries allocates %.2f MiB and holds %.2f MiB", mib(readTotal), mib(readHeld), mib(sumTotal), mib(sumHeld))
+			"now, Summaries allocates %.2f MiB and holds %.2f MiB", fleettest.MiB(readTotal), fleettest.MiB(readHeld), fleettest.MiB(sumTotal), fleettest.MiB(sumHeld))
 		AddReportEntry("manager's reading of a stuffed namespace", entry)
 		GinkgoWriter.Println(entry)
 		Expect(got[len(names)].Current).To(BeEquivalentTo(3))

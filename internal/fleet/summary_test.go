@@ -3,7 +3,6 @@ package fleet_test
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -106,24 +105,6 @@ func stuffedNamespace(t testing.TB, c redis.UniversalClient) fleettest.Stuffed {
 	return s
 }
 
-// allocated is what fn allocates in all (TotalAlloc), and what of it is still held when it
-// returns (HeapAlloc after a GC, with fn's result kept alive).
-func allocated(fn func() any) (total, held uint64) {
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	v := fn()
-	runtime.ReadMemStats(&after)
-	total = after.TotalAlloc - before.TotalAlloc
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	if after.HeapAlloc > before.HeapAlloc {
-		held = after.HeapAlloc - before.HeapAlloc
-	}
-	runtime.KeepAlive(v)
-	return total, held
-}
-
 // Issue 24: reading every group whole (fleet.Read, what the manager did) allocates and holds
 // about 6 MiB per stuffed group, 240 MiB for this namespace; Summarize allocates what
 // fleet.NamespaceMembers of fleet.SummaryBytes cost, a few MiB, and holds a few KiB, whatever
@@ -134,7 +115,7 @@ func TestSummarizeBoundsWhatAStuffedNamespaceCosts(t *testing.T) {
 	ctx := context.Background()
 	s := stuffedNamespace(t, c)
 
-	readTotal, readHeld := allocated(func() any {
+	readTotal, readHeld := fleettest.Allocation(func() any {
 		var all []fleet.Report
 		for _, p := range s.Policies {
 			r, err := fleet.Read(ctx, c, s.Namespace, p, time.Minute)
@@ -144,13 +125,13 @@ func TestSummarizeBoundsWhatAStuffedNamespaceCosts(t *testing.T) {
 		return all
 	})
 	var got []fleet.Summary
-	sumTotal, sumHeld := allocated(func() any {
+	sumTotal, sumHeld := fleettest.Allocation(func() any {
 		got = fleet.Summarize(ctx, c, s.Namespace, current, s.Policies, time.Minute, 0)
 		return got
 	})
 	t.Logf("40 groups of 10000 members, 256-byte names and hashes: fleet.Read of each allocates %.1f MiB and holds %.1f MiB; "+
 		"fleet.Summarize allocates %.2f MiB and holds %.1f KiB",
-		mib(readTotal), mib(readHeld), mib(sumTotal), float64(sumHeld)/(1<<10))
+		fleettest.MiB(readTotal), fleettest.MiB(readHeld), fleettest.MiB(sumTotal), float64(sumHeld)/(1<<10))
 
 	over := 0
 	for _, x := range got {
@@ -170,17 +151,15 @@ func TestSummarizeBoundsWhatAStuffedNamespaceCosts(t *testing.T) {
 	// within the same allocation.
 	full, err := fleettest.Stuff(ctx, c, "full", []string{"q"}, fleet.MaxMembers, 256, strings.Repeat("f", 256))
 	g.Expect(err).NotTo(HaveOccurred())
-	sumTotal, _ = allocated(func() any {
+	sumTotal, _ = fleettest.Allocation(func() any {
 		got = fleet.Summarize(ctx, c, full.Namespace, current, full.Policies, time.Minute, fleet.MaxMembers)
 		return got
 	})
-	t.Logf("one group of %d members read whole: fleet.Summarize allocates %.2f MiB", fleet.MaxMembers, mib(sumTotal))
+	t.Logf("one group of %d members read whole: fleet.Summarize allocates %.2f MiB", fleet.MaxMembers, fleettest.MiB(sumTotal))
 	g.Expect(got[0].Read).To(BeEquivalentTo(fleet.MaxMembers))
 	g.Expect(got[0].Stale).To(HaveLen(fleet.StaleNames))
 	g.Expect(sumTotal).To(BeNumerically("<", 16<<20))
 }
-
-func mib(n uint64) float64 { return float64(n) / (1 << 20) }
 
 // BenchmarkStuffedNamespace measures a reading of issue 24's namespace both ways (B/op).
 func BenchmarkStuffedNamespace(b *testing.B) {
