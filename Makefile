@@ -31,7 +31,7 @@ manifests: controller-gen ## Generate the CRD and RBAC manifests from the marker
 # What the chart takes from config/ (one source of truth): the CRD, the RBAC rules, the
 # webhook's rules and the deprecation warnings (a ValidatingAdmissionPolicy), copied byte for
 # byte into charts/redline/files/config, which its templates read. test/helm's TestChartInSyncWithConfig fails until this has run after a change in config/.
-CHART_SYNC_FILES := crd/bases/redline.dev_ratelimitpolicies.yaml rbac/role.yaml rbac/leader_election_role.yaml webhook/rbac.yaml webhook/manifests.yaml deprecations/ratelimitpolicy.yaml
+CHART_SYNC_FILES := crd/bases/redline.dev_ratelimitpolicies.yaml crd/bases/redline.dev_redisbackends.yaml rbac/role.yaml rbac/leader_election_role.yaml webhook/rbac.yaml webhook/manifests.yaml deprecations/ratelimitpolicy.yaml
 .PHONY: chart-sync
 chart-sync: ## Copy the CRD, RBAC, webhook rules and deprecation warnings of config/ into the Helm chart (charts/redline/files/config).
 	@rm -rf charts/redline/files/config

@@ -22,7 +22,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -164,25 +163,31 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
-	// The budget reconciler publishes the connection budget; the injector sizes new pods'
-	// Redis pools from it, in this process.
-	budget := &connbudget.Publisher{}
-	webhookCfg.Budget = budget
-	if err := controller.Setup(mgr, controller.Config{
-		Redis: rdb, Nodes: nodes.Each, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
-		HeartbeatTTL: heartbeatTTL, ResyncInterval: resync,
-		RedisMaxClients: redisMaxClients, BudgetInterval: budgetInterval, Budget: budget,
-		// The injector's ceiling, so that the budget counts the pools it gives.
-		SidecarRedisPoolSize: int64(webhookCfg.SidecarRedisPoolSize),
-	}); err != nil {
-		return fmt.Errorf("setting up controller: %w", err)
-	}
 	var sentinels func(context.Context, func(context.Context, *redis.Client) error) error
 	if nodes.IsSentinel() {
 		sentinels = nodes.EachSentinel
 	}
+	// The manager's Redis serves every namespace no RedisBackend selects. Each backend's
+	// budget reconciler publishes its connection budget; the injector sizes new pods' Redis
+	// pools from their namespace's, in this process, and gives them its URL.
+	backends := controller.NewBackends(
+		controller.NewBackend("", webhookCfg.RedisURL, rdb, nodes.Each, sentinels, redisMaxClients, heartbeatTTL, nil),
+		mgr.GetCache())
+	webhookCfg.Backends = backends
+	if _, err := controller.Setup(mgr, controller.Config{
+		Backends: backends, RedisTimeout: redisTimeout, CheckInterval: checkInterval, MaxBackoff: maxBackoff,
+		HeartbeatTTL: heartbeatTTL, ResyncInterval: resync, BudgetInterval: budgetInterval,
+		// The injector's ceiling, so that the budget counts the pools it gives.
+		SidecarRedisPoolSize: int64(webhookCfg.SidecarRedisPoolSize),
+		Namespace:            webhookCfg.Namespace,
+		Dial: func(name, url string, creds controller.BackendCredentials, maxClients int64) (*controller.Backend, error) {
+			return controller.DialBackend(name, url, creds, maxClients, heartbeatTTL)
+		},
+	}); err != nil {
+		return fmt.Errorf("setting up controller: %w", err)
+	}
 	if err := controller.SetupTenantACL(mgr, controller.TenantACLConfig{
-		Mode: tenantACL, Nodes: nodes.Each, Sentinels: sentinels, SecretName: webhookCfg.RedisSecret,
+		Mode: tenantACL, Backends: backends, SecretName: webhookCfg.RedisSecret,
 		KeySecret: types.NamespacedName{Namespace: webhookCfg.Namespace, Name: aclKeySecret},
 		Rotation:  credentialRotation, RedisTimeout: redisTimeout, MaxBackoff: maxBackoff, CheckInterval: checkInterval,
 	}); err != nil {

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/connbudget"
@@ -41,18 +42,23 @@ const (
 	ReasonBudgetUnknown       = "RedisUnavailable"
 )
 
-// budgetRequest is the one key of the budget reconciler: one Redis serves every namespace, so
-// the budget is one cluster-wide sum and is computed by one worker.
+// budgetRequest is the one key of the budget reconciler: every namespace of a Redis shares
+// its maxclients, so each Redis's budget is one sum over its namespaces, and all are computed
+// by one worker.
 var budgetRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "redis-connection-budget"}}
 
 // BudgetReconciler adds up the Redis connections that injected workloads can open at their
-// maxReplicas and reports each namespace's total against its share of Redis's maxclients. It
-// is a reconciler of its own, not part of NamespaceReconciler, because the shares are
-// cluster-wide: how many namespaces share Redis sizes every namespace's pools.
+// maxReplicas and reports each namespace's total against its share of its Redis's maxclients.
+// It is a reconciler of its own, not part of NamespaceReconciler, because the shares are
+// per Redis: how many namespaces share a Redis sizes every one of their pools. Each backend
+// (RedisBackend, and the manager's own Redis) has a budget of its own, over the namespaces it
+// serves, published to its own Publisher for the injector.
 type BudgetReconciler struct {
 	client.Client
 	// Policies reads RateLimitPolicies as unstructured objects (see listPolicies).
 	Policies client.Reader
+	// Backends are the namespaces' Redis; nil: Redis and Budget serve every namespace.
+	Backends *Backends
 	Redis    *RedisClients
 	Recorder events.EventRecorder
 	// ManagerConnections are the manager's own connections per Redis node.
@@ -74,7 +80,8 @@ type BudgetReconciler struct {
 	// a tenant that churns its objects gets one pass per Coalesce, not one per change.
 	Coalesce time.Duration
 
-	// Budget receives the snapshot the pod injector sizes pools from; nil publishes nothing.
+	// Budget receives the snapshot the pod injector sizes pools from (without Backends); nil
+	// publishes nothing.
 	Budget *connbudget.Publisher
 	// Elected is closed once this replica leads (ctrl.Manager.Elected); nil means it always
 	// does. The budget is computed on every replica, because every replica's webhook sizes
@@ -82,6 +89,12 @@ type BudgetReconciler struct {
 	Elected <-chan struct{}
 
 	mu sync.Mutex
+	// states is what each backend's budget remembers between passes, by backend name.
+	states map[string]*budgetState
+}
+
+// budgetState is what one Redis's budget remembers between passes.
+type budgetState struct {
 	// maxClients is the last maxclients read, kept while Redis cannot be read: maxclients
 	// rarely changes, and forgetting it would give every pod admitted meanwhile the default.
 	maxClients int64
@@ -95,11 +108,30 @@ type BudgetReconciler struct {
 	blamed map[workloadRef]client.Object
 }
 
+// budgetTarget is one Redis whose budget is computed.
+type budgetTarget struct {
+	name, label string
+	redis       *RedisClients
+	publish     *connbudget.Publisher
+}
+
+// nodesRead is what one Redis's masters said of their clients.
+type nodesRead struct {
+	nodes []NodeClients
+	err   error
+}
+
+// budgetResult is one Redis's budget of one pass.
+type budgetResult struct {
+	byNS     map[string]namespaceBudget
+	redisErr error
+}
+
 // +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets;replicasets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch
 
-// Reconcile recomputes the budget, publishes it to the injector and writes it to the
-// metrics and, on the leader, to every policy's status and, on a change worth a person's
+// Reconcile recomputes every Redis's budget, publishes each to the injector and writes them to
+// the metrics and, on the leader, to every policy's status and, on a change worth a person's
 // attention, to Events.
 func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	r.mu.Lock()
@@ -108,47 +140,135 @@ func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
-	nodes, redisErr := r.Redis.Nodes(rctx)
-	cancel()
-	switch {
-	case redisErr == nil:
-		r.maxClients = minMaxClients(nodes)
-	case r.Redis.MaxClients > 0:
-		r.maxClients = r.Redis.MaxClients
-	}
-	snap := r.snapshot(loads)
-	sizePools(loads, snap)
-	if r.Budget != nil {
-		r.Budget.Publish(snap)
-	}
-	leader := r.leader()
-	var b budget
-	if redisErr == nil {
-		b = newBudget(loads, r.ManagerConnections, snap)
-		recordBudgetMetrics(b, nodes)
-		if leader {
-			r.recordEvents(b)
+	// Each namespace's Redis, read once per pass.
+	backendOf := map[string]string{}
+	notReady := map[string]error{}
+	of := func(ns string) (string, error) {
+		if name, ok := backendOf[ns]; ok {
+			return name, notReady[ns]
 		}
-	} else {
-		log.FromContext(ctx).Info("redis connection budget unknown", "error", redisErr.Error())
+		name := ""
+		var err error
+		if r.Backends != nil {
+			var rb *v1alpha1.RedisBackend
+			if rb, err = r.Backends.Assigned(ctx, ns); rb != nil {
+				name = rb.Name
+				if r.Backends.get(name) == nil {
+					err = &BackendNotReadyError{Name: name}
+				}
+			}
+		}
+		backendOf[ns], notReady[ns] = name, err
+		return name, err
+	}
+	byBackend := map[string][]workloadLoad{}
+	for _, w := range loads {
+		name, err := of(w.Ref.Namespace)
+		if err == nil {
+			byBackend[name] = append(byBackend[name], w)
+		}
+	}
+	targets := r.targets()
+	results := make(map[string]budgetResult, len(targets))
+	leader := r.leader()
+	resetBudgetMetrics()
+	var redisErrs []error
+	// Every Redis is read at once: one that hangs delays the others' budgets by nothing.
+	reads := make([]nodesRead, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
+			defer cancel()
+			reads[i].nodes, reads[i].err = t.redis.Nodes(rctx)
+		})
+	}
+	wg.Wait()
+	for i, t := range targets {
+		res := r.reconcileBackend(ctx, t, reads[i], byBackend[t.name], leader)
+		results[t.name] = res
+		if res.redisErr != nil {
+			redisErrs = append(redisErrs, fmt.Errorf("%s: %w", t.label, res.redisErr))
+		}
+	}
+	for name := range r.states {
+		if _, ok := results[name]; !ok {
+			delete(r.states, name) // a backend removed
+		}
 	}
 	if leader {
-		if err := r.updatePolicies(ctx, b, loads, redisErr); err != nil {
+		if err := r.updatePolicies(ctx, results, of); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
-	if redisErr != nil {
-		return ctrl.Result{}, wrapRedis(redisErr)
+	if err := errors.Join(redisErrs...); err != nil {
+		return ctrl.Result{}, wrapRedis(err)
 	}
 	return ctrl.Result{RequeueAfter: r.interval()}, nil
 }
 
+// targets are the Redis whose budgets are computed: every backend, or Redis alone.
+func (r *BudgetReconciler) targets() []budgetTarget {
+	if r.Backends == nil {
+		return []budgetTarget{{label: DefaultBackendLabel, redis: r.Redis, publish: r.Budget}}
+	}
+	var out []budgetTarget
+	for _, be := range r.Backends.All() {
+		out = append(out, budgetTarget{
+			name: be.Name, label: be.Label(), publish: be.Budget,
+			redis: &RedisClients{Client: be.Client, MaxClients: be.MaxClients},
+		})
+	}
+	return out
+}
+
+// reconcileBackend computes one Redis's budget over the workloads of the namespaces it serves.
+func (r *BudgetReconciler) reconcileBackend(ctx context.Context, t budgetTarget, read nodesRead, loads []workloadLoad, leader bool) budgetResult {
+	if r.states == nil {
+		r.states = map[string]*budgetState{}
+	}
+	st := r.states[t.name]
+	if st == nil {
+		st = &budgetState{}
+		r.states[t.name] = st
+	}
+	nodes, redisErr := read.nodes, read.err
+	switch {
+	case redisErr == nil:
+		st.maxClients = minMaxClients(nodes)
+	case t.redis.MaxClients > 0:
+		st.maxClients = t.redis.MaxClients
+	}
+	snap := r.snapshot(st.maxClients, loads)
+	sizePools(loads, snap)
+	if t.publish != nil {
+		t.publish.Publish(snap)
+	}
+	if redisErr != nil {
+		log.FromContext(ctx).Info("redis connection budget unknown", "backend", t.label, "error", redisErr.Error())
+		// Without maxclients there is no share; the pools of the namespaces are still known.
+		byNS := map[string]namespaceBudget{}
+		for _, w := range loads {
+			nb := byNS[w.Ref.Namespace]
+			nb.Namespace = w.Ref.Namespace
+			nb.Workloads = append(nb.Workloads, w)
+			byNS[w.Ref.Namespace] = nb
+		}
+		return budgetResult{byNS: byNS, redisErr: redisErr}
+	}
+	b := newBudget(loads, r.ManagerConnections, snap)
+	recordBudgetMetrics(t.label, b, nodes)
+	if leader {
+		r.recordEvents(st, b)
+	}
+	return budgetResult{byNS: b.Namespaces()}
+}
+
 // snapshot is what the injector needs to size the pools of new pods as loads are counted.
-func (r *BudgetReconciler) snapshot(loads []workloadLoad) *connbudget.Snapshot {
+func (r *BudgetReconciler) snapshot(maxClients int64, loads []workloadLoad) *connbudget.Snapshot {
 	return &connbudget.Snapshot{
-		MaxClients:  r.maxClients,
-		Reserve:     connbudget.Reserve(r.maxClients, r.ManagerConnections),
+		MaxClients:  maxClients,
+		Reserve:     connbudget.Reserve(maxClients, r.ManagerConnections),
 		Workloads:   workloadSet(loads),
 		PoolCeiling: r.PoolCeiling,
 	}
@@ -284,9 +404,9 @@ func (r *BudgetReconciler) poolCeiling() int64 {
 // namespace is back within. The culprit is a workload of that namespace whose connections grew
 // since the last computation; after a restart, with nothing to compare, it is the namespace's
 // largest. The Event names nothing outside the namespace.
-func (r *BudgetReconciler) recordEvents(b budget) {
-	if r.blamed == nil {
-		r.blamed = map[workloadRef]client.Object{}
+func (r *BudgetReconciler) recordEvents(st *budgetState, b budget) {
+	if st.blamed == nil {
+		st.blamed = map[workloadRef]client.Object{}
 	}
 	byNS := b.Namespaces()
 	over := map[string]bool{}
@@ -298,15 +418,15 @@ func (r *BudgetReconciler) recordEvents(b budget) {
 		over[ns] = true
 		var pushers []workloadLoad
 		for _, w := range nb.Workloads {
-			if prev, seen := r.last[w.Ref]; r.last != nil && (!seen || w.Connections() > prev) {
+			if prev, seen := st.last[w.Ref]; st.last != nil && (!seen || w.Connections() > prev) {
 				pushers = append(pushers, w)
 			}
 		}
-		if !r.wasOver[ns] && len(pushers) == 0 {
+		if !st.wasOver[ns] && len(pushers) == 0 {
 			pushers = nb.Workloads[:1]
 		}
 		for _, w := range pushers {
-			r.blamed[w.Ref] = w.target
+			st.blamed[w.Ref] = w.target
 			if r.Recorder != nil {
 				r.Recorder.Eventf(w.target, nil, corev1.EventTypeWarning, ReasonOverBudget, "RedisConnectionBudget",
 					"%s at %d replicas x %d connections takes its namespace over its share of Redis's connections: %s; lower maxReplicas or %s",
@@ -314,7 +434,7 @@ func (r *BudgetReconciler) recordEvents(b budget) {
 			}
 		}
 	}
-	for ref, obj := range r.blamed {
+	for ref, obj := range st.blamed {
 		if over[ref.Namespace] {
 			continue
 		}
@@ -326,32 +446,22 @@ func (r *BudgetReconciler) recordEvents(b budget) {
 			r.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, ReasonWithinBudget, "RedisConnectionBudget",
 				"Redis connections are within the namespace's share again: %s", msg)
 		}
-		delete(r.blamed, ref)
+		delete(st.blamed, ref)
 	}
-	r.wasOver = over
-	r.last = map[workloadRef]int64{}
+	st.wasOver = over
+	st.last = map[workloadRef]int64{}
 	for _, w := range b.Workloads {
-		r.last[w.Ref] = w.Connections()
+		st.last[w.Ref] = w.Connections()
 	}
 }
 
-// updatePolicies writes the RedisConnectionBudget condition of every policy, where it changed.
-// The policies are the cache's, not copied: decodePolicy makes the copy that is written.
-func (r *BudgetReconciler) updatePolicies(ctx context.Context, b budget, loads []workloadLoad, redisErr error) error {
+// updatePolicies writes the RedisConnectionBudget condition of every policy, where it changed,
+// from its namespace's Redis's budget. The policies are the cache's, not copied: decodePolicy
+// makes the copy that is written.
+func (r *BudgetReconciler) updatePolicies(ctx context.Context, results map[string]budgetResult, backendOf func(string) (string, error)) error {
 	list := newPolicyList()
 	if err := r.policyReader().List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("listing ratelimitpolicies: %w", err)
-	}
-	byNS := b.Namespaces()
-	if redisErr != nil {
-		// Without maxclients there is no share; the pools of the namespaces are still known.
-		byNS = map[string]namespaceBudget{}
-		for _, w := range loads {
-			nb := byNS[w.Ref.Namespace]
-			nb.Namespace = w.Ref.Namespace
-			nb.Workloads = append(nb.Workloads, w)
-			byNS[w.Ref.Namespace] = nb
-		}
 	}
 	var errs []error
 	for i := range list.Items {
@@ -359,7 +469,15 @@ func (r *BudgetReconciler) updatePolicies(ctx context.Context, b budget, loads [
 		if err != nil {
 			continue // the namespace reconciler reports it Undecodable
 		}
-		status, reason, msg := budgetCondition(p, byNS[p.Namespace], redisErr)
+		name, err := backendOf(p.Namespace)
+		res, ok := results[name]
+		switch {
+		case err != nil:
+			res = budgetResult{redisErr: err}
+		case !ok:
+			res = budgetResult{redisErr: &BackendNotReadyError{Name: name}}
+		}
+		status, reason, msg := budgetCondition(p, res.byNS[p.Namespace], res.redisErr)
 		if _, _, err := setPolicyCondition(ctx, r.Client, p, metav1.Condition{
 			Type: v1alpha1.ConditionRedisConnectionBudget, Status: status, Reason: reason, Message: truncate(msg),
 		}); err != nil {
@@ -461,7 +579,7 @@ func (r *BudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if maxBackoff == 0 {
 		maxBackoff = 30 * time.Second
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("redisconnectionbudget").
 		WithOptions(controller.Options{
 			// Every replica computes the budget for its own webhook (see Elected).
@@ -473,6 +591,10 @@ func (r *BudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&appsv1.ReplicaSet{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{},
 			predicate.NewPredicateFuncs(func(o client.Object) bool { return !ownedByDeployment(o) }))).
 		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Complete(r)
+		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	if r.Backends != nil {
+		// A backend dialed or removed, or a namespace moved: its workloads change budgets.
+		b = b.WatchesRawSource(source.Channel(r.Backends.Subscribe(), all))
+	}
+	return b.Complete(r)
 }

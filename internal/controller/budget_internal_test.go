@@ -75,12 +75,13 @@ func TestNamespaceBudgetsNameOnlyTheirOwn(t *testing.T) {
 		return workloadLoad{Ref: workloadRef{Kind: "Deployment", Namespace: ns, Name: name}, Replicas: replicas,
 			PodLabels: map[string]string{"app": name}}
 	}
-	r := &BudgetReconciler{ManagerConnections: 4, maxClients: 1000}
+	maxClients := int64(1000)
+	r := &BudgetReconciler{ManagerConnections: 4}
 	p := &v1alpha1.RateLimitPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "victim", Name: "p"},
 		Spec: v1alpha1.RateLimitPolicySpec{TargetSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}}}
 	messages := func(attackerReplicas int64) (string, string) {
 		loads := []workloadLoad{load("victim", "api", 50), load("attacker", "huge", attackerReplicas), load("attacker", "big", 400)}
-		snap := r.snapshot(loads)
+		snap := r.snapshot(maxClients, loads)
 		sizePools(loads, snap)
 		b := newBudget(loads, 4, snap)
 		_, _, msg := budgetCondition(p, b.Namespaces()["victim"], nil)
@@ -131,9 +132,10 @@ func TestSizePoolsCountsTheManagersCeiling(t *testing.T) {
 		{64, []int64{4, 11, 31, 32}},
 		{8, []int64{4, 8, 8, 32}},
 	} {
-		r := &BudgetReconciler{ManagerConnections: 4, maxClients: 10000, PoolCeiling: tt.ceiling}
+		maxClients := int64(10000)
+		r := &BudgetReconciler{ManagerConnections: 4, PoolCeiling: tt.ceiling}
 		loads := []workloadLoad{load("checkout", 500, 0), load("search", 200, 0), load("reports", 75, 0), load("pinned", 10, 32)}
-		snap := r.snapshot(loads)
+		snap := r.snapshot(maxClients, loads)
 		sizePools(loads, snap)
 		g.Expect([]int64{loads[0].Pool, loads[1].Pool, loads[2].Pool, loads[3].Pool}).To(Equal(tt.want), "ceiling %d", tt.ceiling)
 		for _, w := range loads[:3] {
@@ -142,9 +144,9 @@ func TestSizePoolsCountsTheManagersCeiling(t *testing.T) {
 		b := newBudget(loads, 4, snap)
 		g.Expect(b.WorstCase()).To(Equal(500*tt.want[0] + 200*tt.want[1] + 75*tt.want[2] + 10*tt.want[3] + 4))
 
-		r.maxClients = 0
+		maxClients = 0
 		unknown := []workloadLoad{load("checkout", 500, 0)}
-		sizePools(unknown, r.snapshot(unknown))
+		sizePools(unknown, r.snapshot(maxClients, unknown))
 		want := tt.ceiling
 		if want == 0 {
 			want = 16
@@ -157,12 +159,13 @@ func TestSizePoolsCountsTheManagersCeiling(t *testing.T) {
 // injects: connbudget.PoolSize over the same snapshot.
 func TestSizePoolsCountsWhatTheInjectorInjects(t *testing.T) {
 	g := NewWithT(t)
-	r := &BudgetReconciler{ManagerConnections: 4, maxClients: 10000}
+	maxClients := int64(10000)
+	r := &BudgetReconciler{ManagerConnections: 4}
 	load := func(name string, replicas, pool int64) workloadLoad {
 		return workloadLoad{Ref: workloadRef{Kind: "Deployment", Namespace: "shop", Name: name}, Replicas: replicas, Pool: pool, Explicit: pool > 0}
 	}
 	loads := []workloadLoad{load("checkout", 500, 0), load("search", 200, 0), load("reports", 75, 0), load("pinned", 10, 32)}
-	snap := r.snapshot(loads)
+	snap := r.snapshot(maxClients, loads)
 	sizePools(loads, snap)
 	g.Expect(snap.Reserve).To(Equal(int64(504)))
 	g.Expect(snap.Workloads).To(HaveLen(4))
@@ -176,9 +179,9 @@ func TestSizePoolsCountsWhatTheInjectorInjects(t *testing.T) {
 	g.Expect(b.WorstCase()).To(Equal(int64(500*4 + 200*11 + 75*16 + 10*32 + 4)))
 	g.Expect(b.Namespaces()["shop"].Over()).To(BeFalse())
 
-	r.maxClients = 0
+	maxClients = 0
 	unknown := []workloadLoad{load("checkout", 500, 0)}
-	sizePools(unknown, r.snapshot(unknown))
+	sizePools(unknown, r.snapshot(maxClients, unknown))
 	g.Expect(unknown[0].Pool).To(Equal(int64(16)), "maxclients unknown: the sidecar's default")
 }
 

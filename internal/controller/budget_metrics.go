@@ -11,35 +11,44 @@ var (
 	budgetMaxClients = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "redline_redis_maxclients",
 		Help: "Redis's maxclients on each master (CONFIG GET, or --redis-maxclients).",
-	}, []string{"node"})
+	}, []string{labelBackend, "node"})
 	budgetConnected = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "redline_redis_connected_clients",
 		Help: "Redis's connected_clients on each master (INFO clients).",
-	}, []string{"node"})
-	budgetWorstCase = prometheus.NewGauge(prometheus.GaugeOpts{
+	}, []string{labelBackend, "node"})
+	budgetWorstCase = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "redline_redis_connections_worst_case",
-		Help: "Connections per Redis node with every injected workload at its maxReplicas and every pod's pool full, plus the manager's.",
-	})
+		Help: "Connections per Redis node with every injected workload at its maxReplicas and every pod's pool full, plus the manager's, per backend (RedisBackend, or default: the manager's Redis).",
+	}, []string{labelBackend})
 	budgetWorkload = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "redline_redis_workload_connections_worst_case",
 		Help: "One injected workload's share of the worst case: maxReplicas x pool size.",
-	}, []string{labelNamespace, "kind", "name"})
+	}, []string{labelBackend, labelNamespace, "kind", "name"})
 )
+
+// labelBackend names the Redis a series is of: a RedisBackend's name, or DefaultBackendLabel.
+const labelBackend = "backend"
 
 func init() {
 	metrics.Registry.MustRegister(budgetMaxClients, budgetConnected, budgetWorstCase, budgetWorkload)
 }
 
-func recordBudgetMetrics(b budget, nodes []NodeClients) {
+// resetBudgetMetrics forgets the last pass's series: backends, nodes and workloads that are
+// gone leave none behind.
+func resetBudgetMetrics() {
 	budgetMaxClients.Reset()
 	budgetConnected.Reset()
-	for _, n := range nodes {
-		budgetMaxClients.WithLabelValues(n.Addr).Set(float64(n.MaxClients))
-		budgetConnected.WithLabelValues(n.Addr).Set(float64(n.Connected))
-	}
-	budgetWorstCase.Set(float64(b.WorstCase()))
+	budgetWorstCase.Reset()
 	budgetWorkload.Reset()
+}
+
+func recordBudgetMetrics(backend string, b budget, nodes []NodeClients) {
+	for _, n := range nodes {
+		budgetMaxClients.WithLabelValues(backend, n.Addr).Set(float64(n.MaxClients))
+		budgetConnected.WithLabelValues(backend, n.Addr).Set(float64(n.Connected))
+	}
+	budgetWorstCase.WithLabelValues(backend).Set(float64(b.WorstCase()))
 	for _, w := range b.Workloads {
-		budgetWorkload.WithLabelValues(w.Ref.Namespace, w.Ref.Kind, w.Ref.Name).Set(float64(w.Connections()))
+		budgetWorkload.WithLabelValues(backend, w.Ref.Namespace, w.Ref.Kind, w.Ref.Name).Set(float64(w.Connections()))
 	}
 }

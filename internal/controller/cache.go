@@ -32,6 +32,8 @@ func slimByObject() map[client.Object]cache.ByObject {
 		&appsv1.ReplicaSet{}:                     {Transform: slimWorkload},
 		&autoscalingv2.HorizontalPodAutoscaler{}: {Transform: slimHPA},
 		&corev1.Service{}:                        {Transform: slimService},
+		// Namespaces by their labels, which RedisBackends select by.
+		&corev1.Namespace{}: {Transform: slimNamespace},
 	}
 }
 
@@ -42,6 +44,15 @@ const (
 	maxTemplatePorts = 64
 	maxServicePorts  = 64
 )
+
+// slimNamespace keeps a Namespace's name and labels.
+func slimNamespace(obj any) (any, error) {
+	if ns, ok := obj.(*corev1.Namespace); ok {
+		slimMeta(&ns.ObjectMeta, ns.Labels, nil)
+		ns.Spec, ns.Status = corev1.NamespaceSpec{}, corev1.NamespaceStatus{}
+	}
+	return obj, nil
+}
 
 // slimService keeps a Service's selector and its ports' protocol, number and target.
 func slimService(obj any) (any, error) {

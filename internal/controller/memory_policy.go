@@ -129,7 +129,7 @@ func listSome(items []string) string {
 var memoryEvictable = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Name: "redline_redis_counts_evictable",
 	Help: "1 when a Redis node can evict keys to make room (maxmemory set and maxmemory-policy not noeviction): one tenant's writes can then evict another's counts.",
-}, []string{"node", "maxmemory_policy"})
+}, []string{labelBackend, "node", "maxmemory_policy"})
 
 func init() { metrics.Registry.MustRegister(memoryEvictable) }
 
@@ -140,8 +140,10 @@ type MemoryPolicyReconciler struct {
 	// Client writes policy status; Policies reads policies (the manager's cache).
 	Client   client.Client
 	Policies client.Reader
-	// Nodes runs a function on every Redis node (redisconn.Nodes.Each).
+	// Nodes runs a function on every Redis node (redisconn.Nodes.Each), when Backends is nil;
+	// otherwise every backend's nodes are read, and each policy gets its namespace's Redis's.
 	Nodes    func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+	Backends *Backends
 	Recorder events.EventRecorder
 	// Interval is how often the nodes are read again (default 30s): an admin's CONFIG SET or a
 	// failover changes the answer without any Kubernetes event.
@@ -154,47 +156,101 @@ type MemoryPolicyReconciler struct {
 	mu sync.Mutex
 }
 
-// Reconcile reads every node and brings every policy's condition in line.
+// memoryResult is what one Redis's nodes said.
+type memoryResult struct {
+	status          metav1.ConditionStatus
+	reason, message string
+	err             error
+}
+
+// Reconcile reads every node of every Redis and brings every policy's condition in line.
 func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, durationOr(r.RedisTimeout, 5*time.Second))
-	var (
+	type read struct {
+		label string
 		nodes []NodeMemory
-		errs  []error
-	)
-	err := r.Nodes(rctx, func(ctx context.Context, c *redis.Client) error {
-		n, err := ReadNodeMemory(ctx, c)
-		if err != nil {
-			errs = append(errs, err)
-			return nil
-		}
-		nodes = append(nodes, n)
-		return nil
-	})
-	cancel()
-	err = errors.Join(append(errs, err)...)
-	memoryEvictable.Reset()
-	for _, n := range nodes {
-		v := 0.0
-		if n.Evicts() {
-			v = 1
-		}
-		memoryEvictable.WithLabelValues(n.Addr, n.Policy).Set(v)
+		err   error
 	}
-	status, reason, msg := memoryCondition(nodes, err)
-	if werr := r.setCondition(ctx, status, reason, truncate(msg)); werr != nil {
+	var (
+		mu    sync.Mutex
+		reads = map[string]read{}
+	)
+	readOne := func(ctx context.Context, name, label string, each NodeFunc) {
+		var (
+			nodes []NodeMemory
+			errs  []error
+		)
+		err := each(ctx, func(ctx context.Context, c *redis.Client) error {
+			n, err := ReadNodeMemory(ctx, c)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return nil
+			}
+			nodes = append(nodes, n)
+			return nil
+		})
+		mu.Lock()
+		reads[name] = read{label: label, nodes: nodes, err: errors.Join(append(errs, err)...)}
+		mu.Unlock()
+	}
+	if r.Backends == nil {
+		readOne(rctx, "", DefaultBackendLabel, r.Nodes)
+	} else {
+		_ = r.Backends.Each(rctx, func(ctx context.Context, be *Backend) error {
+			readOne(ctx, be.Name, be.Label(), be.Nodes)
+			return nil
+		})
+	}
+	cancel()
+	memoryEvictable.Reset()
+	results := make(map[string]memoryResult, len(reads))
+	var redisErrs []error
+	for name, rd := range reads {
+		for _, n := range rd.nodes {
+			v := 0.0
+			if n.Evicts() {
+				v = 1
+			}
+			memoryEvictable.WithLabelValues(rd.label, n.Addr, n.Policy).Set(v)
+		}
+		status, reason, msg := memoryCondition(rd.nodes, rd.err)
+		results[name] = memoryResult{status: status, reason: reason, message: truncate(msg), err: rd.err}
+		if rd.err != nil {
+			redisErrs = append(redisErrs, fmt.Errorf("%s: %w", rd.label, rd.err))
+		}
+	}
+	if werr := r.setCondition(ctx, results); werr != nil {
 		return ctrl.Result{}, werr
 	}
-	if err != nil {
+	if err := errors.Join(redisErrs...); err != nil {
 		return ctrl.Result{}, wrapRedis(err)
 	}
 	return ctrl.Result{RequeueAfter: durationOr(r.Interval, 30*time.Second)}, nil
 }
 
-// setCondition writes the condition on every policy where it changed, with an Event there
-// when its counts become evictable (new policies included) or stop being so.
-func (r *MemoryPolicyReconciler) setCondition(ctx context.Context, status metav1.ConditionStatus, reason, msg string) error {
+// resultFor is the condition of a policy of namespace ns: its Redis's.
+func (r *MemoryPolicyReconciler) resultFor(ctx context.Context, ns string, results map[string]memoryResult) memoryResult {
+	name := ""
+	if r.Backends != nil {
+		be, err := r.Backends.For(ctx, ns)
+		if err != nil {
+			return memoryResult{status: metav1.ConditionUnknown, reason: ReasonMemoryUnknown, message: truncate(err.Error())}
+		}
+		name = be.Name
+	}
+	if res, ok := results[name]; ok {
+		return res
+	}
+	return memoryResult{status: metav1.ConditionUnknown, reason: ReasonMemoryUnknown, message: "the namespace's Redis was not read yet"}
+}
+
+// setCondition writes each policy's condition where it changed, with an Event there when its
+// counts become evictable (new policies included) or stop being so.
+func (r *MemoryPolicyReconciler) setCondition(ctx context.Context, results map[string]memoryResult) error {
 	list := newPolicyList()
 	if err := r.Policies.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("listing ratelimitpolicies: %w", err)
@@ -205,6 +261,8 @@ func (r *MemoryPolicyReconciler) setCondition(ctx context.Context, status metav1
 		if err != nil {
 			continue // the namespace reconciler reports it Undecodable
 		}
+		res := r.resultFor(ctx, p.Namespace, results)
+		status, reason, msg := res.status, res.reason, res.message
 		prev, written, err := setPolicyCondition(ctx, r.Client, p, metav1.Condition{
 			Type: v1alpha1.ConditionRedisMemoryPolicy, Status: status, Reason: reason, Message: msg,
 		})
@@ -240,12 +298,15 @@ func (r *MemoryPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	start := make(chan event.GenericEvent, 1)
 	start <- event.GenericEvent{Object: newPolicyObject()}
 	all := coalescing{delay: time.Second, req: memoryPolicyRequest}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("redismemorypolicy").
 		WithOptions(controller.Options{
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, durationOr(r.MaxBackoff, 30*time.Second)),
 		}).
 		WatchesRawSource(source.Channel(start, all)).
-		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Complete(r)
+		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	if r.Backends != nil {
+		b = b.WatchesRawSource(source.Channel(r.Backends.Subscribe(), all))
+	}
+	return b.Complete(r)
 }

@@ -78,6 +78,9 @@ type NamespaceReconciler struct {
 	// Direct reads the API server, for the rare read of a ConfigMap's content (the manager's
 	// cache holds none); nil reads through Client.
 	Direct client.Reader
+	// Backends, when set, gives each namespace its Redis: its scripts and its sidecars'
+	// reports come from there, and Scripts and Sidecars are not used.
+	Backends *Backends
 
 	// accepted is, per namespace, the last accepted compilation of each policy (by UID): the
 	// record, of the controller's own, from which an invalid update keeps the previous
@@ -178,15 +181,19 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 		logger.Info("configmap not written", "namespace", ns, "reason", cmErr.Error())
 	}
 
-	sctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
-	_, scriptErr := r.Scripts.Ensure(sctx)
-	cancel()
+	store, sidecars, backendErr := r.backendOf(ctx, ns)
+	scriptErr := backendErr
+	if scriptErr == nil {
+		sctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
+		_, scriptErr = store.Ensure(sctx)
+		cancel()
+	}
 
 	var statusErrs []error
 	stale := false
 	conditions := make(map[string][]metav1.Condition, len(outcomes))
 	reported := make([]outcome, 0, len(outcomes))
-	reports := r.enforcements(ctx, ns, doc.Hash, outcomes, cmErr == nil)
+	reports := r.enforcements(ctx, sidecars, backendErr, ns, doc.Hash, outcomes, cmErr == nil)
 	bypasses, err := r.bypasses(ctx, ns, outcomes)
 	if err != nil {
 		logger.Info("services not checked for ports around the sidecar", "namespace", ns, "error", err.Error())
@@ -239,6 +246,18 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	}
 	// Sidecar heartbeats change without any Kubernetes event; come back to follow them.
 	return ctrl.Result{RequeueAfter: r.resyncInterval()}, nil
+}
+
+// backendOf is the script store and the sidecar reports of ns's Redis, or why it has none.
+func (r *NamespaceReconciler) backendOf(ctx context.Context, ns string) (ScriptStore, SidecarReports, error) {
+	if r.Backends == nil {
+		return r.Scripts, r.Sidecars, nil
+	}
+	be, err := r.Backends.For(ctx, ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	return be.Scripts, be.Sidecars, nil
 }
 
 // staleRetry is how soon a status write refused as stale is tried again.
@@ -477,6 +496,10 @@ func (r *NamespaceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		})
 	if r.ScriptEvents != nil {
 		b = b.WatchesRawSource(source.Channel(r.ScriptEvents, handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
+	}
+	if r.Backends != nil {
+		// A backend dialed, replaced or removed, or a namespace moved to another.
+		b = b.WatchesRawSource(source.Channel(r.Backends.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
 	}
 	return b.Complete(r)
 }

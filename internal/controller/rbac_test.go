@@ -103,7 +103,8 @@ func startManagerAs(ctx context.Context, user string) func() int {
 		Controller: config.Controller{SkipNameValidation: new(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	Expect(controller.Setup(mgr, controller.Config{Redis: redis.NewClient(&redis.Options{Addr: redisSrv.Addr()})})).To(Succeed())
+	_, err = controller.Setup(mgr, controller.Config{Redis: redis.NewClient(&redis.Options{Addr: redisSrv.Addr()})})
+	Expect(err).NotTo(HaveOccurred())
 	mctx, cancel := context.WithCancel(ctx)
 	DeferCleanup(cancel)
 	go func() { _ = mgr.Start(mctx) }()

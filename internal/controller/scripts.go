@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -74,7 +76,9 @@ func (s *RedisScripts) Ensure(ctx context.Context) (map[string]string, error) {
 // waiting for a policy to change. On every change of health it asks for a reconcile of every
 // namespace with policies.
 type ScriptWatcher struct {
+	// Scripts is checked when Backends is nil; otherwise every backend's scripts are, at once.
 	Scripts  ScriptStore
+	Backends *Backends
 	Interval time.Duration
 	Log      logr.Logger
 	// Events receives one GenericEvent when the scripts' health changes; the reconciler
@@ -82,7 +86,7 @@ type ScriptWatcher struct {
 	Events chan<- event.GenericEvent
 
 	mu      sync.Mutex
-	healthy *bool
+	healthy *string
 }
 
 // Start runs until ctx ends. It implements manager.Runnable.
@@ -106,11 +110,7 @@ func (w *ScriptWatcher) check(ctx context.Context) {
 	// A sidecar on a shared credential loads it on NOSCRIPT itself; one on its namespace's ACL
 	// user may not (SCRIPT LOAD and EVAL would let a tenant run any Lua), so this check is what
 	// heals it, within one Interval.
-	_, err := w.Scripts.Ensure(cctx)
-	healthy := err == nil
-	if err != nil {
-		w.Log.V(1).Info("redis scripts unavailable", "error", err.Error())
-	}
+	healthy := w.ensure(cctx)
 	w.mu.Lock()
 	changed := w.healthy == nil || *w.healthy != healthy
 	w.healthy = &healthy
@@ -121,4 +121,33 @@ func (w *ScriptWatcher) check(ctx context.Context) {
 		case <-ctx.Done():
 		}
 	}
+}
+
+// ensure loads what is missing on every backend and returns which ones are healthy, as a
+// string that changes when any backend's health does (or a backend comes or goes).
+func (w *ScriptWatcher) ensure(ctx context.Context) string {
+	if w.Backends == nil {
+		_, err := w.Scripts.Ensure(ctx)
+		if err != nil {
+			w.Log.V(1).Info("redis scripts unavailable", "error", err.Error())
+		}
+		return strconv.FormatBool(err == nil)
+	}
+	var mu sync.Mutex
+	health := map[string]bool{}
+	_ = w.Backends.Each(ctx, func(ctx context.Context, be *Backend) error {
+		_, err := be.Scripts.Ensure(ctx)
+		if err != nil {
+			w.Log.V(1).Info("redis scripts unavailable", "backend", be.Label(), "error", err.Error())
+		}
+		mu.Lock()
+		health[be.id()] = err == nil
+		mu.Unlock()
+		return nil
+	})
+	var b strings.Builder
+	for _, id := range slicesSortedKeys(health) {
+		b.WriteString(id + "=" + strconv.FormatBool(health[id]) + ";")
+	}
+	return b.String()
 }

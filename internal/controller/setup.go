@@ -55,9 +55,16 @@ type Config struct {
 	// for what each node keeps of its own (maxmemory-policy); nil: Redis alone, which is
 	// right for a single server.
 	Nodes func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	// Budget receives every computed budget, for the pod injector to size pools from (the
-	// manager gives the same Publisher to podinject.Config.Budget); nil publishes nothing.
+	// Budget receives every computed budget of Redis, for the pod injector to size pools
+	// from; nil: a Publisher of the default backend's own.
 	Budget *connbudget.Publisher
+	// Backends, when set, are the namespaces' backends, and Redis, Nodes, RedisMaxClients and
+	// Budget are not read: its Default is the manager's Redis.
+	Backends *Backends
+	// Dial, when set, serves RedisBackends: their Redis is dialed with it (DialBackend).
+	Dial BackendDialer
+	// Namespace is the manager's, where RedisBackends' credentials Secrets live.
+	Namespace string
 }
 
 // CacheOptions restricts the manager's cache to what it reads (see slimByObject): ConfigMaps
@@ -70,41 +77,74 @@ func CacheOptions(opts cache.Options) cache.Options {
 	return opts
 }
 
-// Setup adds the policy reconciler, the script watcher and the connection budget to mgr.
-func Setup(mgr ctrl.Manager, cfg Config) error {
+// Setup adds the policy reconciler, the script watcher, the connection budget, the memory
+// policy check and, with Config.Dial, the RedisBackend reconciler to mgr. It returns the
+// namespaces' backends, for the tenant ACL reconciler and the injector.
+func Setup(mgr ctrl.Manager, cfg Config) (*Backends, error) {
 	if cfg.CheckInterval == 0 {
 		cfg.CheckInterval = DefaultCheckInterval
 	}
 	if cfg.HeartbeatTTL == 0 {
 		cfg.HeartbeatTTL = fleet.TTL(fleet.DefaultInterval)
 	}
-	store := &RedisScripts{Client: cfg.Redis, Nodes: cfg.Nodes, Log: mgr.GetLogger().WithName("scripts")}
+	backends := cfg.Backends
+	if backends == nil {
+		nodes := cfg.Nodes
+		if nodes == nil {
+			c, ok := cfg.Redis.(*redis.Client)
+			if !ok {
+				return nil, fmt.Errorf("controller setup: Config.Nodes is needed for a %T", cfg.Redis)
+			}
+			nodes = func(ctx context.Context, fn func(context.Context, *redis.Client) error) error { return fn(ctx, c) }
+		}
+		def := NewBackend("", "", cfg.Redis, nodes, nil, cfg.RedisMaxClients, cfg.HeartbeatTTL, nil)
+		if cfg.Budget != nil {
+			def.Budget = cfg.Budget
+		}
+		var reader client.Reader
+		if cfg.Dial != nil {
+			reader = mgr.GetCache()
+		}
+		backends = NewBackends(def, reader)
+	}
+	for _, be := range backends.All() {
+		be.Scripts.Log = mgr.GetLogger().WithName("scripts")
+	}
+	if cfg.Dial != nil {
+		br := &RedisBackendReconciler{
+			Client: mgr.GetClient(), Reader: mgr.GetCache(), APIReader: mgr.GetAPIReader(),
+			Backends: backends, Namespace: cfg.Namespace, Dial: cfg.Dial,
+			RedisTimeout: cfg.RedisTimeout, Elected: mgr.Elected(),
+		}
+		if err := br.SetupWithManager(mgr); err != nil {
+			return nil, err
+		}
+	}
 	events := make(chan event.GenericEvent, 1)
 	if err := mgr.Add(&ScriptWatcher{
-		Scripts:  store,
+		Backends: backends,
 		Interval: cfg.CheckInterval,
 		Log:      mgr.GetLogger().WithName("scripts"),
 		Events:   events,
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	r := &NamespaceReconciler{
 		Client:         mgr.GetClient(),
 		Direct:         mgr.GetAPIReader(),
 		Policies:       mgr.GetCache(),
-		Scripts:        store,
+		Backends:       backends,
 		Recorder:       mgr.GetEventRecorder("redline-controller"),
 		RedisTimeout:   cfg.RedisTimeout,
 		ScriptEvents:   events,
 		MaxBackoff:     cfg.MaxBackoff,
-		Sidecars:       &RedisSidecars{Client: cfg.Redis, TTL: cfg.HeartbeatTTL},
 		ResyncInterval: cfg.ResyncInterval,
 	}
 	if err := mgr.AddReadyzCheck("policies", r.ReadyCheck(mgr.GetCache())); err != nil {
-		return fmt.Errorf("adding readiness check: %w", err)
+		return nil, fmt.Errorf("adding readiness check: %w", err)
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
-		return err
+		return nil, err
 	}
 	if cfg.ManagerConnections == 0 {
 		cfg.ManagerConnections = ManagerRedisPoolSize
@@ -112,31 +152,22 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	b := &BudgetReconciler{
 		Client:             mgr.GetClient(),
 		Policies:           mgr.GetCache(),
-		Redis:              &RedisClients{Client: cfg.Redis, MaxClients: cfg.RedisMaxClients},
+		Backends:           backends,
 		Recorder:           mgr.GetEventRecorder("redline-controller"),
 		ManagerConnections: cfg.ManagerConnections,
 		PoolCeiling:        cfg.SidecarRedisPoolSize,
 		RedisTimeout:       cfg.RedisTimeout,
 		Interval:           cfg.BudgetInterval,
 		MaxBackoff:         cfg.MaxBackoff,
-		Budget:             cfg.Budget,
 		Elected:            mgr.Elected(),
 	}
 	if err := b.SetupWithManager(mgr); err != nil {
-		return err
-	}
-	nodes := cfg.Nodes
-	if nodes == nil {
-		c, ok := cfg.Redis.(*redis.Client)
-		if !ok {
-			return fmt.Errorf("controller setup: Config.Nodes is needed for a %T", cfg.Redis)
-		}
-		nodes = func(ctx context.Context, fn func(context.Context, *redis.Client) error) error { return fn(ctx, c) }
+		return nil, err
 	}
 	m := &MemoryPolicyReconciler{
-		Client: mgr.GetClient(), Policies: mgr.GetCache(), Nodes: nodes,
+		Client: mgr.GetClient(), Policies: mgr.GetCache(), Backends: backends,
 		Recorder: mgr.GetEventRecorder("redline-controller"),
 		Interval: cfg.BudgetInterval, RedisTimeout: cfg.RedisTimeout, MaxBackoff: cfg.MaxBackoff,
 	}
-	return m.SetupWithManager(mgr)
+	return backends, m.SetupWithManager(mgr)
 }

@@ -65,7 +65,7 @@ func (e enforcement) read() bool { return !e.unwritten && e.err == nil }
 // enforcements reads the reports of the policies of outcomes that are in the document
 // written, in one bounded reading of the namespace; the others are not read at all (a
 // document refused, as too large or otherwise, leaves nothing to compare them with).
-func (r *NamespaceReconciler) enforcements(ctx context.Context, ns, hash string, outcomes []outcome, written bool) []enforcement {
+func (r *NamespaceReconciler) enforcements(ctx context.Context, sidecars SidecarReports, backendErr error, ns, hash string, outcomes []outcome, written bool) []enforcement {
 	out := make([]enforcement, len(outcomes))
 	var policies []string
 	var of []int
@@ -74,7 +74,9 @@ func (r *NamespaceReconciler) enforcements(ctx context.Context, ns, hash string,
 		case !outcomes[i].inDocument():
 		case !written:
 			out[i].unwritten = true
-		case r.Sidecars == nil:
+		case backendErr != nil:
+			out[i].err = backendErr
+		case sidecars == nil:
 			out[i].err = errors.New("sidecar reports are not configured")
 		default:
 			policies = append(policies, outcomes[i].policy.Name)
@@ -86,7 +88,7 @@ func (r *NamespaceReconciler) enforcements(ctx context.Context, ns, hash string,
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
 	defer cancel()
-	for k, s := range r.Sidecars.Summaries(ctx, ns, hash, policies) {
+	for k, s := range sidecars.Summaries(ctx, ns, hash, policies) {
 		out[of[k]] = enforcement{err: s.Err, report: s}
 	}
 	return out

@@ -37,6 +37,8 @@ var (
 	testEnv   *envtest.Environment
 	redisSrv  *redistest.Server
 	rdb       *redis.Client
+	// suiteBackends are the suite manager's namespaces' Redis (backends_test.go).
+	suiteBackends *controller.Backends
 	cancelMgr context.CancelFunc
 	warnings  *apiwarn.Recorder
 	warnK8s   client.Client // k8s, with admission warnings recorded in warnings
@@ -99,15 +101,22 @@ var _ = BeforeSuite(func() {
 		Addr: redisSrv.Addr(), DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1,
 	})
 	budget := &connbudget.Publisher{}
-	Expect(controller.Setup(mgr, controller.Config{
+	backends, err := controller.Setup(mgr, controller.Config{
 		Redis: mgrRedis, RedisTimeout: time.Second, CheckInterval: 300 * time.Millisecond, MaxBackoff: 2 * time.Second,
 		HeartbeatTTL: 10 * time.Second, ResyncInterval: 300 * time.Millisecond, BudgetInterval: 300 * time.Millisecond,
 		Budget: budget,
-	})).To(Succeed())
+		// RedisBackends are served as the manager serves them.
+		Namespace: backendSecretsNamespace,
+		Dial: func(name, url string, creds controller.BackendCredentials, maxClients int64) (*controller.Backend, error) {
+			return controller.DialBackend(name, url, creds, maxClients, 10*time.Second)
+		},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	suiteBackends = backends
 	webhookCfg := podinject.DefaultConfig()
 	webhookCfg.SidecarImage = "example.test/redline-sidecar:v0.1.0"
 	webhookCfg.NativeSidecars = podinject.NativeSidecarsTrue
-	webhookCfg.Budget = budget
+	webhookCfg.Backends = backends
 	Expect(podinject.Setup(mgr, webhookCfg)).To(Succeed())
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -89,6 +89,11 @@ type TenantACLReconciler struct {
 	// Sentinels, with Sentinel, runs a function on every sentinel as the admin
 	// (redisconn.Nodes.EachSentinel); nil otherwise. See tenant_sentinel.go.
 	Sentinels func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+	// Backends, when set, gives each namespace its Redis, and Nodes and Sentinels are not
+	// used: a namespace's user lives on its backend's nodes only, and is removed from every
+	// other backend (a namespace moved to a Redis of its own keeps no way into the one it
+	// left).
+	Backends *Backends
 	// Mode is TenantACLAuto, TenantACLRequired or TenantACLOff.
 	Mode string
 	// SecretName is the Secret written in each namespace (the injector's --sidecar-redis-secret).
@@ -120,28 +125,84 @@ type TenantACLReconciler struct {
 	appliedMu  sync.Mutex
 	applied    map[string]appliedUser
 
-	// When the sentinel reader was last set, with which password (tenant_sentinel.go).
-	sentinelMu    sync.Mutex
-	sentinelSetAt time.Time
-	sentinelSetPW string
+	// When the sentinel reader was last set on each backend, with which password
+	// (tenant_sentinel.go).
+	sentinelMu  sync.Mutex
+	sentinelSet map[string]sentinelSet
+}
+
+// sentinelSet is when the sentinel reader was last set on one backend's sentinels.
+type sentinelSet struct {
+	at time.Time
+	pw string
+}
+
+// redisTarget is one Redis a namespace's user is set on: its nodes and sentinels.
+type redisTarget struct {
+	id, describe string
+	nodes        NodeFunc
+	sentinels    NodeFunc
+}
+
+// targetOf is the Redis of ns, and the other backends, from which its user is removed.
+func (r *TenantACLReconciler) targetOf(ctx context.Context, ns string) (redisTarget, []redisTarget, error) {
+	if r.Backends == nil {
+		return redisTarget{describe: "Redis", nodes: r.Nodes, sentinels: r.Sentinels}, nil, nil
+	}
+	be, err := r.Backends.For(ctx, ns)
+	if err != nil {
+		return redisTarget{}, nil, err
+	}
+	var others []redisTarget
+	for _, o := range r.Backends.All() {
+		if o.Name != be.Name {
+			others = append(others, backendTarget(o))
+		}
+	}
+	return backendTarget(be), others, nil
+}
+
+func backendTarget(be *Backend) redisTarget {
+	return redisTarget{id: be.id(), describe: be.describe(), nodes: be.Nodes, sentinels: be.Sentinels}
+}
+
+// allTargets are every Redis the manager has clients for.
+func (r *TenantACLReconciler) allTargets() []redisTarget {
+	if r.Backends == nil {
+		return []redisTarget{{describe: "Redis", nodes: r.Nodes, sentinels: r.Sentinels}}
+	}
+	var out []redisTarget
+	for _, be := range r.Backends.All() {
+		out = append(out, backendTarget(be))
+	}
+	return out
 }
 
 // appliedUser is one namespace's last successful ACL SETUSER on every node.
 type appliedUser struct {
-	period int64
-	gen    uint64
-	at     time.Time
-	nodes  int
-	open   []string // redisacl.OpenUsers then
+	backend string // redisTarget.id
+	period  int64
+	gen     uint64
+	at      time.Time
+	nodes   int
+	open    []string // redisacl.OpenUsers then
 }
 
 // appliedUser returns the namespace's last ACL SETUSER, and whether it still holds: the same
 // period and restart generation, less than userRecheck ago.
-func (r *TenantACLReconciler) appliedUser(ns string, period int64, gen uint64, now time.Time) (appliedUser, bool) {
+func (r *TenantACLReconciler) appliedUser(ns, backend string, period int64, gen uint64, now time.Time) (appliedUser, bool) {
 	r.appliedMu.Lock()
 	defer r.appliedMu.Unlock()
 	a, ok := r.applied[ns]
-	return a, ok && a.period == period && a.gen == gen && now.Sub(a.at) < userRecheck
+	return a, ok && a.backend == backend && a.period == period && a.gen == gen && now.Sub(a.at) < userRecheck
+}
+
+// lastApplied is the namespace's last successful ACL SETUSER, however old.
+func (r *TenantACLReconciler) lastApplied(ns string) (appliedUser, bool) {
+	r.appliedMu.Lock()
+	defer r.appliedMu.Unlock()
+	a, ok := r.applied[ns]
+	return a, ok
 }
 
 func (r *TenantACLReconciler) setAppliedUser(ns string, a appliedUser) {
@@ -184,6 +245,11 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if len(list.Items) == 0 {
 		return ctrl.Result{}, r.cleanup(rctx, ns)
 	}
+	target, others, err := r.targetOf(ctx, ns)
+	if err != nil {
+		_ = r.setCondition(ctx, ns, metav1.ConditionUnknown, ReasonRedisUnavailable, truncate("the namespace's Redis: "+err.Error()))
+		return ctrl.Result{}, fmt.Errorf("finding the redis of %s: %w", ns, err)
+	}
 	key, err := r.passwordKey(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -192,17 +258,25 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	period := now.UnixNano() / int64(r.rotation())
 	cur, prev := derivePassword(key, ns, period), derivePassword(key, ns, period-1)
 	gen := r.restartGen.Load()
-	done, fresh := r.appliedUser(ns, period, gen, now)
+	done, fresh := r.appliedUser(ns, target.id, period, gen, now)
+	var leftBehind error
 	if !fresh {
-		done = appliedUser{period: period, gen: gen, at: now}
+		done = appliedUser{backend: target.id, period: period, gen: gen, at: now}
 		var nodes []redisacl.Node
-		nodes, err = r.collectNodes(rctx)
+		nodes, err = collectNodes(rctx, target.nodes)
 		if err == nil {
 			err = redisacl.Ensure(rctx, nodes, ns, []string{prev, cur})
 		}
 		done.nodes = len(nodes)
 		if err == nil {
 			done.open, _ = redisacl.OpenUsers(rctx, nodes)
+		}
+		// The user on any other backend goes (the namespace moved, or this process does not
+		// know where it was): its credentials reach its own Redis only. Each backend gets a
+		// second at most, at once, so that one that hangs delays no namespace's reconcile
+		// more; one that cannot be reached now is tried again.
+		if last, known := r.lastApplied(ns); err == nil && (!known || last.backend != target.id) {
+			leftBehind = removeElsewhere(ctx, others, ns)
 		}
 	}
 	switch {
@@ -215,8 +289,12 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		_ = r.setCondition(ctx, ns, metav1.ConditionUnknown, ReasonRedisUnavailable, truncate("setting the namespace's Redis user: "+err.Error()))
 		return ctrl.Result{}, fmt.Errorf("setting the redis user of %s: %w", ns, err)
 	}
-	r.setAppliedUser(ns, done)
-	sentinelPW, sentinelOpen, err := r.ensureSentinels(rctx, key)
+	if leftBehind == nil {
+		r.setAppliedUser(ns, done)
+	} else {
+		log.FromContext(ctx).Info("the namespace's user is left on a backend it moved from; retrying", "namespace", ns, "error", leftBehind.Error())
+	}
+	sentinelPW, sentinelOpen, err := r.ensureSentinels(rctx, target, key)
 	if err != nil {
 		_ = r.setCondition(ctx, ns, metav1.ConditionUnknown, ReasonRedisUnavailable, truncate("setting the sentinels' reader user: "+err.Error()))
 		return ctrl.Result{}, fmt.Errorf("setting the sentinel reader for %s: %w", ns, err)
@@ -237,10 +315,13 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 				" isolates nothing: anything that reaches Redis can connect as them, with whatever keys and commands they hold "+
 				"(the default user: every key); give each a password (requirepass for the default user) or turn it off", strings.Join(open, ", "), redisacl.Username(ns))))
 	}
-	msg := fmt.Sprintf("Redis user %s on %d node(s), keys %s only, commands a sidecar runs only; credentials in Secret %s, rotated every %s",
-		redisacl.Username(ns), done.nodes, strings.Join(redisacl.KeyPatterns(ns), " "), r.SecretName, r.rotation())
+	msg := fmt.Sprintf("Redis user %s on %d node(s) of %s, keys %s only, commands a sidecar runs only; credentials in Secret %s, rotated every %s",
+		redisacl.Username(ns), done.nodes, target.describe, strings.Join(redisacl.KeyPatterns(ns), " "), r.SecretName, r.rotation())
 	if err := r.setCondition(ctx, ns, metav1.ConditionTrue, ReasonTenantIsolated, msg); err != nil {
 		return ctrl.Result{}, err
+	}
+	if leftBehind != nil {
+		return ctrl.Result{}, fmt.Errorf("removing the redis user of %s from another backend: %w", ns, leftBehind)
 	}
 	return requeue, nil
 }
@@ -252,12 +333,12 @@ func derivePassword(key []byte, namespace string, n int64) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-func (r *TenantACLReconciler) collectNodes(ctx context.Context) ([]redisacl.Node, error) {
+func collectNodes(ctx context.Context, each NodeFunc) ([]redisacl.Node, error) {
 	var (
 		mu    sync.Mutex
 		nodes []redisacl.Node
 	)
-	err := r.Nodes(ctx, func(_ context.Context, c *redis.Client) error {
+	err := each(ctx, func(_ context.Context, c *redis.Client) error {
 		mu.Lock()
 		nodes = append(nodes, c)
 		mu.Unlock()
@@ -266,18 +347,46 @@ func (r *TenantACLReconciler) collectNodes(ctx context.Context) ([]redisacl.Node
 	return nodes, err
 }
 
-// cleanup removes the user and the Secret of a namespace without policies: nothing to enforce.
-func (r *TenantACLReconciler) cleanup(ctx context.Context, ns string) error {
-	r.forgetAppliedUser(ns)
-	nodes, err := r.collectNodes(ctx)
+// removeElsewhere removes ns's user from every backend of others, at once, a second each.
+func removeElsewhere(ctx context.Context, others []redisTarget, ns string) error {
+	errs := make([]error, len(others))
+	var wg sync.WaitGroup
+	for i, o := range others {
+		wg.Go(func() {
+			octx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			errs[i] = removeUser(octx, o, ns)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// removeUser removes ns's user from every node of t.
+func removeUser(ctx context.Context, t redisTarget, ns string) error {
+	nodes, err := collectNodes(ctx, t.nodes)
 	if err == nil {
 		err = redisacl.Remove(ctx, nodes, ns)
 	}
 	if err != nil && !errors.Is(err, redisacl.ErrUnavailable) {
+		return fmt.Errorf("%s: %w", t.describe, err)
+	}
+	return nil
+}
+
+// cleanup removes the user (from every backend) and the Secret of a namespace without
+// policies: nothing to enforce.
+func (r *TenantACLReconciler) cleanup(ctx context.Context, ns string) error {
+	r.forgetAppliedUser(ns)
+	var errs []error
+	for _, t := range r.allTargets() {
+		errs = append(errs, removeUser(ctx, t, ns))
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("removing the redis user of %s: %w", ns, err)
 	}
 	var s corev1.Secret
-	err = r.secretReader().Get(ctx, client.ObjectKey{Namespace: ns, Name: r.SecretName}, &s)
+	err := r.secretReader().Get(ctx, client.ObjectKey{Namespace: ns, Name: r.SecretName}, &s)
 	if apierrors.IsNotFound(err) || (err == nil && s.Labels[ManagedByLabel] != ManagedByValue) {
 		return nil // an admin's Secret is theirs
 	}
@@ -518,7 +627,7 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.secrets = secrets
 	restarts := make(chan event.GenericEvent, 1)
-	if err := mgr.Add(&redisRestartWatcher{nodes: r.Nodes, interval: r.checkInterval(), timeout: r.redisTimeout(), events: restarts, gen: &r.restartGen}); err != nil {
+	if err := mgr.Add(&redisRestartWatcher{targets: r.allTargets, interval: r.checkInterval(), timeout: r.redisTimeout(), events: restarts, gen: &r.restartGen}); err != nil {
 		return fmt.Errorf("adding the redis restart watcher: %w", err)
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -529,10 +638,14 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				UpdateFunc: func(event.UpdateEvent) bool { return false },
 			})).
 		WatchesRawSource(source.Kind(secrets, client.Object(&corev1.Secret{}), handler.EnqueueRequestsFromMapFunc(tenantRequest))).
-		WatchesRawSource(source.Channel(restarts, handler.EnqueueRequestsFromMapFunc(r.allNamespaces))).
-		WithOptions(controller.Options{
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, r.maxBackoff()),
-		})
+		WatchesRawSource(source.Channel(restarts, handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
+	if r.Backends != nil {
+		// A backend dialed, replaced or removed, or a namespace moved to another.
+		b = b.WatchesRawSource(source.Channel(r.Backends.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
+	}
+	b = b.WithOptions(controller.Options{
+		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, r.maxBackoff()),
+	})
 	return b.Complete(r)
 }
 
@@ -569,7 +682,7 @@ const userRecheck = 10 * time.Second
 // changed (a restart or a new node): ACL users live in memory, so a restarted node has none
 // until they are set again, and sidecars dialing it meet WRONGPASS meanwhile.
 type redisRestartWatcher struct {
-	nodes    func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+	targets  func() []redisTarget
 	interval time.Duration
 	timeout  time.Duration
 	events   chan<- event.GenericEvent
@@ -596,20 +709,26 @@ func (w *redisRestartWatcher) check(ctx context.Context) {
 	defer cancel()
 	var mu sync.Mutex
 	ids := map[string]string{}
-	_ = w.nodes(cctx, func(ctx context.Context, c *redis.Client) error {
-		info, err := c.Info(ctx, "server").Result()
-		if err != nil {
-			return err
-		}
-		for line := range strings.SplitSeq(info, "\n") {
-			if id, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
-				mu.Lock()
-				ids[c.Options().Addr] = id
-				mu.Unlock()
-			}
-		}
-		return nil
-	})
+	var wg sync.WaitGroup
+	for _, t := range w.targets() {
+		wg.Go(func() {
+			_ = t.nodes(cctx, func(ctx context.Context, c *redis.Client) error {
+				info, err := c.Info(ctx, "server").Result()
+				if err != nil {
+					return err
+				}
+				for line := range strings.SplitSeq(info, "\n") {
+					if id, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+						mu.Lock()
+						ids[t.id+"|"+c.Options().Addr] = id
+						mu.Unlock()
+					}
+				}
+				return nil
+			})
+		})
+	}
+	wg.Wait()
 	changed := false
 	for addr, id := range ids {
 		if prev, ok := w.last[addr]; !ok || prev != id {
@@ -684,6 +803,8 @@ type TenantACLConfig struct {
 	// Sentinels runs a function on every sentinel (redisconn.Nodes.EachSentinel); nil
 	// without Sentinel.
 	Sentinels func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
+	// Backends, when set, replaces Nodes and Sentinels (see TenantACLReconciler.Backends).
+	Backends *Backends
 	// SecretName is the credentials Secret of each namespace (the injector's).
 	SecretName string
 	// KeySecret holds the key passwords are derived from, in the manager's namespace.
@@ -704,7 +825,7 @@ func SetupTenantACL(mgr ctrl.Manager, cfg TenantACLConfig) error {
 	}
 	r := &TenantACLReconciler{
 		Client: mgr.GetClient(), Policies: mgr.GetCache(), APIReader: mgr.GetAPIReader(),
-		Nodes: cfg.Nodes, Sentinels: cfg.Sentinels, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
+		Nodes: cfg.Nodes, Sentinels: cfg.Sentinels, Backends: cfg.Backends, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
 		Rotation: cfg.Rotation, RedisTimeout: cfg.RedisTimeout, MaxBackoff: cfg.MaxBackoff,
 		CheckInterval: cfg.CheckInterval,
 	}

@@ -47,8 +47,8 @@ func sentinelIsolation(why string) (isolated bool, reason, message string) {
 
 // ensureSentinels, with Sentinel, sets the shared reader on every sentinel and returns its
 // password, or why the sentinels are unprotected; without Sentinel it returns nothing.
-func (r *TenantACLReconciler) ensureSentinels(ctx context.Context, key []byte) (password, unprotected string, err error) {
-	if r.Sentinels == nil {
+func (r *TenantACLReconciler) ensureSentinels(ctx context.Context, t redisTarget, key []byte) (password, unprotected string, err error) {
+	if t.sentinels == nil {
 		return "", "", nil
 	}
 	// Two passes, since the clients of the sentinels live for one call of fn: is any of them
@@ -57,7 +57,7 @@ func (r *TenantACLReconciler) ensureSentinels(ctx context.Context, key []byte) (
 		mu  sync.Mutex
 		why string
 	)
-	err = r.Sentinels(ctx, func(ctx context.Context, c *redis.Client) error {
+	err = t.sentinels(ctx, func(ctx context.Context, c *redis.Client) error {
 		w, err := redisacl.SentinelUnprotected(ctx, []redisacl.Node{c})
 		if err != nil {
 			return err
@@ -81,10 +81,10 @@ func (r *TenantACLReconciler) ensureSentinels(ctx context.Context, key []byte) (
 	// keeps it in its config).
 	r.sentinelMu.Lock()
 	defer r.sentinelMu.Unlock()
-	if r.sentinelSetPW == password && r.now().Sub(r.sentinelSetAt) < r.checkInterval() {
+	if last, ok := r.sentinelSet[t.id]; ok && last.pw == password && r.now().Sub(last.at) < r.checkInterval() {
 		return password, "", nil
 	}
-	if err := r.Sentinels(ctx, func(ctx context.Context, c *redis.Client) error {
+	if err := t.sentinels(ctx, func(ctx context.Context, c *redis.Client) error {
 		return redisacl.EnsureSentinelReader(ctx, []redisacl.Node{c}, password)
 	}); err != nil {
 		if errors.Is(err, redisacl.ErrUnavailable) {
@@ -92,7 +92,10 @@ func (r *TenantACLReconciler) ensureSentinels(ctx context.Context, key []byte) (
 		}
 		return "", "", fmt.Errorf("setting the sentinel reader: %w", err)
 	}
-	r.sentinelSetPW, r.sentinelSetAt = password, r.now()
+	if r.sentinelSet == nil {
+		r.sentinelSet = map[string]sentinelSet{}
+	}
+	r.sentinelSet[t.id] = sentinelSet{at: r.now(), pw: password}
 	return password, "", nil
 }
 

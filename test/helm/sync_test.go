@@ -23,6 +23,7 @@ import (
 // Makefile's CHART_SYNC_FILES).
 var syncFiles = []string{
 	"crd/bases/redline.dev_ratelimitpolicies.yaml",
+	"crd/bases/redline.dev_redisbackends.yaml",
 	"rbac/role.yaml",
 	"rbac/leader_election_role.yaml",
 	"webhook/rbac.yaml",
@@ -111,7 +112,7 @@ func renderAll(t *testing.T, certificates string) []*unstructured.Unstructured {
 // flags, environment, ports and mounts. A difference names the object and what to change.
 func TestChartMatchesConfig(t *testing.T) {
 	cfg := readConfig(t, "rbac/role.yaml", "rbac/leader_election_role.yaml", "webhook/rbac.yaml",
-		"webhook/manifests.yaml", "crd/bases/redline.dev_ratelimitpolicies.yaml", "manager/manager.yaml")
+		"webhook/manifests.yaml", "crd/bases/redline.dev_ratelimitpolicies.yaml", "crd/bases/redline.dev_redisbackends.yaml", "manager/manager.yaml")
 	chartObjs := renderAll(t, "selfSigned")
 
 	t.Run("rbac", func(t *testing.T) {
@@ -180,10 +181,13 @@ func TestChartMatchesConfig(t *testing.T) {
 
 	t.Run("crd", func(t *testing.T) {
 		g := NewWithT(t)
-		want := Find(cfg, "CustomResourceDefinition", "ratelimitpolicies.redline.dev")
-		got := Find(chartObjs, "CustomResourceDefinition", "ratelimitpolicies.redline.dev")
-		g.Expect(got).NotTo(BeNil(), "the chart renders no CRD")
-		g.Expect(ToYAML(got.Object["spec"])).To(Equal(ToYAML(want.Object["spec"])), "the chart's CRD spec differs from config/crd/bases: %s", syncHint)
+		for _, name := range []string{"ratelimitpolicies.redline.dev", "redisbackends.redline.dev"} {
+			want := Find(cfg, "CustomResourceDefinition", name)
+			got := Find(chartObjs, "CustomResourceDefinition", name)
+			g.Expect(want).NotTo(BeNil(), "config/crd/bases has no CRD %s", name)
+			g.Expect(got).NotTo(BeNil(), "the chart renders no CRD %s", name)
+			g.Expect(ToYAML(got.Object["spec"])).To(Equal(ToYAML(want.Object["spec"])), "the chart's CRD %s spec differs from config/crd/bases: %s", name, syncHint)
+		}
 	})
 
 	t.Run("manager", func(t *testing.T) {

@@ -16,9 +16,12 @@ import (
 // stack runs the locally built sidecar binary in its place.
 const SidecarImage = "redline-sidecar:local"
 
-// managerNamespace is where the manager believes it runs (its own namespace is excluded from
-// injection by the webhook registration).
-const managerNamespace = "redline-system"
+// ManagerNamespace is where the manager believes it runs (POD_NAMESPACE; its own namespace is
+// excluded from injection by the webhook registration): its own Secrets and the credentials
+// Secrets of RedisBackends live there.
+const ManagerNamespace = "redline-system"
+
+const managerNamespace = ManagerNamespace
 
 // startManager runs the manager binary against the control plane and Redis, serving the
 // webhook on the port and certificate envtest registered, and waits until it is ready.

@@ -16,6 +16,8 @@ import (
 // params is what a pod's annotations ask for, checked, with the manager's --sidecar-*
 // defaults where the annotations say nothing.
 type params struct {
+	// redisURL is what the sidecar is given: the namespace's Redis's, or Config.RedisURL.
+	redisURL     string
 	upstreamPort int32
 	listenPort   int32
 	// failureMode is empty unless the pod or the manager overrides the policies'.

@@ -33,7 +33,6 @@ var errNoWorkload = errors.New("the pod belongs to no Deployment, StatefulSet or
 // poolSizer sizes a new pod's Redis pool from the connection budget the controller's budget
 // reconciler publishes in the same manager.
 type poolSizer struct {
-	budget *connbudget.Publisher
 	// cache is the manager's cached client; direct reads the API server, for a ReplicaSet
 	// created a moment ago that the cache has not seen yet.
 	cache, direct client.Reader
@@ -44,11 +43,11 @@ type poolSizer struct {
 // size sets p.redisPoolSize from the budget when the pod has no pool annotation, and returns a
 // warning when the annotation's pool overspends the workload's share. Any lookup failure
 // leaves the default pool (and is logged): sizing is an improvement, never a gate.
-func (s *poolSizer) size(ctx context.Context, pod *corev1.Pod, p *params) []string {
-	if s == nil {
+func (s *poolSizer) size(ctx context.Context, pod *corev1.Pod, p *params, budget *connbudget.Publisher) []string {
+	if s == nil || budget == nil {
 		return nil
 	}
-	snap := s.budget.Load()
+	snap := budget.Load()
 	if !snap.Known() {
 		return nil // Redis's maxclients not read yet: the sidecar's default
 	}

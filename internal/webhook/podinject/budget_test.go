@@ -100,7 +100,8 @@ func TestPoolFromBudget(t *testing.T) {
 	cfg.SidecarImage = "sidecar:test"
 	injector := func(cache client.Reader) *Injector {
 		in := NewInjector(cfg, true)
-		in.sizer = &poolSizer{budget: budget, cache: cache, direct: direct, timeout: 200 * time.Millisecond, log: log.Log}
+		in.cfg.Budget = budget
+		in.sizer = &poolSizer{cache: cache, direct: direct, timeout: 200 * time.Millisecond, log: log.Log}
 		return in
 	}
 
@@ -150,7 +151,8 @@ func TestPoolFromBudget(t *testing.T) {
 	t.Run("no budget read yet: the default, no lookups", func(t *testing.T) {
 		g := NewWithT(t)
 		in := NewInjector(cfg, true)
-		in.sizer = &poolSizer{budget: &connbudget.Publisher{}, cache: blockingReader{}, log: log.Log}
+		in.cfg.Budget = &connbudget.Publisher{}
+		in.sizer = &poolSizer{cache: blockingReader{}, log: log.Log}
 		out, warns, err := in.Inject(context.Background(), budgetPod("ReplicaSet", "checkout-5d8f"))
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(warns).To(BeEmpty())
@@ -179,7 +181,8 @@ func TestPoolFromBudget(t *testing.T) {
 			t.Run(tt.name, func(t *testing.T) {
 				g := NewWithT(t)
 				in := NewInjector(withCeiling, true)
-				in.sizer = &poolSizer{budget: tt.budget, cache: cached, direct: direct, timeout: time.Second, log: log.Log}
+				in.cfg.Budget = tt.budget
+				in.sizer = &poolSizer{cache: cached, direct: direct, timeout: time.Second, log: log.Log}
 				out, _, err := in.Inject(context.Background(), tt.pod)
 				g.Expect(err).NotTo(HaveOccurred())
 				g.Expect(poolArg(g, out)).To(Equal(tt.wantPool))

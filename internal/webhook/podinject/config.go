@@ -7,6 +7,7 @@
 package podinject
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -80,6 +81,9 @@ type Config struct {
 	// its workload, and one with it a warning when it overspends; nil leaves pools to the
 	// annotation and the sidecar's default.
 	Budget *connbudget.Publisher
+	// Backends, when set (not a flag), tells which Redis serves a pod's namespace: its URL
+	// replaces RedisURL, and its connection budget Budget.
+	Backends BackendResolver
 	// BudgetLookupTimeout bounds the workload lookups of one admission (default 1s); past it,
 	// or on any lookup error, the pod gets the default pool.
 	BudgetLookupTimeout time.Duration
@@ -295,4 +299,12 @@ func (v quantityValue) Set(s string) error {
 	}
 	*v.q = q
 	return nil
+}
+
+// BackendResolver tells the injector which Redis serves a namespace (the controller's
+// Backends: a RedisBackend that selects it, or the manager's Redis).
+type BackendResolver interface {
+	// Redis returns the URL the namespace's sidecars are given ("" : Config.RedisURL) and its
+	// connection budget (nil: pools are not sized from a budget).
+	Redis(ctx context.Context, namespace string) (url string, budget *connbudget.Publisher, err error)
 }

@@ -56,7 +56,15 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 	if err != nil {
 		return pod, nil, err
 	}
-	warnings = in.sizer.size(ctx, pod, &p)
+	budget := in.cfg.Budget
+	if in.cfg.Backends != nil {
+		url, pub, err := in.cfg.Backends.Redis(ctx, pod.Namespace)
+		if err != nil {
+			return pod, nil, fmt.Errorf("the Redis that serves namespace %s is unknown, so its sidecar cannot be configured: %w", pod.Namespace, err)
+		}
+		p.redisURL, budget = url, pub
+	}
+	warnings = in.sizer.size(ctx, pod, &p, budget)
 	if p.redisPoolSize == 0 && in.cfg.SidecarRedisPoolSize > 0 {
 		// Neither the annotation nor the budget sized it: the manager's default, which is also
 		// what the budget reconciler counts for such a pod's workload.

@@ -86,9 +86,9 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	}
 
 	in := NewInjector(cfg, native)
-	if cfg.Budget != nil {
+	if cfg.Budget != nil || cfg.Backends != nil {
 		in.sizer = &poolSizer{
-			budget: cfg.Budget, cache: mgr.GetClient(), direct: mgr.GetAPIReader(),
+			cache: mgr.GetClient(), direct: mgr.GetAPIReader(),
 			timeout: cfg.BudgetLookupTimeout, log: log.WithName("budget"),
 		}
 	}
@@ -98,7 +98,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		return fmt.Errorf("adding the webhook readiness check: %w", err)
 	}
 	log.Info("pod injection webhook registered", "paths", []string{Path, NamespacePath}, "nativeSidecars", native,
-		"certMode", cfg.CertMode, "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Budget != nil)
+		"certMode", cfg.CertMode, "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Budget != nil || cfg.Backends != nil)
 	return nil
 }
 

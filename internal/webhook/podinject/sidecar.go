@@ -1,6 +1,7 @@
 package podinject
 
 import (
+	"cmp"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,8 +52,8 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	}
 
 	var env []corev1.EnvVar
-	if cfg.RedisURL != "" {
-		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: cfg.RedisURL})
+	if url := cmp.Or(p.redisURL, cfg.RedisURL); url != "" {
+		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: url})
 	}
 	env = append(env,
 		fieldEnv(contract.EnvPodName, "metadata.name"),

@@ -85,9 +85,9 @@ func overview() Dashboard {
 				Description: "What sidecars hold now, the fleet's worst case (every workload at maxReplicas, every pool full) and Redis's maxclients (the manager's budget).",
 				Queries: []Query{
 					{Expr: `sum(redline_sidecar_redis_connections{` + ns + `})`, Legend: "sidecar connections"},
-					{Expr: `max(redline_redis_connected_clients)`, Legend: "connected_clients"},
-					{Expr: `max(redline_redis_connections_worst_case)`, Legend: "worst case"},
-					{Expr: `min(redline_redis_maxclients > 0)`, Legend: "maxclients"},
+					{Expr: `max by (backend) (redline_redis_connected_clients)`, Legend: "{{backend}} connected_clients"},
+					{Expr: `max by (backend) (redline_redis_connections_worst_case)`, Legend: "{{backend}} worst case"},
+					{Expr: `min by (backend) (redline_redis_maxclients > 0)`, Legend: "{{backend}} maxclients"},
 				}},
 			{Title: "Config reloads and reload errors", Unit: unitCount,
 				Queries: []Query{

@@ -1,0 +1,203 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/stack"
+)
+
+// Issue 24: a tenant that stalls Redis (a huge key of its own, a script) stalls every tenant
+// on it; a RedisBackend gives such a tenant a Redis of its own.
+var _ = Describe("Namespaces on Redis backends of their own", func() {
+	It("admits exactly each namespace's limit on its backend, and a stalled backend changes nothing for the others", func(ctx SpecContext) {
+		type tenant struct {
+			ns      string
+			srv     *redistest.Server // nil: the manager's Redis
+			admin   *redis.Client
+			proxies []string
+			cars    []*stack.Sidecar
+		}
+		tenants := []*tenant{{ns: "e2e-backend-a"}, {ns: "e2e-backend-b"}, {ns: "e2e-backend-default"}}
+		for i, t := range tenants[:2] {
+			password := fmt.Sprintf("backend-admin-%d", i)
+			srv, err := redistest.Start("--requirepass", password)
+			Expect(err).NotTo(HaveOccurred())
+			DeferCleanup(func() { _ = srv.Close() })
+			t.srv = srv
+			t.admin = redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: password, MaxRetries: -1})
+			DeferCleanup(func() { _ = t.admin.Close() })
+			name := "e2e-" + t.ns
+			Expect(st.Client.Create(ctx, &corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Namespace: stack.ManagerNamespace, Name: name},
+				Data:       map[string][]byte{controller.BackendPasswordKey: []byte(password)},
+			})).To(Succeed())
+			Expect(st.Client.Create(ctx, &v1alpha1.RedisBackend{
+				ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: v1alpha1.RedisBackendSpec{
+					URL: srv.URL(), CredentialsSecret: name,
+					NamespaceSelector: metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: t.ns}},
+				},
+			})).To(Succeed())
+		}
+		tenants[2].admin = redisClient()
+		DeferCleanup(func() { _ = tenants[2].admin.Close() })
+
+		for _, t := range tenants {
+			Expect(st.CreateNamespace(ctx, t.ns)).To(Succeed())
+			p := policy("limit", "/", v1alpha1.FixedWindow, exactLimit, v1alpha1.FailureModeClosed)
+			p.Namespace = t.ns
+			Expect(st.ApplyPolicy(ctx, p)).To(Succeed())
+		}
+		for _, t := range tenants {
+			_, err := st.WaitProgrammed(ctx, t.ns, "limit", time.Minute)
+			Expect(err).NotTo(HaveOccurred())
+			app := stack.App{Namespace: t.ns, Name: "shop", Replicas: 2, Labels: appLabels, UpstreamPort: upstreamPort}
+			Expect(st.CreateDeployment(ctx, app)).To(Succeed())
+			pods, err := st.WaitPods(ctx, app, time.Minute)
+			Expect(err).NotTo(HaveOccurred())
+			for _, pod := range pods {
+				want := st.Redis.URL()
+				if t.srv != nil {
+					want = t.srv.URL()
+				}
+				Expect(podRedisURL(&pod)).To(Equal(want), "the injector gives %s's pods its backend's URL", t.ns)
+			}
+			// Each namespace's Redis user is on its backend before its sidecars start.
+			Eventually(func(g Gomega) {
+				var list v1alpha1.RateLimitPolicyList
+				g.Expect(st.Client.List(ctx, &list, client.InNamespace(t.ns))).To(Succeed())
+				for _, p := range list.Items {
+					c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionTenantIsolation)
+					g.Expect(c).NotTo(BeNil())
+					g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+				}
+			}).WithTimeout(time.Minute).Should(Succeed())
+			t.cars, err = st.RunSidecars(ctx, pods, upstream.Addr)
+			Expect(err).NotTo(HaveOccurred())
+			for _, sc := range t.cars {
+				t.proxies = append(t.proxies, sc.ProxyURL)
+			}
+			DeferCleanup(func() {
+				for _, sc := range t.cars {
+					_ = sc.Stop()
+				}
+			})
+		}
+
+		sendAll := func(key string, ts []*tenant) map[string]stack.Tally {
+			out := map[string]stack.Tally{}
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for _, t := range ts {
+				wg.Go(func() {
+					tally := stack.Send(ctx, t.proxies, 3*exactLimit, 8, func(i int) stack.Request {
+						return stack.Request{Path: fmt.Sprintf("/item/%d", i), Header: http.Header{keyHeader: {key}}}
+					})
+					mu.Lock()
+					out[t.ns] = tally
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			return out
+		}
+
+		By("every namespace admits exactly its limit, counted on its own Redis")
+		key := freshKey("backends")
+		for ns, tally := range sendAll(key, tenants) {
+			Expect(tally.Failed).To(BeZero(), "%s: first failure: %s", ns, tally.FirstFailure)
+			Expect(tally.Admitted).To(Equal(exactLimit), "%s admits its limit exactly", ns)
+			Expect(tally.Limited).To(Equal(2 * exactLimit))
+		}
+		for _, t := range tenants {
+			for _, other := range tenants {
+				keys, err := other.admin.Keys(ctx, "rl:{"+t.ns+"/*").Result()
+				Expect(err).NotTo(HaveOccurred())
+				if other == t {
+					Expect(keys).NotTo(BeEmpty(), "%s's counters and heartbeats are on its Redis", t.ns)
+				} else {
+					Expect(keys).To(BeEmpty(), "%s's keys are on %s's Redis too", t.ns, other.ns)
+				}
+			}
+		}
+
+		By("backend A stalls (SIGSTOP): B and the default admit exactly, from Redis, while A decides by its failure mode")
+		before := map[string]float64{}
+		for _, t := range tenants[1:] {
+			before[t.ns] = degradedDecisions(ctx, t.cars)
+		}
+		Expect(tenants[0].srv.Pause()).To(Succeed())
+		resumed := false
+		resume := func() {
+			if !resumed {
+				resumed = true
+				Expect(tenants[0].srv.Resume()).To(Succeed())
+			}
+		}
+		DeferCleanup(resume)
+		stalled := freshKey("stalled")
+		results := sendAll(stalled, tenants)
+		for _, t := range tenants[1:] {
+			tally := results[t.ns]
+			Expect(tally.Failed).To(BeZero(), "%s: first failure: %s", t.ns, tally.FirstFailure)
+			Expect(tally.Admitted).To(Equal(exactLimit), "%s admits its limit exactly while A is stalled", t.ns)
+			Expect(tally.Limited).To(Equal(2 * exactLimit))
+			Expect(degradedDecisions(ctx, t.cars)).To(Equal(before[t.ns]), "no decision of %s was made by its failure mode", t.ns)
+			GinkgoWriter.Printf("%s during A's stall: %d admitted, %d limited in %s\n", t.ns, tally.Admitted, tally.Limited, tally.Elapsed)
+		}
+		a := results[tenants[0].ns]
+		Expect(a.Admitted).To(BeZero(), "A's policy fails closed while its Redis is stalled")
+		Expect(degradedDecisions(ctx, tenants[0].cars)).To(BeNumerically(">", 0), "A decided by its failure mode")
+		resume()
+
+		By("A's Redis back: A admits exactly its limit again")
+		Eventually(func(g Gomega) {
+			fresh := freshKey("back")
+			tally := stack.Send(ctx, tenants[0].proxies, 3*exactLimit, 8, func(i int) stack.Request {
+				return stack.Request{Path: fmt.Sprintf("/item/%d", i), Header: http.Header{keyHeader: {fresh}}}
+			})
+			g.Expect(tally.Failed).To(BeZero(), "first failure: %s", tally.FirstFailure)
+			g.Expect(tally.Admitted).To(Equal(exactLimit))
+		}).WithTimeout(time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+	})
+})
+
+// degradedDecisions adds the sidecars' decisions made by a failure mode.
+func degradedDecisions(ctx context.Context, cars []*stack.Sidecar) float64 {
+	GinkgoHelper()
+	total := 0.0
+	for _, sc := range cars {
+		v, err := sc.Metric(ctx, "redline_sidecar_degraded_decisions_total", nil)
+		Expect(err).NotTo(HaveOccurred())
+		total += v
+	}
+	return total
+}
+
+// podRedisURL is the Redis URL the injector gave the pod's sidecar.
+func podRedisURL(pod *corev1.Pod) string {
+	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
+		for _, e := range c.Env {
+			if e.Name == "REDLINE_REDIS_URL" {
+				return e.Value
+			}
+		}
+	}
+	return ""
+}
