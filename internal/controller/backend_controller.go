@@ -276,17 +276,7 @@ func (r *RedisBackendReconciler) writeStatus(ctx context.Context, rb *v1alpha1.R
 	return nil
 }
 
-func (r *RedisBackendReconciler) leader() bool {
-	if r.Elected == nil {
-		return true
-	}
-	select {
-	case <-r.Elected:
-		return true
-	default:
-		return false
-	}
-}
+func (r *RedisBackendReconciler) leader() bool { return isElected(r.Elected) }
 
 // SetupWithManager registers the reconciler on every replica: RedisBackends, and Namespaces
 // whose labels change, map to its one request.

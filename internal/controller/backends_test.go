@@ -71,29 +71,6 @@ func hasUser(ctx context.Context, c *redis.Client, ns string) (bool, error) {
 	return true, nil
 }
 
-// admitSidecar admits a pod of rs through the webhook and returns its injected sidecar.
-func admitSidecar(g Gomega, ctx context.Context, rs *appsv1.ReplicaSet) *corev1.Container {
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: rs.Namespace, GenerateName: rs.Name + "-",
-			Labels: rs.Spec.Template.Labels, Annotations: rs.Spec.Template.Annotations,
-			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: new(true),
-			}},
-		},
-		Spec: rs.Spec.Template.Spec,
-	}
-	g.Expect(k8s.Create(ctx, pod)).To(Succeed())
-	g.Expect(k8s.Delete(ctx, pod)).To(Succeed())
-	for i, c := range pod.Spec.InitContainers {
-		if c.Name == contract.ContainerName {
-			return &pod.Spec.InitContainers[i]
-		}
-	}
-	g.Expect(pod.Spec.InitContainers).To(ContainElement(HaveField("Name", contract.ContainerName)), "the webhook did not inject pod %s", pod.Name)
-	return nil
-}
-
 func envOf(c *corev1.Container, name string) string {
 	for _, e := range c.Env {
 		if e.Name == name {
@@ -113,7 +90,7 @@ func startBackendTenantACL(keyNS string) func() {
 	Expect(err).NotTo(HaveOccurred())
 	Expect(controller.SetupTenantACL(mgr, controller.TenantACLConfig{
 		Mode: controller.TenantACLAuto, SecretName: "redline-redis", Backends: suiteBackends,
-		KeySecret: types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
+		KeySecret:    types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		RedisTimeout: 2 * time.Second, MaxBackoff: time.Second,
 	})).To(Succeed())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -239,7 +216,7 @@ var _ = Describe("RedisBackends", Ordered, func() {
 			rs := replicaSetOf(d)
 			Expect(k8s.Create(ctx, rs)).To(Succeed())
 			Eventually(func(g Gomega) {
-				g.Expect(envOf(admitSidecar(g, ctx, rs), contract.EnvRedisURL)).To(Equal(want))
+				g.Expect(envOf(admitSidecar(g, ctx, k8s, rs), contract.EnvRedisURL)).To(Equal(want))
 			}, timeout, interval).Should(Succeed())
 		}
 		d := injectedDeployment(nsD, "web", 2, "")
@@ -247,7 +224,7 @@ var _ = Describe("RedisBackends", Ordered, func() {
 		rs := replicaSetOf(d)
 		Expect(k8s.Create(ctx, rs)).To(Succeed())
 		Eventually(func(g Gomega) {
-			url := envOf(admitSidecar(g, ctx, rs), contract.EnvRedisURL)
+			url := envOf(admitSidecar(g, ctx, k8s, rs), contract.EnvRedisURL)
 			g.Expect(url).NotTo(Or(Equal(srvA.URL()), Equal(srvB.URL())))
 		}, timeout, interval).Should(Succeed())
 	})
@@ -298,7 +275,9 @@ var _ = Describe("RedisBackends", Ordered, func() {
 	It("keeps a namespace on the oldest backend that selects it, and says so on the newer", func(ctx SpecContext) {
 		newer := "newer-" + beA
 		Expect(k8s.Create(ctx, redisBackend(newer, srvB.URL(), beB, map[string]string{corev1.LabelMetadataName: nsA}))).To(Succeed())
-		DeferCleanup(func(ctx context.Context) { _ = k8s.Delete(ctx, &v1alpha1.RedisBackend{ObjectMeta: metav1.ObjectMeta{Name: newer}}) })
+		DeferCleanup(func(ctx context.Context) {
+			_ = k8s.Delete(ctx, &v1alpha1.RedisBackend{ObjectMeta: metav1.ObjectMeta{Name: newer}})
+		})
 		Eventually(func(g Gomega) {
 			_, rb := backendCondition(g, ctx, newer)
 			g.Expect(rb.Status.Conflicts).To(Equal([]string{nsA}))
@@ -312,7 +291,9 @@ var _ = Describe("RedisBackends", Ordered, func() {
 		nsE := newNamespace(ctx)
 		broken := "broken-" + beA
 		Expect(k8s.Create(ctx, redisBackend(broken, srvB.URL(), broken, map[string]string{corev1.LabelMetadataName: nsE}))).To(Succeed())
-		DeferCleanup(func(ctx context.Context) { _ = k8s.Delete(ctx, &v1alpha1.RedisBackend{ObjectMeta: metav1.ObjectMeta{Name: broken}}) })
+		DeferCleanup(func(ctx context.Context) {
+			_ = k8s.Delete(ctx, &v1alpha1.RedisBackend{ObjectMeta: metav1.ObjectMeta{Name: broken}})
+		})
 		Eventually(func(g Gomega) {
 			c, _ := backendCondition(g, ctx, broken)
 			g.Expect(c.Reason).To(Equal(controller.ReasonBackendSecretError))
@@ -339,7 +320,9 @@ var _ = Describe("RedisBackends", Ordered, func() {
 		wrong := "wrong-" + beA
 		Expect(k8s.Create(ctx, backendSecret(wrong, "not-the-password"))).To(Succeed())
 		Expect(k8s.Create(ctx, redisBackend(wrong, srvA.URL(), wrong, map[string]string{corev1.LabelMetadataName: "no-such-namespace"}))).To(Succeed())
-		DeferCleanup(func(ctx context.Context) { _ = k8s.Delete(ctx, &v1alpha1.RedisBackend{ObjectMeta: metav1.ObjectMeta{Name: wrong}}) })
+		DeferCleanup(func(ctx context.Context) {
+			_ = k8s.Delete(ctx, &v1alpha1.RedisBackend{ObjectMeta: metav1.ObjectMeta{Name: wrong}})
+		})
 		Eventually(func(g Gomega) {
 			c, _ := backendCondition(g, ctx, wrong)
 			g.Expect(c.Reason).To(Equal(controller.ReasonBackendUnavailable))

@@ -291,12 +291,15 @@ func sizePools(loads []workloadLoad, s *connbudget.Snapshot) {
 	}
 }
 
-func (r *BudgetReconciler) leader() bool {
-	if r.Elected == nil {
+func (r *BudgetReconciler) leader() bool { return isElected(r.Elected) }
+
+// isElected says whether the replica of elected (ctrl.Manager.Elected) leads; nil: it always does.
+func isElected(elected <-chan struct{}) bool {
+	if elected == nil {
 		return true
 	}
 	select {
-	case <-r.Elected:
+	case <-elected:
 		return true
 	default:
 		return false

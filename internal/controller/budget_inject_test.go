@@ -36,6 +36,20 @@ func replicaSetOf(d *appsv1.Deployment) *appsv1.ReplicaSet {
 // reference, no name) through the webhook, and returns its sidecar's --redis-pool-size
 // ("" when the flag is absent) and the admission warnings.
 func admitPod(g Gomega, ctx context.Context, rs *appsv1.ReplicaSet) (string, []string) {
+	warnings.Take()
+	sidecar := admitSidecar(g, ctx, warnK8s, rs)
+	warns := warnings.Take()
+	for _, a := range sidecar.Args {
+		if v, ok := strings.CutPrefix(a, "--"+contract.FlagRedisPoolSize+"="); ok {
+			return v, warns
+		}
+	}
+	return "", warns
+}
+
+// admitSidecar creates a pod of rs as its controller would through the webhook, with c, and
+// returns its injected sidecar. The pods only carry the answer; they never run.
+func admitSidecar(g Gomega, ctx context.Context, c client.Client, rs *appsv1.ReplicaSet) *corev1.Container {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: rs.Namespace, GenerateName: rs.Name + "-",
@@ -46,24 +60,15 @@ func admitPod(g Gomega, ctx context.Context, rs *appsv1.ReplicaSet) (string, []s
 		},
 		Spec: rs.Spec.Template.Spec,
 	}
-	warnings.Take()
-	g.Expect(warnK8s.Create(ctx, pod)).To(Succeed())
-	warns := warnings.Take()
-	// The pods only carry the answer; they never run.
+	g.Expect(c.Create(ctx, pod)).To(Succeed())
 	g.Expect(k8s.Delete(ctx, pod)).To(Succeed())
-	var sidecar *corev1.Container
-	for i, c := range pod.Spec.InitContainers {
-		if c.Name == contract.ContainerName {
-			sidecar = &pod.Spec.InitContainers[i]
+	for i, ctr := range pod.Spec.InitContainers {
+		if ctr.Name == contract.ContainerName {
+			return &pod.Spec.InitContainers[i]
 		}
 	}
-	g.Expect(sidecar).NotTo(BeNil(), "the webhook did not inject pod %s", pod.Name)
-	for _, a := range sidecar.Args {
-		if v, ok := strings.CutPrefix(a, "--"+contract.FlagRedisPoolSize+"="); ok {
-			return v, warns
-		}
-	}
-	return "", warns
+	g.Expect(pod.Spec.InitContainers).To(ContainElement(HaveField("Name", contract.ContainerName)), "the webhook did not inject pod %s", pod.Name)
+	return nil
 }
 
 func setMaxReplicas(ctx context.Context, d *appsv1.Deployment, n int32) {

@@ -32,17 +32,17 @@ import (
 )
 
 var (
-	cfg       *rest.Config
-	k8s       client.Client
-	testEnv   *envtest.Environment
-	redisSrv  *redistest.Server
-	rdb       *redis.Client
+	cfg      *rest.Config
+	k8s      client.Client
+	testEnv  *envtest.Environment
+	redisSrv *redistest.Server
+	rdb      *redis.Client
 	// suiteBackends are the suite manager's namespaces' Redis (backends_test.go).
 	suiteBackends *controller.Backends
-	cancelMgr context.CancelFunc
-	warnings  *apiwarn.Recorder
-	warnK8s   client.Client // k8s, with admission warnings recorded in warnings
-	mgrCache  cache.Cache   // the suite manager's cache, to check what it holds
+	cancelMgr     context.CancelFunc
+	warnings      *apiwarn.Recorder
+	warnK8s       client.Client // k8s, with admission warnings recorded in warnings
+	mgrCache      cache.Cache   // the suite manager's cache, to check what it holds
 )
 
 func TestController(t *testing.T) {

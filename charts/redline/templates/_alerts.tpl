@@ -106,11 +106,11 @@ spec:
         runbook: "kubectl describe rlp: Enforced names the pods still on an older configuration (a reload refused: the sidecar's log), Programmed and Accepted say whether the manager could compile and write it."
     - alert: RedlineConnectionBudget
       expr: |
-        max by (backend) (redline_redis_connections_worst_case) > on (backend) {{ $r.connectionBudgetRatio }} * min by (backend) (redline_redis_maxclients > 0)
+        max by (backend) (redline_redis_connections_worst_case) / on (backend) min by (backend) (redline_redis_maxclients > 0) > {{ $r.connectionBudgetRatio }}
       for: {{ $r.for }}
       labels: {severity: warning}
       annotations:
         summary: {{ quote `Redline's worst-case connections to Redis {{ $labels.backend }} exceed its maxclients.` }}
-        description: {{ quote `With every injected workload of the namespaces it serves at maxReplicas, sidecars could open {{ $value }} connections per node of Redis {{ $labels.backend }}, more than its maxclients allows.` }}
+        description: {{ quote `With every injected workload of the namespaces it serves at maxReplicas, sidecars could open {{ $value | humanizePercentage }} of the maxclients of Redis {{ $labels.backend }} on each of its nodes.` }}
         runbook: "Lower redline.dev/redis-pool-size or HPA maxReplicas of the largest workloads (redline_redis_workload_connections_worst_case), or raise Redis's maxclients."
 {{- end }}
