@@ -44,6 +44,8 @@ func TestManagerRefusesBadSidecarDefaults(t *testing.T) {
 		{"values out of bounds, all reported", []string{"--sidecar-failure-mode=closed", "--sidecar-redis-pool-size=1", "--sidecar-redis-timeout=1m", "--sidecar-memory-request=1Gi"},
 			[]string{`--sidecar-failure-mode=\"closed\": want one of Open, Closed, LocalFallback`, "--sidecar-redis-pool-size=1: want 2-1024",
 				"--sidecar-redis-timeout=1m0s: want 1ms-10s", "--sidecar-memory-request=1Gi is more than --sidecar-memory-limit=64Mi"}},
+		{"trusted hops beyond the bound", []string{"--sidecar-trusted-hops=17"},
+			[]string{"--sidecar-trusted-hops=17: want 0-16 proxies"}},
 		{"a value that does not parse", []string{"--sidecar-memory-limit=lots"},
 			[]string{`invalid value "lots" for flag -sidecar-memory-limit: want a resource quantity`}},
 	} {

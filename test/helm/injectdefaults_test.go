@@ -36,6 +36,7 @@ var installSidecarDefaults = map[string]any{
 	"failureMode": "Closed",
 	"resources":   map[string]any{"requests": map[string]any{"cpu": "100m"}},
 	"maxProcs":    2, "redisPoolSize": 8, "leaseKeys": 4096, "leaseHorizon": "500ms", "redisTimeout": "100ms",
+	"trustedHops": 1,
 }
 
 // expectInjectedDefaults sends the manager's webhook (as the API server would, over TLS
@@ -87,7 +88,7 @@ func expectInjectedDefaults(g Gomega, ctx context.Context, admin client.Client, 
 	}
 	g.Expect(sidecar).NotTo(BeNil(), "the manager injected no sidecar")
 	g.Expect(sidecar.Args).To(ContainElements("--failure-mode=Closed", "--max-procs=2", "--redis-pool-size=8",
-		"--lease-keys=4096", "--lease-horizon=500ms", "--redis-timeout=100ms"))
+		"--lease-keys=4096", "--lease-horizon=500ms", "--redis-timeout=100ms", "--trusted-hops=1"))
 	g.Expect(sidecar.Resources.Requests.Cpu().String()).To(Equal("100m"))
 	g.Expect(sidecar.Resources.Limits.Memory().String()).To(Equal("64Mi"), "unset values keep the manager's defaults")
 	// The part of podinject.InjectedStatus this test reads.
@@ -96,6 +97,7 @@ func expectInjectedDefaults(g Gomega, ctx context.Context, admin client.Client, 
 	}
 	g.Expect(json.Unmarshal([]byte(injected.Annotations[contract.AnnotationInjected]), &status)).To(Succeed())
 	g.Expect(status.Defaults).To(HaveKeyWithValue("sidecar-failure-mode", "Closed"))
+	g.Expect(status.Defaults).To(HaveKeyWithValue("sidecar-trusted-hops", "1"))
 	g.Expect(status.Defaults).NotTo(HaveKey("sidecar-redis-pool-size"), "the budget sized this pool (within the ceiling)")
 }
 

@@ -10,7 +10,8 @@ import (
 
 // sidecarFlags are the manager's cluster-wide sidecar defaults the chart may pass.
 var sidecarFlags = []string{"--sidecar-failure-mode", "--sidecar-cpu-request", "--sidecar-memory-request", "--sidecar-memory-limit",
-	"--sidecar-max-procs", "--sidecar-redis-pool-size", "--sidecar-lease-keys", "--sidecar-lease-horizon", "--sidecar-redis-timeout"}
+	"--sidecar-max-procs", "--sidecar-redis-pool-size", "--sidecar-lease-keys", "--sidecar-lease-horizon", "--sidecar-redis-timeout",
+	"--sidecar-trusted-hops"}
 
 // managerArgs renders the chart with vals and returns the manager container's flags.
 func managerArgs(t *testing.T, vals map[string]any) map[string]string {
@@ -45,6 +46,7 @@ func TestSidecarDefaultsReachManagerArgs(t *testing.T) {
 				"limits":   map[string]any{"memory": "1Gi"},
 			},
 			"maxProcs": 2, "redisPoolSize": 8, "leaseKeys": 1048576, "leaseHorizon": "500ms", "redisTimeout": "100ms",
+			"trustedHops": 2,
 		}})
 		g.Expect(args).To(HaveKeyWithValue("--sidecar-failure-mode", "LocalFallback"))
 		g.Expect(args).To(HaveKeyWithValue("--sidecar-cpu-request", "100m"))
@@ -55,6 +57,16 @@ func TestSidecarDefaultsReachManagerArgs(t *testing.T) {
 		g.Expect(args).To(HaveKeyWithValue("--sidecar-lease-keys", "1048576"), "a large integer stays an integer")
 		g.Expect(args).To(HaveKeyWithValue("--sidecar-lease-horizon", "500ms"))
 		g.Expect(args).To(HaveKeyWithValue("--sidecar-redis-timeout", "100ms"))
+		g.Expect(args).To(HaveKeyWithValue("--sidecar-trusted-hops", "2"))
+	})
+	t.Run("trusted hops as YAML writes them; 0 is the manager's default", func(t *testing.T) {
+		g := NewWithT(t)
+		vals, err := ParseValues([]byte("sidecar:\n  trustedHops: 16\n"))
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(managerArgs(t, vals)).To(HaveKeyWithValue("--sidecar-trusted-hops", "16"))
+		vals, err = ParseValues([]byte("sidecar:\n  trustedHops: 0\n"))
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(managerArgs(t, vals)).NotTo(HaveKey("--sidecar-trusted-hops"), "0 is the manager's own default: the peer address")
 	})
 	t.Run("leases off and numbers as YAML writes them", func(t *testing.T) {
 		g := NewWithT(t)
@@ -91,6 +103,10 @@ func TestSchemaRefusesBadSidecarDefaults(t *testing.T) {
 		{"a horizon as a number other than 0", "leaseHorizon: 2", "at '/sidecar/leaseHorizon': maximum: got 2, want 0"},
 		{"a timeout as a number", "redisTimeout: 50", "at '/sidecar/redisTimeout': got number, want string"},
 		{"a timeout without a unit", `redisTimeout: "50"`, "at '/sidecar/redisTimeout'"},
+		{"trusted hops beyond 16", "trustedHops: 17", "at '/sidecar/trustedHops': maximum: got 17, want 16"},
+		{"negative trusted hops", "trustedHops: -1", "at '/sidecar/trustedHops': minimum: got -1, want 0"},
+		{"trusted hops as a string", `trustedHops: "1"`, "at '/sidecar/trustedHops': got string, want integer"},
+		{"fractional trusted hops", "trustedHops: 1.5", "at '/sidecar/trustedHops': got number, want integer"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			g := NewWithT(t)

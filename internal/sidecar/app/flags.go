@@ -111,7 +111,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
 	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")
 	fs.StringVar(&c.FailureMode, contract.FlagFailureMode, "", "override every policy's failure mode: "+strings.Join(contract.FailureModes, ", "))
-	fs.IntVar(&c.TrustedHops, "trusted-hops", 0, "proxies in front of the sidecar trusted to append X-Forwarded-For (0: use the connection's address)")
+	fs.IntVar(&c.TrustedHops, contract.FlagTrustedHops, 0, fmt.Sprintf("proxies in front of the sidecar that append to X-Forwarded-For and are trusted to, 0-%d: the ForwardedFor key part is the entry this many from the right, whatever a client wrote to its left (0: the connection's peer address)", contract.MaxTrustedHops))
 	fs.BoolVar(&c.RateLimitHeaders, "ratelimit-headers", true, "add RateLimit-Policy and RateLimit to admitted responses (refusals always carry them)")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", 60*time.Second, "longest wait for the application's response headers (0: none); bodies and upgraded connections are not cut")
 	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", 10*time.Second, "longest time to read a client's request headers")
@@ -172,8 +172,8 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	if c.FailureMode != "" && !slices.Contains(contract.FailureModes, c.FailureMode) {
 		errs = append(errs, fmt.Errorf("--%s=%q: want one of %s", contract.FlagFailureMode, c.FailureMode, strings.Join(contract.FailureModes, ", ")))
 	}
-	if c.TrustedHops < 0 {
-		errs = append(errs, errors.New("--trusted-hops must not be negative"))
+	if !inRange(c.TrustedHops, 0, contract.MaxTrustedHops) {
+		errs = append(errs, fmt.Errorf("--%s=%d: want 0-%d", contract.FlagTrustedHops, c.TrustedHops, contract.MaxTrustedHops))
 	}
 	if c.HeartbeatInterval <= 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must be positive"))
@@ -184,10 +184,10 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	if c.RedisMaxIdle < 0 || c.RedisIdleTimeout <= 0 {
 		errs = append(errs, errors.New("--redis-max-idle-conns must not be negative and --redis-idle-timeout must be positive"))
 	}
-	if c.ShareKeys < 1 || c.ShareKeys > contract.MaxShareKeys {
+	if !inRange(c.ShareKeys, 1, contract.MaxShareKeys) {
 		errs = append(errs, fmt.Errorf("--share-keys must be 1 to %d (about 150 bytes a key)", contract.MaxShareKeys))
 	}
-	if c.LeaseKeys < 1 || c.LeaseKeys > contract.MaxLeaseKeys {
+	if !inRange(c.LeaseKeys, 1, contract.MaxLeaseKeys) {
 		errs = append(errs, fmt.Errorf("--lease-keys must be 1 to %d (about 400 bytes a key)", contract.MaxLeaseKeys))
 	}
 	if c.RedisTimeout <= 0 {
@@ -206,3 +206,6 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	}
 	return c, errors.Join(errs...)
 }
+
+// inRange reports whether lo <= n <= hi.
+func inRange(n, lo, hi int) bool { return lo <= n && n <= hi }

@@ -63,6 +63,7 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"no upstream":        {},
 		"bad failure mode":   {"--upstream=127.0.0.1:1", "--failure-mode=Sometimes"},
 		"negative hops":      {"--upstream=127.0.0.1:1", "--trusted-hops=-1"},
+		"hops beyond 16":     {"--upstream=127.0.0.1:1", "--trusted-hops=17"},
 		"negative max procs": {"--upstream=127.0.0.1:1", "--max-procs=-1"},
 		"stray argument":     {"--upstream=127.0.0.1:1", "extra"},
 		"unknown flag":       {"--upstream=127.0.0.1:1", "--nope"},

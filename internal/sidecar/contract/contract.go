@@ -47,6 +47,12 @@ const (
 	// DefaultRedisPoolSize. The controller counts it, times the workload's maxReplicas, against
 	// Redis's maxclients.
 	AnnotationRedisPoolSize = "redline.dev/redis-pool-size"
+	// AnnotationTrustedHops is how many proxies in front of the pod (a cloud load balancer,
+	// an ingress controller) append to X-Forwarded-For and are trusted to: the ForwardedFor
+	// key part is then the TrustedHops-th entry from the right (FlagTrustedHops), 0 to
+	// MaxTrustedHops. Without it, the manager's --sidecar-trusted-hops, 0 by default: the
+	// connection's peer.
+	AnnotationTrustedHops = "redline.dev/trusted-hops"
 	// AnnotationInjected is written by the injector and records what it injected. A pod that
 	// carries it is never injected again.
 	AnnotationInjected = "redline.dev/injected"
@@ -93,6 +99,9 @@ const (
 	// DefaultRedisTimeoutMillis is --redis-timeout's default: Redis's read, write and
 	// free-connection wait, past which the failure mode answers.
 	DefaultRedisTimeoutMillis = 50
+	// MaxTrustedHops bounds --trusted-hops: no real chain of proxies is longer, and a value
+	// beyond the real chain lets every client choose its own key.
+	MaxTrustedHops = 16
 )
 
 // Failure modes accepted by AnnotationFailureMode and the sidecar's --failure-mode flag.
@@ -155,6 +164,7 @@ const (
 	FlagPodLabels   = "pod-labels"   // PodLabelsFile
 	FlagFailureMode = "failure-mode" // when AnnotationFailureMode or the manager's --sidecar-failure-mode is set
 	FlagMaxProcs    = "max-procs"    // when AnnotationSidecarMaxProcs or the manager's --sidecar-max-procs is set
+	FlagTrustedHops = "trusted-hops" // when AnnotationTrustedHops or the manager's --sidecar-trusted-hops is above 0
 	// FlagLeaseKeys, FlagLeaseHorizon and FlagRedisTimeout are passed when the manager's
 	// --sidecar-lease-keys, --sidecar-lease-horizon and --sidecar-redis-timeout are set.
 	FlagLeaseKeys    = "lease-keys"

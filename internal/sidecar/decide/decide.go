@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -267,9 +268,13 @@ func hostOnly(addr string) string {
 // ClientIP returns the client address behind trustedHops proxies. Each trusted proxy appends
 // the address it received the request from to X-Forwarded-For, so the client is the
 // trustedHops-th entry from the right; entries further left were written by the client and
-// cannot be trusted. With 0 trusted hops, or no X-Forwarded-For, it is the connection's peer.
-// When the list is shorter than trustedHops, its leftmost entry (written by a trusted proxy) is
-// the best known.
+// cannot be trusted: they are never read. With 0 trusted hops, or no X-Forwarded-For, it is
+// the connection's peer. When the list is shorter than trustedHops, its leftmost entry (written
+// by a trusted proxy) is the best known.
+//
+// The entry is taken as a trusted proxy wrote it, less what varies per connection: a port
+// (some load balancers write ip:port) is dropped and an IP is written in its canonical form,
+// so that a client cannot get a new key by reconnecting or by its address's spelling.
 func ClientIP(xff []string, remote string, trustedHops int) string {
 	if trustedHops <= 0 || len(xff) == 0 {
 		return remote
@@ -278,7 +283,6 @@ func ClientIP(xff []string, remote string, trustedHops int) string {
 	n := 0
 	last := ""
 	for _, field := range slices.Backward(xff) {
-
 		for field != "" {
 			var entry string
 			if j := strings.LastIndexByte(field, ','); j >= 0 {
@@ -293,12 +297,25 @@ func ClientIP(xff []string, remote string, trustedHops int) string {
 			n++
 			last = entry
 			if n == trustedHops {
-				return entry
+				return canonicalAddr(entry)
 			}
 		}
 	}
 	if last == "" {
 		return remote
 	}
-	return last
+	return canonicalAddr(last)
+}
+
+// canonicalAddr is entry without a port, and in netip's canonical form (IPv4-mapped IPv6 as
+// IPv4) when it is an IP; anything else as it is.
+func canonicalAddr(entry string) string {
+	host := hostOnly(entry)
+	if len(host) > 2 && host[0] == '[' && host[len(host)-1] == ']' {
+		host = host[1 : len(host)-1] // a bracketed IPv6 address without a port
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a.Unmap().String()
+	}
+	return host
 }

@@ -186,6 +186,18 @@ func TestClientIP(t *testing.T) {
 		{"shorter than hops", []string{"1.1.1.1"}, 3, "1.1.1.1"},
 		{"empty entries skipped", []string{" , 1.1.1.1 ,"}, 1, "1.1.1.1"},
 		{"only empties", []string{" , "}, 1, "9.9.9.9"},
+		// A client writes what it likes on the left: the entry trusted proxies wrote wins.
+		{"spoofed left-most entry ignored", []string{"6.6.6.6, 7.7.7.7, 1.1.1.1, 10.0.0.5"}, 2, "1.1.1.1"},
+		{"spoofed second field ignored", []string{"6.6.6.6", "1.1.1.1, 10.0.0.5"}, 2, "1.1.1.1"},
+		// Hops beyond the real chain (one proxy, two hops): the client's own entry is read.
+		{"hops beyond the chain trust the client", []string{"6.6.6.6, 1.1.1.1"}, 2, "6.6.6.6"},
+		// What varies per connection or spelling does not give a new key.
+		{"port dropped", []string{"1.1.1.1:4711, 10.0.0.5"}, 2, "1.1.1.1"},
+		{"bracketed IPv6 with a port", []string{"[2001:DB8:0::1]:443"}, 1, "2001:db8::1"},
+		{"bracketed IPv6", []string{"[2001:db8::1]"}, 1, "2001:db8::1"},
+		{"IPv6 canonical", []string{"2001:DB8:0:0::1"}, 1, "2001:db8::1"},
+		{"IPv4-mapped as IPv4", []string{"::ffff:1.1.1.1"}, 1, "1.1.1.1"},
+		{"not an IP kept as written", []string{"unknown"}, 1, "unknown"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

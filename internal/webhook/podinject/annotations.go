@@ -26,6 +26,8 @@ type params struct {
 	maxProcs int
 	// redisPoolSize is 0 unless the pod sets it, the budget sizes it or the manager sets it.
 	redisPoolSize int
+	// trustedHops is 0 unless the pod or the manager sets it.
+	trustedHops int
 	// exposeDecisionAPI serves /v1/check and the rate limit service on the pod network.
 	exposeDecisionAPI bool
 	resources         corev1.ResourceRequirements
@@ -127,6 +129,10 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 		p.redisPoolSize = n
 	}
 
+	if p.trustedHops, err = parseTrustedHops(ann, cfg, &p); err != nil {
+		return p, err
+	}
+
 	if raw, ok := ann[contract.AnnotationExposeDecisionAPI]; ok {
 		switch strings.TrimSpace(raw) {
 		case "true":
@@ -155,6 +161,25 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 		p.useDefault("sidecar-redis-timeout", cfg.SidecarRedisTimeout.String())
 	}
 	return p, nil
+}
+
+// parseTrustedHops reads AnnotationTrustedHops, or takes the manager's default (recorded in p).
+// "0" is a value: a pod reached directly keys on its peer in a cluster whose default trusts an
+// ingress.
+func parseTrustedHops(ann map[string]string, cfg *Config, p *params) (int, error) {
+	raw, ok := ann[contract.AnnotationTrustedHops]
+	if !ok {
+		if cfg.SidecarTrustedHops > 0 {
+			p.useDefault("sidecar-trusted-hops", strconv.Itoa(cfg.SidecarTrustedHops))
+		}
+		return cfg.SidecarTrustedHops, nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(raw))
+	if err != nil || n < 0 || n > contract.MaxTrustedHops {
+		return 0, fmt.Errorf("annotation %s=%q: want the number of proxies in front of the pod that append to X-Forwarded-For, 0-%d (0: the connection's peer address)",
+			contract.AnnotationTrustedHops, raw, contract.MaxTrustedHops)
+	}
+	return n, nil
 }
 
 func parsePort(name, raw string) (int32, error) {

@@ -115,6 +115,10 @@ type Config struct {
 	// SidecarRedisTimeout is the sidecar's Redis timeout, MinSidecarRedisTimeout to
 	// MaxSidecarRedisTimeout.
 	SidecarRedisTimeout time.Duration
+	// SidecarTrustedHops is how many proxies in front of every injected pod append to
+	// X-Forwarded-For and are trusted to (the sidecar's --trusted-hops), 0 to
+	// contract.MaxTrustedHops; 0 keys ForwardedFor on the connection's peer.
+	SidecarTrustedHops int
 }
 
 // Bounds of the cluster-wide sidecar defaults.
@@ -189,6 +193,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.DurationVar(&c.SidecarRedisTimeout, "sidecar-redis-timeout", c.SidecarRedisTimeout, fmt.Sprintf("Sidecars' Redis timeout (the wait for a free connection included), past which the failure mode answers (%s-%s; 0: the sidecar's default, %dms).", MinSidecarRedisTimeout, MaxSidecarRedisTimeout, contract.DefaultRedisTimeoutMillis))
+	fs.IntVar(&c.SidecarTrustedHops, "sidecar-trusted-hops", c.SidecarTrustedHops, fmt.Sprintf("Proxies in front of every injected pod (a load balancer, an ingress controller) that append to X-Forwarded-For, when the pod does not set %s (0-%d): the ForwardedFor key part is the entry this many from the right. 0: the connection's peer address. More than the real chain lets every client choose its key.", contract.AnnotationTrustedHops, contract.MaxTrustedHops))
 	fs.IntVar(&c.Port, "webhook-port", c.Port, "Port of the admission webhook server.")
 	fs.StringVar(&c.CertDir, "webhook-cert-dir", c.CertDir, "Directory with the webhook's tls.crt and tls.key.")
 	fs.StringVar(&c.CertMode, "webhook-cert-mode", c.CertMode, "Who provides the webhook's certificate: cert-manager (mounted Secret, cainjector) or self-signed (the manager creates and rotates it and patches the caBundle).")
@@ -270,6 +275,10 @@ func (c *Config) validateSidecarDefaults() []error {
 	if t := c.SidecarRedisTimeout; t != 0 && (t < MinSidecarRedisTimeout || t > MaxSidecarRedisTimeout) {
 		errs = append(errs, fmt.Errorf("--sidecar-redis-timeout=%s: want %s-%s (0: the sidecar's default, %dms)",
 			t, MinSidecarRedisTimeout, MaxSidecarRedisTimeout, contract.DefaultRedisTimeoutMillis))
+	}
+	if c.SidecarTrustedHops < 0 || c.SidecarTrustedHops > contract.MaxTrustedHops {
+		errs = append(errs, fmt.Errorf("--sidecar-trusted-hops=%d: want 0-%d proxies (0: the connection's peer address)",
+			c.SidecarTrustedHops, contract.MaxTrustedHops))
 	}
 	return errs
 }

@@ -3,6 +3,7 @@ package podinject
 import (
 	"flag"
 	"io"
+	"strconv"
 	"testing"
 	"time"
 
@@ -99,4 +100,25 @@ func TestSidecarDefaultFlagsRefuseBadValues(t *testing.T) {
 		_, err := parseFlags("--sidecar-lease-keys=100000", "--sidecar-memory-limit=192Mi")
 		g.Expect(err).NotTo(HaveOccurred())
 	})
+}
+
+// --sidecar-trusted-hops: 0 (the peer address) unless set, 0-16, a bad value refused at start.
+func TestSidecarTrustedHopsFlag(t *testing.T) {
+	g := NewWithT(t)
+	cfg, err := parseFlags()
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(cfg.SidecarTrustedHops).To(BeZero(), "unset: the connection's peer address")
+	for _, n := range []string{"0", "1", "16"} {
+		cfg, err = parseFlags("--sidecar-trusted-hops=" + n)
+		g.Expect(err).NotTo(HaveOccurred(), n)
+		g.Expect(strconv.Itoa(cfg.SidecarTrustedHops)).To(Equal(n))
+	}
+	for arg, want := range map[string]string{
+		"--sidecar-trusted-hops=-1":  "--sidecar-trusted-hops=-1: want 0-16 proxies",
+		"--sidecar-trusted-hops=17":  "--sidecar-trusted-hops=17: want 0-16 proxies",
+		"--sidecar-trusted-hops=two": `invalid value "two" for flag -sidecar-trusted-hops`,
+	} {
+		_, err := parseFlags(arg)
+		g.Expect(err).To(MatchError(ContainSubstring(want)), arg)
+	}
 }

@@ -80,14 +80,16 @@ var _ = Describe("Injected spec", func() {
 			contract.AnnotationFailureMode, contract.FailureModeLocalFallback,
 			contract.AnnotationSidecarCPU, "200m",
 			contract.AnnotationSidecarMemory, "96Mi",
-			contract.AnnotationExposeDecisionAPI, "true"),
+			contract.AnnotationExposeDecisionAPI, "true",
+			contract.AnnotationTrustedHops, "2"),
 		Entry("every manager default set", "defaults", true, defaultsConfig()),
 		Entry("annotations over the manager's defaults", "defaults-overridden", true, defaultsConfig(),
 			contract.AnnotationFailureMode, contract.FailureModeOpen,
 			contract.AnnotationSidecarCPU, "200m",
 			contract.AnnotationSidecarMemory, "48Mi",
 			contract.AnnotationSidecarMaxProcs, "4",
-			contract.AnnotationRedisPoolSize, "6"),
+			contract.AnnotationRedisPoolSize, "6",
+			contract.AnnotationTrustedHops, "0"),
 	)
 })
 
@@ -104,6 +106,7 @@ func defaultsConfig() podinject.Config {
 	cfg.SidecarLeaseKeys = 4096
 	cfg.SidecarLeaseHorizon = new(time.Duration(0))
 	cfg.SidecarRedisTimeout = 100 * time.Millisecond
+	cfg.SidecarTrustedHops = 1
 	return cfg
 }
 
@@ -135,7 +138,7 @@ var _ = Describe("The manager's cluster-wide sidecar defaults", func() {
 		Expect(err).NotTo(HaveOccurred())
 		c := sidecarOf(out)
 		Expect(c.Args).To(ContainElements("--failure-mode=Closed", "--max-procs=2", "--redis-pool-size=24",
-			"--lease-keys=4096", "--lease-horizon=0s", "--redis-timeout=100ms"))
+			"--lease-keys=4096", "--lease-horizon=0s", "--redis-timeout=100ms", "--trusted-hops=1"))
 		Expect(c.Resources.Requests.Cpu().String()).To(Equal("100m"))
 		Expect(c.Resources.Requests.Memory().String()).To(Equal("96Mi"))
 		Expect(c.Resources.Limits.Memory().String()).To(Equal("128Mi"))
@@ -143,6 +146,7 @@ var _ = Describe("The manager's cluster-wide sidecar defaults", func() {
 			"sidecar-failure-mode": "Closed", "sidecar-cpu-request": "100m", "sidecar-memory-request": "96Mi",
 			"sidecar-memory-limit": "128Mi", "sidecar-max-procs": "2", "sidecar-redis-pool-size": "24",
 			"sidecar-lease-keys": "4096", "sidecar-lease-horizon": "0s", "sidecar-redis-timeout": "100ms",
+			"sidecar-trusted-hops": "1",
 		}))
 		Expect(k8s.Create(ctx, out)).To(Succeed(), "the API server accepts the pod")
 
@@ -156,6 +160,7 @@ var _ = Describe("The manager's cluster-wide sidecar defaults", func() {
 		Expect(sc.LeaseKeys).To(Equal(4096))
 		Expect(sc.LeaseHorizon).To(BeZero(), "leases off")
 		Expect(sc.RedisTimeout).To(Equal(100 * time.Millisecond))
+		Expect(sc.TrustedHops).To(Equal(1))
 	})
 
 	It("lose to the pod's annotations, which the status annotation does not list as defaults", func(ctx SpecContext) {
@@ -164,12 +169,14 @@ var _ = Describe("The manager's cluster-wide sidecar defaults", func() {
 			contract.AnnotationSidecarCPU, "200m",
 			contract.AnnotationSidecarMemory, "48Mi",
 			contract.AnnotationSidecarMaxProcs, "4",
-			contract.AnnotationRedisPoolSize, "6")
+			contract.AnnotationRedisPoolSize, "6",
+			contract.AnnotationTrustedHops, "0")
 		out, _, err := podinject.NewInjector(defaultsConfig(), true).Inject(ctx, pod)
 		Expect(err).NotTo(HaveOccurred())
 		c := sidecarOf(out)
 		Expect(c.Args).To(ContainElements("--failure-mode=Open", "--max-procs=4", "--redis-pool-size=6"))
 		Expect(c.Args).NotTo(ContainElements("--failure-mode=Closed", "--max-procs=2", "--redis-pool-size=24"))
+		Expect(c.Args).NotTo(ContainElement(HavePrefix("--trusted-hops")), "trusted-hops 0 is a value: the peer address")
 		Expect(c.Resources.Requests.Cpu().String()).To(Equal("200m"))
 		Expect(c.Resources.Requests.Memory().String()).To(Equal("48Mi"))
 		Expect(c.Resources.Limits.Memory().String()).To(Equal("48Mi"))
@@ -188,6 +195,7 @@ var _ = Describe("The manager's cluster-wide sidecar defaults", func() {
 			Expect(a).NotTo(HavePrefix("--redis-pool-size"))
 			Expect(a).NotTo(HavePrefix("--lease-"))
 			Expect(a).NotTo(HavePrefix("--redis-timeout"))
+			Expect(a).NotTo(HavePrefix("--trusted-hops"))
 		}
 		Expect(injectedStatus(out).Defaults).To(BeEmpty())
 		Expect(out.Annotations[contract.AnnotationInjected]).NotTo(ContainSubstring("defaults"))

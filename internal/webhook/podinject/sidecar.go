@@ -35,6 +35,9 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	if p.maxProcs > 0 {
 		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagMaxProcs, p.maxProcs))
 	}
+	if p.trustedHops > 0 {
+		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagTrustedHops, p.trustedHops))
+	}
 	if p.redisPoolSize > 0 {
 		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagRedisPoolSize, p.redisPoolSize))
 	}
