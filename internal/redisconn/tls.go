@@ -57,8 +57,14 @@ type TLSOptions struct {
 	MinVersion string
 }
 
-// IsZero says whether t is the zero value (system CAs, no client certificate, no name).
-func (t TLSOptions) IsZero() bool { return t == TLSOptions{} }
+// IsZero says whether t asks for nothing beyond the defaults: the system's CAs, no client
+// certificate, the host dialed, TLS 1.2 or later.
+func (t TLSOptions) IsZero() bool {
+	if t.MinVersion == TLSVersion12 {
+		t.MinVersion = ""
+	}
+	return t == TLSOptions{}
+}
 
 // Validate reports what is wrong in t without reading its files.
 func (t TLSOptions) Validate() error {

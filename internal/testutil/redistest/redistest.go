@@ -266,6 +266,13 @@ func (s *Server) Stop() error {
 	return fmt.Errorf("redis-server on %s still accepting after kill", s.Addr())
 }
 
+// Log is what the server has logged so far (level warning: errors, such as a client's TLS
+// handshake that failed, and a replica's or a cluster's state changes).
+func (s *Server) Log() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	return string(b)
+}
+
 // Pause freezes the process (SIGSTOP): connections stay open but nothing answers, like a Redis
 // stuck in a long command or behind a dead network path.
 func (s *Server) Pause() error {
