@@ -57,6 +57,9 @@ type Config struct {
 	// RedisSecret names the Secret (in the pod's namespace) with the Redis password under key
 	// "password". Empty leaves the password variable out.
 	RedisSecret string
+	// SidecarRedisTLS is how sidecars reach a rediss:// Redis: the namespace's TLS Secret,
+	// the server name, the minimum version (--sidecar-redis-tls-*).
+	SidecarRedisTLS SidecarTLS
 	// NativeSidecars is auto, true or false.
 	NativeSidecars string
 
@@ -168,6 +171,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.SidecarImagePullPolicy, "sidecar-image-pull-policy", c.SidecarImagePullPolicy, "Pull policy of the sidecar image (Always, IfNotPresent, Never; empty: the cluster default).")
 	fs.StringVar(&c.RedisURL, "sidecar-redis-url", c.RedisURL, "Redis URL given to sidecars (default: the manager's --redis-url).")
 	fs.StringVar(&c.RedisSecret, "sidecar-redis-secret", c.RedisSecret, "Secret in each pod's namespace whose key 'password' sidecars use as the Redis password (optional Secret; empty: none).")
+	c.SidecarRedisTLS.bindFlags(fs)
 	fs.StringVar(&c.NativeSidecars, "native-sidecars", c.NativeSidecars, "Inject the sidecar as a native sidecar (init container with restartPolicy Always): auto (when the API server is 1.29+), true or false.")
 	fs.StringVar(&c.SidecarFailureMode, "sidecar-failure-mode", c.SidecarFailureMode, "Failure mode of every injected sidecar whose pod does not set "+contract.AnnotationFailureMode+": "+strings.Join(contract.FailureModes, ", ")+" (empty: each policy's own failureMode).")
 	fs.Var(quantityValue{&c.DefaultCPURequest}, "sidecar-cpu-request", "CPU request of the sidecar when its pod does not set "+contract.AnnotationSidecarCPU+".")
@@ -219,6 +223,7 @@ func (c *Config) Validate() error {
 	if c.Port < 1 || c.Port > 65535 {
 		errs = append(errs, fmt.Errorf("--webhook-port=%d: want 1-65535", c.Port))
 	}
+	errs = append(errs, c.SidecarRedisTLS.validate(c.RedisURL)...)
 	return errors.Join(append(errs, c.validateSidecarDefaults()...)...)
 }
 

@@ -49,6 +49,7 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	if cfg.RedisSecret != "" {
 		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagRedisCredentialsDir, contract.RedisCredentialsDir))
 	}
+	args = append(args, cfg.SidecarRedisTLS.args()...)
 
 	var env []corev1.EnvVar
 	if cfg.RedisURL != "" {
@@ -96,6 +97,9 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 			Name: contract.RedisCredentialsVolume, MountPath: contract.RedisCredentialsDir, ReadOnly: true,
 		})
 	}
+	if m, ok := cfg.SidecarRedisTLS.volumeMount(); ok {
+		c.VolumeMounts = append(c.VolumeMounts, m)
+	}
 	if p.exposeDecisionAPI {
 		c.Ports = append(c.Ports,
 			corev1.ContainerPort{Name: contract.CheckPortName, ContainerPort: contract.CheckPort, Protocol: corev1.ProtocolTCP},
@@ -122,8 +126,8 @@ func httpProbe(path string, period, failures int32) *corev1.Probe {
 	}
 }
 
-// sidecarVolumes are the policies ConfigMap, the downward-API labels and the namespace's Redis
-// credentials.
+// sidecarVolumes are the policies ConfigMap, the downward-API labels, the namespace's Redis
+// credentials and its Redis TLS Secret.
 func sidecarVolumes(cfg *Config) []corev1.Volume {
 	vols := []corev1.Volume{
 		{Name: contract.PoliciesVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
@@ -158,6 +162,9 @@ func sidecarVolumes(cfg *Config) []corev1.Volume {
 				},
 			},
 		}})
+	}
+	if v, ok := cfg.SidecarRedisTLS.volume(); ok {
+		vols = append(vols, v)
 	}
 	return vols
 }
