@@ -2,6 +2,7 @@ package redisconn_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -313,4 +314,38 @@ func TestTLSSentinel(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = nc.Close() })
 	g.Expect(nc.Ping(ctx).Err()).To(MatchError(ContainSubstring("certificate required")))
+}
+
+// A Redis Cluster that speaks TLS only, to clients and on its bus, requiring client
+// certificates: the client reaches every master through the slot map (each node verified
+// under the address the map gives), and Nodes lists them all over TLS.
+func TestTLSCluster(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := newTLSSetup(t)
+	cl, err := redistest.StartClusterTLS(3, s.serverTLS(true))
+	g.Expect(err).NotTo(HaveOccurred(), "starting a TLS cluster")
+	t.Cleanup(func() { _ = cl.Close() })
+	g.Expect(cl.URL()).To(HavePrefix("rediss://"))
+
+	opts := redisconn.Options{TLS: redisconn.TLSOptions{CAFile: s.client.CA, CertFile: s.client.Cert, KeyFile: s.client.Key},
+		DialTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second, PoolSize: 2}
+	c, err := redisconn.NewClient(cl.URL(), opts)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = c.Close() })
+	g.Expect(c).To(BeAssignableToTypeOf(&redis.ClusterClient{}))
+	// Keys in every slot range, so that every master is dialed.
+	for i := range 30 {
+		g.Expect(c.Set(ctx, fmt.Sprint("tls-cluster-", i), i, time.Minute).Err()).To(Succeed())
+	}
+	nodes, err := redisconn.NewNodes(cl.URL(), opts, c)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = nodes.Close() })
+	var seen []string
+	g.Expect(nodes.Each(ctx, func(ctx context.Context, n *redis.Client) error {
+		seen = append(seen, n.Options().Addr)
+		return n.Ping(ctx).Err()
+	})).To(Succeed())
+	g.Expect(seen).To(ConsistOf(cl.Addrs()))
 }
