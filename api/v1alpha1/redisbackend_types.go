@@ -8,11 +8,11 @@ import (
 type RedisBackendSpec struct {
 	// url is the Redis the selected namespaces' sidecars and the manager use for them:
 	// redis://host:port, rediss://host:port (TLS), redis://h1:p,h2:p,h3:p (a cluster) or
-	// redis+sentinel://s1:p,s2:p/master. It carries no credentials: every pod of a selected
+	// redis+sentinel://s1:p,s2:p/master (rediss+sentinel:// over TLS). It carries no credentials: every pod of a selected
 	// namespace is given this URL, and the admin's password goes in credentialsSecret.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024
-	// +kubebuilder:validation:Pattern=`^(redis|rediss|redis\+sentinel)://[^@\s]+$`
+	// +kubebuilder:validation:Pattern=`^(redis|rediss)(\+sentinel)?://[^@\s]+$`
 	// +required
 	URL string `json:"url"`
 
@@ -34,11 +34,30 @@ type RedisBackendSpec struct {
 	// +required
 	NamespaceSelector metav1.LabelSelector `json:"namespaceSelector"`
 
+	// tls, with a rediss:// URL, is what this Redis's certificates must carry. The manager
+	// verifies them with its own CA bundle and presents its own client certificate
+	// (--redis-tls-*); sidecars with their namespace's TLS Secret (--sidecar-redis-tls-secret).
+	// +optional
+	TLS *RedisBackendTLS `json:"tls,omitempty"`
+
 	// maxClients is this Redis's maxclients, for a Redis that refuses CONFIG GET (managed
 	// services); 0 reads it with CONFIG GET.
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	MaxClients int64 `json:"maxClients,omitempty"`
+}
+
+// RedisBackendTLS is what a backend's certificates must carry.
+type RedisBackendTLS struct {
+	// serverName is the name every node's certificate must carry (empty: the host each
+	// connection dials).
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ServerName string `json:"serverName,omitempty"`
+	// minVersion is the oldest TLS version accepted (empty: 1.2).
+	// +kubebuilder:validation:Enum="1.2";"1.3"
+	// +optional
+	MinVersion string `json:"minVersion,omitempty"`
 }
 
 // RedisBackendStatus is what the manager observed of a backend.
@@ -77,6 +96,7 @@ const ConditionReady = "Ready"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,categories=redline
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.tls) || self.spec.url.startsWith('rediss')",message="spec.tls needs a rediss:// or rediss+sentinel:// url"
 // +kubebuilder:validation:XValidation:rule="(has(self.spec.namespaceSelector.matchLabels) && size(self.spec.namespaceSelector.matchLabels) > 0) || (has(self.spec.namespaceSelector.matchExpressions) && size(self.spec.namespaceSelector.matchExpressions) > 0)",message="spec.namespaceSelector must select something: name namespaces with matchLabels or matchExpressions (kubernetes.io/metadata.name names one namespace)"
 // +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.spec.url`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`

@@ -50,6 +50,7 @@ func run() error {
 		tenantACL, aclKeySecret      string
 		sentinelUser, sentinelPWFile string
 		credentialRotation           time.Duration
+		redisTLS                     redisconn.TLSOptions
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus metrics endpoint; 0 turns it off.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
@@ -61,6 +62,11 @@ func run() error {
 	flag.StringVar(&redisPasswordFile, "redis-password-file", "", "File holding the Redis password (e.g. a mounted Secret). Env "+contract.EnvRedisPassword+" is read otherwise.")
 	flag.StringVar(&sentinelUser, "redis-sentinel-username", "", "With redis+sentinel://: the sentinels' ACL user the manager authenticates as (empty: the default user). It must be able to run ACL SETUSER and SENTINEL on every sentinel.")
 	flag.StringVar(&sentinelPWFile, "redis-sentinel-password-file", "", "With redis+sentinel://: file holding the sentinels' admin password (e.g. a mounted Secret). Never given to sidecars: they get a read-only sentinel user in their namespace's Secret.")
+	flag.StringVar(&redisTLS.CAFile, "redis-tls-ca-file", "", "With rediss:// (or rediss+sentinel://): PEM file of the CAs that sign Redis's and the sentinels' certificates, instead of the system's (e.g. ca.crt of a mounted Secret).")
+	flag.StringVar(&redisTLS.CertFile, "redis-tls-cert-file", "", "With rediss://: PEM file of the manager's client certificate, for a Redis that requires one (tls-auth-clients); with --redis-tls-key-file. Read again at a new connection when it changed.")
+	flag.StringVar(&redisTLS.KeyFile, "redis-tls-key-file", "", "With rediss://: PEM file of the client certificate's private key.")
+	flag.StringVar(&redisTLS.ServerName, "redis-tls-server-name", "", "With rediss://: the name Redis's certificates must carry (empty: the host each connection dials, as the URL, the cluster or the sentinels name it).")
+	flag.StringVar(&redisTLS.MinVersion, "redis-tls-min-version", "", "With rediss://: oldest TLS version accepted, 1.2 or 1.3 (empty: 1.2).")
 	flag.DurationVar(&redisTimeout, "redis-timeout", 5*time.Second, "Bound on the script check of one reconcile.")
 	flag.DurationVar(&checkInterval, "script-check-interval", controller.DefaultCheckInterval, "How often every Redis node, replicas included, is checked for the scripts and for a restart (which lost them and the ACL users): after restarts, failovers, SCRIPT FLUSH.")
 	flag.DurationVar(&maxBackoff, "max-backoff", 30*time.Second, "Longest retry delay while Redis is unavailable.")
@@ -80,7 +86,10 @@ func run() error {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	log := ctrl.Log.WithName("setup")
 	if webhookCfg.RedisURL == "" {
+		// Sidecars use the manager's Redis, under the same name and versions (their CA and
+		// certificate come from their namespace's Secret, --sidecar-redis-tls-secret).
 		webhookCfg.RedisURL = redisURL
+		webhookCfg.SidecarRedisTLS.DefaultFrom(redisTLS)
 	}
 	// Before anything connects: a bad sidecar default would be injected into every pod.
 	if err := webhookCfg.Validate(); err != nil {
@@ -104,11 +113,13 @@ func run() error {
 			return fmt.Errorf("reading the sentinel password file: %w", err)
 		}
 	}
+	tlsFileError := func(err error) { log.Error(err, "redis TLS files changed but cannot be used") }
 	// The manager's calls are not on a request path: timeouts of seconds, a small pool.
 	rdb, err := redisconn.NewClient(redisURL, redisconn.Options{
 		PoolSize: controller.ManagerRedisPoolSize, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 		PoolTimeout: 3 * time.Second, Password: password, ClientName: "redline-manager",
 		SentinelUsername: sentinelUser, SentinelPassword: sentinelPassword,
+		TLS: redisTLS, TLSFileError: tlsFileError,
 		// The admin's password goes to the master in the handshake: only to one the sentinels
 		// agree on, not to whatever one sentinel answers.
 		VerifyMaster: true,
@@ -122,6 +133,7 @@ func run() error {
 		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 		Password: password, ClientName: "redline-manager",
 		SentinelUsername: sentinelUser, SentinelPassword: sentinelPassword,
+		TLS: redisTLS, TLSFileError: tlsFileError,
 	}, rdb)
 	if err != nil {
 		return fmt.Errorf("configuring redis nodes: %w", err)
@@ -180,8 +192,10 @@ func run() error {
 		// The injector's ceiling, so that the budget counts the pools it gives.
 		SidecarRedisPoolSize: int64(webhookCfg.SidecarRedisPoolSize),
 		Namespace:            webhookCfg.Namespace,
-		Dial: func(name, url string, creds controller.BackendCredentials, maxClients int64) (*controller.Backend, error) {
-			return controller.DialBackend(name, url, creds, maxClients, heartbeatTTL)
+		// A RedisBackend over TLS is verified with the manager's CA bundle and given its client
+		// certificate, under the backend's own server name.
+		Dial: func(name string, spec v1alpha1.RedisBackendSpec, creds controller.BackendCredentials) (*controller.Backend, error) {
+			return controller.DialBackend(name, spec, creds, heartbeatTTL, redisTLS, tlsFileError)
 		},
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)

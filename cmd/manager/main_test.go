@@ -15,6 +15,7 @@ import (
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/stack"
+	"github.com/redline-dev/redline/internal/testutil/tlstest"
 )
 
 // managerBinary builds this command (or takes REDLINE_MANAGER_BIN).
@@ -172,5 +173,90 @@ current-context: c
 		g := NewWithT(t)
 		out := run(g, "redis+sentinel://:sentinel-admin@127.0.0.1:1/mymaster")
 		g.Expect(out).To(ContainSubstring("carries credentials every tenant could read"))
+	})
+}
+
+// The manager reaches a Redis that speaks TLS only and requires client certificates with its
+// --redis-tls-* flags: --redis-tenant-acl=required's probe runs ACL commands on every node over
+// TLS, a single server and a Sentinel group (sentinels over TLS too) alike, and past it the
+// manager fails on the unreachable API server. Without its client certificate the probe fails
+// naming the certificate; TLS flags with a redis:// URL stop it before anything connects.
+func TestManagerOverTLS(t *testing.T) {
+	bin := managerBinary(t)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := NewWithT(t)
+	ca, err := tlstest.NewCA("redis-ca")
+	g.Expect(err).NotTo(HaveOccurred())
+	node, err := ca.Node("127.0.0.1")
+	g.Expect(err).NotTo(HaveOccurred())
+	server, err := tlstest.Write(filepath.Join(t.TempDir(), "server"), ca, node)
+	g.Expect(err).NotTo(HaveOccurred())
+	pair, err := ca.Client("redline-manager")
+	g.Expect(err).NotTo(HaveOccurred())
+	client, err := tlstest.Write(filepath.Join(t.TempDir(), "client"), ca, pair)
+	g.Expect(err).NotTo(HaveOccurred())
+	serverTLS := redistest.TLSServer{CertFile: server.Cert, KeyFile: server.Key, CAFile: server.CA, AuthClients: true}
+	withCert := []string{"--redis-tls-ca-file=" + client.CA, "--redis-tls-cert-file=" + client.Cert, "--redis-tls-key-file=" + client.Key, "--redis-tls-min-version=1.3"}
+
+	run := func(g *WithT, redisURL string, args ...string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, append([]string{"--redis-tenant-acl=required", "--metrics-bind-address=0", "--health-probe-bind-address=0"}, args...)...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "REDLINE_REDIS_URL="+redisURL)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		var exit *exec.ExitError
+		g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
+		g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit by itself\n%s", out.String())
+		return out.String()
+	}
+	t.Run("one server, with its certificate", func(t *testing.T) {
+		g := NewWithT(t)
+		srv, err := redistest.StartTLS(serverTLS)
+		g.Expect(err).NotTo(HaveOccurred())
+		t.Cleanup(func() { _ = srv.Close() })
+		out := run(g, srv.URL(), withCert...)
+		g.Expect(out).NotTo(ContainSubstring("--redis-tenant-acl=required"))
+		g.Expect(out).To(ContainSubstring("creating manager"), "past the probe, the manager fails on the API server")
+	})
+	t.Run("one server, without a certificate", func(t *testing.T) {
+		g := NewWithT(t)
+		srv, err := redistest.StartTLS(serverTLS)
+		g.Expect(err).NotTo(HaveOccurred())
+		t.Cleanup(func() { _ = srv.Close() })
+		out := run(g, srv.URL(), "--redis-tls-ca-file="+client.CA)
+		g.Expect(out).To(ContainSubstring("--redis-tenant-acl=required"))
+		g.Expect(out).To(ContainSubstring("tls: certificate required"))
+	})
+	t.Run("a Sentinel group over TLS", func(t *testing.T) {
+		g := NewWithT(t)
+		grp, err := redistest.StartSentinelWith(redistest.SentinelOptions{Password: "sentinel-admin", TLS: &serverTLS})
+		g.Expect(err).NotTo(HaveOccurred(), "starting the sentinel group")
+		t.Cleanup(func() { _ = grp.Close() })
+		pwFile := filepath.Join(t.TempDir(), "sentinel-password")
+		g.Expect(os.WriteFile(pwFile, []byte("sentinel-admin\n"), 0o600)).To(Succeed())
+		out := run(g, grp.URL(), append(withCert, "--redis-sentinel-password-file="+pwFile)...)
+		g.Expect(out).NotTo(ContainSubstring("--redis-tenant-acl=required"))
+		g.Expect(out).To(ContainSubstring("creating manager"), "past the probe (nodes and sentinels), the manager fails on the API server")
+	})
+	t.Run("TLS flags with a URL without TLS", func(t *testing.T) {
+		g := NewWithT(t)
+		out := run(g, "redis://127.0.0.1:1", "--redis-tls-ca-file="+client.CA)
+		g.Expect(out).To(ContainSubstring("TLS options are set but the redis URL does not use TLS"))
+	})
+	t.Run("sidecar TLS flags with a URL without TLS", func(t *testing.T) {
+		g := NewWithT(t)
+		out := run(g, "redis://127.0.0.1:1", "--sidecar-redis-tls-secret=redline-redis-tls")
+		g.Expect(out).To(ContainSubstring("the --sidecar-redis-tls-* flags need a rediss:// or rediss+sentinel:// Redis URL for sidecars"))
 	})
 }

@@ -57,8 +57,9 @@ const maxBackendSecretBytes = 16 << 10
 // assigned, in one pass, since an assignment depends on every backend.
 var backendsRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "redis-backends"}}
 
-// BackendDialer builds a Backend's clients (DialBackend; tests may wrap it).
-type BackendDialer func(name, url string, creds BackendCredentials, maxClients int64) (*Backend, error)
+// BackendDialer builds the clients of the RedisBackend name of spec with the admin's
+// credentials (DialBackend, with the manager's TLS files).
+type BackendDialer func(name string, spec v1alpha1.RedisBackendSpec, creds BackendCredentials) (*Backend, error)
 
 // RedisBackendReconciler dials the Redis of every RedisBackend with the admin's credentials
 // from its Secret, keeps the clients in Backends for the other reconcilers and the injector,
@@ -197,7 +198,7 @@ func (r *RedisBackendReconciler) sync(ctx context.Context, rb *v1alpha1.RedisBac
 	digest := backendDigest(rb, creds)
 	be := r.Backends.get(rb.Name)
 	if be == nil || be.digest != digest {
-		nb, err := r.Dial(rb.Name, rb.Spec.URL, creds, rb.Spec.MaxClients)
+		nb, err := r.Dial(rb.Name, rb.Spec, creds)
 		if err != nil {
 			return notReady(ReasonBackendDialError, "spec.url: "+err.Error())
 		}
@@ -248,7 +249,11 @@ func (r *RedisBackendReconciler) credentials(ctx context.Context, rb *v1alpha1.R
 // backendDigest identifies what a backend is dialed with.
 func backendDigest(rb *v1alpha1.RedisBackend, c BackendCredentials) string {
 	h := sha256.New()
-	for _, v := range []string{rb.Spec.URL, strconv.FormatInt(rb.Spec.MaxClients, 10), c.Username, c.Password, c.SentinelUsername, c.SentinelPassword} {
+	var tlsName, tlsVersion string
+	if t := rb.Spec.TLS; t != nil {
+		tlsName, tlsVersion = t.ServerName, t.MinVersion
+	}
+	for _, v := range []string{rb.Spec.URL, strconv.FormatInt(rb.Spec.MaxClients, 10), tlsName, tlsVersion, c.Username, c.Password, c.SentinelUsername, c.SentinelPassword} {
 		h.Write([]byte(strconv.Itoa(len(v)) + ":" + v))
 	}
 	return hex.EncodeToString(h.Sum(nil))

@@ -20,6 +20,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/redisconn"
+	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
 // Why namespaces can have a Redis of their own.
@@ -117,23 +118,35 @@ type BackendCredentials struct {
 	SentinelUsername, SentinelPassword string
 }
 
-// DialBackend builds the manager's clients for url with the admin's credentials, as the manager
-// does for its own Redis: a small pool with timeouts of seconds (its calls are not on a
-// request path), and with Sentinel a master only a majority of the sentinels names, since the
-// admin's password goes to it.
-func DialBackend(name, url string, creds BackendCredentials, maxClients int64, heartbeatTTL time.Duration) (*Backend, error) {
+// DialBackend builds the manager's clients for the RedisBackend name of spec with the admin's
+// credentials, as the manager does for its own Redis: a small pool with timeouts of seconds
+// (its calls are not on a request path), and with Sentinel a master only a majority of the
+// sentinels names, since the admin's password goes to it. With a rediss:// URL it verifies
+// the backend's certificates with tls's CA bundle and presents tls's client certificate (the
+// manager's --redis-tls-* files), under the backend's own server name and minimum version.
+func DialBackend(name string, spec v1alpha1.RedisBackendSpec, creds BackendCredentials, heartbeatTTL time.Duration, tls redisconn.TLSOptions, onTLSError func(error)) (*Backend, error) {
+	if redisconn.URLUsesTLS(spec.URL) {
+		tls.ServerName = ""
+		if t := spec.TLS; t != nil {
+			tls.ServerName = t.ServerName
+			tls.MinVersion = cmp.Or(t.MinVersion, tls.MinVersion)
+		}
+	} else {
+		tls = redisconn.TLSOptions{}
+	}
 	opts := redisconn.Options{
 		PoolSize: ManagerRedisPoolSize, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
 		PoolTimeout: 3 * time.Second, Username: creds.Username, Password: creds.Password, ClientName: "redline-manager",
 		SentinelUsername: creds.SentinelUsername, SentinelPassword: creds.SentinelPassword,
+		TLS: tls, TLSFileError: onTLSError,
 		VerifyMaster: true,
 	}
-	c, err := redisconn.NewClient(url, opts)
+	c, err := redisconn.NewClient(spec.URL, opts)
 	if err != nil {
 		return nil, err
 	}
 	opts.VerifyMaster = false
-	nodes, err := redisconn.NewNodes(url, opts, c)
+	nodes, err := redisconn.NewNodes(spec.URL, opts, c)
 	if err != nil {
 		_ = c.Close()
 		return nil, err
@@ -142,7 +155,7 @@ func DialBackend(name, url string, creds BackendCredentials, maxClients int64, h
 	if nodes.IsSentinel() {
 		sentinels = nodes.EachSentinel
 	}
-	return NewBackend(name, url, c, nodes.Each, sentinels, maxClients, heartbeatTTL, func() error {
+	return NewBackend(name, spec.URL, c, nodes.Each, sentinels, spec.MaxClients, heartbeatTTL, func() error {
 		return errors.Join(nodes.Close(), c.Close())
 	}), nil
 }
@@ -350,23 +363,26 @@ func slicesSortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// Redis implements podinject.BackendResolver: the URL the sidecars of ns are given and its
-// backend's connection budget. A namespace a RedisBackend selects gets that backend's URL even
-// before the manager has dialed it (its pods then wait for their Redis user there), never the
-// manager's Redis.
-func (b *Backends) Redis(ctx context.Context, ns string) (string, *connbudget.Publisher, error) {
+// Redis implements podinject.BackendResolver: the URL the sidecars of ns are given, its
+// backend's connection budget and TLS names. A namespace a RedisBackend selects gets that
+// backend's URL even before the manager has dialed it (its pods then wait for their Redis user
+// there), never the manager's Redis.
+func (b *Backends) Redis(ctx context.Context, ns string) (podinject.NamespaceRedis, error) {
 	rb, err := b.Assigned(ctx, ns)
-	if err != nil {
-		return "", nil, err
+	switch {
+	case err != nil:
+		return podinject.NamespaceRedis{}, err
+	case rb == nil && b.Default == nil:
+		return podinject.NamespaceRedis{}, nil
+	case rb == nil:
+		return podinject.NamespaceRedis{URL: b.Default.URL, Budget: b.Default.Budget}, nil
 	}
-	if rb == nil {
-		if b.Default == nil {
-			return "", nil, nil
-		}
-		return b.Default.URL, b.Default.Budget, nil
+	nr := podinject.NamespaceRedis{URL: rb.Spec.URL, Backend: true}
+	if t := rb.Spec.TLS; t != nil {
+		nr.TLSServerName, nr.TLSMinVersion = t.ServerName, t.MinVersion
 	}
 	if be := b.get(rb.Name); be != nil {
-		return rb.Spec.URL, be.Budget, nil
+		nr.Budget = be.Budget
 	}
-	return rb.Spec.URL, nil, nil
+	return nr, nil
 }

@@ -26,6 +26,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/apiwarn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
@@ -107,8 +108,8 @@ var _ = BeforeSuite(func() {
 		Budget: budget,
 		// RedisBackends are served as the manager serves them.
 		Namespace: backendSecretsNamespace,
-		Dial: func(name, url string, creds controller.BackendCredentials, maxClients int64) (*controller.Backend, error) {
-			return controller.DialBackend(name, url, creds, maxClients, 10*time.Second)
+		Dial: func(name string, spec v1alpha1.RedisBackendSpec, creds controller.BackendCredentials) (*controller.Backend, error) {
+			return controller.DialBackend(name, spec, creds, 10*time.Second, redisconn.TLSOptions{}, nil)
 		},
 	})
 	Expect(err).NotTo(HaveOccurred())

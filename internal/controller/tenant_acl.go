@@ -37,6 +37,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisacl"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -142,6 +143,8 @@ type redisTarget struct {
 	id, describe string
 	nodes        NodeFunc
 	sentinels    NodeFunc
+	// plaintext: reached without TLS (its URL is not rediss:// or rediss+sentinel://).
+	plaintext bool
 }
 
 // targetOf is the Redis of ns, and the other backends, from which its user is removed.
@@ -163,7 +166,7 @@ func (r *TenantACLReconciler) targetOf(ctx context.Context, ns string) (redisTar
 }
 
 func backendTarget(be *Backend) redisTarget {
-	return redisTarget{id: be.id(), describe: be.describe(), nodes: be.Nodes, sentinels: be.Sentinels}
+	return redisTarget{id: be.id(), describe: be.describe(), nodes: be.Nodes, sentinels: be.Sentinels, plaintext: !redisconn.URLUsesTLS(be.URL)}
 }
 
 // allTargets are every Redis the manager has clients for.
@@ -317,6 +320,9 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	msg := fmt.Sprintf("Redis user %s on %d node(s) of %s, keys %s only, commands a sidecar runs only; credentials in Secret %s, rotated every %s",
 		redisacl.Username(ns), done.nodes, target.describe, strings.Join(redisacl.KeyPatterns(ns), " "), r.SecretName, r.rotation())
+	if target.sentinels != nil && target.plaintext {
+		msg += ". " + plaintextSentinel
+	}
 	if err := r.setCondition(ctx, ns, metav1.ConditionTrue, ReasonTenantIsolated, msg); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -325,6 +331,12 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	return requeue, nil
 }
+
+// plaintextSentinel says, on a namespace served through Sentinel without TLS, what an attacker
+// with network reach can do.
+const plaintextSentinel = "The sentinels and Redis are reached without TLS: anything on the network path between them and a pod or the manager " +
+	"can read and change the traffic, these credentials and the manager's included, and answer in a server's place; without such a position, " +
+	"no client is sent to a server the sentinels did not promote (use rediss+sentinel:// to close this)"
 
 // derivePassword is namespace's password of rotation period n.
 func derivePassword(key []byte, namespace string, n int64) string {

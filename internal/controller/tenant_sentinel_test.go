@@ -45,9 +45,10 @@ func startTenantACLSentinel(grp *redistest.Sentinel, keyNS string) func() {
 	Expect(err).NotTo(HaveOccurred())
 	nodes, err := redisconn.NewNodes(grp.URL(), opts, rdb)
 	Expect(err).NotTo(HaveOccurred())
+	// As the manager wires it: the manager's Redis is a backend, the default.
+	backends := controller.NewBackends(controller.NewBackend("", grp.URL(), rdb, nodes.Each, nodes.EachSentinel, 0, time.Minute, nil), nil)
 	Expect(controller.SetupTenantACL(mgr, controller.TenantACLConfig{
-		Mode: controller.TenantACLAuto, SecretName: "redline-redis",
-		Nodes: nodes.Each, Sentinels: nodes.EachSentinel,
+		Mode: controller.TenantACLAuto, SecretName: "redline-redis", Backends: backends,
 		KeySecret:    types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		RedisTimeout: 5 * time.Second, MaxBackoff: time.Second,
 	})).To(Succeed())
@@ -84,6 +85,7 @@ var _ = Describe("Tenant Redis users with Sentinel", func() {
 			g.Expect(data).To(HaveKeyWithValue(contract.RedisSentinelUsernameKey, []byte(redisacl.SentinelReaderUser)))
 			c := isolation(g, ns)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), c.Message)
+			g.Expect(c.Message).To(ContainSubstring("reached without TLS"), "what a network attacker can do without TLS")
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 		sentinelUser, sentinelPW := string(data[contract.RedisSentinelUsernameKey]), string(data[contract.RedisSentinelSecretKey])
 

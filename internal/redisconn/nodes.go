@@ -39,8 +39,8 @@ func NewNodes(rawURL string, opts Options, client redis.UniversalClient) (*Nodes
 	if o.Password != "" {
 		uo.Password = o.Password
 	}
-	if o.TLSConfig != nil {
-		uo.TLSConfig = o.TLSConfig
+	if err := o.setupDial(uo); err != nil {
+		return nil, err
 	}
 	applySentinelOptions(uo, o)
 	return &Nodes{opts: uo, client: client, o: o, clients: map[string]*redis.Client{}}, nil
@@ -136,7 +136,7 @@ func (n *Nodes) nodeClient(addr string) *redis.Client {
 	}
 	c := redis.NewClient(&redis.Options{
 		Addr: addr, Username: n.opts.Username, Password: n.opts.Password, DB: n.opts.DB,
-		TLSConfig: n.opts.TLSConfig, DialTimeout: n.o.DialTimeout, ReadTimeout: n.o.ReadTimeout,
+		TLSConfig: n.opts.TLSConfig, Dialer: n.o.dial, DialTimeout: n.o.DialTimeout, ReadTimeout: n.o.ReadTimeout,
 		WriteTimeout: n.o.WriteTimeout, MaxRetries: -1, PoolSize: 1, DisableIdentity: true,
 		ClientName: n.o.ClientName,
 	})

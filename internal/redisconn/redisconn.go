@@ -4,8 +4,8 @@ package redisconn
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
+	"net"
 	"slices"
 	"time"
 
@@ -72,10 +72,19 @@ type Options struct {
 	// sentinels does not name (ErrMasterUnverified): for a client that authenticates to the
 	// master with a credential worth stealing (the manager's).
 	VerifyMaster bool
-	// TLSConfig overrides the TLS settings of a rediss:// URL, or enables TLS for redis://.
-	TLSConfig *tls.Config
+	// TLS refines a rediss:// or rediss+sentinel:// URL's TLS (see TLSOptions); with a URL
+	// without TLS, setting it is an error rather than a plaintext connection someone thought
+	// was verified.
+	TLS TLSOptions
+	// TLSFileError, when set, is told when a TLS file changed and cannot be used (the last
+	// good content is kept): once for each such change.
+	TLSFileError func(error)
 	// ClientName is sent with CLIENT SETNAME on every connection.
 	ClientName string
+
+	// dial opens every connection of the client, sentinels' and nodes' included: TCP, or TLS
+	// when the URL says so (set by setupDial).
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 func (o Options) withDefaults() Options {
@@ -114,6 +123,26 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// setupDial sets how o's connections to the URL uo are opened: the dialer go-redis would use
+// (TCP keep-alive), over TLS with o.TLS when parseURL found a TLS scheme (uo.TLSConfig set).
+func (o *Options) setupDial(uo *redis.UniversalOptions) error {
+	if uo.TLSConfig == nil {
+		if !o.TLS.IsZero() {
+			return errors.New("TLS options are set but the redis URL does not use TLS: use rediss:// (or rediss+sentinel://)")
+		}
+		o.dial = redis.NewDialer(&redis.Options{DialTimeout: o.DialTimeout})
+		return nil
+	}
+	f, err := newTLSFiles(o.TLS, o.TLSFileError)
+	if err != nil {
+		return err
+	}
+	// go-redis reads it only to know that connections are TLS: o.dial makes them.
+	uo.TLSConfig = f.config()
+	o.dial = f.dialer(o.DialTimeout)
+	return nil
+}
+
 // ErrInvalidURL is wrapped by errors about a Redis URL NewClient cannot use.
 var ErrInvalidURL = errors.New("invalid redis url")
 
@@ -125,7 +154,10 @@ var ErrInvalidURL = errors.New("invalid redis url")
 //	redis://host:port?cluster=true                    Redis Cluster, from one seed
 //	redis+sentinel://[user:pw@]s1:26379,s2:26379/mymaster[/db]   Sentinel (or ?master_name=)
 //
-// Query parameters: cluster, master_name, client_name. The pool and timeouts come from opts.
+// Query parameters: cluster, master_name, client_name. The pool and timeouts come from opts,
+// and so do the CAs, client certificate, server name and minimum version of a TLS scheme
+// (opts.TLS), for every connection: to the sentinels too, which are spoken to over TLS when the
+// master is.
 func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 	uo, err := parseURL(rawURL)
 	if err != nil {
@@ -148,8 +180,8 @@ func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 	}
 	uo.PipelinePoolSize = -1 // one bounded pool for commands and pipelines alike
 	uo.DisableIdentity = true
-	if o.TLSConfig != nil {
-		uo.TLSConfig = o.TLSConfig
+	if err := o.setupDial(uo); err != nil {
+		return nil, err
 	}
 	if o.Username != "" {
 		uo.Username = o.Username
@@ -164,9 +196,8 @@ func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 		uo.CredentialsProviderContext = o.Credentials
 	}
 	applySentinelOptions(uo, o)
-	// The dialer go-redis would use (TCP keep-alive, TLS when configured), with every
-	// connection tracked so that idle ones close (idle.go).
-	dial := redis.NewDialer(&redis.Options{DialTimeout: o.DialTimeout, TLSConfig: uo.TLSConfig})
+	// Every connection tracked so that idle ones close (idle.go).
+	dial := o.dial
 	if uo.MasterName != "" && o.SentinelCredentials != nil {
 		dial = sentinelAuthDialer(slices.Clone(uo.Addrs), o.SentinelCredentials, o.DialTimeout+o.ReadTimeout, dial)
 	}

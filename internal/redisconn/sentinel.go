@@ -21,7 +21,7 @@ var ErrMasterUnverified = errors.New("redis master not named by a majority of th
 func sentinelOptions(addr string, uo *redis.UniversalOptions, o Options) *redis.Options {
 	return &redis.Options{
 		Addr: addr, Username: uo.SentinelUsername, Password: uo.SentinelPassword,
-		TLSConfig: uo.TLSConfig, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
+		TLSConfig: uo.TLSConfig, Dialer: o.dial, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
 		WriteTimeout: o.WriteTimeout, MaxRetries: -1, PoolSize: 1, DisableIdentity: true,
 	}
 }

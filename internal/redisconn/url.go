@@ -1,6 +1,7 @@
 package redisconn
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -100,9 +101,14 @@ func parseURL(raw string) (*redis.UniversalOptions, error) {
 		Username:      o.Username,
 		Password:      o.Password,
 		ClientName:    o.ClientName,
-		TLSConfig:     o.TLSConfig,
 		MasterName:    masterName,
 		IsClusterMode: cluster,
+	}
+	if o.TLSConfig != nil {
+		// A TLS scheme: TLSOptions' defaults, until setupDial puts the client's own. Not
+		// go-redis's ServerName, the URL's first host: a cluster's nodes and a Sentinel
+		// group's master are verified under the hosts they are dialed at.
+		uo.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	if sentinel {
 		// With Sentinel, URL credentials authenticate to the sentinels and to the master.

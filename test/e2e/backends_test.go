@@ -12,9 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
@@ -79,15 +77,7 @@ var _ = Describe("Namespaces on Redis backends of their own", func() {
 				Expect(podRedisURL(&pod)).To(Equal(want), "the injector gives %s's pods its backend's URL", t.ns)
 			}
 			// Each namespace's Redis user is on its backend before its sidecars start.
-			Eventually(func(g Gomega) {
-				var list v1alpha1.RateLimitPolicyList
-				g.Expect(st.Client.List(ctx, &list, client.InNamespace(t.ns))).To(Succeed())
-				for _, p := range list.Items {
-					c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionTenantIsolation)
-					g.Expect(c).NotTo(BeNil())
-					g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
-				}
-			}).WithTimeout(time.Minute).Should(Succeed())
+			waitIsolated(ctx, t.ns)
 			t.cars, err = st.RunSidecars(ctx, pods, upstream.Addr)
 			Expect(err).NotTo(HaveOccurred())
 			for _, sc := range t.cars {

@@ -84,6 +84,7 @@ var _ = Describe("Client IP behind an ingress", func() {
 		Expect(st.ApplyPolicy(ctx, p)).To(Succeed())
 		_, err := st.WaitProgrammed(ctx, hopsNamespace, p.Name, time.Minute)
 		Expect(err).NotTo(HaveOccurred())
+		waitIsolated(ctx, hopsNamespace)
 
 		behind := stack.App{Namespace: hopsNamespace, Name: "search", Replicas: 1, UpstreamPort: upstreamPort,
 			Labels:      map[string]string{"app": "search", "tier": "search"},

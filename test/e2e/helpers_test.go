@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -127,4 +128,21 @@ func sumMetric(g Gomega, ctx context.Context, name string, labels map[string]str
 		total += v
 	}
 	return total
+}
+
+// waitIsolated waits until every policy of ns says TenantIsolation=True: its Redis user is set
+// and its Secret written, so that sidecars started now log in at their first connection (one
+// started before fails its first calls and opens its breaker).
+func waitIsolated(ctx context.Context, ns string) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		var list v1alpha1.RateLimitPolicyList
+		g.Expect(st.Client.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+		g.Expect(list.Items).NotTo(BeEmpty())
+		for _, p := range list.Items {
+			c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionTenantIsolation)
+			g.Expect(c).NotTo(BeNil(), "%s/%s has no TenantIsolation yet", ns, p.Name)
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s/%s: %s %s", ns, p.Name, c.Reason, c.Message)
+		}
+	}).WithTimeout(time.Minute).Should(Succeed())
 }

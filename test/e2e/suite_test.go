@@ -71,6 +71,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	pods, err = st.WaitPods(ctx, app, time.Minute)
 	Expect(err).NotTo(HaveOccurred())
 
+	// The namespace's Redis user and Secret before its sidecars' first connection.
+	waitIsolated(ctx, namespace)
 	upstream, err = st.StartUpstream()
 	Expect(err).NotTo(HaveOccurred())
 	sidecars, err = st.RunSidecars(ctx, pods, upstream.Addr)

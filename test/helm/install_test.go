@@ -230,13 +230,44 @@ func expectPolicy(g Gomega, ctx context.Context, c client.Client, want *unstruct
 	g.ExpectWithOffset(1, got.GetUID()).To(Equal(want.GetUID()), "the policy must be the one created before, not a new one")
 }
 
-// runManagerFromChart starts the manager binary exactly as the chart's Deployment says (its
+// runManagerFromChart starts the manager from the chart (startManagerFromChart) and checks it
+// does its job with the chart's rights: the tenant's policy compiled into ConfigMap
+// redline-policies, the chart's sidecar.* values in an injected pod.
+func runManagerFromChart(t *testing.T, ctx context.Context, env *envtest.Environment, admin client.Client) {
+	g := NewWithT(t)
+	mgr := startManagerFromChart(t, ctx, env, admin)
+
+	ca := webhookCABundle(g, ctx, admin)
+
+	g.Eventually(func() error {
+		return admin.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "redline-policies"}, &corev1.ConfigMap{})
+	}).WithTimeout(time.Minute).Should(Succeed(), "the manager (chart's flags and RBAC) compiles the shop policy; manager log:\n%s",
+		func() string { return mgr.Proc.LogTail(3000) })
+	metrics, err := mgr.URL("metrics")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(fmt.Sprint(metrics)).To(HavePrefix("http://127.0.0.1:"))
+
+	// The chart's sidecar.* values, through the manager's flags, into an injected pod.
+	expectInjectedDefaults(g, ctx, admin, mgr, ca)
+}
+
+// webhookCABundle is the caBundle of the pod injector, which the self-signed manager patched.
+func webhookCABundle(g Gomega, ctx context.Context, admin client.Client) string {
+	var hook unstructured.Unstructured
+	hook.SetGroupVersionKind(schema.GroupVersionKind{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfiguration"})
+	g.Expect(admin.Get(ctx, client.ObjectKey{Name: "redline-pod-injector"}, &hook)).To(Succeed())
+	hooks, _, _ := unstructured.NestedSlice(hook.Object, "webhooks")
+	ca, _, _ := unstructured.NestedString(hooks[0].(map[string]any), "clientConfig", "caBundle")
+	g.Expect(ca).NotTo(BeEmpty(), "the self-signed manager patched the caBundle with the chart's RBAC")
+	return ca
+}
+
+// startManagerFromChart starts the manager binary exactly as the chart's Deployment says (its
 // args, env and mounts, through the stack's stand-in for kubelet), authenticated as the
 // chart's ServiceAccount so that only the chart's RBAC applies, and waits for /readyz (which,
 // in self-signed mode, needs its certificate Secret created, filled, mounted and the caBundle
-// patched). It then checks the manager does its job with those rights: the tenant's policy
-// compiled into ConfigMap redline-policies.
-func runManagerFromChart(t *testing.T, ctx context.Context, env *envtest.Environment, admin client.Client) {
+// patched).
+func startManagerFromChart(t *testing.T, ctx context.Context, env *envtest.Environment, admin client.Client) *stack.Container {
 	g := NewWithT(t)
 	var dep appsv1.Deployment
 	g.Expect(admin.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: "redline-manager"}, &dep)).To(Succeed())
@@ -275,22 +306,5 @@ func runManagerFromChart(t *testing.T, ctx context.Context, env *envtest.Environ
 		t.Fatalf("running the manager from the chart's pod spec: %v", err)
 	}
 	t.Cleanup(func() { _ = mgr.Stop() })
-
-	var hook unstructured.Unstructured
-	hook.SetGroupVersionKind(schema.GroupVersionKind{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfiguration"})
-	g.Expect(admin.Get(ctx, client.ObjectKey{Name: "redline-pod-injector"}, &hook)).To(Succeed())
-	hooks, _, _ := unstructured.NestedSlice(hook.Object, "webhooks")
-	ca, _, _ := unstructured.NestedString(hooks[0].(map[string]any), "clientConfig", "caBundle")
-	g.Expect(ca).NotTo(BeEmpty(), "the self-signed manager patched the caBundle with the chart's RBAC")
-
-	g.Eventually(func() error {
-		return admin.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "redline-policies"}, &corev1.ConfigMap{})
-	}).WithTimeout(time.Minute).Should(Succeed(), "the manager (chart's flags and RBAC) compiles the shop policy; manager log:\n%s",
-		func() string { return mgr.Proc.LogTail(3000) })
-	metrics, err := mgr.URL("metrics")
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(fmt.Sprint(metrics)).To(HavePrefix("http://127.0.0.1:"))
-
-	// The chart's sidecar.* values, through the manager's flags, into an injected pod.
-	expectInjectedDefaults(g, ctx, admin, mgr, ca)
+	return mgr
 }

@@ -55,3 +55,24 @@ documents; the first of the kind is returned. */}}
 {{- if not $found.kind }}{{ fail (printf "files/config/%s has no %s: run make chart-sync" .file .kind) }}{{ end -}}
 {{- toYaml $found -}}
 {{- end }}
+
+{{/* What the schema cannot say about redis.tls, checked before anything renders: TLS settings
+need a TLS scheme (the scheme turns TLS on; the settings only refine it), a client certificate
+needs a Secret to come from, and sidecars on the manager's Redis need its CA too. The manager
+checks the same at start; failing here keeps a running release from being upgraded into it. */}}
+{{- define "redline.validateRedisTLS" -}}
+{{- $tls := .Values.redis.tls | default dict -}}
+{{- $set := or $tls.secretName $tls.sidecarSecretName $tls.clientCertificate $tls.serverName (eq ($tls.minVersion | default "") "1.3") -}}
+{{- if and $set (not (hasPrefix "rediss" .Values.redis.url)) -}}
+{{- fail (printf "redis.tls is set but redis.url (%s) does not use TLS: use rediss:// or rediss+sentinel://" .Values.redis.url) -}}
+{{- end -}}
+{{- if and $tls.clientCertificate (not $tls.secretName) -}}
+{{- fail "redis.tls.clientCertificate needs redis.tls.secretName, the Secret with the manager's tls.crt and tls.key" -}}
+{{- end -}}
+{{- if and $tls.clientCertificate (not $tls.sidecarSecretName) (not .Values.sidecar.redisUrl) -}}
+{{- fail "redis.tls.clientCertificate needs redis.tls.sidecarSecretName too: sidecars on the same Redis must present a certificate of their namespace" -}}
+{{- end -}}
+{{- if and $tls.secretName (not $tls.sidecarSecretName) (not .Values.sidecar.redisUrl) -}}
+{{- fail "redis.tls.secretName is set but redis.tls.sidecarSecretName is not: sidecars use the same Redis and need its CA, from a Secret of that name in each namespace" -}}
+{{- end -}}
+{{- end }}

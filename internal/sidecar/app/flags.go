@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/fleet"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -58,11 +59,13 @@ type Config struct {
 	RedisMaxIdle      int
 	RedisIdleTimeout  time.Duration
 	RedisTimeout      time.Duration
-	LeaseHorizon      time.Duration
-	LeaseKeys         int
-	ShareKeys         int
-	LogLevel          slog.Level
-	Pprof             bool
+	// RedisTLS refines a rediss:// URL's TLS: CA, client certificate, server name, version.
+	RedisTLS     redisconn.TLSOptions
+	LeaseHorizon time.Duration
+	LeaseKeys    int
+	ShareKeys    int
+	LogLevel     slog.Level
+	Pprof        bool
 	// MaxProcs is the GOMAXPROCS Run sets; 0 keeps the runtime's. It is 0 when a GOMAXPROCS
 	// environment variable is set, which wins.
 	MaxProcs     int
@@ -127,6 +130,11 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.IntVar(&c.RedisMaxIdle, "redis-max-idle-conns", 0, "idle Redis connections kept per node (0: the pool); one returned beyond them closes, and under load is redialed")
 	fs.DurationVar(&c.RedisIdleTimeout, "redis-idle-timeout", contract.DefaultRedisIdleTimeoutSeconds*time.Second, "a Redis connection idle this long closes (a pod at rest keeps the one its heartbeat uses)")
 	fs.DurationVar(&c.RedisTimeout, contract.FlagRedisTimeout, contract.DefaultRedisTimeoutMillis*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
+	fs.StringVar(&c.RedisTLS.CAFile, contract.FlagRedisTLSCAFile, "", "with rediss://: PEM file of the CAs that sign Redis's certificates, instead of the system's (the injector's "+contract.RedisTLSDir+"/"+contract.RedisTLSCAKey+"); read again at a new connection when it changed")
+	fs.StringVar(&c.RedisTLS.CertFile, contract.FlagRedisTLSCertFile, "", "with rediss://: PEM file of the client certificate for a Redis that requires one (with --"+contract.FlagRedisTLSKeyFile+"); read again at a new connection when it changed")
+	fs.StringVar(&c.RedisTLS.KeyFile, contract.FlagRedisTLSKeyFile, "", "with rediss://: PEM file of the client certificate's private key")
+	fs.StringVar(&c.RedisTLS.ServerName, contract.FlagRedisTLSServerName, "", "with rediss://: the name Redis's certificates must carry (empty: the host each connection dials)")
+	fs.StringVar(&c.RedisTLS.MinVersion, contract.FlagRedisTLSMinVersion, "", "with rediss://: oldest TLS version accepted, "+redisconn.TLSVersion12+" or "+redisconn.TLSVersion13+" (empty: "+redisconn.TLSVersion12+")")
 	fs.IntVar(&c.ShareKeys, "share-keys", contract.DefaultShareKeys, "most keys whose shares (what this replica was granted in their live windows, about 150 bytes a key) are kept to restore counts Redis loses in a failover or restart; a key beyond it keeps none")
 	fs.IntVar(&c.LeaseKeys, contract.FlagLeaseKeys, contract.DefaultLeaseKeys, "most keys holding a lease at once, about 400 bytes each (twice that with the garbage collector's headroom); beyond it the least recently used lease goes back and its key asks Redis per decision")
 	fs.DurationVar(&c.LeaseHorizon, contract.FlagLeaseHorizon, contract.DefaultLeaseHorizonSeconds*time.Second, "FixedWindow and SlidingWindowCounter rules admit from leases of about this long's local demand, counted in Redis when granted (exact across replicas); 0 asks Redis for every decision")
@@ -169,6 +177,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	if c.RedisURL == "" {
 		errs = append(errs, fmt.Errorf("no Redis URL: set $%s or --redis-url", contract.EnvRedisURL))
 	}
+	errs = append(errs, c.redisTLSErrors()...)
 	if c.FailureMode != "" && !slices.Contains(contract.FailureModes, c.FailureMode) {
 		errs = append(errs, fmt.Errorf("--%s=%q: want one of %s", contract.FlagFailureMode, c.FailureMode, strings.Join(contract.FailureModes, ", ")))
 	}
@@ -209,3 +218,16 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 
 // inRange reports whether lo <= n <= hi.
 func inRange(n, lo, hi int) bool { return lo <= n && n <= hi }
+
+// redisTLSErrors checks the --redis-tls-* flags, against the URL too: TLS settings for a
+// redis:// URL are a mistake, not a plaintext connection someone thought was verified.
+func (c *Config) redisTLSErrors() []error {
+	var errs []error
+	if err := c.RedisTLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("--redis-tls-*: %w", err))
+	}
+	if c.RedisURL != "" && !redisconn.URLUsesTLS(c.RedisURL) && !c.RedisTLS.IsZero() {
+		errs = append(errs, fmt.Errorf("the --redis-tls-* flags need a rediss:// or rediss+sentinel:// Redis URL, got %s", redisconn.RedactURL(c.RedisURL)))
+	}
+	return errs
+}

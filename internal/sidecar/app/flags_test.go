@@ -7,6 +7,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/app"
 )
 
@@ -90,4 +91,28 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 	NewWithT(t).Expect(err).To(MatchError(ContainSubstring("POD_NAMESPACE")))
 	_, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "REDLINE_MEMORY_LIMIT": "64Mi", "POD_NAMESPACE": "shop"}), io.Discard)
 	NewWithT(t).Expect(err).To(MatchError(ContainSubstring("REDLINE_MEMORY_LIMIT")))
+}
+
+// The TLS flags the injector passes reach the client's options; they are refused, naming
+// what is wrong, with a URL without TLS, a certificate without its key or an unknown version.
+func TestParseConfigRedisTLS(t *testing.T) {
+	g := NewWithT(t)
+	tlsArgs := []string{"--upstream=127.0.0.1:1", "--redis-tls-ca-file=/etc/redline/redis-tls/ca.crt",
+		"--redis-tls-cert-file=/etc/redline/redis-tls/tls.crt", "--redis-tls-key-file=/etc/redline/redis-tls/tls.key",
+		"--redis-tls-server-name=redis.internal", "--redis-tls-min-version=1.3"}
+	c, err := app.ParseConfig(tlsArgs, env(map[string]string{"REDLINE_REDIS_URL": "rediss://r:6380", "POD_NAMESPACE": "shop"}), io.Discard)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.RedisTLS).To(Equal(redisconn.TLSOptions{CAFile: "/etc/redline/redis-tls/ca.crt", CertFile: "/etc/redline/redis-tls/tls.crt",
+		KeyFile: "/etc/redline/redis-tls/tls.key", ServerName: "redis.internal", MinVersion: "1.3"}))
+
+	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, env(map[string]string{"REDLINE_REDIS_URL": "rediss://r:6380", "POD_NAMESPACE": "shop"}), io.Discard)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.RedisTLS.IsZero()).To(BeTrue(), "rediss:// alone: the system's CAs")
+
+	_, err = app.ParseConfig(tlsArgs, env(map[string]string{"REDLINE_REDIS_URL": "redis://r:6379", "POD_NAMESPACE": "shop"}), io.Discard)
+	g.Expect(err).To(MatchError(ContainSubstring("the --redis-tls-* flags need a rediss:// or rediss+sentinel:// Redis URL")))
+	_, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--redis-tls-cert-file=/c", "--redis-tls-min-version=1.1"},
+		env(map[string]string{"REDLINE_REDIS_URL": "rediss://r:6380", "POD_NAMESPACE": "shop"}), io.Discard)
+	g.Expect(err).To(MatchError(ContainSubstring("needs both its certificate file and its key file")))
+	g.Expect(err).To(MatchError(ContainSubstring(`TLS minimum version "1.1": want 1.2 or 1.3`)))
 }

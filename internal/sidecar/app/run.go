@@ -101,6 +101,8 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		// Waiting for a free connection is part of a decision's wait for Redis.
 		ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout, PoolTimeout: cfg.RedisTimeout,
 		Password: cfg.RedisPassword, Credentials: creds, SentinelCredentials: sentinelCreds, ClientName: contract.RedisClientName, Stats: conns,
+		// A rotated TLS Secret that does not parse: the last good files stay in use.
+		TLS: cfg.RedisTLS, TLSFileError: func(err error) { log.Error("redis TLS files changed but cannot be used", "err", err) },
 	})
 	if err != nil {
 		return fmt.Errorf("creating redis client: %w", err)

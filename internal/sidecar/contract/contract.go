@@ -177,6 +177,18 @@ const (
 	// sized the pool or the manager's --sidecar-redis-pool-size is set; without it the sidecar
 	// uses DefaultRedisPoolSize.
 	FlagRedisPoolSize = "redis-pool-size"
+	// FlagRedisTLSCAFile, FlagRedisTLSCertFile and FlagRedisTLSKeyFile name the files of the
+	// mounted TLS Secret (RedisTLSDir): the CA file when the manager's
+	// --sidecar-redis-tls-secret is set, the certificate and key with
+	// --sidecar-redis-tls-client-cert too. The sidecar reads them again at each new Redis
+	// connection when they changed, so a rotated Secret needs no restart.
+	FlagRedisTLSCAFile   = "redis-tls-ca-file"
+	FlagRedisTLSCertFile = "redis-tls-cert-file"
+	FlagRedisTLSKeyFile  = "redis-tls-key-file"
+	// FlagRedisTLSServerName and FlagRedisTLSMinVersion are passed when the manager's
+	// --sidecar-redis-tls-server-name and --sidecar-redis-tls-min-version are set.
+	FlagRedisTLSServerName = "redis-tls-server-name"
+	FlagRedisTLSMinVersion = "redis-tls-min-version"
 )
 
 // Environment variables set on the sidecar.
@@ -234,4 +246,18 @@ const (
 	RedisCredentialsVolume = "redline-redis-credentials"
 	// RedisCredentialsDir is the mount path of RedisCredentialsVolume.
 	RedisCredentialsDir = "/etc/redline/redis"
+	// RedisTLSVolume mounts the Secret the manager's --sidecar-redis-tls-secret names, from the
+	// pod's namespace: the CA that signed Redis's certificate (RedisTLSCAKey) and, for a Redis
+	// that requires client certificates, the pod's certificate and key (RedisTLSCertKey,
+	// RedisTLSKeyKey), the layout of a kubernetes.io/tls Secret as cert-manager writes it. Not
+	// optional: a pod whose namespace lacks the Secret or a key of it does not start, and
+	// kubelet says why in the pod's events, instead of a sidecar that cannot verify Redis and
+	// decides every request by its failure mode.
+	RedisTLSVolume = "redline-redis-tls"
+	// RedisTLSDir is the mount path of RedisTLSVolume.
+	RedisTLSDir = "/etc/redline/redis-tls"
+	// Keys of the TLS Secret, and file names in RedisTLSDir.
+	RedisTLSCAKey   = "ca.crt"
+	RedisTLSCertKey = "tls.crt"
+	RedisTLSKeyKey  = "tls.key"
 )

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Cluster is a Redis Cluster, each node a redis-server on a loopback port: masters only
@@ -22,10 +20,18 @@ type Cluster struct {
 // `redis-cli --cluster create`, and waits until every node reports cluster_state:ok.
 func StartCluster(n int) (*Cluster, error) { return startCluster(n, 0) }
 
+// StartClusterTLS is StartCluster for nodes that speak TLS only, to clients and on the
+// cluster bus (tls-cluster yes), every one with the certificate of t.
+func StartClusterTLS(n int, t TLSServer) (*Cluster, error) { return startClusterWith(n, 0, &t) }
+
 // startCluster starts masters cluster-enabled redis-servers with replicas (0 or 1) each, as
 // `redis-cli --cluster create --cluster-replicas` lays them out, and waits until every node
 // reports cluster_state:ok and every replica is in sync.
 func startCluster(masters, replicas int) (*Cluster, error) {
+	return startClusterWith(masters, replicas, nil)
+}
+
+func startClusterWith(masters, replicas int, t *TLSServer) (*Cluster, error) {
 	if masters < 3 {
 		return nil, fmt.Errorf("starting redis cluster: need at least 3 masters, got %d", masters)
 	}
@@ -35,8 +41,11 @@ func startCluster(masters, replicas int) (*Cluster, error) {
 	}
 	c := &Cluster{}
 	for i := range masters * (1 + replicas) {
-		s, err := Start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000")
+		args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}
+		if t != nil {
+			args = append(args, "--tls-cluster", "yes")
+		}
+		s, err := start(t, args)
 		if err != nil {
 			_ = c.Close()
 			return nil, fmt.Errorf("starting cluster node %d: %w", i, err)
@@ -45,6 +54,9 @@ func startCluster(masters, replicas int) (*Cluster, error) {
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	if t != nil {
+		args = append(args, "--tls", "--cacert", t.CAFile, "--cert", t.CertFile, "--key", t.KeyFile)
+	}
 	out, err := exec.Command(cli, args...).CombinedOutput()
 	if err != nil {
 		_ = c.Close()
@@ -73,8 +85,14 @@ func (c *Cluster) Addrs() []string {
 	return out
 }
 
-// URL is a redis:// URL listing every node as a seed, comma-separated.
-func (c *Cluster) URL() string { return "redis://" + strings.Join(c.Addrs(), ",") }
+// URL is a redis:// URL listing every node as a seed, comma-separated (rediss:// for a TLS
+// cluster).
+func (c *Cluster) URL() string {
+	if len(c.Nodes) > 0 && c.Nodes[0].tls != nil {
+		return "rediss://" + strings.Join(c.Addrs(), ",")
+	}
+	return "redis://" + strings.Join(c.Addrs(), ",")
+}
 
 // Close stops every node and removes their directories.
 func (c *Cluster) Close() error {
@@ -91,7 +109,7 @@ func (c *Cluster) waitOK(timeout time.Duration) error {
 	for time.Now().Before(deadline) {
 		ok := true
 		for _, s := range c.Nodes {
-			rc := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+			rc := s.Client("")
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			info, err := rc.ClusterInfo(ctx).Result()
 			cancel()
@@ -131,7 +149,7 @@ func StartClusterWithReplicas(masters int) (*Cluster, error) { return startClust
 func (c *Cluster) replicasInSync() int {
 	n := 0
 	for _, s := range c.Nodes {
-		rc := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		rc := s.Client("")
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		info, err := rc.Info(ctx, "replication").Result()
 		cancel()
@@ -146,7 +164,7 @@ func (c *Cluster) replicasInSync() int {
 // ReplicaOf returns the node that replicates the master at addr.
 func (c *Cluster) ReplicaOf(addr string) (*Server, error) {
 	for _, s := range c.Nodes {
-		rc := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		rc := s.Client("")
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		info, err := rc.Info(ctx, "replication").Result()
 		cancel()

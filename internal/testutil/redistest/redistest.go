@@ -3,6 +3,8 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -26,6 +28,8 @@ type Server struct {
 	dir  string
 	cmd  *exec.Cmd
 	args []string
+	// tls is how the helper's own clients reach a TLS server (StartTLS); nil for plaintext.
+	tls *tls.Config
 }
 
 // Addr is host:port of the server.
@@ -39,8 +43,19 @@ func (s *Server) Pid() int {
 	return s.cmd.Process.Pid
 }
 
-// URL is the redis:// URL of the server.
-func (s *Server) URL() string { return "redis://" + s.Addr() }
+// URL is the redis:// URL of the server, rediss:// for one started with StartTLS.
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "rediss://" + s.Addr()
+	}
+	return "redis://" + s.Addr()
+}
+
+// Client is a client to the server as its default user, over TLS for a TLS server (trusting
+// its CA, presenting its certificate).
+func (s *Server) Client(password string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: s.Addr(), Password: password, MaxRetries: -1, TLSConfig: s.tls})
+}
 
 // FreePort returns a TCP port free on every address, below the kernel's ephemeral range.
 func FreePort() (int, error) {
@@ -110,7 +125,58 @@ func Binary() (string, error) {
 
 // Start launches a redis-server on a free loopback port with no persistence. Extra arguments
 // are passed as config directives (e.g. "--cluster-enabled", "yes").
-func Start(extra ...string) (*Server, error) {
+func Start(extra ...string) (*Server, error) { return start(nil, extra) }
+
+// TLSServer is the TLS setup of a server StartTLS starts: its certificate, which it also
+// presents when it dials another node (replication, Sentinel), and the CA it verifies clients
+// and the nodes it dials with.
+type TLSServer struct {
+	CertFile, KeyFile, CAFile string
+	// AuthClients makes the server require a client certificate (tls-auth-clients yes).
+	AuthClients bool
+	// ServerName is the name the helper's own clients verify in the certificate (empty: the
+	// address they dial, 127.0.0.1).
+	ServerName string
+}
+
+// args are the server's TLS directives, for a command line (prefix "--") or a config file
+// (prefix ""), with the TLS port port and no plaintext port.
+func (t TLSServer) args(port int, prefix string) []string {
+	auth := "no"
+	if t.AuthClients {
+		auth = "yes"
+	}
+	kv := []string{"port", "0", "tls-port", strconv.Itoa(port), "tls-cert-file", t.CertFile, "tls-key-file", t.KeyFile,
+		"tls-ca-cert-file", t.CAFile, "tls-auth-clients", auth, "tls-replication", "yes"}
+	for i := 0; i < len(kv); i += 2 {
+		kv[i] = prefix + kv[i]
+	}
+	return kv
+}
+
+// clientConfig is how the helper's own clients reach such a server: trusting its CA and
+// presenting its certificate (issued for serving and dialing both).
+func (t TLSServer) clientConfig() (*tls.Config, error) {
+	ca, err := os.ReadFile(t.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("no certificate in %s", t.CAFile)
+	}
+	pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, ServerName: t.ServerName, MinVersion: tls.VersionTLS12}, nil
+}
+
+// StartTLS is Start for a server that speaks TLS only, on its port (no plaintext port), with
+// tls-replication on: a replica of it (--replicaof) dials its master over TLS.
+func StartTLS(t TLSServer, extra ...string) (*Server, error) { return start(&t, extra) }
+
+func start(t *TLSServer, extra []string) (*Server, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
@@ -120,10 +186,18 @@ func Start(extra ...string) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{Port: port, dir: dir}
-	s.args = append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+	portArgs := []string{"--port", strconv.Itoa(port)}
+	if t != nil {
+		if s.tls, err = t.clientConfig(); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("reading the TLS files of redis-server: %w", err)
+		}
+		portArgs = t.args(port, "--")
+	}
+	s.args = append(append(portArgs,
+		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
-	}, extra...)
+	), extra...)
 	if err := s.Start(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -155,7 +229,7 @@ func (s *Server) Start() error {
 	s.cmd = cmd
 	go func() { _ = cmd.Wait(); logf.Close() }()
 
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	c := s.Client("")
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -190,6 +264,13 @@ func (s *Server) Stop() error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("redis-server on %s still accepting after kill", s.Addr())
+}
+
+// Log is what the server has logged so far (level warning: errors, such as a client's TLS
+// handshake that failed, and a replica's or a cluster's state changes).
+func (s *Server) Log() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	return string(b)
 }
 
 // Pause freezes the process (SIGSTOP): connections stay open but nothing answers, like a Redis

@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -62,6 +63,11 @@ type SentinelOptions struct {
 	// DataPassword, when set, is the master's and the replica's requirepass, which the
 	// sentinels monitor them with (sentinel auth-pass).
 	DataPassword string
+	// TLS, when set, makes every process of the group speak TLS only, with these files (one
+	// certificate for all, as one node pair serves and dials): the data servers replicate over
+	// TLS and the sentinels reach them and each other over it (tls-replication yes). URL is
+	// then rediss+sentinel://.
+	TLS *TLSServer
 }
 
 // StartSentinelWith is StartSentinel with opts.
@@ -78,11 +84,11 @@ func StartSentinelWith(opts SentinelOptions) (*Sentinel, error) {
 	}
 	g := &Sentinel{password: opts.Password, dataPassword: opts.DataPassword}
 	var err error
-	if g.master, err = Start(dataArgs...); err != nil {
+	if g.master, err = start(opts.TLS, dataArgs); err != nil {
 		return nil, fmt.Errorf("starting sentinel group master: %w", err)
 	}
 	replicaArgs := append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(g.master.Port)}, dataArgs...)
-	if g.replica, err = Start(replicaArgs...); err != nil {
+	if g.replica, err = start(opts.TLS, replicaArgs); err != nil {
 		_ = g.Close()
 		return nil, fmt.Errorf("starting sentinel group replica: %w", err)
 	}
@@ -119,7 +125,20 @@ func startSentinelProcess(masterPort int, opts SentinelOptions) (*Server, error)
 		return nil, err
 	}
 	conf := filepath.Join(dir, "sentinel.conf")
-	text := fmt.Sprintf(`port %d
+	portLine := fmt.Sprintf("port %d", port)
+	var tlsConfig *tls.Config
+	if opts.TLS != nil {
+		kv := opts.TLS.args(port, "")
+		portLine = ""
+		for i := 0; i < len(kv); i += 2 {
+			portLine += kv[i] + " " + kv[i+1] + "\n"
+		}
+		if tlsConfig, err = opts.TLS.clientConfig(); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("reading the TLS files of the sentinel: %w", err)
+		}
+	}
+	text := fmt.Sprintf(`%s
 bind 127.0.0.1
 protected-mode no
 daemonize no
@@ -129,7 +148,7 @@ sentinel monitor %s 127.0.0.1 %d %d
 sentinel down-after-milliseconds %[3]s %[6]d
 sentinel failover-timeout %[3]s %[7]d
 sentinel parallel-syncs %[3]s 1
-`, port, dir, SentinelMasterName, masterPort, sentinelQuorum,
+`, portLine, dir, SentinelMasterName, masterPort, sentinelQuorum,
 		sentinelDownAfter.Milliseconds(), sentinelFailover.Milliseconds())
 	if opts.Password != "" {
 		text += fmt.Sprintf("requirepass %s\nsentinel sentinel-pass %s\n", opts.Password, opts.Password)
@@ -141,7 +160,7 @@ sentinel parallel-syncs %[3]s 1
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("writing sentinel config: %w", err)
 	}
-	s := &Server{Port: port, dir: dir, args: []string{conf, "--sentinel"}}
+	s := &Server{Port: port, dir: dir, args: []string{conf, "--sentinel"}, tls: tlsConfig}
 	if err := s.Start(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -166,9 +185,13 @@ func (g *Sentinel) SentinelAddrs() []string {
 }
 
 // URL is the redis+sentinel:// URL of the group, as internal/redisconn parses it: every
-// sentinel, then the master's name.
+// sentinel, then the master's name; rediss+sentinel:// for a TLS group.
 func (g *Sentinel) URL() string {
-	return "redis+sentinel://" + strings.Join(g.SentinelAddrs(), ",") + "/" + SentinelMasterName
+	scheme := "redis+sentinel://"
+	if g.master.tls != nil {
+		scheme = "rediss+sentinel://"
+	}
+	return scheme + strings.Join(g.SentinelAddrs(), ",") + "/" + SentinelMasterName
 }
 
 // CutReplica keeps the replica from catching up: it disables the replication user on the
@@ -360,14 +383,14 @@ func sentinelReady(ctx context.Context, sc *redis.SentinelClient, replicaPort, o
 // SentinelClient is a client to sentinel s as its admin (the default user, with the group's
 // password if any).
 func (g *Sentinel) SentinelClient(s *Server) *redis.SentinelClient {
-	return redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), Password: g.password, MaxRetries: -1})
+	return redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), Password: g.password, MaxRetries: -1, TLSConfig: s.tls})
 }
 
 // Password is the sentinels' admin password ("" when they have none).
 func (g *Sentinel) Password() string { return g.password }
 
 func (g *Sentinel) client(s *Server) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: s.Addr(), Password: g.dataPassword, MaxRetries: -1})
+	return s.Client(g.dataPassword)
 }
 
 // Close stops every process and removes their directories.

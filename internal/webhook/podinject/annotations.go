@@ -16,8 +16,10 @@ import (
 // params is what a pod's annotations ask for, checked, with the manager's --sidecar-*
 // defaults where the annotations say nothing.
 type params struct {
-	// redisURL is what the sidecar is given: the namespace's Redis's, or Config.RedisURL.
+	// redisURL is what the sidecar is given: the namespace's Redis's, or Config.RedisURL; and
+	// redisTLS how it reaches it (nothing for a Redis without TLS).
 	redisURL     string
+	redisTLS     SidecarTLS
 	upstreamPort int32
 	listenPort   int32
 	// failureMode is empty unless the pod or the manager overrides the policies'.

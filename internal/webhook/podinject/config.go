@@ -58,6 +58,9 @@ type Config struct {
 	// RedisSecret names the Secret (in the pod's namespace) with the Redis password under key
 	// "password". Empty leaves the password variable out.
 	RedisSecret string
+	// SidecarRedisTLS is how sidecars reach a rediss:// Redis: the namespace's TLS Secret,
+	// the server name, the minimum version (--sidecar-redis-tls-*).
+	SidecarRedisTLS SidecarTLS
 	// NativeSidecars is auto, true or false.
 	NativeSidecars string
 
@@ -176,6 +179,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.SidecarImagePullPolicy, "sidecar-image-pull-policy", c.SidecarImagePullPolicy, "Pull policy of the sidecar image (Always, IfNotPresent, Never; empty: the cluster default).")
 	fs.StringVar(&c.RedisURL, "sidecar-redis-url", c.RedisURL, "Redis URL given to sidecars (default: the manager's --redis-url).")
 	fs.StringVar(&c.RedisSecret, "sidecar-redis-secret", c.RedisSecret, "Secret in each pod's namespace whose key 'password' sidecars use as the Redis password (optional Secret; empty: none).")
+	c.SidecarRedisTLS.bindFlags(fs)
 	fs.StringVar(&c.NativeSidecars, "native-sidecars", c.NativeSidecars, "Inject the sidecar as a native sidecar (init container with restartPolicy Always): auto (when the API server is 1.29+), true or false.")
 	fs.StringVar(&c.SidecarFailureMode, "sidecar-failure-mode", c.SidecarFailureMode, "Failure mode of every injected sidecar whose pod does not set "+contract.AnnotationFailureMode+": "+strings.Join(contract.FailureModes, ", ")+" (empty: each policy's own failureMode).")
 	fs.Var(quantityValue{&c.DefaultCPURequest}, "sidecar-cpu-request", "CPU request of the sidecar when its pod does not set "+contract.AnnotationSidecarCPU+".")
@@ -228,6 +232,7 @@ func (c *Config) Validate() error {
 	if c.Port < 1 || c.Port > 65535 {
 		errs = append(errs, fmt.Errorf("--webhook-port=%d: want 1-65535", c.Port))
 	}
+	errs = append(errs, c.SidecarRedisTLS.validate(c.RedisURL)...)
 	return errors.Join(append(errs, c.validateSidecarDefaults()...)...)
 }
 
@@ -313,7 +318,18 @@ func (v quantityValue) Set(s string) error {
 // BackendResolver tells the injector which Redis serves a namespace (the controller's
 // Backends: a RedisBackend that selects it, or the manager's Redis).
 type BackendResolver interface {
-	// Redis returns the URL the namespace's sidecars are given ("" : Config.RedisURL) and its
-	// connection budget (nil: pools are not sized from a budget).
-	Redis(ctx context.Context, namespace string) (url string, budget *connbudget.Publisher, err error)
+	Redis(ctx context.Context, namespace string) (NamespaceRedis, error)
+}
+
+// NamespaceRedis is the Redis that serves a namespace.
+type NamespaceRedis struct {
+	// URL is what its sidecars are given ("": Config.RedisURL).
+	URL string
+	// Budget is its connection budget (nil: pools are not sized from a budget).
+	Budget *connbudget.Publisher
+	// Backend says it is a RedisBackend's, whose TLSServerName (empty: the host dialed) and
+	// TLSMinVersion (empty: --sidecar-redis-tls-min-version) replace the sidecar defaults,
+	// which are the manager's Redis's.
+	Backend                      bool
+	TLSServerName, TLSMinVersion string
 }

@@ -9,6 +9,8 @@ import (
 
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/redline-dev/redline/internal/redisconn"
 )
 
 // parseFlags is the manager's flag parsing of the webhook's flags, then Validate.
@@ -121,4 +123,43 @@ func TestSidecarTrustedHopsFlag(t *testing.T) {
 		_, err := parseFlags(arg)
 		g.Expect(err).To(MatchError(ContainSubstring(want)), arg)
 	}
+}
+
+// The --sidecar-redis-tls-* flags fill SidecarRedisTLS; a client certificate without its
+// Secret, a bad Secret name or version, or TLS settings for a sidecar URL without TLS are
+// refused at start.
+func TestSidecarRedisTLSFlags(t *testing.T) {
+	g := NewWithT(t)
+	cfg, err := parseFlags("--sidecar-redis-url=rediss://redis.internal:6380", "--sidecar-redis-tls-secret=redline-redis-tls",
+		"--sidecar-redis-tls-client-cert", "--sidecar-redis-tls-server-name=redis.internal", "--sidecar-redis-tls-min-version=1.3")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(cfg.SidecarRedisTLS).To(Equal(SidecarTLS{Secret: "redline-redis-tls", ClientCertificate: true, ServerName: "redis.internal", MinVersion: "1.3"}))
+
+	cfg, err = parseFlags()
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(cfg.SidecarRedisTLS).To(BeZero(), "unset: nothing mounted, the system's CAs")
+
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--sidecar-redis-tls-client-cert"}, "--sidecar-redis-tls-client-cert needs --sidecar-redis-tls-secret"},
+		{[]string{"--sidecar-redis-tls-secret=Redis_TLS"}, `--sidecar-redis-tls-secret="Redis_TLS": a lowercase RFC 1123 subdomain`},
+		{[]string{"--sidecar-redis-tls-min-version=1.0"}, `TLS minimum version "1.0": want 1.2 or 1.3`},
+		{[]string{"--sidecar-redis-url=redis://redis:6379", "--sidecar-redis-tls-secret=redline-redis-tls"},
+			"the --sidecar-redis-tls-* flags need a rediss:// or rediss+sentinel:// Redis URL for sidecars, got redis://redis:6379"},
+	} {
+		t.Run(tt.args[len(tt.args)-1], func(t *testing.T) {
+			_, err := parseFlags(tt.args...)
+			NewWithT(t).Expect(err).To(MatchError(ContainSubstring(tt.want)))
+		})
+	}
+
+	// Sidecars on the manager's Redis verify the same name, at the same versions.
+	tlsCfg := SidecarTLS{Secret: "s"}
+	tlsCfg.DefaultFrom(redisconn.TLSOptions{CAFile: "/m/ca.crt", ServerName: "redis.internal", MinVersion: "1.3"})
+	g.Expect(tlsCfg).To(Equal(SidecarTLS{Secret: "s", ServerName: "redis.internal", MinVersion: "1.3"}), "never the manager's files")
+	tlsCfg = SidecarTLS{ServerName: "own.internal", MinVersion: "1.2"}
+	tlsCfg.DefaultFrom(redisconn.TLSOptions{ServerName: "redis.internal", MinVersion: "1.3"})
+	g.Expect(tlsCfg).To(Equal(SidecarTLS{ServerName: "own.internal", MinVersion: "1.2"}), "the sidecar flags win")
 }

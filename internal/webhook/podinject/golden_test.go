@@ -83,6 +83,7 @@ var _ = Describe("Injected spec", func() {
 			contract.AnnotationExposeDecisionAPI, "true",
 			contract.AnnotationTrustedHops, "2"),
 		Entry("every manager default set", "defaults", true, defaultsConfig()),
+		Entry("Redis over TLS with a client certificate", "tls", true, tlsConfig()),
 		Entry("annotations over the manager's defaults", "defaults-overridden", true, defaultsConfig(),
 			contract.AnnotationFailureMode, contract.FailureModeOpen,
 			contract.AnnotationSidecarCPU, "200m",
@@ -107,6 +108,15 @@ func defaultsConfig() podinject.Config {
 	cfg.SidecarLeaseHorizon = new(time.Duration(0))
 	cfg.SidecarRedisTimeout = 100 * time.Millisecond
 	cfg.SidecarTrustedHops = 1
+	return cfg
+}
+
+// tlsConfig is testConfig for a rediss:// Redis that requires client certificates, verified
+// under one name at TLS 1.3, as the manager's --sidecar-redis-tls-* flags set it.
+func tlsConfig() podinject.Config {
+	cfg := testConfig(podinject.NativeSidecarsAuto)
+	cfg.RedisURL = "rediss://redis.redline-system.svc:6380"
+	cfg.SidecarRedisTLS = podinject.SidecarTLS{Secret: "redline-redis-tls", ClientCertificate: true, ServerName: "redis.redline-system.svc", MinVersion: "1.3"}
 	return cfg
 }
 
@@ -199,5 +209,61 @@ var _ = Describe("The manager's cluster-wide sidecar defaults", func() {
 		}
 		Expect(injectedStatus(out).Defaults).To(BeEmpty())
 		Expect(out.Annotations[contract.AnnotationInjected]).NotTo(ContainSubstring("defaults"))
+	})
+})
+
+var _ = Describe("Redis over TLS", func() {
+	const ns = "redis-tls"
+	BeforeEach(func() { createNamespace(ns) })
+
+	It("mounts the namespace's TLS Secret, not optional, and the sidecar accepts the flags that point into it", func(ctx SpecContext) {
+		out, _, err := podinject.NewInjector(tlsConfig(), true).Inject(ctx, annotatedPod(ns, "tls"))
+		Expect(err).NotTo(HaveOccurred())
+		var vol *corev1.Volume
+		for i := range out.Spec.Volumes {
+			if out.Spec.Volumes[i].Name == contract.RedisTLSVolume {
+				vol = &out.Spec.Volumes[i]
+			}
+		}
+		Expect(vol).NotTo(BeNil())
+		Expect(vol.Secret.SecretName).To(Equal("redline-redis-tls"))
+		Expect(vol.Secret.Optional).To(HaveValue(BeFalse()), "a pod without the Secret does not start, visibly")
+		c := sidecarOf(out)
+		Expect(c.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: contract.RedisTLSVolume, MountPath: contract.RedisTLSDir, ReadOnly: true}))
+
+		env := map[string]string{contract.EnvRedisURL: tlsConfig().RedisURL, contract.EnvPodNamespace: ns}
+		sc, err := app.ParseConfig(c.Args, func(k string) string { return env[k] }, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sc.RedisTLS.ServerName).To(Equal("redis.redline-system.svc"))
+		Expect(sc.RedisTLS.MinVersion).To(Equal("1.3"))
+		// Every file a flag names is a key the volume projects, under the mount.
+		mounted := map[string]bool{}
+		for _, it := range vol.Secret.Items {
+			mounted[filepath.Join(contract.RedisTLSDir, it.Path)] = true
+		}
+		Expect(mounted).To(Equal(map[string]bool{sc.RedisTLS.CAFile: true, sc.RedisTLS.CertFile: true, sc.RedisTLS.KeyFile: true}))
+		Expect(k8s.Create(ctx, out)).To(Succeed(), "the API server accepts the pod")
+	})
+
+	It("mounts only the CA without a client certificate, and nothing without a Secret", func(ctx SpecContext) {
+		cfg := tlsConfig()
+		cfg.SidecarRedisTLS = podinject.SidecarTLS{Secret: "redline-redis-ca"}
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(ns, "ca-only"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sidecarOf(out).Args).To(ContainElement("--redis-tls-ca-file=" + contract.RedisTLSDir + "/" + contract.RedisTLSCAKey))
+		for _, v := range out.Spec.Volumes {
+			if v.Name == contract.RedisTLSVolume {
+				Expect(v.Secret.Items).To(Equal([]corev1.KeyToPath{{Key: contract.RedisTLSCAKey, Path: contract.RedisTLSCAKey}}))
+			}
+		}
+
+		out, _, err = podinject.NewInjector(testConfig(podinject.NativeSidecarsAuto), true).Inject(ctx, annotatedPod(ns, "plain"))
+		Expect(err).NotTo(HaveOccurred())
+		for _, a := range sidecarOf(out).Args {
+			Expect(a).NotTo(HavePrefix("--redis-tls-"))
+		}
+		for _, v := range out.Spec.Volumes {
+			Expect(v.Name).NotTo(Equal(contract.RedisTLSVolume))
+		}
 	})
 })

@@ -1,6 +1,7 @@
 package podinject
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -56,13 +58,19 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 	if err != nil {
 		return pod, nil, err
 	}
-	budget := in.cfg.Budget
+	budget, tls := in.cfg.Budget, in.cfg.SidecarRedisTLS
 	if in.cfg.Backends != nil {
-		url, pub, err := in.cfg.Backends.Redis(ctx, pod.Namespace)
+		nr, err := in.cfg.Backends.Redis(ctx, pod.Namespace)
 		if err != nil {
 			return pod, nil, fmt.Errorf("the Redis that serves namespace %s is unknown, so its sidecar cannot be configured: %w", pod.Namespace, err)
 		}
-		p.redisURL, budget = url, pub
+		p.redisURL, budget = nr.URL, nr.Budget
+		if nr.Backend {
+			tls.ServerName, tls.MinVersion = nr.TLSServerName, cmp.Or(nr.TLSMinVersion, tls.MinVersion)
+		}
+	}
+	if redisconn.URLUsesTLS(cmp.Or(p.redisURL, in.cfg.RedisURL)) {
+		p.redisTLS = tls // a Redis without TLS (a RedisBackend's) gets no TLS flags or Secret
 	}
 	warnings = in.sizer.size(ctx, pod, &p, budget)
 	if p.redisPoolSize == 0 && in.cfg.SidecarRedisPoolSize > 0 {
@@ -73,7 +81,7 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 	}
 	inj := &injection{
 		container: sidecarContainer(&in.cfg, p, in.native),
-		volumes:   sidecarVolumes(&in.cfg),
+		volumes:   sidecarVolumes(&in.cfg, p),
 		native:    in.native,
 		defaults:  p.defaults,
 	}

@@ -53,6 +53,7 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	if cfg.RedisSecret != "" {
 		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagRedisCredentialsDir, contract.RedisCredentialsDir))
 	}
+	args = append(args, p.redisTLS.args()...)
 
 	var env []corev1.EnvVar
 	if url := cmp.Or(p.redisURL, cfg.RedisURL); url != "" {
@@ -100,6 +101,9 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 			Name: contract.RedisCredentialsVolume, MountPath: contract.RedisCredentialsDir, ReadOnly: true,
 		})
 	}
+	if m, ok := p.redisTLS.volumeMount(); ok {
+		c.VolumeMounts = append(c.VolumeMounts, m)
+	}
 	if p.exposeDecisionAPI {
 		c.Ports = append(c.Ports,
 			corev1.ContainerPort{Name: contract.CheckPortName, ContainerPort: contract.CheckPort, Protocol: corev1.ProtocolTCP},
@@ -126,9 +130,9 @@ func httpProbe(path string, period, failures int32) *corev1.Probe {
 	}
 }
 
-// sidecarVolumes are the policies ConfigMap, the downward-API labels and the namespace's Redis
-// credentials.
-func sidecarVolumes(cfg *Config) []corev1.Volume {
+// sidecarVolumes are the policies ConfigMap, the downward-API labels, the namespace's Redis
+// credentials and its Redis TLS Secret.
+func sidecarVolumes(cfg *Config, p params) []corev1.Volume {
 	vols := []corev1.Volume{
 		{Name: contract.PoliciesVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: policydoc.ConfigMapName},
@@ -162,6 +166,9 @@ func sidecarVolumes(cfg *Config) []corev1.Volume {
 				},
 			},
 		}})
+	}
+	if v, ok := p.redisTLS.volume(); ok {
+		vols = append(vols, v)
 	}
 	return vols
 }

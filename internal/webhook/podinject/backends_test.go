@@ -1,0 +1,87 @@
+package podinject_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/redline-dev/redline/internal/sidecar/contract"
+	"github.com/redline-dev/redline/internal/webhook/podinject"
+)
+
+// backendOf is a BackendResolver serving every namespace from one NamespaceRedis.
+type backendOf podinject.NamespaceRedis
+
+func (b backendOf) Redis(context.Context, string) (podinject.NamespaceRedis, error) {
+	return podinject.NamespaceRedis(b), nil
+}
+
+func envValue(c corev1.Container, name string) string {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+func flagValues(c corev1.Container, prefix string) []string {
+	var out []string
+	for _, a := range c.Args {
+		if strings.HasPrefix(a, "--"+prefix) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+var _ = Describe("The namespace's Redis backend", func() {
+	const ns = "backends"
+	BeforeEach(func() { createNamespace(ns) })
+
+	// The manager's Redis is TLS, with its server name and Secret for sidecars.
+	tlsConfig := func() podinject.Config {
+		cfg := testConfig(podinject.NativeSidecarsTrue)
+		cfg.RedisURL = "rediss://redis.redline-system.svc:6380"
+		cfg.SidecarRedisTLS = podinject.SidecarTLS{Secret: "redline-redis-tls", ServerName: "redis.internal", MinVersion: "1.3"}
+		return cfg
+	}
+
+	It("gives a backend's pods its URL and its TLS names, never the manager's", func(ctx SpecContext) {
+		cfg := tlsConfig()
+		cfg.Backends = backendOf{URL: "rediss://payments.redis:6380", Backend: true, TLSServerName: "payments.internal"}
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(ns, "tls-backend"))
+		Expect(err).NotTo(HaveOccurred())
+		sc := sidecarOf(out)
+		Expect(envValue(sc, contract.EnvRedisURL)).To(Equal("rediss://payments.redis:6380"))
+		Expect(flagValues(sc, contract.FlagRedisTLSServerName)).To(Equal([]string{"--" + contract.FlagRedisTLSServerName + "=payments.internal"}))
+		Expect(flagValues(sc, contract.FlagRedisTLSMinVersion)).To(Equal([]string{"--" + contract.FlagRedisTLSMinVersion + "=1.3"}), "the sidecars' minimum version where the backend sets none")
+		Expect(slices.ContainsFunc(out.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == contract.RedisTLSVolume })).To(BeTrue())
+		Expect(k8s.Create(ctx, out)).To(Succeed(), "the API server accepts it")
+	})
+
+	It("gives a backend without TLS no TLS flags or Secret, though the manager's Redis has them", func(ctx SpecContext) {
+		cfg := tlsConfig()
+		cfg.Backends = backendOf{URL: "redis://payments.redis:6379", Backend: true}
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(ns, "plain-backend"))
+		Expect(err).NotTo(HaveOccurred())
+		sc := sidecarOf(out)
+		Expect(envValue(sc, contract.EnvRedisURL)).To(Equal("redis://payments.redis:6379"))
+		Expect(flagValues(sc, "redis-tls-")).To(BeEmpty())
+		Expect(out.Spec.Volumes).NotTo(ContainElement(HaveField("Name", contract.RedisTLSVolume)))
+	})
+
+	It("gives the manager's Redis's pods its URL and TLS names", func(ctx SpecContext) {
+		cfg := tlsConfig()
+		cfg.Backends = backendOf{}
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(ns, "default-backend"))
+		Expect(err).NotTo(HaveOccurred())
+		sc := sidecarOf(out)
+		Expect(envValue(sc, contract.EnvRedisURL)).To(Equal(cfg.RedisURL))
+		Expect(flagValues(sc, contract.FlagRedisTLSServerName)).To(Equal([]string{"--" + contract.FlagRedisTLSServerName + "=redis.internal"}))
+	})
+})
