@@ -1,10 +1,13 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +28,7 @@ type call struct {
 	g      grant
 	err    error
 	state  atomic.Int32 // callPending until a flusher answers it or its caller gives up on it
+	shard  *shard       // its key's shard, whose breaker it goes through
 	done   chan struct{}
 	self   [1]*call       // a batch of one, for deciding inline without allocating
 	cmd    [1]redis.Cmder // its command buffer
@@ -67,7 +71,7 @@ func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *share
 func (c *call) reset() {
 	clear(c.args)
 	c.args = c.args[:0]
-	c.res, c.g, c.err, c.self[0], c.cmd[0] = Result{}, grant{}, nil, nil, nil
+	c.res, c.g, c.err, c.self[0], c.cmd[0], c.shard = Result{}, grant{}, nil, nil, nil, nil
 }
 
 // flusher sends queued decisions to Redis. It takes whatever has queued up while the previous
@@ -114,19 +118,55 @@ func (l *Limiter) drainClosed() {
 	}
 }
 
-// run decides one batch through the circuit breaker and wakes its callers.
+// run decides one batch and wakes its callers. A batch may span shards (the masters of a
+// cluster): each shard's calls go through their own breaker, in their own pipeline, all at once,
+// and are answered as soon as their shard has answered, so that a shard that does not answer
+// holds up only its own keys' callers.
 func (l *Limiter) run(batch []*call, cmds []redis.Cmder) []redis.Cmder {
-	_, err := l.breaker.Execute(func() (struct{}, error) {
-		if err := l.resume(); err != nil {
+	for _, c := range batch[1:] {
+		if c.shard != batch[0].shard {
+			return l.runShards(batch, cmds)
+		}
+	}
+	return l.runShard(batch, cmds)
+}
+
+// runShards decides a batch that spans shards, one goroutine per shard but the last.
+func (l *Limiter) runShards(batch []*call, cmds []redis.Cmder) []redis.Cmder {
+	slices.SortFunc(batch, func(a, b *call) int { return cmp.Compare(a.shard.id, b.shard.id) })
+	var wg sync.WaitGroup
+	for len(batch) > 0 {
+		n := 1
+		for n < len(batch) && batch[n].shard == batch[0].shard {
+			n++
+		}
+		group := batch[:n]
+		if batch = batch[n:]; len(batch) == 0 {
+			cmds = l.runShard(group, cmds) // the last one on this goroutine, with its buffer
+			break
+		}
+		// Only the calls of group are touched from now on: once answered, a call may be
+		// recycled for another decision.
+		wg.Go(func() { l.runShard(group, make([]redis.Cmder, 0, len(group))) })
+	}
+	wg.Wait()
+	return cmds
+}
+
+// runShard decides the calls of one shard through its breaker and wakes their callers.
+func (l *Limiter) runShard(group []*call, cmds []redis.Cmder) []redis.Cmder {
+	sh := group[0].shard
+	_, err := sh.cb.Execute(func() (struct{}, error) {
+		if err := l.resume(sh); err != nil {
 			return struct{}{}, err
 		}
 		var err error
-		cmds, err = l.pipeline(batch, cmds)
+		cmds, err = l.pipeline(group, cmds)
 		return struct{}{}, err
 	})
 	switch {
 	case errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests):
-		for _, c := range batch {
+		for _, c := range group {
 			c.err = ErrCircuitOpen
 		}
 	case err != nil:
@@ -134,16 +174,16 @@ func (l *Limiter) run(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 		// fails every call for seconds, and a re-assertion of every share after each stray
 		// timeout would stall decisions for no loss. A loss without an outage shows in replies
 		// (restored) and in heartbeats.
-		if l.shares != nil && l.breaker.State() != gobreaker.StateClosed {
-			l.failing.Store(true)
+		if l.shares != nil && sh.cb.State() != gobreaker.StateClosed {
+			sh.failing.Store(true)
 		}
-		for _, c := range batch {
+		for _, c := range group {
 			if c.err == nil && c.res == (Result{}) {
-				c.err = err // the batch never left: resume failed
+				c.err = err // the calls never left: resume failed
 			}
 		}
 	}
-	for _, c := range batch {
+	for _, c := range group {
 		l.answer(c)
 	}
 	return cmds
@@ -250,26 +290,27 @@ func (l *Limiter) recordShare(c *call) {
 	}
 }
 
-// resume re-asserts every share before the first pipeline after Redis failed: the Redis that
-// answers again may be another node, or the same one restarted, holding less than this replica
-// was granted, and a grant made before the re-assertion would admit this replica's lost units
-// a second time. Flushers wait for the one that re-asserts.
-func (l *Limiter) resume() error {
-	if !l.failing.Load() {
+// resume re-asserts this replica's shares of sh's keys before the first pipeline on sh after it
+// failed, or on a shard new to the limiter: the node that answers again may be another one (a
+// promoted replica), or the same one restarted, holding less than this replica was granted, and
+// a grant made before the re-assertion would admit this replica's lost units a second time.
+// Flushers with calls for sh wait for the one that re-asserts; other shards' do not.
+func (l *Limiter) resume(sh *shard) error {
+	if l.shares == nil || !sh.failing.Load() {
 		return nil
 	}
-	l.resumeMu.Lock()
-	defer l.resumeMu.Unlock()
-	if !l.failing.Load() {
+	sh.resumeMu.Lock()
+	defer sh.resumeMu.Unlock()
+	if !sh.failing.Load() {
 		return nil
 	}
-	if err := l.reassertAll(); err != nil {
+	if err := l.reassertShard(sh); err != nil {
 		l.stats.reassertErrors.Add(1)
 		if isOutage(err) {
 			return fmt.Errorf("re-asserting shares before deciding again: %w", err)
 		}
 		l.Reassert() // some keys refused for another reason: the reasserter retries them
 	}
-	l.failing.Store(false)
+	sh.failing.Store(false)
 	return nil
 }

@@ -15,7 +15,8 @@
 //   - answers NOSCRIPT (restart, failover, SCRIPT FLUSH) with SCRIPT LOAD and one retry
 //     (scripts.Exec);
 //   - remembers refused keys until their retry-after (the pre-check), in a bounded LRU;
-//   - wraps Redis in a circuit breaker, and while it is open decides by the limit's
+//   - wraps Redis in circuit breakers, one per shard (each master of a Redis Cluster, or the
+//     one Redis), and while the breaker of a key's shard is open decides by the limit's
 //     FailureMode: admit, refuse, or enforce Requests / Limit.Replicas locally, the replica
 //     count coming from heartbeats in Redis (package fleet);
 //   - in shadow mode computes and counts the decision but admits.

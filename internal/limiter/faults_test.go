@@ -161,6 +161,7 @@ func TestRedisDown(t *testing.T) {
 		g.Expect(attempts).To(BeNumerically("<=", failures), "the breaker must open after %d failed calls", failures)
 	}
 	g.Expect(l.Stats().BreakerOpen).To(BeTrue())
+	g.Expect(l.Stats().Shards).To(Equal([]limiter.ShardState{{Name: "all", Open: true}}), "a standalone Redis is one shard")
 
 	r, _ = l.Allow(context.Background(), uniqueKey(t), lim(limiter.TokenBucket, limiter.FailureModeClosed), 1)
 	g.Expect(r.Allowed).To(BeFalse())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,9 +26,10 @@ type Options struct {
 	// FallbackSize bounds the local limiters kept for LocalFallback (default 65536 keys).
 	FallbackSize int
 	// BreakerFailures is how many consecutive failed Redis round trips open the circuit
-	// breaker (default 5).
+	// breaker (default 5). Each shard has its own: each master of a Redis Cluster, or the one
+	// Redis otherwise (see breakers.go), and an open one sends its own keys to the failure mode.
 	BreakerFailures uint32
-	// BreakerOpenFor is how long the breaker stays open before it lets one probe through
+	// BreakerOpenFor is how long a breaker stays open before it lets one probe through
 	// (default 1s). FailureModeClosed refusals carry it as their retry-after.
 	BreakerOpenFor time.Duration
 	// LeaseHorizon sizes leases: a key asks for what it admitted locally over about this long
@@ -104,7 +106,8 @@ func (o Options) withDefaults() Options {
 
 // Errors a Result.Err or Allow can carry.
 var (
-	// ErrCircuitOpen is the Result.Err of decisions made while the circuit breaker was open.
+	// ErrCircuitOpen is the Result.Err of decisions made while the circuit breaker of their
+	// key's shard was open.
 	ErrCircuitOpen = errors.New("redis circuit breaker open")
 	// ErrClosed is returned by Allow after Close.
 	ErrClosed = errors.New("limiter closed")
@@ -120,7 +123,7 @@ type Limiter struct {
 	quit     chan struct{}
 	wg       sync.WaitGroup
 	closed   atomic.Bool
-	breaker  *gobreaker.CircuitBreaker[struct{}]
+	breakers *breakers // one per shard: a cluster's masters, or the one Redis
 	precheck *precheck
 	fallback *fallback
 	leases   *leases // nil when leases are off
@@ -128,8 +131,6 @@ type Limiter struct {
 	stats    counters
 	calls    sync.Pool
 	shares   *shares       // nil without a ReplicaID
-	failing  atomic.Bool   // a pipeline that reached for Redis failed, and no re-assertion since
-	resumeMu sync.Mutex    // held by the flusher re-asserting before the first pipeline after failing
 	reassert chan struct{} // a re-assertion of every share is due
 }
 
@@ -170,12 +171,10 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		l.leases.shares, l.leases.onRestore = l.shares, l.restored
 		l.wg.Go(func() { l.leases.run(client, l.quit) })
 	}
-	l.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        "redis",
-		MaxRequests: 1,
-		Timeout:     o.BreakerOpenFor,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= o.BreakerFailures },
-	})
+	l.breakers = newBreakers(clusterOf(client), o.BreakerFailures, o.BreakerOpenFor)
+	if l.breakers.topo != nil {
+		l.wg.Go(func() { l.breakers.run(l.quit) })
+	}
 	l.calls.New = func() any { return &call{done: make(chan struct{}, 1), args: make([]any, 0, 13)} }
 	for range o.Flushers {
 		l.wg.Add(1)
@@ -255,12 +254,16 @@ func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want in
 		l.stats.precheck.Add(1)
 		return r, grant{}, false, nil
 	}
-	if l.breaker.State() == gobreaker.StateOpen {
+	// Only the breaker of the key's shard: one master of a cluster down sends its own keys to
+	// the failure mode, not every key.
+	sh := l.breakers.of(ctx, sk)
+	if sh.cb.State() == gobreaker.StateOpen {
 		return l.degraded(sk, limit, cost, now, ErrCircuitOpen), grant{}, false, nil
 	}
 
 	c := l.calls.Get().(*call)
 	c.prepare(sk, limit, cost, want, l.shares)
+	c.shard = sh
 	if l.tryInline(c) {
 		return l.settle(c, sk, limit, cost, now)
 	}
@@ -376,8 +379,10 @@ type Stats struct {
 	// UnkeptShareUnits counts units granted to keys beyond ShareKeys: those keep no share, and
 	// Redis losing them could not be repaired.
 	UnkeptShareUnits uint64
-	// BreakerOpen says the circuit breaker is open now.
+	// BreakerOpen says the circuit breaker of some shard is open now.
 	BreakerOpen bool
+	// Shards are the circuit breakers, one per shard (see ShardState), by name.
+	Shards []ShardState
 }
 
 type counters struct {
@@ -394,6 +399,7 @@ func (l *Limiter) leaseKeys() int {
 
 // Stats returns the limiter's counters.
 func (l *Limiter) Stats() Stats {
+	shards := l.breakers.states()
 	return Stats{
 		RedisDecisions:    l.stats.redis.Load(),
 		PrecheckRefusals:  l.stats.precheck.Load(),
@@ -411,6 +417,7 @@ func (l *Limiter) Stats() Stats {
 		ReassertErrors:    l.stats.reassertErrors.Load(),
 		UnkeptShareUnits:  l.stats.unkept.Load(),
 		HeldCalls:         l.stats.held.Load(),
-		BreakerOpen:       l.breaker.State() == gobreaker.StateOpen,
+		BreakerOpen:       slices.ContainsFunc(shards, func(s ShardState) bool { return s.Open }),
+		Shards:            shards,
 	}
 }

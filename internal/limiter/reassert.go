@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,13 +60,32 @@ func (l *Limiter) reasserter() {
 
 // reassertAll sends every live share to Redis, reassertBatch keys a pipeline, with a cost of 0:
 // the scripts restore what is missing and count nothing else.
-func (l *Limiter) reassertAll() error {
+func (l *Limiter) reassertAll() error { return l.reassertWhere(nil) }
+
+// reassertShard re-asserts the live shares of sh's keys: the other shards did not fail.
+func (l *Limiter) reassertShard(sh *shard) error {
+	if l.breakers.topo == nil {
+		return l.reassertAll() // one shard
+	}
+	// By name, not by breaker: one pruned and made again for the same address is the same node.
+	ctx := context.Background()
+	return l.reassertWhere(func(key string) bool { return l.breakers.of(ctx, key).name == sh.name })
+}
+
+// reassertWhere re-asserts the live shares of the keys keep keeps (nil: every key's).
+func (l *Limiter) reassertWhere(keep func(key string) bool) error {
 	now := l.clock.deadline(time.Now())
 	if now <= 0 {
 		return nil // no reply yet, so no share either
 	}
-	l.stats.reassertions.Add(1)
 	live := l.shares.live(now / 1000)
+	if keep != nil {
+		live = slices.DeleteFunc(live, func(s liveShare) bool { return !keep(s.key) })
+		if len(live) == 0 {
+			return nil
+		}
+	}
+	l.stats.reassertions.Add(1)
 	var errs []error
 	for len(live) > 0 {
 		n := min(len(live), reassertBatch)

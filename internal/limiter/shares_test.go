@@ -570,6 +570,9 @@ func TestSharesRestoreASentinelFailover(t *testing.T) {
 			g.Expect(restored).To(BeNumerically(">", behind/2), "the promoted replica lacked what it missed")
 			g.Expect(total).To(BeNumerically("<=", lim.Requests))
 			g.Expect(total).To(BeNumerically(">=", lim.Requests*95/100))
+			for _, l := range ls {
+				g.Expect(l.Stats().Shards).To(HaveExactElements(HaveField("Name", "all")), "a Sentinel group is one shard, whichever node is master")
+			}
 		})
 	}
 }

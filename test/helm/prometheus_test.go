@@ -292,6 +292,7 @@ func TestPrometheusQueries(t *testing.T) {
 	defer stopOutage()
 	outage := []check{
 		{what: "Overview / breaker open", query: `sum(redline_sidecar_breaker_open)`, positive: true},
+		{what: "Overview / open breakers by Redis shard (one Redis: shard all)", query: `sum(redline_sidecar_shard_breaker_open{shard="all"})`, positive: true},
 		{what: "Overview / on local fallback", query: `sum(redline_sidecar_fallback_active)`, positive: true},
 		{what: "decisions from the fallback", query: `sum(rate(redline_sidecar_decisions_total{source="fallback"}[30s]))`, positive: true},
 		{what: "Redis errors", query: `sum(rate(redline_sidecar_redis_errors_total[30s]))`, positive: true},

@@ -31,8 +31,11 @@ const (
 	ResultShadowRefused = "shadow_refused"
 )
 
-// labelPolicy is the label naming a policy.
-const labelPolicy = "policy"
+// Label names: a policy, and a Redis shard.
+const (
+	labelPolicy = "policy"
+	labelShard  = "shard"
+)
 
 // Metrics holds the sidecar's collectors.
 type Metrics struct {
@@ -296,15 +299,16 @@ var (
 	descReassertions   = prometheus.NewDesc(ns+"_share_reassertions_total", "Re-assertions of every live share (after Redis failed and answered again, a loss seen, or a heartbeat's signal).", nil, nil)
 	descHeldCalls      = prometheus.NewDesc(ns+"_restore_held_calls_total", "Decisions the failure mode made because grants of their key waited for the replicas to restore what Redis lost (a heartbeat interval and a second after a restoration).", nil, nil)
 	descReassertErrors = prometheus.NewDesc(ns+"_share_reassertion_errors_total", "Re-assertions that could not reach every key; the next one retries.", nil, nil)
-	descBreaker        = prometheus.NewDesc(ns+"_breaker_open", "1 while the Redis circuit breaker is open.", nil, nil)
-	descFallback       = prometheus.NewDesc(ns+"_fallback_active", "1 while the breaker is open and some enforced policy falls back to local limits.", nil, nil)
+	descBreaker        = prometheus.NewDesc(ns+"_breaker_open", "1 while the Redis circuit breaker of some shard is open (see shard_breaker_open).", nil, nil)
+	descShardBreaker   = prometheus.NewDesc(ns+"_shard_breaker_open", "1 while the circuit breaker of a Redis shard is open, so that decisions of its keys go to the failure mode, by shard: a Redis Cluster master's address (the cluster's masters, and those a failover replaced until the next prune), all for a standalone Redis or a Sentinel group, other for keys of no known master.", []string{labelShard}, nil)
+	descFallback       = prometheus.NewDesc(ns+"_fallback_active", "1 while some shard's breaker is open and some enforced policy falls back to local limits.", nil, nil)
 	descReplicas       = prometheus.NewDesc(ns+"_policy_replicas", "Live replicas enforcing a policy, from heartbeats; LocalFallback divides its limit by this.", []string{labelPolicy}, nil)
 	descPolicies       = prometheus.NewDesc(ns+"_policies", "Policies of the document in force that select this pod.", nil, nil)
 )
 
 func (c *limiterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRedisDecisions, descPrecheck, descLeased, descLeaseGrants, descLeaseKeys, descDegraded, descRoundTrips, descPerDecision,
-		descScriptLoads, descStaleCalls, descShareKeys, descUnkeptShares, descReassertions, descReassertErrors, descHeldCalls, descBreaker, descFallback, descReplicas, descPolicies} {
+		descScriptLoads, descStaleCalls, descShareKeys, descUnkeptShares, descReassertions, descReassertErrors, descHeldCalls, descBreaker, descShardBreaker, descFallback, descReplicas, descPolicies} {
 		ch <- d
 	}
 }
@@ -336,6 +340,9 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descPerDecision, prometheus.GaugeValue, per)
 		ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, b2f(s.BreakerOpen))
+		for _, sh := range s.Shards {
+			ch <- prometheus.MustNewConstMetric(descShardBreaker, prometheus.GaugeValue, b2f(sh.Open), sh.Name)
+		}
 		fallback := false
 		if set != nil && s.BreakerOpen {
 			for _, p := range set.Policies {

@@ -73,11 +73,15 @@ func overview() Dashboard {
 			{Title: "Redis errors by kind", Unit: "ops",
 				Queries: []Query{{Expr: `sum by (kind) (rate(redline_sidecar_redis_errors_total{` + ns + `}[$__rate_interval]))`, Legend: "{{kind}}"}}},
 			{Title: "Breaker open and local fallback", Unit: unitCount,
-				Description: "Sidecars whose Redis circuit breaker is open, and those enforcing local limits meanwhile.",
+				Description: "Sidecars with the Redis circuit breaker of some shard open, and those enforcing local limits meanwhile.",
 				Queries: []Query{
 					{Expr: `sum(redline_sidecar_breaker_open{` + ns + `})`, Legend: "breaker open"},
 					{Expr: `sum(redline_sidecar_fallback_active{` + ns + `})`, Legend: "on local fallback"},
 				}},
+			{Title: "Open breakers by Redis shard", Unit: unitCount,
+				Description: "Sidecars whose breaker for a shard is open: that shard's keys go to the failure mode, the other shards' to Redis. " +
+					"A shard is a Redis Cluster master by address (all: a standalone Redis or a Sentinel group; other: keys of no known master).",
+				Queries: []Query{{Expr: `sum by (shard) (redline_sidecar_shard_breaker_open{` + ns + `})`, Legend: "{{shard}}"}}},
 			{Title: "Redis calls per decision", Unit: unitCount,
 				Description: "Round trips per decision: below 1 when leases and batching keep Redis off the hot path.",
 				Queries:     []Query{{Expr: `sum(rate(redline_sidecar_redis_round_trips_total{` + ns + `}[$__rate_interval])) / sum(rate(redline_sidecar_decisions_total{` + ns + `}[$__rate_interval]))`, Legend: "round trips / decision"}}},
