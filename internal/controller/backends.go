@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -354,14 +355,7 @@ func selects(rb *v1alpha1.RedisBackend, nsLabels map[string]string) bool {
 	return err == nil && s.Matches(labels.Set(nsLabels))
 }
 
-func slicesSortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, cmp.Compare[string])
-	return keys
-}
+func slicesSortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // Redis implements podinject.BackendResolver: the URL the sidecars of ns are given, its
 // backend's connection budget and TLS names. A namespace a RedisBackend selects gets that
