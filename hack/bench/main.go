@@ -163,7 +163,7 @@ func run(o Options, command string) (err error) {
 		rep.Ceilings = append(rep.Ceilings, c)
 	}
 
-	cfgDir, labels, err := writeSidecarFiles(dir)
+	files, err := writeSidecarFiles(dir)
 	if err != nil {
 		return err
 	}
@@ -173,7 +173,7 @@ func run(o Options, command string) (err error) {
 			s.Stop()
 		}
 	}()
-	first, err := startSidecar(ctx, bin, dir, "bench-0", cfgDir, labels, srv.URL(), upstream)
+	first, err := startSidecar(ctx, bin, dir, "bench-0", files, srv.URL(), upstream)
 	if err != nil {
 		return err
 	}
@@ -218,7 +218,7 @@ func run(o Options, command string) (err error) {
 	}
 	progress("starting %d more sidecars for the accuracy cells", maxReplicas-1)
 	for i := 1; i < maxReplicas; i++ {
-		s, err := startSidecar(ctx, bin, dir, "bench-"+strconv.Itoa(i), cfgDir, labels, srv.URL(), upstream)
+		s, err := startSidecar(ctx, bin, dir, "bench-"+strconv.Itoa(i), files, srv.URL(), upstream)
 		if err != nil {
 			return err
 		}

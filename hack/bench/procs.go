@@ -6,18 +6,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
-
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 )
 
@@ -80,89 +72,21 @@ func startUpstream() (addr string, stop func(), err error) {
 }
 
 // Sidecar is one sidecar process on loopback ports.
-type Sidecar struct {
-	cmd                       *exec.Cmd
-	done                      chan struct{}
-	log                       string
-	Proxy, Admin, Check, GRPC string
-}
+type Sidecar struct{ *sidecarproc.Sidecar }
 
-// Pid is the process id.
-func (s *Sidecar) Pid() int { return s.cmd.Process.Pid }
-
-// startSidecar runs bin as pod name with the policies in cfgDir, the labels file labels, Redis
-// at redisURL and upstream as its application, and waits until it is ready.
-func startSidecar(ctx context.Context, bin, dir, name, cfgDir, labels, redisURL, upstream string) (*Sidecar, error) {
-	var ports [4]string
-	for i := range ports {
-		p, err := redistest.FreePort()
-		if err != nil {
-			return nil, fmt.Errorf("finding a free port: %w", err)
-		}
-		ports[i] = "127.0.0.1:" + strconv.Itoa(p)
-	}
-	s := &Sidecar{Proxy: ports[0], Admin: ports[1], GRPC: ports[2], Check: ports[3], done: make(chan struct{}), log: filepath.Join(dir, name+".log")}
-	logf, err := os.Create(s.log)
+// startSidecar runs bin as pod name with files, Redis at redisURL and upstream as its
+// application, logging to dir, and waits until it is ready.
+func startSidecar(ctx context.Context, bin, dir, name string, files sidecarproc.Files, redisURL, upstream string) (*Sidecar, error) {
+	s, err := sidecarproc.Start(ctx, sidecarproc.Options{Bin: bin, Dir: dir, Name: name, Namespace: benchNamespace,
+		Files: files, RedisURL: redisURL, Upstream: upstream})
 	if err != nil {
-		return nil, fmt.Errorf("creating the sidecar log: %w", err)
-	}
-	s.cmd = exec.Command(bin, "--listen="+s.Proxy, "--upstream="+upstream, "--admin-listen="+s.Admin,
-		"--check-listen="+s.Check, "--grpc-listen="+s.GRPC, "--config-dir="+cfgDir, "--pod-labels="+labels, "--log-level=warn")
-	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+benchNamespace)
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		_ = logf.Close()
 		return nil, fmt.Errorf("starting sidecar %s: %w", name, err)
 	}
-	go func() { _ = s.cmd.Wait(); _ = logf.Close(); close(s.done) }()
-	if err := s.waitReady(ctx, 20*time.Second); err != nil {
-		s.Stop()
-		return nil, err
-	}
-	return s, nil
-}
-
-func (s *Sidecar) waitReady(ctx context.Context, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	client := &http.Client{Timeout: time.Second}
-	for {
-		if resp, err := client.Get("http://" + s.Admin + "/readyz"); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-s.done:
-			return fmt.Errorf("sidecar exited before ready: %s", s.logTail())
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the sidecar: %w", ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("sidecar not ready within %s: %s", limit, s.logTail())
-		}
-	}
-}
-
-func (s *Sidecar) logTail() string {
-	b, _ := os.ReadFile(s.log)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
+	return &Sidecar{s}, nil
 }
 
 // Stop ends the process (SIGTERM, then SIGKILL after 3s) and waits for it.
-func (s *Sidecar) Stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(3 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-}
+func (s *Sidecar) Stop() { _ = s.Sidecar.Stop(3 * time.Second) }
 
 // Counters are the sidecar's limiter counters from /metrics.
 type Counters struct{ RedisDecisions, RoundTrips, Degraded, Precheck float64 }
@@ -179,17 +103,10 @@ func (s *Sidecar) counters(ctx context.Context) (Counters, error) {
 }
 
 // writeSidecarFiles writes the policies document and a labels file the way kubelet would.
-func writeSidecarFiles(dir string) (cfgDir, labels string, err error) {
+func writeSidecarFiles(dir string) (sidecarproc.Files, error) {
 	doc, err := policiesDocument()
 	if err != nil {
-		return "", "", err
+		return sidecarproc.Files{}, err
 	}
-	cfgDir, info := filepath.Join(dir, "policies"), filepath.Join(dir, "podinfo")
-	if err := kubeletdir.Write(cfgDir, map[string][]byte{policydoc.DataKey: doc}); err != nil {
-		return "", "", fmt.Errorf("writing the policies: %w", err)
-	}
-	if err := kubeletdir.Write(info, map[string][]byte{"labels": []byte("app=\"bench\"\n")}); err != nil {
-		return "", "", fmt.Errorf("writing the labels: %w", err)
-	}
-	return cfgDir, filepath.Join(info, "labels"), nil
+	return sidecarproc.WriteFiles(dir, doc, "bench")
 }

@@ -202,17 +202,17 @@ func run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	defer envoy.stop()
+	defer func() { _ = envoy.Stop(stopGrace) }()
 	sc, err := startSidecar(ctx, sidecarBin, dir, rs.URL(), o.SidecarArgs)
 	if err != nil {
 		return err
 	}
-	defer sc.stop()
+	defer func() { _ = sc.Stop(stopGrace) }()
 	progress("redis-server on %s, envoyproxy/ratelimit gRPC on %s, sidecar gRPC on %s", rs.Addr(), envoy.GRPC, sc.GRPC)
 
 	pids := map[string]cellPIDs{
-		serverEnvoy:   {server: envoy.pid(), redis: rs.Pid()},
-		serverSidecar: {server: sc.pid(), redis: rs.Pid()},
+		serverEnvoy:   {server: envoy.Pid(), redis: rs.Pid()},
+		serverSidecar: {server: sc.Pid(), redis: rs.Pid()},
 	}
 	clients := map[string]*client{}
 	for name, addr := range map[string]string{serverEnvoy: envoy.GRPC, serverSidecar: sc.GRPC} {

@@ -3,18 +3,16 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+	"github.com/redline-dev/redline/internal/testutil/proc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 )
 
 // What both servers enforce. Each request carries one descriptor of two entries,
@@ -68,109 +66,32 @@ func policiesDocument() ([]byte, error) {
 	return data, nil
 }
 
-// proc is a server process on loopback ports with its output in a log file.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  string
-	// GRPC is the address of its rate limit service.
+// server is a rate limit server process; GRPC is the address of its rate limit service.
+type server struct {
+	*proc.Process
 	GRPC string
 }
 
-// pid is the process's id, 0 before it started.
-func (p *proc) pid() int {
-	if p.cmd == nil || p.cmd.Process == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
+// stopGrace is how long a server has to end after SIGTERM before it is killed.
+const stopGrace = 5 * time.Second
 
-func freeAddr() (string, error) {
-	p, err := redistest.FreePort()
-	if err != nil {
-		return "", fmt.Errorf("finding a free port: %w", err)
-	}
-	return "127.0.0.1:" + strconv.Itoa(p), nil
-}
-
+// freeAddrs are n loopback addresses nothing listens on.
 func freeAddrs(n int) ([]string, error) {
 	out := make([]string, n)
 	for i := range out {
-		a, err := freeAddr()
+		p, err := redistest.FreePort()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("finding a free port: %w", err)
 		}
-		out[i] = a
+		out[i] = "127.0.0.1:" + strconv.Itoa(p)
 	}
 	return out, nil
-}
-
-func (p *proc) start() error {
-	logf, err := os.Create(p.log)
-	if err != nil {
-		return fmt.Errorf("creating the log of %s: %w", p.name, err)
-	}
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	p.done = make(chan struct{})
-	if err := p.cmd.Start(); err != nil {
-		_ = logf.Close()
-		return fmt.Errorf("starting %s: %w", p.name, err)
-	}
-	go func() { _ = p.cmd.Wait(); _ = logf.Close(); close(p.done) }()
-	return nil
-}
-
-// waitHTTP polls url until it answers 200, the process exits or limit passes.
-func (p *proc) waitHTTP(ctx context.Context, url string, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	client := &http.Client{Timeout: time.Second}
-	for {
-		if resp, err := client.Get(url); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited before ready:\n%s", p.name, p.logTail())
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w", p.name, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready within %s:\n%s", p.name, limit, p.logTail())
-		}
-	}
-}
-
-func (p *proc) logTail() string {
-	b, _ := os.ReadFile(p.log)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}
-
-// stop ends the process (SIGTERM, then SIGKILL after 5s) and waits for it.
-func (p *proc) stop() {
-	if p.cmd.Process == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
 }
 
 // startEnvoyRatelimit runs envoyproxy/ratelimit's server binary against redisAddr, configured
 // the way its README documents: environment variables and a YAML file under
 // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config. extraEnv (KEY=VALUE) comes last and wins.
-func startEnvoyRatelimit(ctx context.Context, bin, dir, redisAddr string, extraEnv []string) (*proc, error) {
+func startEnvoyRatelimit(ctx context.Context, bin, dir, redisAddr string, extraEnv []string) (*server, error) {
 	runtimeRoot := filepath.Join(dir, "runtime")
 	cfgDir := filepath.Join(runtimeRoot, "ratelimit", "config")
 	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
@@ -188,9 +109,7 @@ func startEnvoyRatelimit(ctx context.Context, bin, dir, redisAddr string, extraE
 	hh, hp := hostPort(httpAddr)
 	gh, gp := hostPort(grpcAddr)
 	dh, dp := hostPort(debugAddr)
-	p := &proc{name: "envoyproxy/ratelimit", log: filepath.Join(dir, "envoy-ratelimit.log"), GRPC: grpcAddr}
-	p.cmd = exec.Command(bin)
-	p.cmd.Env = append(os.Environ(),
+	env := append(os.Environ(),
 		"HOST="+hh, "PORT="+hp, "GRPC_HOST="+gh, "GRPC_PORT="+gp, "DEBUG_HOST="+dh, "DEBUG_PORT="+dp,
 		"RUNTIME_ROOT="+runtimeRoot, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_APPDIRECTORY=config",
 		"RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true",
@@ -201,22 +120,19 @@ func startEnvoyRatelimit(ctx context.Context, bin, dir, redisAddr string, extraE
 		"USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=warn",
 		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=SINGLE", "REDIS_URL="+redisAddr,
 	)
-	p.cmd.Env = append(p.cmd.Env, extraEnv...)
-	if err := p.start(); err != nil {
+	p, err := proc.Start(dir, "envoy-ratelimit", bin, nil, append(env, extraEnv...))
+	if err != nil {
 		return nil, err
 	}
-	if err := p.waitHTTP(ctx, "http://"+httpAddr+"/healthcheck", 30*time.Second); err != nil {
-		p.stop()
-		return nil, err
+	if err := p.WaitHTTP(ctx, "http://"+httpAddr+"/healthcheck", 30*time.Second, 50*time.Millisecond); err != nil {
+		_ = p.Stop(stopGrace)
+		return nil, fmt.Errorf("waiting for envoyproxy/ratelimit to be ready: %w", err)
 	}
-	return p, nil
+	return &server{Process: p, GRPC: grpcAddr}, nil
 }
 
 // sidecar is a Redline sidecar process; Admin serves /readyz and /metrics.
-type sidecar struct {
-	*proc
-	Admin string
-}
+type sidecar struct{ *sidecarproc.Sidecar }
 
 // startSidecar runs the sidecar binary with the policies document against redisURL. The
 // proxy face needs an upstream; nothing listens there, only the gRPC face is measured.
@@ -225,29 +141,14 @@ func startSidecar(ctx context.Context, bin, dir, redisURL string, extraArgs []st
 	if err != nil {
 		return nil, err
 	}
-	cfgDir, info := filepath.Join(dir, "policies"), filepath.Join(dir, "podinfo")
-	if err := kubeletdir.Write(cfgDir, map[string][]byte{policydoc.DataKey: doc}); err != nil {
-		return nil, fmt.Errorf("writing the policies: %w", err)
-	}
-	if err := kubeletdir.Write(info, map[string][]byte{"labels": []byte("app=\"" + domain + "\"\n")}); err != nil {
-		return nil, fmt.Errorf("writing the labels: %w", err)
-	}
-	addrs, err := freeAddrs(5)
+	files, err := sidecarproc.WriteFiles(dir, doc, domain)
 	if err != nil {
 		return nil, err
 	}
-	s := &sidecar{proc: &proc{name: "redline sidecar", log: filepath.Join(dir, "sidecar.log"), GRPC: addrs[2]}, Admin: addrs[1]}
-	args := []string{"--listen=" + addrs[0], "--admin-listen=" + s.Admin, "--grpc-listen=" + s.GRPC,
-		"--check-listen=" + addrs[3], "--upstream=" + addrs[4], "--config-dir=" + cfgDir,
-		"--pod-labels=" + filepath.Join(info, "labels"), "--log-level=warn"}
-	s.cmd = exec.Command(bin, append(args, extraArgs...)...)
-	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME=compare-0", "POD_NAMESPACE="+domain)
-	if err := s.start(); err != nil {
-		return nil, err
+	s, err := sidecarproc.Start(ctx, sidecarproc.Options{Bin: bin, Dir: dir, Name: "sidecar", Pod: "compare-0",
+		Namespace: domain, Files: files, RedisURL: redisURL, Args: extraArgs})
+	if err != nil {
+		return nil, fmt.Errorf("starting the Redline sidecar: %w", err)
 	}
-	if err := s.waitHTTP(ctx, "http://"+s.Admin+"/readyz", 30*time.Second); err != nil {
-		s.stop()
-		return nil, err
-	}
-	return s, nil
+	return &sidecar{s}, nil
 }

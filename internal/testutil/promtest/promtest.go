@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -19,8 +18,8 @@ import (
 	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/redline-dev/redline/internal/testutil/proc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
-	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
 // ScrapeInterval is how often every target is scraped (and rules evaluated).
@@ -60,7 +59,7 @@ type Server struct {
 	// API is its HTTP API.
 	API promv1.API
 	// Proc is the process; its log is Proc.LogPath.
-	Proc *stack.Process
+	Proc *proc.Process
 }
 
 // Start runs prometheus from Binary with its configuration and TSDB in dir, scraping targets
@@ -108,7 +107,7 @@ func StartWithRules(ctx context.Context, dir string, targets []Target, rules []b
 		return nil, fmt.Errorf("choosing the prometheus port: %w", err)
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	p, err := stack.StartProcess(dir, "prometheus", bin, []string{
+	p, err := proc.Start(dir, "prometheus", bin, []string{
 		"--config.file=" + cfgPath, "--storage.tsdb.path=" + filepath.Join(dir, "prometheus-tsdb"),
 		"--web.listen-address=" + addr, "--log.level=warn",
 	}, nil)
@@ -129,34 +128,10 @@ func StartWithRules(ctx context.Context, dir string, targets []Target, rules []b
 
 // waitReady polls /-/ready for up to 30 s.
 func (s *Server) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	hc := &http.Client{Timeout: time.Second}
-	var last string // the last status or error, for the message
-	for {
-		if done, err := s.Proc.Exited(); done {
-			return fmt.Errorf("prometheus exited (%v); last lines of %s:\n%s", err, s.Proc.LogPath, s.Proc.LogTail(3000))
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"/-/ready", nil)
-		if err != nil {
-			return fmt.Errorf("building the readiness request: %w", err)
-		}
-		if resp, err := hc.Do(req); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = resp.Status
-		} else {
-			last = err.Error()
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("prometheus at %s not ready (%s): %w; last lines of %s:\n%s",
-				s.URL, last, ctx.Err(), s.Proc.LogPath, s.Proc.LogTail(3000))
-		case <-time.After(100 * time.Millisecond):
-		}
+	if err := s.Proc.WaitHTTP(ctx, s.URL+"/-/ready", 30*time.Second, 100*time.Millisecond); err != nil {
+		return fmt.Errorf("waiting for prometheus to be ready: %w", err)
 	}
+	return nil
 }
 
 // Stop ends Prometheus (SIGTERM, then SIGKILL after 10 s).

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/testutil/proc"
 )
 
 // Server is one redis-server process on a loopback port. Stop and Start keep the port, so
@@ -26,7 +28,7 @@ import (
 type Server struct {
 	Port int
 	dir  string
-	cmd  *exec.Cmd
+	proc *proc.Process // nil while it is not running
 	args []string
 	// tls is how the helper's own clients reach a TLS server (StartTLS); nil for plaintext.
 	tls *tls.Config
@@ -37,10 +39,10 @@ func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.It
 
 // Pid is the server process's id, 0 while it is not running.
 func (s *Server) Pid() int {
-	if s.cmd == nil || s.cmd.Process == nil {
+	if s.proc == nil {
 		return 0
 	}
-	return s.cmd.Process.Pid
+	return s.proc.Pid()
 }
 
 // URL is the redis:// URL of the server, rediss:// for one started with StartTLS.
@@ -207,32 +209,29 @@ func start(t *TLSServer, extra []string) (*Server, error) {
 
 // Start (re)starts the process on the same port and waits until it answers PING.
 func (s *Server) Start() error {
-	if s.cmd != nil {
+	if s.proc != nil {
 		return errors.New("redis-server already running")
 	}
 	bin, err := Binary()
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(bin, s.args...)
-	// A test binary killed by a timeout must not leave servers behind on the machine.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	logf, err := os.OpenFile(filepath.Join(s.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	// Killed with the test binary, even by a timeout's SIGKILL: no servers left behind. The log
+	// (redis.log) is appended to, so a restarted server's keeps the earlier runs'.
+	p, err := proc.Start(s.dir, "redis", bin, s.args, nil)
 	if err != nil {
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("starting redis-server: %w", err)
-	}
-	s.cmd = cmd
-	go func() { _ = cmd.Wait(); logf.Close() }()
+	s.proc = p
 
 	c := s.Client("")
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
+		if done, _ := p.Exited(); done {
+			s.proc = nil
+			return fmt.Errorf("redis-server on %s: %w", s.Addr(), p.ExitError())
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err = c.Ping(ctx).Err()
 		cancel()
@@ -249,11 +248,14 @@ func (s *Server) Start() error {
 
 // Stop kills the process (SIGKILL: a crash, not a clean shutdown) and waits until the port is free.
 func (s *Server) Stop() error {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return nil
 	}
-	_ = s.cmd.Process.Kill()
-	s.cmd = nil
+	err := s.proc.Kill()
+	s.proc = nil
+	if err != nil {
+		return err
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		c, err := net.DialTimeout("tcp", s.Addr(), 100*time.Millisecond)
@@ -276,18 +278,18 @@ func (s *Server) Log() string {
 // Pause freezes the process (SIGSTOP): connections stay open but nothing answers, like a Redis
 // stuck in a long command or behind a dead network path.
 func (s *Server) Pause() error {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return errors.New("redis-server not running")
 	}
-	return s.cmd.Process.Signal(syscall.SIGSTOP)
+	return s.proc.Signal(syscall.SIGSTOP)
 }
 
 // Resume continues a paused process (SIGCONT).
 func (s *Server) Resume() error {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return errors.New("redis-server not running")
 	}
-	return s.cmd.Process.Signal(syscall.SIGCONT)
+	return s.proc.Signal(syscall.SIGCONT)
 }
 
 // Close stops the server and removes its directory.

@@ -1,5 +1,6 @@
-// Package sidecarproc builds the sidecar binary and reads its metrics and CPU time, for the
-// harnesses under hack/ that run it as a process beside other servers.
+// Package sidecarproc builds the sidecar binary, runs it (on proc) with the files kubelet would
+// give it, and reads its metrics and CPU time, for the harnesses under hack/ that run it as a
+// process beside other servers.
 package sidecarproc
 
 import (

@@ -2,15 +2,22 @@ package sidecarproc
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
+
+	"github.com/redline-dev/redline/internal/policydoc"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
 func TestScrape(t *testing.T) {
@@ -52,4 +59,109 @@ func TestCPUTime(t *testing.T) {
 	if _, err := CPUTime(-1); err == nil {
 		t.Error("no error for a process that does not exist")
 	}
+}
+
+// TestStartRunsTheSidecarUntilStopped builds the sidecar, starts it against a real
+// redis-server and asks it for decisions: every face's address is its own, the policies and
+// labels files are read, and Stop ends it cleanly (SIGTERM, exit status 0).
+func TestStartRunsTheSidecarUntilStopped(t *testing.T) {
+	g := NewWithT(t)
+	bin := build(t)
+	srv, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	defer srv.Close()
+	dir := t.TempDir()
+	files := writeFiles(t, dir, 2)
+	ctx := context.Background()
+	sc, err := Start(ctx, Options{Bin: bin, Dir: filepath.Join(dir, "logs"), Name: "start-0", Namespace: "ns",
+		Files: files, RedisURL: srv.URL()})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = sc.Kill() }()
+	g.Expect([]string{sc.Proxy, sc.Check, sc.GRPC}).NotTo(ContainElement(sc.Admin))
+
+	var allowed []bool
+	for range 3 {
+		allowed = append(allowed, check(t, sc.Check))
+	}
+	g.Expect(allowed).To(Equal([]bool{true, true, false}), "the policy's limit of 2, counted in Redis")
+	m, err := Scrape(ctx, "http://"+sc.Admin+"/metrics", "redline_sidecar_redis_decisions_total")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(m["redline_sidecar_redis_decisions_total"]).To(BeNumerically(">=", 1))
+
+	g.Expect(sc.Stop(30 * time.Second)).To(Succeed())
+	done, exitErr := sc.Exited()
+	g.Expect(done).To(BeTrue())
+	g.Expect(exitErr).NotTo(HaveOccurred(), "a clean shutdown on SIGTERM; log:\n%s", sc.LogTail(2000))
+}
+
+// A sidecar that cannot start is reported with the end of its log, at once.
+func TestStartReportsASidecarThatExits(t *testing.T) {
+	g := NewWithT(t)
+	bin := build(t)
+	dir := t.TempDir()
+	_, err := Start(context.Background(), Options{Bin: bin, Dir: dir, Name: "bad", Namespace: "ns",
+		Files: writeFiles(t, dir, 1), RedisURL: "redis://127.0.0.1:1", Args: []string{"--no-such-flag"}})
+	g.Expect(err).To(MatchError(ContainSubstring("bad exited (exit status 2)")))
+	g.Expect(err).To(MatchError(ContainSubstring("no-such-flag")), "the sidecar's own words, from its log")
+}
+
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// build compiles ./cmd/sidecar once for the package's tests.
+func build(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "sidecarproc-test-"); built.err == nil {
+			built.bin, built.err = Build(context.Background(), "../../..", built.dir)
+		}
+	})
+	if built.err != nil {
+		t.Fatalf("building the sidecar: %v", built.err)
+	}
+	return built.bin
+}
+
+// writeFiles writes a policy of one FixedWindow rule, limit per minute, keyed on header k.
+func writeFiles(t *testing.T, dir string, limit int64) Files {
+	t.Helper()
+	p := policydoc.Policy{Name: "p", Generation: 1, Selector: policydoc.Selector{MatchLabels: map[string]string{"app": "a"}},
+		FailureMode: "Closed", Rules: []policydoc.Rule{{Name: "r", Key: []policydoc.KeyPart{{Header: "k"}},
+			Algorithm: "FixedWindow", Requests: limit, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce"}}}
+	_, doc, err := policydoc.Build("ns", []policydoc.Policy{p}, map[string]string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := WriteFiles(filepath.Join(dir, "files"), doc, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// check asks the decision API for one unit of rule p/r, key "one".
+func check(t *testing.T, addr string) bool {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+"/v1/check", "application/json",
+		strings.NewReader(`{"policy":"p","rule":"r","key":["one"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct{ Allowed bool }
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatalf("decoding /v1/check (status %s): %v", resp.Status, err)
+	}
+	return out.Allowed
 }

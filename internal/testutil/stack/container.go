@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+	"github.com/redline-dev/redline/internal/testutil/proc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -31,7 +32,7 @@ type Container struct {
 	// Volumes maps each mount path to the local directory standing in for it.
 	Volumes map[string]string
 	// Proc is the process.
-	Proc *Process
+	Proc *proc.Process
 
 	pod      *corev1.Pod
 	ctr      corev1.Container
@@ -130,7 +131,7 @@ func RunContainer(ctx context.Context, c client.Client, pod *corev1.Pod, name st
 		rc.stopSyncing()
 		return nil, fmt.Errorf("creating %s: %w", opts.Dir, err)
 	}
-	p, err := StartProcess(opts.Dir, name, opts.Binary, rc.Args, rc.Env)
+	p, err := proc.Start(opts.Dir, name, opts.Binary, rc.Args, rc.Env)
 	if err != nil {
 		rc.stopSyncing()
 		return nil, err
@@ -190,10 +191,8 @@ func (rc *Container) waitReady(ctx context.Context) error {
 		return fmt.Errorf("container %s has no HTTP readiness probe to wait for", rc.ctr.Name)
 	}
 	url := probeURL(probe, rc.ctr.Ports, rc.Ports)
-	last, err := waitHTTPOK(ctx, rc.Proc, url, time.Minute, 100*time.Millisecond)
-	if err != nil {
-		return fmt.Errorf("waiting for container %s to be ready at %s (%s): %w; last lines of %s:\n%s",
-			rc.ctr.Name, url, last, err, rc.Proc.LogPath, rc.Proc.LogTail(3000))
+	if err := rc.Proc.WaitHTTP(ctx, url, time.Minute, 100*time.Millisecond); err != nil {
+		return fmt.Errorf("waiting for container %s to be ready: %w", rc.ctr.Name, err)
 	}
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/redline-dev/redline/internal/testutil/proc"
 )
 
 // kcmControllers are the kube-controller-manager controllers the stack needs: Deployments make
@@ -51,7 +53,7 @@ func (s *Stack) startControlPlane(ctx context.Context, assets string) error {
 	s.progress("kube-apiserver at %s (kubeconfig %s)", cfg.Host, s.Kubeconfig)
 
 	s.progress("starting kube-controller-manager (%s)", kcmControllers)
-	kcm, err := StartProcess(s.Dir, "kube-controller-manager", filepath.Join(assets, "kube-controller-manager"), []string{
+	kcm, err := proc.Start(s.Dir, "kube-controller-manager", filepath.Join(assets, "kube-controller-manager"), []string{
 		"--kubeconfig=" + s.Kubeconfig,
 		"--controllers=" + kcmControllers,
 		"--leader-elect=false",
@@ -72,10 +74,10 @@ func (s *Stack) startControlPlane(ctx context.Context, assets string) error {
 	case <-time.After(500 * time.Millisecond):
 	}
 	if done, _ := kcm.Exited(); done {
-		return kcm.errExited()
+		return kcm.ExitError()
 	}
 	return nil
 }
 
 // ControllerManager is the kube-controller-manager process.
-func (s *Stack) ControllerManager() *Process { return s.kcm }
+func (s *Stack) ControllerManager() *proc.Process { return s.kcm }

@@ -3,12 +3,12 @@ package stack
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"time"
 
 	"github.com/redline-dev/redline/internal/sidecar/contract"
+	"github.com/redline-dev/redline/internal/testutil/proc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -56,45 +56,18 @@ func (s *Stack) runManager(ctx context.Context) error {
 	s.progress("starting the manager (controller + webhook) on webhook port %d", s.env.WebhookInstallOptions.LocalServingPort)
 	env := append(os.Environ(), "KUBECONFIG="+s.Kubeconfig, "POD_NAMESPACE="+managerNamespace,
 		contract.EnvRedisPassword+"="+s.opts.RedisPassword)
-	p, err := StartProcess(s.Dir, "manager", s.Bin.Manager, s.mgrArgs, env)
+	p, err := proc.Start(s.Dir, "manager", s.Bin.Manager, s.mgrArgs, env)
 	if err != nil {
 		return err
 	}
 	s.Manager = p
 	s.addCleanup(func() error { return p.Stop(10 * time.Second) })
-	if err := s.waitManagerReady(ctx, p); err != nil {
-		return err
+	// /readyz includes the webhook server having started.
+	if err := p.WaitHTTP(ctx, s.probeURL+"/readyz", time.Minute, 100*time.Millisecond); err != nil {
+		return fmt.Errorf("waiting for the manager to be ready: %w", err)
 	}
 	s.progress("manager ready (log %s)", p.LogPath)
 	return nil
-}
-
-// waitManagerReady polls /readyz, which includes the webhook server having started.
-func (s *Stack) waitManagerReady(ctx context.Context, p *Process) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	hc := &http.Client{Timeout: time.Second}
-	for {
-		if done, _ := p.Exited(); done {
-			return p.errExited()
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.probeURL+"/readyz", nil)
-		if err != nil {
-			return fmt.Errorf("building readiness request: %w", err)
-		}
-		if resp, err := hc.Do(req); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the manager to be ready at %s/readyz: %w; last lines of %s:\n%s",
-				s.probeURL, ctx.Err(), p.LogPath, p.LogTail(3000))
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // RestartManager kills the manager (SIGKILL: no graceful shutdown, like a crashed or evicted

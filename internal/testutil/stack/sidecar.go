@@ -9,11 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
-
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/redline-dev/redline/internal/sidecar/contract"
+	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+	"github.com/redline-dev/redline/internal/testutil/proc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -35,7 +35,7 @@ type Sidecar struct {
 	// Volumes maps each mount path of the container to the local directory standing in for it.
 	Volumes map[string]string
 	// Proc is the process.
-	Proc *Process
+	Proc *proc.Process
 
 	stopSync context.CancelFunc
 	syncDone chan struct{}
@@ -141,7 +141,7 @@ func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr st
 	// kubelet sets HOSTNAME to the pod's name; nothing of this machine's environment leaks in.
 	sc.Env = append([]string{"HOSTNAME=" + pod.Name}, env...)
 
-	p, err := StartProcess(s.Dir, "sidecar-"+pod.Name, s.Bin.Sidecar, sc.Args, sc.Env)
+	p, err := proc.Start(s.Dir, "sidecar-"+pod.Name, s.Bin.Sidecar, sc.Args, sc.Env)
 	if err != nil {
 		sc.stopSyncing()
 		return nil, err
@@ -251,10 +251,8 @@ func (sc *Sidecar) waitReady(ctx context.Context, ports map[int32]int) error {
 		return fmt.Errorf("sidecar of pod %s has no HTTP readiness probe to wait for", sc.Pod.Name)
 	}
 	url := probeURL(probe, sc.Container.Ports, ports)
-	last, err := waitHTTPOK(ctx, sc.Proc, url, 30*time.Second, 50*time.Millisecond)
-	if err != nil {
-		return fmt.Errorf("waiting for the sidecar of pod %s to be ready at %s (%s): %w; last lines of %s:\n%s",
-			sc.Pod.Name, url, last, err, sc.Proc.LogPath, sc.Proc.LogTail(2000))
+	if err := sc.Proc.WaitHTTP(ctx, url, 30*time.Second, 50*time.Millisecond); err != nil {
+		return fmt.Errorf("waiting for the sidecar of pod %s to be ready: %w", sc.Pod.Name, err)
 	}
 	return nil
 }

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/testutil/proc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -64,12 +65,12 @@ type Stack struct {
 	// Bin are the manager and sidecar binaries.
 	Bin Binaries
 	// Manager is the manager process (replaced by RestartManager).
-	Manager *Process
+	Manager *proc.Process
 
 	opts     Options
 	root     string
 	env      *envtest.Environment
-	kcm      *Process
+	kcm      *proc.Process
 	mgrArgs  []string
 	probeURL string
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,7 +203,6 @@ func SidecarContainer(pod *corev1.Pod) (*corev1.Container, bool) {
 // errTimeout is returned by poll when the condition never held.
 var errTimeout = errors.New("timed out")
 
-// poll calls cond every interval until it returns true or an error, ctx ends or timeout passes.
 // probeURL is the loopback URL of an HTTP probe: its port, by number or by the name of one of
 // the declared ports, mapped to the loopback port standing in for it.
 func probeURL(probe *corev1.Probe, declared []corev1.ContainerPort, mapped map[int32]int) string {
@@ -219,27 +217,7 @@ func probeURL(probe *corev1.Probe, declared []corev1.ContainerPort, mapped map[i
 	return fmt.Sprintf("http://127.0.0.1:%d%s", mapped[port], probe.HTTPGet.Path)
 }
 
-// waitHTTPOK polls url until it answers 200 OK, p exits, or timeout passes, and returns the
-// last status or error it saw, for the caller's message.
-func waitHTTPOK(ctx context.Context, p *Process, url string, timeout, every time.Duration) (string, error) {
-	hc := &http.Client{Timeout: time.Second}
-	var last string
-	err := poll(ctx, timeout, every, func() (bool, error) {
-		if done, _ := p.Exited(); done {
-			return false, p.errExited()
-		}
-		resp, err := hc.Get(url)
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		last = resp.Status
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	return last, err
-}
-
+// poll calls cond every interval until it returns true or an error, ctx ends or timeout passes.
 func poll(ctx context.Context, timeout, interval time.Duration, cond func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
 	for {

@@ -50,7 +50,6 @@ import (
 
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
-	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 
@@ -344,12 +343,9 @@ func printScripts(ctx context.Context, tree, dir string) ([]script, error) {
 	return scripts, nil
 }
 
-// files are what kubelet would give the sidecar.
-type files struct{ cfgDir, labels string }
-
 // writeSidecarFiles writes the policies document (one rule per algorithm, keyed on x-key) and
 // the labels file. Both builds read the same document: policydoc's format did not change.
-func writeSidecarFiles(dir string) (files, error) {
+func writeSidecarFiles(dir string) (sidecarproc.Files, error) {
 	key := []policydoc.KeyPart{{Header: keyHeader}}
 	p := policydoc.Policy{Name: policy, Generation: 1, Selector: policydoc.Selector{MatchLabels: map[string]string{"app": "bench"}},
 		FailureMode: "LocalFallback"}
@@ -359,18 +355,9 @@ func writeSidecarFiles(dir string) (files, error) {
 	}
 	_, doc, err := policydoc.Build(namespace, []policydoc.Policy{p}, map[string]string{})
 	if err != nil {
-		return files{}, fmt.Errorf("building the policies document: %w", err)
+		return sidecarproc.Files{}, fmt.Errorf("building the policies document: %w", err)
 	}
-	f := files{cfgDir: filepath.Join(dir, "policies")}
-	info := filepath.Join(dir, "podinfo")
-	if err := kubeletdir.Write(f.cfgDir, map[string][]byte{policydoc.DataKey: doc}); err != nil {
-		return files{}, fmt.Errorf("writing the policies: %w", err)
-	}
-	if err := kubeletdir.Write(info, map[string][]byte{"labels": []byte("app=\"bench\"\n")}); err != nil {
-		return files{}, fmt.Errorf("writing the labels: %w", err)
-	}
-	f.labels = filepath.Join(info, "labels")
-	return f, nil
+	return sidecarproc.WriteFiles(dir, doc, "bench")
 }
 
 // startUpstream serves a tiny application on a loopback port (the sidecar's --upstream).
@@ -387,7 +374,7 @@ func startUpstream() (string, func(), error) {
 
 // measure runs cell c once on version v: a fresh redis-server with v's scripts, a fresh sidecar.
 // With profile set, the sidecar serves pprof and a CPU profile of the load is written there.
-func measure(ctx context.Context, o options, v *version, c cell, f files, upstream, logs, profile string) (sample, error) {
+func measure(ctx context.Context, o options, v *version, c cell, f sidecarproc.Files, upstream, logs, profile string) (sample, error) {
 	srv, err := redistest.Start()
 	if err != nil {
 		return sample{}, fmt.Errorf("starting redis-server: %w", err)
@@ -411,7 +398,7 @@ func measure(ctx context.Context, o options, v *version, c cell, f files, upstre
 	if err != nil {
 		return sample{}, err
 	}
-	defer sc.stop()
+	defer func() { _ = sc.Stop(3 * time.Second) }()
 	fn, closeFn, err := faceOp(sc, c)
 	if err != nil {
 		return sample{}, err
@@ -426,14 +413,14 @@ func measure(ctx context.Context, o options, v *version, c cell, f files, upstre
 	if err != nil {
 		return sample{}, err
 	}
-	cpu0, err := sidecarproc.CPUTime(sc.pid())
+	cpu0, err := sidecarproc.CPUTime(sc.Pid())
 	if err != nil {
 		return sample{}, fmt.Errorf("reading the sidecar's CPU time: %w", err)
 	}
-	stopRSS := samplePeak(sc.pid())
+	stopRSS := samplePeak(sc.Pid())
 	profiled := make(chan error, 1)
 	if profile != "" {
-		go func() { profiled <- fetchProfile(ctx, sc.admin, o.pprofSeconds, profile) }()
+		go func() { profiled <- fetchProfile(ctx, sc.Admin, o.pprofSeconds, profile) }()
 	} else {
 		profiled <- nil
 	}
@@ -445,11 +432,11 @@ func measure(ctx context.Context, o options, v *version, c cell, f files, upstre
 	if err != nil {
 		return sample{}, err
 	}
-	cpu1, err := sidecarproc.CPUTime(sc.pid())
+	cpu1, err := sidecarproc.CPUTime(sc.Pid())
 	if err != nil {
 		return sample{}, fmt.Errorf("reading the sidecar's CPU time: %w", err)
 	}
-	hwm, err := statusMiB(sc.pid(), "VmHWM:")
+	hwm, err := statusMiB(sc.Pid(), "VmHWM:")
 	if err != nil {
 		return sample{}, err
 	}
@@ -512,7 +499,7 @@ func keyOf(i int64, n int) string {
 func faceOp(s *sidecar, c cell) (func(context.Context, int64) error, func(), error) {
 	rule := rules[c.algorithm]
 	if c.face == faceRLS {
-		conn, err := grpc.NewClient(s.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(s.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, nil, fmt.Errorf("dialing the RLS face: %w", err)
 		}
@@ -532,7 +519,7 @@ func faceOp(s *sidecar, c cell) (func(context.Context, int64) error, func(), err
 		}, func() { _ = conn.Close() }, nil
 	}
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}}
-	url := "http://" + s.check + "/v1/check"
+	url := "http://" + s.Check + "/v1/check"
 	return func(ctx context.Context, i int64) error {
 		body := `{"policy":"` + policy + `","rule":"` + rule + `","key":["` + keyOf(i, c.keys) + `"]}`
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
@@ -596,96 +583,21 @@ func closedLoop(ctx context.Context, conc int, maxOps int64, maxTime time.Durati
 }
 
 // sidecar is one sidecar process on loopback ports.
-type sidecar struct {
-	cmd                *exec.Cmd
-	exited             chan struct{}
-	log                string
-	admin, check, grpc string
-}
-
-func (s *sidecar) pid() int { return s.cmd.Process.Pid }
+type sidecar struct{ *sidecarproc.Sidecar }
 
 // startSidecar runs bin with the flags both builds know, plus extra, and waits until it is ready.
-func startSidecar(ctx context.Context, bin, logs, name string, f files, redisURL, upstream string, extra []string) (*sidecar, error) {
-	var ports [4]string
-	for i := range ports {
-		p, err := redistest.FreePort()
-		if err != nil {
-			return nil, fmt.Errorf("finding a free port: %w", err)
-		}
-		ports[i] = "127.0.0.1:" + strconv.Itoa(p)
-	}
-	if err := os.MkdirAll(logs, 0o755); err != nil {
-		return nil, fmt.Errorf("creating %s: %w", logs, err)
-	}
-	s := &sidecar{admin: ports[0], check: ports[1], grpc: ports[2], exited: make(chan struct{}), log: filepath.Join(logs, name+".log")}
-	logf, err := os.Create(s.log)
+func startSidecar(ctx context.Context, bin, logs, name string, f sidecarproc.Files, redisURL, upstream string, extra []string) (*sidecar, error) {
+	s, err := sidecarproc.Start(ctx, sidecarproc.Options{Bin: bin, Dir: logs, Name: name, Pod: "cost-0", Namespace: namespace,
+		Files: f, RedisURL: redisURL, Upstream: upstream, Args: append([]string{"--redis-timeout=" + redisTimeout.String()}, extra...)})
 	if err != nil {
-		return nil, fmt.Errorf("creating the sidecar log: %w", err)
-	}
-	args := append([]string{"--listen=" + ports[3], "--upstream=" + upstream, "--admin-listen=" + s.admin,
-		"--check-listen=" + s.check, "--grpc-listen=" + s.grpc, "--config-dir=" + f.cfgDir, "--pod-labels=" + f.labels,
-		"--log-level=warn", "--redis-timeout=" + redisTimeout.String()}, extra...)
-	s.cmd = exec.Command(bin, args...)
-	s.cmd.Env = append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME=cost-0", "POD_NAMESPACE="+namespace)
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	// Killed with this command, even by SIGKILL.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
-		_ = logf.Close()
 		return nil, fmt.Errorf("starting sidecar %s: %w", bin, err)
 	}
-	go func() { _ = s.cmd.Wait(); _ = logf.Close(); close(s.exited) }()
-	if err := s.waitReady(ctx, 20*time.Second); err != nil {
-		s.stop()
-		return nil, err
-	}
-	return s, nil
-}
-
-func (s *sidecar) waitReady(ctx context.Context, limit time.Duration) error {
-	client := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		if resp, err := client.Get("http://" + s.admin + "/readyz"); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-s.exited:
-			return fmt.Errorf("sidecar exited before ready: %s", s.logTail())
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the sidecar: %w", ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("sidecar not ready within %s: %s", limit, s.logTail())
-}
-
-func (s *sidecar) logTail() string {
-	b, _ := os.ReadFile(s.log)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
-}
-
-// stop ends the process (SIGTERM, then SIGKILL after 3s) and waits for it.
-func (s *sidecar) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(3 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-	}
+	return &sidecar{s}, nil
 }
 
 // degraded is the sidecar's count of decisions its failure mode made.
 func (s *sidecar) degraded(ctx context.Context) (float64, error) {
-	m, err := sidecarproc.Scrape(ctx, "http://"+s.admin+"/metrics", "redline_sidecar_degraded_decisions_total")
+	m, err := sidecarproc.Scrape(ctx, "http://"+s.Admin+"/metrics", "redline_sidecar_degraded_decisions_total")
 	if err != nil {
 		return 0, err
 	}
