@@ -99,7 +99,9 @@ func start(t *testing.T, mode string, env ...string) *Process {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := Start(t.TempDir(), mode, bin, nil, append([]string{childEnv + "=" + mode}, env...))
+	// A binary built for coverage (make test's -coverprofile) warns on exit without GOCOVERDIR,
+	// which would be part of the child's log.
+	p, err := Start(t.TempDir(), mode, bin, nil, append([]string{childEnv + "=" + mode, "GOCOVERDIR=" + t.TempDir()}, env...))
 	if err != nil {
 		t.Fatal(err)
 	}
