@@ -16,10 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
@@ -83,24 +80,11 @@ func envOf(c *corev1.Container, name string) string {
 // startBackendTenantACL runs the tenant ACL reconciler over the suite's backends (the suite's
 // manager runs everything else) until the returned function is called.
 func startBackendTenantACL(keyNS string) func() {
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: k8s.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
-		Controller: config.Controller{SkipNameValidation: new(true)},
-	})
-	Expect(err).NotTo(HaveOccurred())
-	Expect(controller.SetupTenantACL(mgr, controller.TenantACLConfig{
+	return startTenantACLManager(controller.TenantACLConfig{
 		Mode: controller.TenantACLAuto, SecretName: "redline-redis", Backends: suiteBackends,
 		KeySecret:    types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		RedisTimeout: 2 * time.Second, MaxBackoff: time.Second,
-	})).To(Succeed())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(ctx)).To(Succeed())
-	}()
-	return func() { cancel(); <-done }
+	})
 }
 
 var _ = Describe("RedisBackends", Ordered, func() {

@@ -32,22 +32,30 @@ const aclAdminPassword = "acl-admin"
 // startTenantACL runs a manager with only the tenant ACL reconciler, against srv (whose default
 // user needs aclAdminPassword), until the returned function is called.
 func startTenantACL(srv *redistest.Server, mode string, rotation time.Duration, keyNS string, hooks ...redis.Hook) func() {
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: aclAdminPassword, MaxRetries: -1})
+	for _, h := range hooks {
+		admin.AddHook(h)
+	}
+	stop := startTenantACLManager(controller.TenantACLConfig{
+		Mode: mode, SecretName: "redline-redis",
+		Nodes:     func(ctx context.Context, fn func(context.Context, *redis.Client) error) error { return fn(ctx, admin) },
+		KeySecret: types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
+		Rotation:  rotation, RedisTimeout: 2 * time.Second, MaxBackoff: time.Second,
+	})
+	return func() { stop(); _ = admin.Close() }
+}
+
+// startTenantACLManager runs a manager of its own with only the tenant ACL reconciler of c
+// until the returned function is called.
+func startTenantACLManager(c controller.TenantACLConfig) func() {
+	GinkgoHelper()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: k8s.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
 		// Each spec starts its own manager in this process: the controller's name repeats.
 		Controller: config.Controller{SkipNameValidation: new(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: aclAdminPassword, MaxRetries: -1})
-	for _, h := range hooks {
-		admin.AddHook(h)
-	}
-	Expect(controller.SetupTenantACL(mgr, controller.TenantACLConfig{
-		Mode: mode, SecretName: "redline-redis",
-		Nodes:     func(ctx context.Context, fn func(context.Context, *redis.Client) error) error { return fn(ctx, admin) },
-		KeySecret: types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
-		Rotation:  rotation, RedisTimeout: 2 * time.Second, MaxBackoff: time.Second,
-	})).To(Succeed())
+	Expect(controller.SetupTenantACL(mgr, c)).To(Succeed())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -55,7 +63,7 @@ func startTenantACL(srv *redistest.Server, mode string, rotation time.Duration, 
 		defer close(done)
 		Expect(mgr.Start(ctx)).To(Succeed())
 	}()
-	return func() { cancel(); <-done; _ = admin.Close() }
+	return func() { cancel(); <-done }
 }
 
 func tenantNamespace(prefix string) string {

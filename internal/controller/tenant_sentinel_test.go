@@ -13,10 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/limiter"
@@ -32,11 +29,6 @@ const sentinelAdminPassword = "sentinel-admin"
 // Sentinel group, wired as cmd/manager wires it: the nodes and the sentinels from the URL, the
 // admin's credentials from options, never from the URL.
 func startTenantACLSentinel(grp *redistest.Sentinel, keyNS string) func() {
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: k8s.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
-		Controller: config.Controller{SkipNameValidation: new(true)},
-	})
-	Expect(err).NotTo(HaveOccurred())
 	opts := redisconn.Options{
 		Password: aclAdminPassword, SentinelPassword: grp.Password(), VerifyMaster: true,
 		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
@@ -47,19 +39,12 @@ func startTenantACLSentinel(grp *redistest.Sentinel, keyNS string) func() {
 	Expect(err).NotTo(HaveOccurred())
 	// As the manager wires it: the manager's Redis is a backend, the default.
 	backends := controller.NewBackends(controller.NewBackend("", grp.URL(), rdb, nodes.Each, nodes.EachSentinel, 0, time.Minute, nil), nil)
-	Expect(controller.SetupTenantACL(mgr, controller.TenantACLConfig{
+	stop := startTenantACLManager(controller.TenantACLConfig{
 		Mode: controller.TenantACLAuto, SecretName: "redline-redis", Backends: backends,
 		KeySecret:    types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		RedisTimeout: 5 * time.Second, MaxBackoff: time.Second,
-	})).To(Succeed())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(ctx)).To(Succeed())
-	}()
-	return func() { cancel(); <-done; _ = nodes.Close(); _ = rdb.Close() }
+	})
+	return func() { stop(); _ = nodes.Close(); _ = rdb.Close() }
 }
 
 // secretData is the namespace's credentials Secret, as a sidecar mounts it.
