@@ -12,12 +12,9 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
@@ -71,17 +68,7 @@ var _ = Describe("Two tenants on one Redis", func() {
 			g.Expect(password).NotTo(BeEmpty())
 		}).WithTimeout(time.Minute).Should(Succeed())
 		for _, ns := range []string{victimNamespace, attackerNamespace} {
-			Eventually(func(g Gomega) {
-				var list v1alpha1.RateLimitPolicyList
-				g.Expect(st.Client.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
-				g.Expect(list.Items).NotTo(BeEmpty())
-				for _, p := range list.Items {
-					c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionTenantIsolation)
-					g.Expect(c).NotTo(BeNil(), "%s/%s has no TenantIsolation", ns, p.Name)
-					g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s/%s: %s", ns, p.Name, c.Message)
-					g.Expect(c.Reason).To(Equal(controller.ReasonTenantIsolated))
-				}
-			}).WithTimeout(time.Minute).Should(Succeed())
+			waitIsolated(ctx, ns)
 		}
 		attacker := redis.NewClient(&redis.Options{Addr: st.Redis.Addr(), Username: user, Password: password, MaxRetries: -1})
 		defer func() { _ = attacker.Close() }()
