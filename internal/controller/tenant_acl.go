@@ -703,7 +703,15 @@ type redisRestartWatcher struct {
 }
 
 // Start runs until ctx ends; it implements manager.Runnable (leader only).
+//
+// The first read is at once, not one interval later: it is what later reads are compared
+// with, and a node that restarted after the reconciles at start set its users but before a
+// later first read would have its new run_id taken as the one it always had. Its users would
+// then be set again only at the next rotation period, every sidecar on it meeting WRONGPASS
+// until then (test/failover measured it: a Redis restarted 4 s after the manager, at a 10 s
+// interval, refused the namespace's user for the rest of the window).
 func (w *redisRestartWatcher) Start(ctx context.Context) error {
+	w.check(ctx)
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {
