@@ -4,16 +4,41 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Cluster is a Redis Cluster, each node a redis-server on a loopback port: masters only
 // (StartCluster) or a replica per master (StartClusterWithReplicas).
 type Cluster struct {
 	Nodes []*Server
+	// password is every node's requirepass and masterauth (ClusterOptions.Password), "" for none.
+	password string
+}
+
+// ClusterOptions change the cluster StartClusterWith starts.
+type ClusterOptions struct {
+	// Masters is the number of masters (at least 3); Replicas the replicas of each (0 or 1).
+	Masters, Replicas int
+	// Password, when set, is every node's requirepass, and the masterauth a replica
+	// authenticates to its master with: Redis's default user then needs it, as in an
+	// installation whose admin alone holds it. redis-cli and the helpers of Cluster use it.
+	Password string
+}
+
+// StartClusterWith starts o.Masters cluster-enabled redis-servers with o.Replicas (0 or 1)
+// each, as `redis-cli --cluster create --cluster-replicas` lays them out, and waits until every
+// node reports cluster_state:ok and every replica is in sync.
+func StartClusterWith(o ClusterOptions) (*Cluster, error) {
+	if o.Replicas < 0 || o.Replicas > 1 {
+		return nil, fmt.Errorf("starting redis cluster: want 0 or 1 replicas a master, got %d", o.Replicas)
+	}
+	return startClusterWith(o.Masters, o.Replicas, nil, o.Password)
 }
 
 // StartCluster starts n (at least 3) cluster-enabled redis-servers, joins them with
@@ -22,16 +47,16 @@ func StartCluster(n int) (*Cluster, error) { return startCluster(n, 0) }
 
 // StartClusterTLS is StartCluster for nodes that speak TLS only, to clients and on the
 // cluster bus (tls-cluster yes), every one with the certificate of t.
-func StartClusterTLS(n int, t TLSServer) (*Cluster, error) { return startClusterWith(n, 0, &t) }
+func StartClusterTLS(n int, t TLSServer) (*Cluster, error) { return startClusterWith(n, 0, &t, "") }
 
 // startCluster starts masters cluster-enabled redis-servers with replicas (0 or 1) each, as
 // `redis-cli --cluster create --cluster-replicas` lays them out, and waits until every node
 // reports cluster_state:ok and every replica is in sync.
 func startCluster(masters, replicas int) (*Cluster, error) {
-	return startClusterWith(masters, replicas, nil)
+	return startClusterWith(masters, replicas, nil, "")
 }
 
-func startClusterWith(masters, replicas int, t *TLSServer) (*Cluster, error) {
+func startClusterWith(masters, replicas int, t *TLSServer, password string) (*Cluster, error) {
 	if masters < 3 {
 		return nil, fmt.Errorf("starting redis cluster: need at least 3 masters, got %d", masters)
 	}
@@ -39,11 +64,14 @@ func startClusterWith(masters, replicas int, t *TLSServer) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{}
+	c := &Cluster{password: password}
 	for i := range masters * (1 + replicas) {
 		args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}
 		if t != nil {
 			args = append(args, "--tls-cluster", "yes")
+		}
+		if password != "" {
+			args = append(args, "--requirepass", password, "--masterauth", password)
 		}
 		s, err := start(t, args)
 		if err != nil {
@@ -57,7 +85,12 @@ func startClusterWith(masters, replicas int, t *TLSServer) (*Cluster, error) {
 	if t != nil {
 		args = append(args, "--tls", "--cacert", t.CAFile, "--cert", t.CertFile, "--key", t.KeyFile)
 	}
-	out, err := exec.Command(cli, args...).CombinedOutput()
+	cmd := exec.Command(cli, args...)
+	if password != "" {
+		// REDISCLI_AUTH, not -a: the password stays out of the process list.
+		cmd.Env = append(os.Environ(), "REDISCLI_AUTH="+password)
+	}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("creating cluster with redis-cli: %w\n%s", err, out)
@@ -94,6 +127,19 @@ func (c *Cluster) URL() string {
 	return "redis://" + strings.Join(c.Addrs(), ",")
 }
 
+// Password is every node's requirepass ("" for none).
+func (c *Cluster) Password() string { return c.password }
+
+// Client is a client of the one node at addr, as the admin (the default user, with Password).
+func (c *Cluster) Client(addr string) *redis.Client {
+	for _, s := range c.Nodes {
+		if s.Addr() == addr {
+			return s.Client(c.password)
+		}
+	}
+	return redis.NewClient(&redis.Options{Addr: addr, Password: c.password, MaxRetries: -1})
+}
+
 // Close stops every node and removes their directories.
 func (c *Cluster) Close() error {
 	var errs []error
@@ -109,7 +155,7 @@ func (c *Cluster) waitOK(timeout time.Duration) error {
 	for time.Now().Before(deadline) {
 		ok := true
 		for _, s := range c.Nodes {
-			rc := s.Client("")
+			rc := s.Client(c.password)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			info, err := rc.ClusterInfo(ctx).Result()
 			cancel()
@@ -149,7 +195,7 @@ func StartClusterWithReplicas(masters int) (*Cluster, error) { return startClust
 func (c *Cluster) replicasInSync() int {
 	n := 0
 	for _, s := range c.Nodes {
-		rc := s.Client("")
+		rc := s.Client(c.password)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		info, err := rc.Info(ctx, "replication").Result()
 		cancel()
@@ -164,7 +210,7 @@ func (c *Cluster) replicasInSync() int {
 // ReplicaOf returns the node that replicates the master at addr.
 func (c *Cluster) ReplicaOf(addr string) (*Server, error) {
 	for _, s := range c.Nodes {
-		rc := s.Client("")
+		rc := s.Client(c.password)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		info, err := rc.Info(ctx, "replication").Result()
 		cancel()
