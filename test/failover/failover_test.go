@@ -5,12 +5,24 @@
 // more than its limit on every key, and the sidecars must restore what Redis lost from their
 // shares. The cells are package internal/testutil/failover's, which hack/failover prints.
 //
+// Every cell but one runs what the chart installs (failover.TenantACL): Redis's default user
+// and the sentinels have passwords only the manager holds; the manager binary runs against an
+// envtest control plane with none of its intervals or modes set, gives the namespace its own
+// Redis user on every node, loads the scripts on every node and watches for restarts, at its
+// default --script-check-interval; the sidecars authenticate as the namespace's user from the
+// Secret it writes, and may not load scripts. TestSuiteRunsTheChartsDefaults fails when one of
+// those defaults changes without this suite. One Sentinel cell runs on Redis's default user
+// without a manager (failover.DefaultUser), as the control: its sidecars load the scripts
+// themselves.
+//
 // Windows are 20s, so that waiting for one to begin costs at most 20s a cell, and the sidecars
 // heartbeat every 2s (--heartbeat-interval; the default is 5s), so the hold after a
 // restoration, a heartbeat interval and a second, is 3s instead of 6s.
 //
 // $REDLINE_FAILOVER_SIDECAR names a sidecar binary to run instead of building ./cmd/sidecar:
-// how these tests were checked against a sidecar from before issue 20 (README, Redis failover).
+// how these tests were checked against a sidecar from before issue 20 (README, Redis failover);
+// $REDLINE_FAILOVER_MANAGER likewise a manager binary. KUBEBUILDER_ASSETS must name the
+// directory of etcd and kube-apiserver (make test sets it).
 package failover_test
 
 import (
@@ -18,11 +30,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/testutil/failover"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
 const (
@@ -37,6 +53,17 @@ const (
 	// generous bound (Sentinel switches in 2-3s; a cluster shard's failover took the sidecars
 	// 35-60s before they asked for a new slot map on failures).
 	decideBound = 20 * time.Second
+	// checkInterval and tenantACL are the manager's defaults this suite was written and
+	// measured for: its --script-check-interval (how soon a restarted node gets its scripts and
+	// users again) and --redis-tenant-acl. TestSuiteRunsTheChartsDefaults holds them to the
+	// binary's, so a change of either fails here until the suite is looked at again.
+	checkInterval = time.Second
+	tenantACL     = "auto"
+	// reactionBound is how long after Redis has a master again the failure mode may go on
+	// deciding under the manager: a generous bound (measured: at most 1.1s; the manager reacts
+	// within a check interval, then a sidecar's breaker lets a call through), which a manager
+	// that reacted at a 10s interval breaks.
+	reactionBound = 5 * checkInterval
 )
 
 // hotRules are measured on one hot key; spreadRules over keys keys.
@@ -66,7 +93,8 @@ func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	env, err = failover.NewEnv(ctx, failover.Options{
-		Dir: dir, SidecarBin: os.Getenv("REDLINE_FAILOVER_SIDECAR"), Window: window, HeartbeatInterval: heartbeat,
+		Dir: dir, SidecarBin: os.Getenv("REDLINE_FAILOVER_SIDECAR"), ManagerBin: os.Getenv("REDLINE_FAILOVER_MANAGER"),
+		Window: window, HeartbeatInterval: heartbeat,
 		Concurrency: 32,
 		Rules: []failover.Rule{
 			{Name: hotRules[0], Algorithm: "FixedWindow", Limit: hotLimit, Keys: 1},
@@ -123,6 +151,10 @@ func checkWindow(t *testing.T, c *failover.Cell) {
 		t.Errorf("the sidecars decided from Redis again %.1fs after the kill (0: one never did); want within %s",
 			c.Decided.Seconds(), decideBound)
 	}
+	if c.Auth == failover.TenantACL && c.ClosedAfterSwitchAll() > reactionBound {
+		t.Errorf("the failure mode decided until %.1fs after Redis had a master again (%.1fs after the kill): want within %s, the manager's reaction at a %s check interval",
+			c.ClosedAfterSwitchAll().Seconds(), c.Switch.Seconds(), reactionBound, checkInterval)
+	}
 	var restored float64
 	for _, v := range c.Restored {
 		restored += v
@@ -135,32 +167,48 @@ func checkWindow(t *testing.T, c *failover.Cell) {
 // Sentinel: the replica is kept behind (its ACL user disabled on the master, its link cut)
 // when every hot key has admitted a quarter of its limit, the master is killed at half, and
 // Sentinel promotes the replica, which lacks what was counted in between. 3 and 10 sidecars,
-// leases on and off, FixedWindow and SlidingWindowCounter, one hot key and 1,000 keys.
+// leases on and off, FixedWindow and SlidingWindowCounter, one hot key and 1,000 keys, under
+// the chart's defaults; and the control: 3 leasing sidecars on Redis's default user, no manager.
 func TestSentinelFailoverKeepsEveryWindowWithinItsLimit(t *testing.T) {
 	var cells []*failover.Cell
 	t.Cleanup(func() { logTable(t, cells...) })
+	type cell struct {
+		auth   failover.Auth
+		n      int
+		leases bool
+	}
+	var tcs []cell
 	for _, n := range []int{3, 10} {
 		for _, leases := range []bool{true, false} {
-			t.Run(fmt.Sprintf("sidecars=%d/leases=%t", n, leases), func(t *testing.T) {
-				c, err := env.Sentinel(cellContext(t), n, leases, failover.Timing{CutAt: 0.25, KillAt: 0.5})
-				if err != nil {
-					t.Fatal(err)
-				}
-				cells = append(cells, c)
-				logTable(t, c)
-				checkWindow(t, c)
-				for _, r := range c.Rules {
-					// A spread key's demand (30-60 checks a window, spread over it) may leave
-					// one short of its limit of 5 on a loaded machine, after the switch and the
-					// hold, or with leased units not spent by the window's end; all of them
-					// together are not far short (measured: every key admitted exactly 5).
-					if r.Keys > 1 && r.Admitted*100 < int64(r.Keys)*r.Limit*80 {
-						t.Errorf("%s: %d keys admitted %d together, less than 80%% of their limits (%d)",
-							r.Name, r.Keys, r.Admitted, int64(r.Keys)*r.Limit)
-					}
-				}
-			})
+			tcs = append(tcs, cell{failover.TenantACL, n, leases})
 		}
+	}
+	tcs = append(tcs, cell{failover.DefaultUser, 3, true})
+	for _, tc := range tcs {
+		n, leases := tc.n, tc.leases
+		name := fmt.Sprintf("sidecars=%d/leases=%t", n, leases)
+		if tc.auth == failover.DefaultUser {
+			name = "default-user/" + name
+		}
+		t.Run(name, func(t *testing.T) {
+			c, err := env.Sentinel(cellContext(t), tc.auth, n, leases, failover.Timing{CutAt: 0.25, KillAt: 0.5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cells = append(cells, c)
+			logTable(t, c)
+			checkWindow(t, c)
+			for _, r := range c.Rules {
+				// A spread key's demand (30-60 checks a window, spread over it) may leave
+				// one short of its limit of 5 on a loaded machine, after the switch and the
+				// hold, or with leased units not spent by the window's end; all of them
+				// together are not far short (measured: every key admitted exactly 5).
+				if r.Keys > 1 && r.Admitted*100 < int64(r.Keys)*r.Limit*80 {
+					t.Errorf("%s: %d keys admitted %d together, less than 80%% of their limits (%d)",
+						r.Name, r.Keys, r.Admitted, int64(r.Keys)*r.Limit)
+				}
+			}
+		})
 	}
 }
 
@@ -180,7 +228,7 @@ func TestClusterFailoverDecidesOnTheNewMasterAndRestoresTheWindow(t *testing.T) 
 		{"by-the-cluster/leases=false", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := env.Cluster(cellContext(t), 3, tc.leases, tc.takeover, hotRules, failover.Timing{CutAt: 0.25, KillAt: 0.5})
+			c, err := env.Cluster(cellContext(t), failover.TenantACL, 3, tc.leases, tc.takeover, hotRules, failover.Timing{CutAt: 0.25, KillAt: 0.5})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -198,7 +246,7 @@ func TestClusterFailoverDecidesOnTheNewMasterAndRestoresTheWindow(t *testing.T) 
 // one deciding from a lease), says so in its metrics, and the window admits no more than its
 // limit.
 func TestRedisRestartedEmptyIsRestoredWithinTheWindow(t *testing.T) {
-	c, err := env.Restart(cellContext(t), 3, true, hotRules, failover.Timing{KillAt: 0.5})
+	c, err := env.Restart(cellContext(t), failover.TenantACL, 3, true, hotRules, failover.Timing{KillAt: 0.5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,5 +263,60 @@ func TestRedisRestartedEmptyIsRestoredWithinTheWindow(t *testing.T) {
 	if c.RestoredIn == 0 || c.RestoredIn > c.Switch+heartbeat+3*time.Second {
 		t.Errorf("every sidecar had restored its shares %.2fs after the kill (0: not within the window), Redis answered after %.2fs: want within a heartbeat interval (%s) and a margin",
 			c.RestoredIn.Seconds(), c.Switch.Seconds(), heartbeat)
+	}
+}
+
+// The suite runs what the chart installs: the manager binary's own defaults for the tenant ACL
+// mode and the script check interval, which the chart does not set and the Env does not pass,
+// are the ones this suite was written for (checkInterval, tenantACL) and the controller's
+// (controller.DefaultCheckInterval, controller.TenantACLAuto). A default changed in one place
+// only, or set by the chart or the Env, fails here.
+func TestSuiteRunsTheChartsDefaults(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	defaults, err := env.ManagerDefaults(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	interval, err := time.ParseDuration(defaults[failover.FlagScriptCheckInterval])
+	if err != nil {
+		t.Fatalf("the manager's -%s default %q: %v", failover.FlagScriptCheckInterval, defaults[failover.FlagScriptCheckInterval], err)
+	}
+	if interval != controller.DefaultCheckInterval {
+		t.Errorf("the manager's -%s defaults to %s, not controller.DefaultCheckInterval (%s)",
+			failover.FlagScriptCheckInterval, interval, controller.DefaultCheckInterval)
+	}
+	if interval != checkInterval {
+		t.Errorf("the manager's -%s defaults to %s; this suite was written and measured for %s: look at its bounds and the README's numbers again",
+			failover.FlagScriptCheckInterval, interval, checkInterval)
+	}
+	acl := defaults[failover.FlagTenantACL]
+	if acl != controller.TenantACLAuto {
+		t.Errorf("the manager's -%s defaults to %q, not controller.TenantACLAuto (%q)", failover.FlagTenantACL, acl, controller.TenantACLAuto)
+	}
+	if acl != tenantACL {
+		t.Errorf("the manager's -%s defaults to %q; this suite was written for %q", failover.FlagTenantACL, acl, tenantACL)
+	}
+	for _, a := range env.ManagerArgs() {
+		for _, f := range []string{failover.FlagScriptCheckInterval, failover.FlagTenantACL} {
+			if strings.HasPrefix(strings.TrimLeft(a, "-"), f) {
+				t.Errorf("the suite's manager runs with %s: it must run at the default", a)
+			}
+		}
+	}
+	root, err := stack.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"charts/redline/templates/deployment.yaml", "charts/redline/values.yaml"} {
+		data, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, flag := range []string{failover.FlagScriptCheckInterval, failover.FlagTenantACL} {
+			if strings.Contains(string(data), flag) {
+				t.Errorf("%s sets --%s: the chart would not ship the default this suite runs", f, flag)
+			}
+		}
 	}
 }

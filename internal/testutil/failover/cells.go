@@ -31,25 +31,36 @@ func (t Timing) valid() error {
 	return nil
 }
 
-// Sentinel is one failover of a Sentinel group (redistest.StartSentinel) under n sidecars on
-// its redis+sentinel:// URL: the replica cut off (CutReplica) at t.CutAt, the master SIGKILLed
-// at t.KillAt, the demand kept up while Sentinel promotes the replica, which lacks what was
-// counted in between.
-func (e *Env) Sentinel(ctx context.Context, n int, leases bool, t Timing) (_ *Cell, err error) {
+// Sentinel is one failover of a Sentinel group (redistest.StartSentinelWith) under n sidecars
+// on its redis+sentinel:// URL: the replica cut off (CutReplica) at t.CutAt, the master
+// SIGKILLed at t.KillAt, the demand kept up while Sentinel promotes the replica, which lacks
+// what was counted in between. With TenantACL the data servers and the sentinels have admin
+// passwords and the manager provisions the sidecars (see TenantACL).
+func (e *Env) Sentinel(ctx context.Context, auth Auth, n int, leases bool, t Timing) (_ *Cell, err error) {
 	if err := t.valid(); err != nil {
 		return nil, err
 	}
-	g, err := redistest.StartSentinel()
+	e.cellSeq++
+	var opts redistest.SentinelOptions
+	if auth == TenantACL {
+		opts = redistest.SentinelOptions{Password: sentinelPassword, DataPassword: adminPassword}
+	}
+	g, err := redistest.StartSentinelWith(opts)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, g.Close()) }()
-	f, err := e.StartFleet(ctx, g.URL(), n, leases)
+	acc, err := e.provision(ctx, auth, redisSetup{url: g.URL(), nodes: []string{g.Master().Addr(), g.Replica().Addr()}, sentinels: g.SentinelAddrs()})
+	if err != nil {
+		return nil, fmt.Errorf("sentinel, %s: %w", auth, err)
+	}
+	defer acc.stop()
+	f, err := e.StartFleet(ctx, g.URL(), acc.credsDir, n, leases)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Stop()
-	c, err := e.runWindow(ctx, f, CellSpec{Scenario: "sentinel", Tail: t.Tail}, func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) error {
+	c, err := e.runWindow(ctx, f, CellSpec{Scenario: "sentinel", Auth: auth, Tail: t.Tail}, func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) error {
 		if err := l.waitHot(ctx, t.CutAt); err != nil {
 			return err
 		}
@@ -73,7 +84,7 @@ func (e *Env) Sentinel(ctx context.Context, n int, leases bool, t Timing) (_ *Ce
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sentinel, %d sidecars, leases %t: %w\n%s", n, leases, err, f.LogTails(1500))
+		return nil, fmt.Errorf("sentinel, %s, %d sidecars, leases %t: %w\n%s%s", auth, n, leases, err, f.LogTails(1500), acc.logTail(1500))
 	}
 	return c, nil
 }
@@ -82,17 +93,23 @@ func (e *Env) Sentinel(ctx context.Context, n int, leases bool, t Timing) (_ *Ce
 // sidecars on its seed list: the shard holding the hot key of every rule in rules has its
 // replica cut off (it cannot authenticate to its master any more) at t.CutAt, its master is
 // SIGKILLed at t.KillAt, and the replica is promoted by CLUSTER FAILOVER TAKEOVER (takeover)
-// or by the cluster itself once the master is past its node timeout.
-func (e *Env) Cluster(ctx context.Context, n int, leases, takeover bool, rules []string, t Timing) (_ *Cell, err error) {
+// or by the cluster itself once the master is past its node timeout. With TenantACL every node
+// has an admin password and the manager provisions the sidecars (see TenantACL).
+func (e *Env) Cluster(ctx context.Context, auth Auth, n int, leases, takeover bool, rules []string, t Timing) (_ *Cell, err error) {
 	if err := t.valid(); err != nil {
 		return nil, err
 	}
-	cl, err := redistest.StartClusterWithReplicas(3)
+	e.cellSeq++
+	co := redistest.ClusterOptions{Masters: 3, Replicas: 1}
+	if auth == TenantACL {
+		co.Password = adminPassword
+	}
+	cl, err := redistest.StartClusterWith(co)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, cl.Close()) }()
-	master, hot, probes, err := shardKeys(ctx, cl, rules, fmt.Sprintf("probe-%d", e.cellSeq+1))
+	master, hot, probes, err := shardKeys(ctx, cl, rules, fmt.Sprintf("probe-%d", e.cellSeq))
 	if err != nil {
 		return nil, err
 	}
@@ -106,12 +123,17 @@ func (e *Env) Cluster(ctx context.Context, n int, leases, takeover bool, rules [
 	if err != nil {
 		return nil, err
 	}
-	mc := redis.NewClient(&redis.Options{Addr: master, MaxRetries: -1})
+	mc := cl.Client(master)
 	defer mc.Close()
-	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
+	rc := cl.Client(replica.Addr())
 	defer rc.Close()
 
-	f, err := e.StartFleet(ctx, cl.URL(), n, leases)
+	acc, err := e.provision(ctx, auth, redisSetup{url: cl.URL(), nodes: cl.Addrs()})
+	if err != nil {
+		return nil, fmt.Errorf("cluster, %s: %w", auth, err)
+	}
+	defer acc.stop()
+	f, err := e.StartFleet(ctx, cl.URL(), acc.credsDir, n, leases)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +142,7 @@ func (e *Env) Cluster(ctx context.Context, n int, leases, takeover bool, rules [
 	if takeover {
 		scenario = "cluster, CLUSTER FAILOVER TAKEOVER"
 	}
-	spec := CellSpec{Scenario: scenario, Rules: rules, HotKeys: hot, ProbeKeys: probes, Tail: t.Tail}
+	spec := CellSpec{Scenario: scenario, Auth: auth, Rules: rules, HotKeys: hot, ProbeKeys: probes, Tail: t.Tail}
 	c, err := e.runWindow(ctx, f, spec, func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) error {
 		if err := l.waitHot(ctx, t.CutAt); err != nil {
 			return err
@@ -156,7 +178,7 @@ func (e *Env) Cluster(ctx context.Context, n int, leases, takeover bool, rules [
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s, %d sidecars, leases %t: %w\n%s", scenario, n, leases, err, f.LogTails(1500))
+		return nil, fmt.Errorf("%s, %s, %d sidecars, leases %t: %w\n%s%s", scenario, auth, n, leases, err, f.LogTails(1500), acc.logTail(1500))
 	}
 	return c, nil
 }
@@ -164,7 +186,7 @@ func (e *Env) Cluster(ctx context.Context, n int, leases, takeover bool, rules [
 // shardKeys picks, on the cluster's master of the first rule's HotKey, a hot key value for
 // every rule and fresh probe key values (ProbeRule) starting with probePrefix.
 func shardKeys(ctx context.Context, cl *redistest.Cluster, rules []string, probePrefix string) (master string, hot map[string]string, probes []string, err error) {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), MaxRetries: -1})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), Password: cl.Password(), MaxRetries: -1})
 	defer cc.Close()
 	masterOf := func(key string) (string, error) {
 		m, err := cc.MasterForKey(ctx, key)
@@ -237,22 +259,35 @@ func cutClusterReplica(ctx context.Context, mc, rc *redis.Client) error {
 
 // Restart is a standalone Redis under n sidecars, SIGKILLed when every one-key rule of rules
 // has admitted t.KillAt of its limit and restarted at once, empty (no persistence), on the
-// same port. The cell's RestoredIn is when every sidecar's restored units had risen.
-func (e *Env) Restart(ctx context.Context, n int, leases bool, rules []string, t Timing) (_ *Cell, err error) {
+// same port. The cell's RestoredIn is when every sidecar's restored units had risen. With
+// TenantACL the server has an admin password (kept across the restart, as in its config
+// file) and the manager provisions the sidecars: the restart loses the scripts and the
+// namespace's user, and only the manager can give them back (see TenantACL).
+func (e *Env) Restart(ctx context.Context, auth Auth, n int, leases bool, rules []string, t Timing) (_ *Cell, err error) {
 	if err := t.valid(); err != nil {
 		return nil, err
 	}
-	srv, err := redistest.Start()
+	e.cellSeq++
+	var args []string
+	if auth == TenantACL {
+		args = []string{"--requirepass", adminPassword}
+	}
+	srv, err := redistest.Start(args...)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, srv.Close()) }()
-	f, err := e.StartFleet(ctx, srv.URL(), n, leases)
+	acc, err := e.provision(ctx, auth, redisSetup{url: srv.URL(), nodes: []string{srv.Addr()}})
+	if err != nil {
+		return nil, fmt.Errorf("standalone, %s: %w", auth, err)
+	}
+	defer acc.stop()
+	f, err := e.StartFleet(ctx, srv.URL(), acc.credsDir, n, leases)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Stop()
-	spec := CellSpec{Scenario: "standalone, restarted empty", Rules: rules, Tail: t.Tail}
+	spec := CellSpec{Scenario: "standalone, restarted empty", Auth: auth, Rules: rules, Tail: t.Tail}
 	c, err := e.runWindow(ctx, f, spec, func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) error {
 		if err := l.waitHot(ctx, t.KillAt); err != nil {
 			return err
@@ -285,7 +320,7 @@ func (e *Env) Restart(ctx context.Context, n int, leases bool, rules []string, t
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("standalone restart, %d sidecars, leases %t: %w\n%s", n, leases, err, f.LogTails(1500))
+		return nil, fmt.Errorf("standalone restart, %s, %d sidecars, leases %t: %w\n%s%s", auth, n, leases, err, f.LogTails(1500), acc.logTail(1500))
 	}
 	return c, nil
 }
@@ -294,12 +329,13 @@ func (e *Env) Restart(ctx context.Context, n int, leases bool, rules []string, t
 // limit (limit, demand and admitted over every key of the rule; max/key and min/key per key;
 // over: keys above their limit; short: keys whose demand exceeded the limit that admitted
 // less than 95% of it), the switch (Redis has a master again), when every sidecar decided
-// from Redis again, the last decision of the failure mode after the kill, and what the
-// sidecars restored.
+// from Redis again, the last decision of the failure mode after the kill (closed) and after
+// the switch (closed-sw: how long the sidecars went on deciding by their failure mode once
+// Redis had a master again, 0 when they stopped before), and what the sidecars restored.
 func Table(w io.Writer, cells []*Cell) {
-	_, _ = fmt.Fprintf(w, "%-40s %-21s %5s %8s %6s %7s %8s %8s %8s %9s %6s %7s %7s %5s %6s %9s %7s %7s %7s %8s %9s\n",
-		"scenario", "algorithm", "keys", "sidecars", "leases", "limit", "demand", "at cut", "at kill", "admitted", "x",
-		"max/key", "min/key", "over", "short", "degraded", "switch", "decided", "closed", "restored", "regressed")
+	_, _ = fmt.Fprintf(w, "%-40s %-12s %-21s %5s %8s %6s %7s %8s %8s %8s %9s %6s %7s %7s %5s %6s %9s %7s %7s %7s %9s %8s %9s\n",
+		"scenario", "auth", "algorithm", "keys", "sidecars", "leases", "limit", "demand", "at cut", "at kill", "admitted", "x",
+		"max/key", "min/key", "over", "short", "degraded", "switch", "decided", "closed", "closed-sw", "restored", "regressed")
 	for _, c := range cells {
 		lease := "off"
 		if c.Leases {
@@ -312,10 +348,23 @@ func Table(w io.Writer, cells []*Cell) {
 		}
 		for _, r := range c.Rules {
 			limit := r.Limit * int64(r.Keys)
-			_, _ = fmt.Fprintf(w, "%-40s %-21s %5d %8d %6s %7d %8d %8d %8d %9d %5.2fx %7d %7d %5d %6d %9d %6.1fs %6.1fs %6.1fs %8.0f %9.0f\n",
-				c.Scenario, r.Algorithm, r.Keys, c.Sidecars, lease, limit, r.Demand, r.AtCut, r.AtKill, r.Admitted,
+			_, _ = fmt.Fprintf(w, "%-40s %-12s %-21s %5d %8d %6s %7d %8d %8d %8d %9d %5.2fx %7d %7d %5d %6d %9d %6.1fs %6.1fs %6.1fs %8.1fs %8.0f %9.0f\n",
+				c.Scenario, c.Auth, r.Algorithm, r.Keys, c.Sidecars, lease, limit, r.Demand, r.AtCut, r.AtKill, r.Admitted,
 				float64(r.Admitted)/float64(limit), r.MaxKey, r.MinKey, r.OverKeys, r.ShortKeys, r.Degraded,
-				c.Switch.Seconds(), c.Decided.Seconds(), r.Closed.Seconds(), restored, regressed)
+				c.Switch.Seconds(), c.Decided.Seconds(), r.Closed.Seconds(), c.ClosedAfterSwitch(r).Seconds(), restored, regressed)
 		}
 	}
+}
+
+// ClosedAfterSwitch is how long after the switch the failure mode went on deciding rule r (0
+// when it stopped before the switch).
+func (c *Cell) ClosedAfterSwitch(r RuleResult) time.Duration { return max(r.Closed-c.Switch, 0) }
+
+// ClosedAfterSwitchAll is ClosedAfterSwitch over every rule of the cell.
+func (c *Cell) ClosedAfterSwitchAll() time.Duration {
+	var d time.Duration
+	for _, r := range c.Rules {
+		d = max(d, c.ClosedAfterSwitch(r))
+	}
+	return d
 }

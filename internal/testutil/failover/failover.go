@@ -30,6 +30,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
@@ -41,6 +42,9 @@ const (
 	Namespace = "failover"
 	Policy    = "failover"
 )
+
+// probeLimit is ProbeRule's limit per window, never reached.
+const probeLimit = 1_000_000_000
 
 // ProbeRule is a rule of the policy no load spends (a limit never reached): after a kill the
 // cell asks every sidecar for it on keys never used before, which have no share to restore and
@@ -77,6 +81,16 @@ type Options struct {
 	Concurrency int
 	// Progress, when set, is told what a cell is doing.
 	Progress func(format string, args ...any)
+	// ManagerBin is a manager binary for the TenantACL cells; empty builds ./cmd/manager into
+	// Dir on the first such cell.
+	ManagerBin string
+	// ManagerArgs are flags added to every manager's: none by default, so that the manager
+	// runs at its defaults. A control sets them (hack/failover -manager-arg
+	// --script-check-interval=10s measures the interval before issue 25).
+	ManagerArgs []string
+	// InstallTools lets the Env run hack/setup-envtest.sh when KUBEBUILDER_ASSETS is unset
+	// (hack/failover); without it a TenantACL cell needs the variable.
+	InstallTools bool
 }
 
 // Env is what every cell shares: the binary, the policy's files, the upstream.
@@ -89,6 +103,14 @@ type Env struct {
 	cellSeq               int
 	ruleIndex             map[string]int
 	hotRules, spreadRules []int
+
+	// The manager binary and the control plane of the TenantACL cells, made on first use.
+	mgrOnce sync.Once
+	mgrBin  string
+	mgrErr  error
+	cpOnce  sync.Once
+	cp      *controlPlane
+	cpErr   error
 }
 
 // NewEnv builds the sidecar (unless o.SidecarBin names one), writes the policy and starts the
@@ -142,10 +164,11 @@ func NewEnv(ctx context.Context, o Options) (*Env, error) {
 	return e, nil
 }
 
-// Close stops the upstream.
+// Close stops the upstream and the control plane.
 func (e *Env) Close() {
 	e.hc.CloseIdleConnections()
 	e.stopUpstream()
+	e.closeControlPlane()
 }
 
 // Window is the rules' window.
@@ -163,7 +186,7 @@ func (e *Env) writeSidecarFiles() error {
 			Algorithm: r.Algorithm, Requests: r.Limit, WindowMS: w, Mode: "Enforce"})
 	}
 	pol.Rules = append(pol.Rules, policydoc.Rule{Name: ProbeRule, Key: []policydoc.KeyPart{{Header: "x-key"}},
-		Algorithm: "FixedWindow", Requests: 1_000_000_000, WindowMS: w, Mode: "Enforce"})
+		Algorithm: "FixedWindow", Requests: probeLimit, WindowMS: w, Mode: "Enforce"})
 	_, doc, err := policydoc.Build(Namespace, []policydoc.Policy{pol}, map[string]string{})
 	if err != nil {
 		return fmt.Errorf("building the policies document: %w", err)
@@ -189,9 +212,10 @@ type Fleet struct {
 }
 
 // StartFleet starts n sidecars on redisURL, leasing (a 2s horizon) or not, and waits until
-// every one is ready. Stop ends them.
-func (e *Env) StartFleet(ctx context.Context, redisURL string, n int, leases bool) (_ *Fleet, err error) {
-	e.cellSeq++
+// every one is ready. With credsDir they authenticate with the credentials there
+// (--redis-credentials-dir, as injected with tenant ACLs); without, as Redis's default user.
+// Stop ends them.
+func (e *Env) StartFleet(ctx context.Context, redisURL, credsDir string, n int, leases bool) (_ *Fleet, err error) {
 	f := &Fleet{Leases: leases}
 	defer func() {
 		if err != nil {
@@ -222,6 +246,9 @@ func (e *Env) StartFleet(ctx context.Context, redisURL string, n int, leases boo
 		}
 		if e.o.HeartbeatInterval > 0 {
 			args = append(args, "--heartbeat-interval="+e.o.HeartbeatInterval.String())
+		}
+		if credsDir != "" {
+			args = append(args, "--"+contract.FlagRedisCredentialsDir+"="+credsDir)
 		}
 		p, err := stack.StartProcess(e.o.Dir, name, e.bin, args,
 			append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+Namespace))

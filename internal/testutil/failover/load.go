@@ -16,6 +16,9 @@ import (
 // switch took.
 type Cell struct {
 	Scenario string
+	// Auth is how the sidecars reached Redis: their namespace's user under the manager, or
+	// the default user (the control).
+	Auth     Auth
 	Sidecars int
 	Leases   bool
 	// Switch is from the kill until Redis had a master again: every sentinel names the
@@ -24,6 +27,9 @@ type Cell struct {
 	// Decided is from the kill until every sidecar had decided from Redis again (on ProbeRule,
 	// keys never used before, which have nothing to restore and so no hold); 0 if one never did.
 	Decided time.Duration
+	// ClosedBySidecar is, for each sidecar, from the kill until the last decision its failure
+	// mode made for any rule (0: none after the kill).
+	ClosedBySidecar []time.Duration
 	// RestoredIn is from the kill until every sidecar's redline_sidecar_restored_units_total
 	// had risen (measured by the restart cell only; 0 elsewhere).
 	RestoredIn time.Duration
@@ -64,8 +70,9 @@ type load struct {
 	admitted [][]atomic.Int64 // by rule (of rules), by key
 	demand   [][]atomic.Int64
 	degraded []atomic.Int64
-	closedNs []atomic.Int64
-	killedAt atomic.Int64 // unix ns of the kill, 0 before
+	closedNs []atomic.Int64 // by rule (of rules): ns from the kill to the failure mode's last decision
+	closedBy []atomic.Int64 // the same by sidecar
+	killedAt atomic.Int64   // unix ns of the kill, 0 before
 	next     atomic.Int64
 	keyNext  []atomic.Int64 // by rule (of rules)
 
@@ -83,7 +90,8 @@ func (e *Env) newLoad(f *Fleet, rules []int, hotKeys map[string]string, probeKey
 	l := &load{e: e, f: f, rules: rules, hotKeys: make([]string, len(rules)), probeKeys: probeKeys,
 		admitted: make([][]atomic.Int64, len(rules)), demand: make([][]atomic.Int64, len(rules)),
 		degraded: make([]atomic.Int64, len(rules)), closedNs: make([]atomic.Int64, len(rules)),
-		decided: make([]atomic.Int64, len(f.Checks)), keyNext: make([]atomic.Int64, len(rules))}
+		decided: make([]atomic.Int64, len(f.Checks)), closedBy: make([]atomic.Int64, len(f.Checks)),
+		keyNext: make([]atomic.Int64, len(rules))}
 	for i, ri := range rules {
 		l.admitted[i] = make([]atomic.Int64, e.o.Rules[ri].Keys)
 		l.demand[i] = make([]atomic.Int64, e.o.Rules[ri].Keys)
@@ -128,15 +136,15 @@ func (l *load) run(ctx context.Context) {
 					}
 					return
 				}
-				l.record(ri, k, resp)
+				l.record(int(s), ri, k, resp)
 			}
 		})
 	}
 	wg.Wait()
 }
 
-// record counts one decision of rule ri (of l.rules) on key k.
-func (l *load) record(ri, k int, r checkapi.Response) {
+// record counts one decision of sidecar s for rule ri (of l.rules) on key k.
+func (l *load) record(s, ri, k int, r checkapi.Response) {
 	l.demand[ri][k].Add(1)
 	if r.Allowed {
 		l.admitted[ri][k].Add(1)
@@ -155,9 +163,16 @@ func (l *load) record(ri, k int, r checkapi.Response) {
 	}
 	// The last decision the failure mode made after the kill is when the last sidecar stopped
 	// refusing.
-	for d := time.Now().UnixNano() - killedAt; ; {
-		old := l.closedNs[ri].Load()
-		if d <= old || l.closedNs[ri].CompareAndSwap(old, d) {
+	d := time.Now().UnixNano() - killedAt
+	raise(&l.closedNs[ri], d)
+	raise(&l.closedBy[s], d)
+}
+
+// raise sets v to d if d is larger.
+func raise(v *atomic.Int64, d int64) {
+	for {
+		old := v.Load()
+		if d <= old || v.CompareAndSwap(old, d) {
 			return
 		}
 	}
@@ -243,6 +258,7 @@ func (l *load) decidedAll() time.Duration {
 // CellSpec is how a cell runs its window.
 type CellSpec struct {
 	Scenario string
+	Auth     Auth
 	// Rules names the rules the demand spends (every rule of the Env when empty).
 	Rules []string
 	// HotKeys are the key values of one-key rules by name (HotKey for those it does not name).
@@ -279,7 +295,7 @@ func (e *Env) runWindow(ctx context.Context, f *Fleet, spec CellSpec, d drive) (
 			spec.ProbeKeys = append(spec.ProbeKeys, fmt.Sprintf("probe-%d-%d", e.cellSeq, i))
 		}
 	}
-	c := &Cell{Scenario: spec.Scenario, Sidecars: len(f.Checks), Leases: f.Leases}
+	c := &Cell{Scenario: spec.Scenario, Auth: spec.Auth, Sidecars: len(f.Checks), Leases: f.Leases}
 	// The whole measurement falls in one window: start just after one begins.
 	w := e.o.Window
 	if now := time.Now(); now.Sub(now.Truncate(w)) > 300*time.Millisecond {
@@ -318,6 +334,9 @@ func (e *Env) runWindow(ctx context.Context, f *Fleet, spec CellSpec, d drive) (
 		return nil, derr
 	}
 	c.Decided = l.decidedAll()
+	for i := range l.closedBy {
+		c.ClosedBySidecar = append(c.ClosedBySidecar, time.Duration(l.closedBy[i].Load()))
+	}
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var err error
