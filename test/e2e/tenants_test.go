@@ -148,3 +148,22 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
+
+// The suite runs what the chart installs: the manager with none of the intervals, bounds and
+// modes the chart leaves to the binary (so tenant ACLs at --redis-tenant-acl=auto and the
+// script and restart checks at controller.DefaultCheckInterval), on a Redis whose default user
+// has a password only the manager holds, so every sidecar is its namespace's own user.
+var _ = Describe("The end-to-end stack", func() {
+	It("runs the manager at its defaults, with per-namespace Redis users", func() {
+		for _, a := range st.ManagerArgs() {
+			for _, f := range []string{"--script-check-interval", "--redis-tenant-acl", "--max-backoff", "--resync-interval", "--budget-interval", "--redis-timeout"} {
+				Expect(a).NotTo(HavePrefix(f), "the e2e manager runs with %s: the chart runs the default", a)
+			}
+		}
+		Expect(redisAdminPassword).NotTo(BeEmpty())
+		for _, sc := range sidecars {
+			Expect(sc.Env).NotTo(ContainElement(ContainSubstring(redisAdminPassword)), "sidecar of %s holds the admin password", sc.Pod.Name)
+			Expect(sc.Args).To(ContainElement(HavePrefix("--"+contract.FlagRedisCredentialsDir+"=")), "sidecar of %s reads no credentials", sc.Pod.Name)
+		}
+	})
+})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -36,21 +37,28 @@ func (s *Stack) startManager(ctx context.Context) error {
 	}
 	wio := &s.env.WebhookInstallOptions
 	s.probeURL = "http://127.0.0.1:" + strconv.Itoa(probePort)
-	s.mgrArgs = append([]string{
+	s.mgrArgs = []string{
 		"--kubeconfig=" + s.Kubeconfig,
 		"--metrics-bind-address=0",
 		"--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(probePort),
 		"--redis-url=" + s.Redis.URL(),
-		"--script-check-interval=" + s.opts.ScriptCheckInterval.String(),
-		"--max-backoff=2s",
 		"--sidecar-image=" + SidecarImage,
 		"--webhook-port=" + strconv.Itoa(wio.LocalServingPort),
 		"--webhook-cert-dir=" + wio.LocalServingCertDir,
 		"--webhook-cert-mode=cert-manager", // the certificate is already in the cert dir
 		"--native-sidecars=auto",
-	}, s.opts.ManagerArgs...)
+	}
+	// Every interval, bound and mode the chart leaves to the binary stays the binary's default
+	// here too: the end-to-end suite runs what an installation runs.
+	if s.opts.ScriptCheckInterval > 0 {
+		s.mgrArgs = append(s.mgrArgs, "--script-check-interval="+s.opts.ScriptCheckInterval.String())
+	}
+	s.mgrArgs = append(s.mgrArgs, s.opts.ManagerArgs...)
 	return s.runManager(ctx)
 }
+
+// ManagerArgs are the flags the manager runs with.
+func (s *Stack) ManagerArgs() []string { return slices.Clone(s.mgrArgs) }
 
 func (s *Stack) runManager(ctx context.Context) error {
 	s.progress("starting the manager (controller + webhook) on webhook port %d", s.env.WebhookInstallOptions.LocalServingPort)

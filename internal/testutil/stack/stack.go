@@ -36,8 +36,9 @@ type Options struct {
 	// InstallTools lets the stack run hack/setup-envtest.sh when KUBEBUILDER_ASSETS is unset
 	// (the demo); without it a missing variable is an error (the tests).
 	InstallTools bool
-	// ScriptCheckInterval is the manager's --script-check-interval (default 1s, so a Redis
-	// restart or SCRIPT FLUSH is repaired quickly).
+	// ScriptCheckInterval, when set, is the manager's --script-check-interval; zero leaves the
+	// manager's default (controller.DefaultCheckInterval), which is what the chart ships and so
+	// what the suites run. Set it only in a test that measures another interval as a control.
 	ScriptCheckInterval time.Duration
 	// ManagerArgs are extra manager flags.
 	ManagerArgs []string
@@ -94,9 +95,6 @@ var Scheme = func() *runtime.Scheme {
 // Start brings up the control plane, Redis and the manager. On error everything already
 // started is stopped again. The caller must call Stop.
 func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
-	if opts.ScriptCheckInterval == 0 {
-		opts.ScriptCheckInterval = time.Second
-	}
 	if opts.Progress == nil {
 		opts.Progress = io.Discard
 	}
