@@ -704,12 +704,14 @@ type redisRestartWatcher struct {
 
 // Start runs until ctx ends; it implements manager.Runnable (leader only).
 //
-// The first read is at once, not one interval later: it is what later reads are compared
-// with, and a node that restarted after the reconciles at start set its users but before a
-// later first read would have its new run_id taken as the one it always had. Its users would
-// then be set again only at the next rotation period, every sidecar on it meeting WRONGPASS
-// until then (test/failover measured it: a Redis restarted 4 s after the manager, at a 10 s
-// interval, refused the namespace's user for the rest of the window).
+// The first read is at once, not one interval later, and reports every node it finds as
+// new: it is what later reads are compared with, and a node that restarted (or that the
+// reconciles at start did not list) before a later first read would have its run_id taken as
+// one that holds the users. Its users would then be set again only at the next rotation
+// period, every sidecar on it meeting WRONGPASS until then (test/failover measured it: a Redis
+// restarted 4 s after the manager, at a 10 s interval, refused the namespace's user for the
+// rest of the window; three replicas of a cluster the manager had just joined refused it for
+// a minute).
 func (w *redisRestartWatcher) Start(ctx context.Context) error {
 	w.check(ctx)
 	t := time.NewTicker(w.interval)
@@ -755,8 +757,12 @@ func (w *redisRestartWatcher) check(ctx context.Context) {
 			changed = true
 		}
 	}
+	// The first read counts as a change too (every node is new to it): the reconciles at
+	// start may have listed fewer nodes than there are (a cluster client's slot map, or the
+	// sentinels' replica list, not yet complete), and a node they missed would otherwise be
+	// taken as one that holds the users. One more ACL SETUSER per namespace and node at start
+	// buys that no node is left without them.
 	if w.last == nil {
-		changed = false // the first read: reconciles run anyway at start
 		w.last = map[string]string{}
 	}
 	maps.Copy(w.last, ids)
