@@ -84,7 +84,7 @@ func TestFunctionsAnswerAsTheScripts(t *testing.T) {
 			viaFunction, err := c.FCall(ctx, a.function, []string{benchKey(2000 + i)}, args...).Slice()
 			g.Expect(err).NotTo(HaveOccurred())
 			// Field 4 is Redis's clock (us), different between two calls; the rest is the decision.
-			g.Expect(len(viaFunction)).To(Equal(len(viaScript)))
+			g.Expect(viaFunction).To(HaveLen(len(viaScript)))
 			for j := range viaScript {
 				if j != 4 {
 					g.Expect(viaFunction[j]).To(Equal(viaScript[j]), "%s, call %d, field %d", a.name, i, j)

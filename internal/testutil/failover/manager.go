@@ -419,7 +419,7 @@ func provisioned(ctx context.Context, data map[string][]byte, r redisSetup, shas
 		for _, addr := range r.sentinels {
 			check(addr, func(ctx context.Context) error {
 				sc := redis.NewSentinelClient(&redis.Options{Addr: addr, Username: su, Password: spw, MaxRetries: -1})
-				defer sc.Close()
+				defer func() { _ = sc.Close() }()
 				if err := sc.Ping(ctx).Err(); err != nil {
 					return fmt.Errorf("as %s: %w", su, err)
 				}
