@@ -7,6 +7,9 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
@@ -112,4 +115,36 @@ func seconds(d time.Duration) string {
 		return fmt.Sprintf("%dms", d.Milliseconds())
 	}
 	return fmt.Sprintf("%.1fs", d.Seconds())
+}
+
+// pathOf is the path a rule matches, in either form of the API.
+func pathOf(r v1alpha1.Rule) string {
+	switch {
+	case r.Match == nil:
+		return "/"
+	case r.Match.Path != nil:
+		return r.Match.Path.Value
+	case r.Match.PathPrefix != "":
+		return r.Match.PathPrefix
+	}
+	return "/"
+}
+
+func methods(r v1alpha1.Rule) []string {
+	if r.Match == nil || len(r.Match.Methods) == 0 {
+		return []string{"requests"}
+	}
+	out := make([]string, len(r.Match.Methods))
+	for i, m := range r.Match.Methods {
+		out[i] = string(m) + "s"
+	}
+	return out
+}
+
+func envNames(env []corev1.EnvVar) string {
+	names := make([]string, len(env))
+	for i, e := range env {
+		names[i] = e.Name
+	}
+	return strings.Join(names, ",")
 }
