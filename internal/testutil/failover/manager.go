@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,8 +17,8 @@ import (
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+	"github.com/redline-dev/redline/internal/testutil/proc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
-	"github.com/redline-dev/redline/internal/testutil/stack"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
@@ -78,7 +77,7 @@ type redisSetup struct {
 // DefaultUser) and the manager that writes it.
 type access struct {
 	credsDir string
-	manager  *stack.Process
+	manager  *proc.Process
 }
 
 func (a *access) stop() {
@@ -143,7 +142,7 @@ func (e *Env) provision(ctx context.Context, auth Auth, r redisSetup) (_ *access
 	}
 	args = append(args, e.o.ManagerArgs...)
 	env := append(os.Environ(), "KUBECONFIG="+cp.kubeconfig, "POD_NAMESPACE="+ManagerNamespace)
-	p, err := stack.StartProcess(e.o.Dir, name, bin, args, env)
+	p, err := proc.Start(e.o.Dir, name, bin, args, env)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +153,7 @@ func (e *Env) provision(ctx context.Context, auth Auth, r redisSetup) (_ *access
 			a.stop()
 		}
 	}()
-	if err := waitHTTP(ctx, p, "http://127.0.0.1:"+strconv.Itoa(probePort)+"/readyz", time.Minute); err != nil {
+	if err := p.WaitHTTP(ctx, "http://127.0.0.1:"+strconv.Itoa(probePort)+"/readyz", time.Minute, 100*time.Millisecond); err != nil {
 		return nil, err
 	}
 	e.o.Progress("manager ready; waiting for the namespace's Redis user and the scripts on every node")
@@ -260,29 +259,4 @@ func countFalse(bs []bool) int {
 		}
 	}
 	return n
-}
-
-// waitHTTP waits until url answers 200 while p runs, for at most timeout.
-func waitHTTP(ctx context.Context, p *stack.Process, url string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	hc := &http.Client{Timeout: time.Second}
-	for {
-		if done, err := p.Exited(); done {
-			return fmt.Errorf("%s exited (%v)", p.Name, err)
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return fmt.Errorf("building the readiness request: %w", err)
-		}
-		if resp, err := hc.Do(req); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
-			return fmt.Errorf("waiting for %s at %s: %w", p.Name, url, err)
-		}
-	}
 }
