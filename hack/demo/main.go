@@ -330,7 +330,7 @@ func (d *demo) observed(ctx context.Context) error {
 		return err
 	}
 	d.say("  query_range, step 1s: admitted and refused per second per pod add up to the phases' totals")
-	if err := writeResults(d.results, data, d.obs.pods); err != nil {
+	if err := writeResults(d.results, data, d.obs.pods, d.rows); err != nil {
 		return err
 	}
 	root, err := stack.RepoRoot()

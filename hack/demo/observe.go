@@ -144,6 +144,19 @@ func (o *observer) count(t stack.Tally) {
 	}
 }
 
+// measured records r, the summary table's row just measured through the sidecars (t), as the
+// phase under way's: the picture and demo.md count it apart from the probes around it.
+func (o *observer) measured(r row, t stack.Tally) error {
+	if o == nil || o.cur.Name == "" {
+		return nil
+	}
+	if o.cur.Measured != nil {
+		return fmt.Errorf("phase %s measures %q after %q: its label and demo.md have room for one row", o.cur.Name, r.name, o.cur.Measured.Name)
+	}
+	o.cur.Measured = &timeline.Measurement{Name: r.name, Sent: t.Sent, Admitted: t.Admitted, Refused: t.Limited}
+	return nil
+}
+
 func (o *observer) snapshot(ctx context.Context, at time.Time) (snapshot, error) {
 	s := snapshot{at: at}
 	var err error

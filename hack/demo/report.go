@@ -43,15 +43,23 @@ func (r row) calls() string {
 	return fmt.Sprintf("%.2f", r.callsPerDecision)
 }
 
+// tableHeader heads the summary table, printed (printTable) and in demo.md (markdown).
+var tableHeader = []string{"", "limit", "replicas", "sent", "admitted", "over-admission", "Redis calls/decision"}
+
+// cells is r's line of the summary table.
+func (r row) cells() []string {
+	return []string{
+		r.name, fmt.Sprintf("%d/%s", r.limit, shortDuration(r.window)), fmt.Sprint(r.replicas),
+		fmt.Sprint(r.sent), fmt.Sprint(r.admitted), r.overAdmission(), r.calls(),
+	}
+}
+
 // printTable writes rows side by side in fixed-width columns.
 func printTable(w io.Writer, rows []row) {
-	header := []string{"", "limit", "replicas", "sent", "admitted", "over-admission", "Redis calls/decision"}
+	header := tableHeader
 	cells := [][]string{header}
 	for _, r := range rows {
-		cells = append(cells, []string{
-			r.name, fmt.Sprintf("%d/%s", r.limit, shortDuration(r.window)), fmt.Sprint(r.replicas),
-			fmt.Sprint(r.sent), fmt.Sprint(r.admitted), r.overAdmission(), r.calls(),
-		})
+		cells = append(cells, r.cells())
 	}
 	widths := make([]int, len(header))
 	for _, line := range cells {

@@ -27,7 +27,7 @@ func (d *demo) measure(ctx context.Context, name string, n int) (row, stack.Tall
 	r := row{name: name, limit: int(rule.Limit.Requests), window: rule.Limit.Window.Duration, replicas: replicas,
 		sent: t.Sent, admitted: t.Admitted, callsPerDecision: (after - before) / float64(t.Sent)}
 	d.rows = append(d.rows, r)
-	return r, t, nil
+	return r, t, d.obs.measured(r, t)
 }
 
 // request builds the demo's request with API key key.
