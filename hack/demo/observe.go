@@ -2,13 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -148,6 +144,19 @@ func (o *observer) count(t stack.Tally) {
 	}
 }
 
+// measured records r, the summary table's row just measured through the sidecars (t), as the
+// phase under way's: the picture and demo.md count it apart from the probes around it.
+func (o *observer) measured(r row, t stack.Tally) error {
+	if o == nil || o.cur.Name == "" {
+		return nil
+	}
+	if o.cur.Measured != nil {
+		return fmt.Errorf("phase %s measures %q after %q: its label and demo.md have room for one row", o.cur.Name, r.name, o.cur.Measured.Name)
+	}
+	o.cur.Measured = &timeline.Measurement{Name: r.name, Sent: t.Sent, Admitted: t.Admitted, Refused: t.Limited}
+	return nil
+}
+
 func (o *observer) snapshot(ctx context.Context, at time.Time) (snapshot, error) {
 	s := snapshot{at: at}
 	var err error
@@ -280,118 +289,6 @@ func seriesFromMatrix(result, q string, v model.Value, began time.Time) ([]timel
 	return out, nil
 }
 
-// checkPhase fails when Prometheus's count of a phase differs from the client's: per pod,
-// admitted must equal the 2xx the client saw and refused the 429s (one rule matches each
-// request, so one decision per request), and a pod the client sent through must show up.
-// During the Redis outage every pod's breaker must have been open and LocalFallback must have
-// decided; while Redis is healthy (the phases before the outage) nothing may fall back.
-func checkPhase(p timeline.Phase, pods []string) error {
-	var errs []error
-	for _, pod := range pods {
-		ca, cr := p.Stats.ClientAdmitted[pod], p.Stats.ClientRefused[pod]
-		if ca+cr == 0 {
-			errs = append(errs, fmt.Errorf("the client sent no request through pod %s", pod))
-		}
-		if pa := p.Stats.Admitted[pod]; pa != float64(ca) {
-			errs = append(errs, fmt.Errorf("pod %s: Prometheus counts %v admitted, the client %d", pod, pa, ca))
-		}
-		if pr := p.Stats.Refused[pod]; pr != float64(cr) {
-			errs = append(errs, fmt.Errorf("pod %s: Prometheus counts %v refused, the client %d", pod, pr, cr))
-		}
-	}
-	switch p.Name {
-	case phaseOutage:
-		if p.Stats.Fallback <= 0 {
-			errs = append(errs, fmt.Errorf("no fallback decisions (%s)", fallbackQuery))
-		}
-		if p.Stats.BreakerOpen != float64(len(pods)) {
-			errs = append(errs, fmt.Errorf("the breaker was open on %v of %d pods (%s)", p.Stats.BreakerOpen, len(pods), breakerQuery(1)))
-		}
-	case phaseBaseline, phaseChange:
-		if p.Stats.Fallback != 0 || p.Stats.BreakerOpen != 0 {
-			errs = append(errs, fmt.Errorf("%v fallback decisions and %v open breakers with Redis up", p.Stats.Fallback, p.Stats.BreakerOpen))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("what Prometheus returned for phase %q: %w", p.Name, err)
-	}
-	return nil
-}
-
-// checkSeriesTotals fails unless every pod has an admitted and a refused series whose
-// per-second values add up to the phases' totals: the picture shows the same decisions as
-// the table.
-func checkSeriesTotals(d *timeline.Data, pods []string) error {
-	var errs []error
-	for _, result := range []string{timeline.Admitted, timeline.Refused} {
-		byPod := map[string]timeline.Series{}
-		for _, s := range d.Of(result) {
-			byPod[s.Pod] = s
-		}
-		for _, pod := range pods {
-			want := 0.0
-			for _, p := range d.Phases {
-				if result == timeline.Admitted {
-					want += p.Stats.Admitted[pod]
-				} else {
-					want += p.Stats.Refused[pod]
-				}
-			}
-			s, ok := byPod[pod]
-			if !ok {
-				errs = append(errs, fmt.Errorf("no %s series for pod %s", result, pod))
-				continue
-			}
-			got := 0.0
-			for _, pt := range s.Points {
-				got += pt.V
-			}
-			if math.Abs(got-want) > 0.5 {
-				errs = append(errs, fmt.Errorf("%s per second of pod %s adds up to %.1f, the phases to %.0f", result, pod, got, want))
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("prometheus's query_range: %w", err)
-	}
-	return nil
-}
-
-// phaseLine renders a phase's numbers for the demo's output.
-func phaseLine(p *timeline.Phase, pods []string) string {
-	return fmt.Sprintf("Prometheus, %s (%s): admitted %s, refused %s, fallback %s, breaker open on %s of %d pods",
-		p.Name, seconds(p.End.Sub(p.Start)), perPod(p.Stats.Admitted, pods), perPod(p.Stats.Refused, pods),
-		num(p.Stats.Fallback), num(p.Stats.BreakerOpen), len(pods))
-}
-
-func perPod(m map[string]float64, pods []string) string {
-	parts := make([]string, len(pods))
-	for i, p := range pods {
-		parts[i] = num(m[p])
-	}
-	return strings.Join(parts, " + ")
-}
-
-func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
-
-// writeResults writes dir/demo.json and dir/demo.md.
-func writeResults(dir string, d *timeline.Data, pods []string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("creating %s: %w", dir, err)
-	}
-	data, err := marshalIndent(d)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "demo.json"), data, 0o644); err != nil {
-		return fmt.Errorf("writing demo.json: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "demo.md"), []byte(markdown(d, pods)), 0o644); err != nil {
-		return fmt.Errorf("writing demo.md: %w", err)
-	}
-	return nil
-}
-
 // The demo's phases.
 const (
 	phaseBaseline = "baseline"
@@ -399,64 +296,3 @@ const (
 	phaseOutage   = "Redis outage"
 	phaseBack     = "Redis back"
 )
-
-func marshalIndent(d *timeline.Data) ([]byte, error) {
-	data, err := json.MarshalIndent(d, "", " ")
-	if err != nil {
-		return nil, fmt.Errorf("encoding demo.json: %w", err)
-	}
-	return append(data, '\n'), nil
-}
-
-// markdown is results/demo.md: per phase, what Prometheus returned next to the client's
-// count, and the queries.
-func markdown(d *timeline.Data, pods []string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# What Prometheus returned in `make demo`\n\n")
-	fmt.Fprintf(&b, "Prometheus %s scraped the manager and the %d sidecars (pods %s) every %s during the demo of %s.\n",
-		d.Prometheus, len(pods), strings.Join(pods, ", "), promtest.ScrapeInterval, d.Began.UTC().Format(time.DateOnly))
-	fmt.Fprintf(&b, "Per-pod numbers are listed in the order of the pods; each phase ends when Prometheus has scraped every target after its last request.\n")
-	fmt.Fprintf(&b, "The picture is [demo.png](demo.png); the series are in [demo.json](demo.json).\n\n")
-	fmt.Fprintf(&b, "| phase | seconds | admitted (Prometheus) | admitted (client, 2xx) | refused (Prometheus) | refused (client, 429) | fallback decisions | pods with breaker open | peak admitted/s of a pod | peak refused/s of a pod |\n")
-	fmt.Fprintf(&b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
-	for _, p := range d.Phases {
-		client := func(m map[string]int) string {
-			parts := make([]string, len(pods))
-			for i, pod := range pods {
-				parts[i] = strconv.Itoa(m[pod])
-			}
-			return strings.Join(parts, " + ")
-		}
-		fmt.Fprintf(&b, "| %s | %.1f | %s | %s | %s | %s | %s | %s of %d | %s | %s |\n", p.Name, p.End.Sub(p.Start).Seconds(),
-			perPod(p.Stats.Admitted, pods), client(p.Stats.ClientAdmitted), perPod(p.Stats.Refused, pods), client(p.Stats.ClientRefused),
-			num(p.Stats.Fallback), num(p.Stats.BreakerOpen), len(pods),
-			num(peak(d, timeline.Admitted, p)), num(peak(d, timeline.Refused, p)))
-	}
-	fmt.Fprintf(&b, "\nThe queries (instant queries at each phase's start and end, the breaker's over the phase; the per-second series with query_range, step %s):\n\n", d.Step)
-	for _, q := range [][2]string{
-		{"admitted per pod (cumulative)", cumulativeQuery(resultLabel[timeline.Admitted])},
-		{"refused per pod (cumulative)", cumulativeQuery(resultLabel[timeline.Refused])},
-		{"fallback decisions (cumulative)", fallbackQuery},
-		{"breaker open during a phase of N seconds", breakerQuery(0)},
-		{"admitted per second per pod (the picture)", perSecondQuery(resultLabel[timeline.Admitted])},
-		{"refused per second per pod (the picture)", perSecondQuery(resultLabel[timeline.Refused])},
-	} {
-		fmt.Fprintf(&b, "- %s: `%s`\n", q[0], strings.Replace(q[1], "[0s]", "[Ns]", 1))
-	}
-	return b.String()
-}
-
-// peak is the highest per-second value of result, any pod, at the points of phase p (a
-// point at t counts the second before t).
-func peak(d *timeline.Data, result string, p timeline.Phase) float64 {
-	lo, hi := d.Seconds(p.Start), d.Seconds(p.End)+d.Step.Seconds()
-	top := 0.0
-	for _, s := range d.Of(result) {
-		for _, pt := range s.Points {
-			if pt.T > lo && pt.T <= hi {
-				top = max(top, pt.V)
-			}
-		}
-	}
-	return top
-}

@@ -154,6 +154,9 @@ func TestQueriesFillPodsWithoutDecisions(t *testing.T) {
 	}
 }
 
+// TestMarkdownListsEveryPhase: demo.md holds the summary table as make demo prints it, and
+// each phase's count split as the picture's label splits it: the table's row measured in the
+// phase, and the probes around it.
 func TestMarkdownListsEveryPhase(t *testing.T) {
 	d := &timeline.Data{Began: time.Unix(0, 0), Step: time.Second, Prometheus: "2.42.0"}
 	for _, name := range []string{phaseBaseline, phaseOutage} {
@@ -161,11 +164,19 @@ func TestMarkdownListsEveryPhase(t *testing.T) {
 		p.Start, p.End = time.Unix(10, 0), time.Unix(12, 0)
 		d.Phases = append(d.Phases, p)
 	}
+	d.Phases[0].Measured = &timeline.Measurement{Name: "Redline (shared counter)", Sent: 6, Admitted: 3, Refused: 1}
 	d.Series = []timeline.Series{{Result: timeline.Admitted, Pod: "a", Points: []timeline.Point{{T: 11, V: 5}, {T: 20, V: 9}}}}
-	md := markdown(d, testPods)
+	rows := []row{
+		{name: "in-memory limiter x3 (naive)", limit: 3, window: time.Minute, replicas: 2, sent: 6, admitted: 6, callsPerDecision: -1},
+		{name: "Redline (shared counter)", limit: 3, window: time.Minute, replicas: 2, sent: 6, admitted: 3, callsPerDecision: 0.5},
+	}
+	md := markdown(d, testPods, rows)
 	for _, want := range []string{
-		"| baseline | 2.0 | 5 + 4 | 5 + 4 | 1 + 0 | 1 + 0 | 0 | 0 of 2 | 5 | 0 |",
-		"| Redis outage | 2.0 |",
+		"|  | limit | replicas | sent | admitted | over-admission | Redis calls/decision |\n|---|--:|--:|--:|--:|--:|--:|\n",
+		"| in-memory limiter x3 (naive) | 3/1min | 2 | 6 | 6 | +100% | - (no Redis) |\n",
+		"| Redline (shared counter) | 3/1min | 2 | 6 | 3 | none | 0.50 |\n",
+		"| baseline | 2.0 | 5 + 4 = 9 | 3 of 6 | 6 | 5 + 4 | 1 + 0 = 1 | 1 of 6 | 0 | 1 + 0 | 0 | 0 of 2 | 5 | 0 |\n",
+		"| Redis outage | 2.0 | 5 + 4 = 9 | - | 9 | 5 + 4 | 1 + 0 = 1 | - | 1 | 1 + 0 |",
 		"`" + fallbackQuery + "`",
 		"[Ns]",
 	} {

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
@@ -40,15 +43,23 @@ func (r row) calls() string {
 	return fmt.Sprintf("%.2f", r.callsPerDecision)
 }
 
+// tableHeader heads the summary table, printed (printTable) and in demo.md (markdown).
+var tableHeader = []string{"", "limit", "replicas", "sent", "admitted", "over-admission", "Redis calls/decision"}
+
+// cells is r's line of the summary table.
+func (r row) cells() []string {
+	return []string{
+		r.name, fmt.Sprintf("%d/%s", r.limit, shortDuration(r.window)), fmt.Sprint(r.replicas),
+		fmt.Sprint(r.sent), fmt.Sprint(r.admitted), r.overAdmission(), r.calls(),
+	}
+}
+
 // printTable writes rows side by side in fixed-width columns.
 func printTable(w io.Writer, rows []row) {
-	header := []string{"", "limit", "replicas", "sent", "admitted", "over-admission", "Redis calls/decision"}
+	header := tableHeader
 	cells := [][]string{header}
 	for _, r := range rows {
-		cells = append(cells, []string{
-			r.name, fmt.Sprintf("%d/%s", r.limit, shortDuration(r.window)), fmt.Sprint(r.replicas),
-			fmt.Sprint(r.sent), fmt.Sprint(r.admitted), r.overAdmission(), r.calls(),
-		})
+		cells = append(cells, r.cells())
 	}
 	widths := make([]int, len(header))
 	for _, line := range cells {
@@ -112,4 +123,36 @@ func seconds(d time.Duration) string {
 		return fmt.Sprintf("%dms", d.Milliseconds())
 	}
 	return fmt.Sprintf("%.1fs", d.Seconds())
+}
+
+// pathOf is the path a rule matches, in either form of the API.
+func pathOf(r v1alpha1.Rule) string {
+	switch {
+	case r.Match == nil:
+		return "/"
+	case r.Match.Path != nil:
+		return r.Match.Path.Value
+	case r.Match.PathPrefix != "":
+		return r.Match.PathPrefix
+	}
+	return "/"
+}
+
+func methods(r v1alpha1.Rule) []string {
+	if r.Match == nil || len(r.Match.Methods) == 0 {
+		return []string{"requests"}
+	}
+	out := make([]string, len(r.Match.Methods))
+	for i, m := range r.Match.Methods {
+		out[i] = string(m) + "s"
+	}
+	return out
+}
+
+func envNames(env []corev1.EnvVar) string {
+	names := make([]string, len(env))
+	for i, e := range env {
+		names[i] = e.Name
+	}
+	return strings.Join(names, ",")
 }

@@ -4,18 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -23,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -31,7 +23,6 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/connbudget"
-	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // Reasons of the RedisConnectionBudget condition and of the budget's Events.
@@ -274,23 +265,6 @@ func (r *BudgetReconciler) snapshot(maxClients int64, loads []workloadLoad) *con
 	}
 }
 
-func workloadSet(loads []workloadLoad) map[connbudget.Workload]struct{} {
-	out := make(map[connbudget.Workload]struct{}, len(loads))
-	for _, w := range loads {
-		out[w.Ref] = struct{}{}
-	}
-	return out
-}
-
-// sizePools gives the workloads without the annotation the pool the injector gives their pods.
-func sizePools(loads []workloadLoad, s *connbudget.Snapshot) {
-	for i := range loads {
-		if !loads[i].Explicit {
-			loads[i].Pool = s.PoolSize(loads[i].Ref, loads[i].Replicas)
-		}
-	}
-}
-
 func (r *BudgetReconciler) leader() bool { return isElected(r.Elected) }
 
 // isElected says whether the replica of elected (ctrl.Manager.Elected) leads; nil: it always does.
@@ -314,208 +288,6 @@ func minMaxClients(nodes []NodeClients) int64 {
 		}
 	}
 	return m
-}
-
-// workloads lists the injected Deployments, StatefulSets and ReplicaSets without a Deployment
-// that can run pods, with their largest replica count and, where the annotation sets it, their
-// pool. A workload that runs no pod (replicas 0) takes no share: creating empty ones changes no
-// pool. The lists are the cache's own objects, slimmed by CacheOptions and not copied
-// (UnsafeDisableDeepCopy): nothing here writes to them.
-func (r *BudgetReconciler) workloads(ctx context.Context) ([]workloadLoad, error) {
-	var hpas autoscalingv2.HorizontalPodAutoscalerList
-	if err := r.List(ctx, &hpas, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing horizontalpodautoscalers: %w", err)
-	}
-	scalers := connbudget.Scalers(hpas.Items)
-
-	var out []workloadLoad
-	add := func(kind string, obj client.Object, replicas *int32, tmpl *corev1.PodTemplateSpec) {
-		if tmpl.Annotations[contract.AnnotationInject] != "true" || obj.GetDeletionTimestamp() != nil {
-			return
-		}
-		w := workloadLoad{
-			Ref:       workloadRef{Kind: kind, Namespace: obj.GetNamespace(), Name: obj.GetName()},
-			PodLabels: tmpl.Labels,
-			target:    obj,
-		}
-		h := scalers[w.Ref]
-		if !connbudget.RunsPods(replicas, h) {
-			return
-		}
-		w.Pool, w.Explicit = poolSize(tmpl.Annotations, r.poolCeiling())
-		w.Replicas = connbudget.MaxReplicas(replicas, h)
-		if h != nil {
-			w.HPA, w.target = h.Name, h
-		}
-		out = append(out, w)
-	}
-	var deps appsv1.DeploymentList
-	if err := r.List(ctx, &deps, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing deployments: %w", err)
-	}
-	for i := range deps.Items {
-		d := &deps.Items[i]
-		add("Deployment", d, d.Spec.Replicas, &d.Spec.Template)
-	}
-	var sets appsv1.StatefulSetList
-	if err := r.List(ctx, &sets, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing statefulsets: %w", err)
-	}
-	for i := range sets.Items {
-		s := &sets.Items[i]
-		add("StatefulSet", s, s.Spec.Replicas, &s.Spec.Template)
-	}
-	var rss appsv1.ReplicaSetList
-	if err := r.List(ctx, &rss, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing replicasets: %w", err)
-	}
-	for i := range rss.Items {
-		rs := &rss.Items[i]
-		// A Deployment's ReplicaSets are counted as the Deployment.
-		if !ownedByDeployment(rs) {
-			add("ReplicaSet", rs, rs.Spec.Replicas, &rs.Spec.Template)
-		}
-	}
-	return out, nil
-}
-
-func ownedByDeployment(obj metav1.Object) bool {
-	ref := metav1.GetControllerOf(obj)
-	return ref != nil && ref.Kind == "Deployment" && strings.HasPrefix(ref.APIVersion, appsv1.GroupName+"/")
-}
-
-// poolSize is the annotation's pool, when it is set and valid. An invalid one counts as
-// ceiling, the largest pool the injector gives without the annotation: the injector refuses to
-// inject with it, so it opens nothing, and the ceiling keeps the sum on the safe side.
-func poolSize(ann map[string]string, ceiling int64) (pool int64, explicit bool) {
-	if raw, ok := ann[contract.AnnotationRedisPoolSize]; ok {
-		n, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
-		if err == nil && n >= contract.MinRedisPoolSize && n <= contract.MaxRedisPoolSize {
-			return n, true
-		}
-		return ceiling, true
-	}
-	return 0, false
-}
-
-// poolCeiling is PoolCeiling, or contract.DefaultRedisPoolSize.
-func (r *BudgetReconciler) poolCeiling() int64 {
-	return (&connbudget.Snapshot{PoolCeiling: r.PoolCeiling}).Ceiling()
-}
-
-// recordEvents tells a person which workload took its namespace over its share, and when the
-// namespace is back within. The culprit is a workload of that namespace whose connections grew
-// since the last computation; after a restart, with nothing to compare, it is the namespace's
-// largest. The Event names nothing outside the namespace.
-func (r *BudgetReconciler) recordEvents(st *budgetState, b budget) {
-	if st.blamed == nil {
-		st.blamed = map[workloadRef]client.Object{}
-	}
-	byNS := b.Namespaces()
-	over := map[string]bool{}
-	for _, ns := range slices.Sorted(maps.Keys(byNS)) {
-		nb := byNS[ns]
-		if !nb.Over() {
-			continue
-		}
-		over[ns] = true
-		var pushers []workloadLoad
-		for _, w := range nb.Workloads {
-			if prev, seen := st.last[w.Ref]; st.last != nil && (!seen || w.Connections() > prev) {
-				pushers = append(pushers, w)
-			}
-		}
-		if !st.wasOver[ns] && len(pushers) == 0 {
-			pushers = nb.Workloads[:1]
-		}
-		for _, w := range pushers {
-			st.blamed[w.Ref] = w.target
-			if r.Recorder != nil {
-				r.Recorder.Eventf(w.target, nil, corev1.EventTypeWarning, ReasonOverBudget, "RedisConnectionBudget",
-					"%s at %d replicas x %d connections takes its namespace over its share of Redis's connections: %s; lower maxReplicas or %s",
-					w.Ref, w.Replicas, w.Pool, nb.Summary(), contract.AnnotationRedisPoolSize)
-			}
-		}
-	}
-	for ref, obj := range st.blamed {
-		if over[ref.Namespace] {
-			continue
-		}
-		if r.Recorder != nil {
-			msg := "namespace " + ref.Namespace + " runs no injected workload any more"
-			if nb, ok := byNS[ref.Namespace]; ok {
-				msg = nb.Summary()
-			}
-			r.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, ReasonWithinBudget, "RedisConnectionBudget",
-				"Redis connections are within the namespace's share again: %s", msg)
-		}
-		delete(st.blamed, ref)
-	}
-	st.wasOver = over
-	st.last = map[workloadRef]int64{}
-	for _, w := range b.Workloads {
-		st.last[w.Ref] = w.Connections()
-	}
-}
-
-// updatePolicies writes the RedisConnectionBudget condition of every policy, where it changed,
-// from its namespace's Redis's budget. The policies are the cache's, not copied: decodePolicy
-// makes the copy that is written.
-func (r *BudgetReconciler) updatePolicies(ctx context.Context, results map[string]budgetResult, backendOf func(string) (string, error)) error {
-	list := newPolicyList()
-	if err := r.policyReader().List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
-		return fmt.Errorf("listing ratelimitpolicies: %w", err)
-	}
-	var errs []error
-	for i := range list.Items {
-		p, err := decodePolicy(&list.Items[i])
-		if err != nil {
-			continue // the namespace reconciler reports it Undecodable
-		}
-		name, err := backendOf(p.Namespace)
-		res, ok := results[name]
-		switch {
-		case err != nil:
-			res = budgetResult{redisErr: err}
-		case !ok:
-			res = budgetResult{redisErr: &BackendNotReadyError{Name: name}}
-		}
-		status, reason, msg := budgetCondition(p, res.byNS[p.Namespace], res.redisErr)
-		if _, _, err := setPolicyCondition(ctx, r.Client, p, metav1.Condition{
-			Type: v1alpha1.ConditionRedisConnectionBudget, Status: status, Reason: reason, Message: truncate(msg),
-		}); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// budgetCondition is the condition one policy carries: False when its namespace can open more
-// than its share and a workload the policy targets is part of that. It names only the
-// namespace's own workloads and numbers.
-func budgetCondition(p *v1alpha1.RateLimitPolicy, nb namespaceBudget, redisErr error) (metav1.ConditionStatus, string, string) {
-	if redisErr != nil {
-		return metav1.ConditionUnknown, ReasonBudgetUnknown, "Redis's maxclients or connected_clients cannot be read: " + redisErr.Error()
-	}
-	var mine []string
-	if sel, err := metav1.LabelSelectorAsSelector(&p.Spec.TargetSelector); err == nil {
-		for _, w := range nb.Workloads {
-			if sel.Matches(labels.Set(w.PodLabels)) {
-				mine = append(mine, fmt.Sprintf("%s %d x %d", w.Ref, w.Replicas, w.Pool))
-			}
-		}
-	}
-	if len(mine) == 0 {
-		return metav1.ConditionTrue, ReasonNoInjectedWorkloads, "no injected Deployment, StatefulSet or ReplicaSet of the namespace that runs pods matches targetSelector"
-	}
-	slices.Sort(mine)
-	targets := "this policy's workloads at maxReplicas x pool: " + strings.Join(mine, ", ")
-	if nb.Over() {
-		return metav1.ConditionFalse, ReasonOverBudget, nb.Summary() + "; " + targets +
-			"; at that scale the namespace takes connections other namespaces are promised, and when Redis refuses connections its policies fall back to their failureMode: lower maxReplicas or " +
-			contract.AnnotationRedisPoolSize
-	}
-	return metav1.ConditionTrue, ReasonWithinBudget, "within the namespace's share of Redis's connections; " + targets
 }
 
 func (r *BudgetReconciler) policyReader() client.Reader {
@@ -544,34 +316,6 @@ func (r *BudgetReconciler) coalesce() time.Duration {
 		return r.Coalesce
 	}
 	return time.Second
-}
-
-// coalescing enqueues one request (the budget's, the memory policy's) a while after a change,
-// so that the changes of that while make one pass (the delaying queue keeps the earliest time
-// of one key).
-type coalescing struct {
-	delay time.Duration
-	req   reconcile.Request
-}
-
-func (c coalescing) add(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	q.AddAfter(c.req, c.delay)
-}
-
-func (c coalescing) Create(_ context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	c.add(q)
-}
-
-func (c coalescing) Update(_ context.Context, _ event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	c.add(q)
-}
-
-func (c coalescing) Delete(_ context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	c.add(q)
-}
-
-func (c coalescing) Generic(_ context.Context, _ event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	c.add(q)
 }
 
 // SetupWithManager registers the reconciler: every change of a workload, an HPA or a policy

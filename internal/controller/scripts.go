@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/redisacl"
 )
 
 // ScriptStore makes sure Redis holds the limiter's scripts.
@@ -150,4 +152,43 @@ func (w *ScriptWatcher) ensure(ctx context.Context) string {
 		b.WriteString(id + "=" + strconv.FormatBool(health[id]) + ";")
 	}
 	return b.String()
+}
+
+// ensureSidecarScripts loads, on every master, the scripts a sidecar runs besides the
+// algorithms (the lease return, the heartbeat) where SCRIPT EXISTS says they are missing.
+func ensureSidecarScripts(ctx context.Context, c redis.UniversalClient) error {
+	var extra []scripts.Script
+	for _, sc := range redisacl.SidecarScripts() {
+		if _, ok := scripts.For(sc.Name); !ok {
+			extra = append(extra, sc)
+		}
+	}
+	shas := make([]string, len(extra))
+	for i, sc := range extra {
+		shas[i] = sc.SHA
+	}
+	load := func(ctx context.Context, node redis.UniversalClient) error {
+		exists, err := node.ScriptExists(ctx, shas...).Result()
+		if err != nil {
+			return fmt.Errorf("checking scripts: %w", err)
+		}
+		for i, ok := range exists {
+			if ok {
+				continue
+			}
+			if err := node.ScriptLoad(ctx, extra[i].Source).Err(); err != nil {
+				return fmt.Errorf("loading script %s: %w", extra[i].Name, err)
+			}
+		}
+		return nil
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			if err := load(ctx, node); err != nil {
+				return fmt.Errorf("on %s: %w", node.Options().Addr, err)
+			}
+			return nil
+		})
+	}
+	return load(ctx, c)
 }

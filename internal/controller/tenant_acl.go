@@ -2,14 +2,8 @@ package controller
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,7 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -35,10 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisacl"
-	"github.com/redline-dev/redline/internal/redisconn"
-	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // Tenant ACL modes (--redis-tenant-acl).
@@ -61,10 +51,6 @@ const (
 	ReasonTenantCredentialsErr = "CredentialsSecretError"
 	ReasonRedisDefaultUserOpen = "RedisDefaultUserOpen"
 )
-
-// secretDigestAnnotation carries, in the Secrets cache only, the SHA-256 of a Secret's data:
-// the cache keeps it instead of the data, which a tenant can make up to a MiB.
-const secretDigestAnnotation = "redline.dev/data-sha256"
 
 // TenantACLReconciler gives each namespace with policies its own Redis identity: an ACL user
 // on every Redis node (package redisacl) limited to the namespace's keys and to the commands a
@@ -130,97 +116,6 @@ type TenantACLReconciler struct {
 	// (tenant_sentinel.go).
 	sentinelMu  sync.Mutex
 	sentinelSet map[string]sentinelSet
-}
-
-// sentinelSet is when the sentinel reader was last set on one backend's sentinels.
-type sentinelSet struct {
-	at time.Time
-	pw string
-}
-
-// redisTarget is one Redis a namespace's user is set on: its nodes and sentinels.
-type redisTarget struct {
-	id, describe string
-	nodes        NodeFunc
-	sentinels    NodeFunc
-	// plaintext: reached without TLS (its URL is not rediss:// or rediss+sentinel://).
-	plaintext bool
-}
-
-// targetOf is the Redis of ns, and the other backends, from which its user is removed.
-func (r *TenantACLReconciler) targetOf(ctx context.Context, ns string) (redisTarget, []redisTarget, error) {
-	if r.Backends == nil {
-		return redisTarget{describe: "Redis", nodes: r.Nodes, sentinels: r.Sentinels}, nil, nil
-	}
-	be, err := r.Backends.For(ctx, ns)
-	if err != nil {
-		return redisTarget{}, nil, err
-	}
-	var others []redisTarget
-	for _, o := range r.Backends.All() {
-		if o.Name != be.Name {
-			others = append(others, backendTarget(o))
-		}
-	}
-	return backendTarget(be), others, nil
-}
-
-func backendTarget(be *Backend) redisTarget {
-	return redisTarget{id: be.id(), describe: be.describe(), nodes: be.Nodes, sentinels: be.Sentinels, plaintext: !redisconn.URLUsesTLS(be.URL)}
-}
-
-// allTargets are every Redis the manager has clients for.
-func (r *TenantACLReconciler) allTargets() []redisTarget {
-	if r.Backends == nil {
-		return []redisTarget{{describe: "Redis", nodes: r.Nodes, sentinels: r.Sentinels}}
-	}
-	var out []redisTarget
-	for _, be := range r.Backends.All() {
-		out = append(out, backendTarget(be))
-	}
-	return out
-}
-
-// appliedUser is one namespace's last successful ACL SETUSER on every node.
-type appliedUser struct {
-	backend string // redisTarget.id
-	period  int64
-	gen     uint64
-	at      time.Time
-	nodes   int
-	open    []string // redisacl.OpenUsers then
-}
-
-// appliedUser returns the namespace's last ACL SETUSER, and whether it still holds: the same
-// period and restart generation, less than userRecheck ago.
-func (r *TenantACLReconciler) appliedUser(ns, backend string, period int64, gen uint64, now time.Time) (appliedUser, bool) {
-	r.appliedMu.Lock()
-	defer r.appliedMu.Unlock()
-	a, ok := r.applied[ns]
-	return a, ok && a.backend == backend && a.period == period && a.gen == gen && now.Sub(a.at) < userRecheck
-}
-
-// lastApplied is the namespace's last successful ACL SETUSER, however old.
-func (r *TenantACLReconciler) lastApplied(ns string) (appliedUser, bool) {
-	r.appliedMu.Lock()
-	defer r.appliedMu.Unlock()
-	a, ok := r.applied[ns]
-	return a, ok
-}
-
-func (r *TenantACLReconciler) setAppliedUser(ns string, a appliedUser) {
-	r.appliedMu.Lock()
-	defer r.appliedMu.Unlock()
-	if r.applied == nil {
-		r.applied = map[string]appliedUser{}
-	}
-	r.applied[ns] = a
-}
-
-func (r *TenantACLReconciler) forgetAppliedUser(ns string) {
-	r.appliedMu.Lock()
-	defer r.appliedMu.Unlock()
-	delete(r.applied, ns)
 }
 
 // Secrets: create is not restricted by name in Kubernetes' RBAC; everything else is, to the
@@ -330,233 +225,6 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, fmt.Errorf("removing the redis user of %s from another backend: %w", ns, leftBehind)
 	}
 	return requeue, nil
-}
-
-// plaintextSentinel says, on a namespace served through Sentinel without TLS, what an attacker
-// with network reach can do.
-const plaintextSentinel = "The sentinels and Redis are reached without TLS: anything on the network path between them and a pod or the manager " +
-	"can read and change the traffic, these credentials and the manager's included, and answer in a server's place; without such a position, " +
-	"no client is sent to a server the sentinels did not promote (use rediss+sentinel:// to close this)"
-
-// derivePassword is namespace's password of rotation period n.
-func derivePassword(key []byte, namespace string, n int64) string {
-	m := hmac.New(sha256.New, key)
-	m.Write([]byte("redline redis acl\x00" + namespace + "\x00" + strconv.FormatInt(n, 10)))
-	return hex.EncodeToString(m.Sum(nil))
-}
-
-func collectNodes(ctx context.Context, each NodeFunc) ([]redisacl.Node, error) {
-	var (
-		mu    sync.Mutex
-		nodes []redisacl.Node
-	)
-	err := each(ctx, func(_ context.Context, c *redis.Client) error {
-		mu.Lock()
-		nodes = append(nodes, c)
-		mu.Unlock()
-		return nil
-	})
-	return nodes, err
-}
-
-// removeElsewhere removes ns's user from every backend of others, at once, a second each.
-func removeElsewhere(ctx context.Context, others []redisTarget, ns string) error {
-	errs := make([]error, len(others))
-	var wg sync.WaitGroup
-	for i, o := range others {
-		wg.Go(func() {
-			octx, cancel := context.WithTimeout(ctx, time.Second)
-			defer cancel()
-			errs[i] = removeUser(octx, o, ns)
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// removeUser removes ns's user from every node of t.
-func removeUser(ctx context.Context, t redisTarget, ns string) error {
-	nodes, err := collectNodes(ctx, t.nodes)
-	if err == nil {
-		err = redisacl.Remove(ctx, nodes, ns)
-	}
-	if err != nil && !errors.Is(err, redisacl.ErrUnavailable) {
-		return fmt.Errorf("%s: %w", t.describe, err)
-	}
-	return nil
-}
-
-// cleanup removes the user (from every backend) and the Secret of a namespace without
-// policies: nothing to enforce.
-func (r *TenantACLReconciler) cleanup(ctx context.Context, ns string) error {
-	r.forgetAppliedUser(ns)
-	var errs []error
-	for _, t := range r.allTargets() {
-		errs = append(errs, removeUser(ctx, t, ns))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("removing the redis user of %s: %w", ns, err)
-	}
-	var s corev1.Secret
-	err := r.secretReader().Get(ctx, client.ObjectKey{Namespace: ns, Name: r.SecretName}, &s)
-	if apierrors.IsNotFound(err) || (err == nil && s.Labels[ManagedByLabel] != ManagedByValue) {
-		return nil // an admin's Secret is theirs
-	}
-	if err != nil {
-		return fmt.Errorf("reading secret %s/%s: %w", ns, r.SecretName, err)
-	}
-	if err := r.Client.Delete(ctx, &s); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting secret %s/%s: %w", ns, r.SecretName, err)
-	}
-	return nil
-}
-
-// desiredSecretData is what the namespace's Secret holds: its user, and with Sentinel the
-// shared sentinel reader (sentinelPassword, "" without).
-func desiredSecretData(ns, password, sentinelPassword string) map[string][]byte {
-	data := map[string][]byte{
-		contract.RedisUsernameKey: []byte(redisacl.Username(ns)),
-		contract.RedisSecretKey:   []byte(password),
-	}
-	sentinelSecretData(data, sentinelPassword)
-	return data
-}
-
-// writeSecret makes the namespace's Secret hold its user's current credentials. What a tenant
-// did to it (edited, deleted, emptied, made immutable) is undone.
-func (r *TenantACLReconciler) writeSecret(ctx context.Context, ns, password, sentinelPassword string) error {
-	data := desiredSecretData(ns, password, sentinelPassword)
-	want := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: r.SecretName, Namespace: ns,
-			Labels: map[string]string{ManagedByLabel: ManagedByValue},
-		},
-		Type: corev1.SecretTypeOpaque,
-		Data: data,
-	}
-	var cur corev1.Secret
-	err := r.secretReader().Get(ctx, client.ObjectKey{Namespace: ns, Name: r.SecretName}, &cur)
-	switch {
-	case apierrors.IsNotFound(err):
-		// AlreadyExists: the cache has not seen it yet; its watch event brings us back.
-		if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("creating secret %s/%s: %w", ns, r.SecretName, err)
-		}
-		return nil
-	case err != nil:
-		return fmt.Errorf("reading secret %s/%s: %w", ns, r.SecretName, err)
-	}
-	if secretDigest(&cur) == dataDigest(data) && cur.Labels[ManagedByLabel] == ManagedByValue &&
-		cur.Type == corev1.SecretTypeOpaque && (cur.Immutable == nil || !*cur.Immutable) {
-		return nil
-	}
-	want.ResourceVersion = cur.ResourceVersion
-	err = r.Client.Update(ctx, want)
-	if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) {
-		// Immutable, or of another type: replace it.
-		if err := r.Client.Delete(ctx, &cur, client.Preconditions{UID: &cur.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("replacing secret %s/%s: %w", ns, r.SecretName, err)
-		}
-		want.ResourceVersion = ""
-		err = r.Client.Create(ctx, want)
-	}
-	if err != nil {
-		return fmt.Errorf("writing secret %s/%s: %w", ns, r.SecretName, err)
-	}
-	return nil
-}
-
-// secretDigest is the digest of a Secret's data: the one the Secrets cache left in place of
-// the data, or computed when read directly.
-func secretDigest(s *corev1.Secret) string {
-	if d, ok := s.Annotations[secretDigestAnnotation]; ok && s.Data == nil {
-		return d
-	}
-	return dataDigest(s.Data)
-}
-
-func dataDigest(data map[string][]byte) string {
-	h := sha256.New()
-	for _, k := range []string{contract.RedisUsernameKey, contract.RedisSecretKey, contract.RedisSentinelUsernameKey, contract.RedisSentinelSecretKey} {
-		v, ok := data[k]
-		h.Write([]byte(k + "=" + strconv.FormatBool(ok) + ":" + strconv.Itoa(len(v)) + ":"))
-		h.Write(v)
-	}
-	// Any other key makes it differ too: the Secret holds exactly these.
-	h.Write([]byte(strconv.Itoa(len(data))))
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// slimSecret is the Secrets cache's transform: a Secret is kept as its name, labels, type,
-// immutability, version and data digest, not its data, annotations or managed fields.
-func slimSecret(obj any) (any, error) {
-	s, ok := obj.(*corev1.Secret)
-	if !ok {
-		return obj, nil
-	}
-	out := &corev1.Secret{
-		TypeMeta: s.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{
-			Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion,
-			Annotations: map[string]string{secretDigestAnnotation: dataDigest(s.Data)},
-		},
-		Type: s.Type, Immutable: s.Immutable,
-	}
-	if v, ok := s.Labels[ManagedByLabel]; ok {
-		out.Labels = map[string]string{ManagedByLabel: v}
-	}
-	return out, nil
-}
-
-func (r *TenantACLReconciler) secretReader() client.Reader {
-	if r.secrets != nil {
-		return r.secrets
-	}
-	return r.Client
-}
-
-// passwordKey reads the key passwords are derived from, creating it on first use. Replicas
-// racing to create it agree: the loser reads the winner's.
-func (r *TenantACLReconciler) passwordKey(ctx context.Context) ([]byte, error) {
-	r.keyMu.Lock()
-	defer r.keyMu.Unlock()
-	if r.key != nil {
-		return r.key, nil
-	}
-	for range 2 {
-		var s corev1.Secret
-		err := r.APIReader.Get(ctx, r.KeySecret, &s)
-		if err == nil {
-			k := s.Data["key"]
-			if len(k) < 32 {
-				return nil, fmt.Errorf("secret %s: key %q holds %d bytes, want at least 32", r.KeySecret, "key", len(k))
-			}
-			r.key = k
-			return k, nil
-		}
-		if !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("reading secret %s: %w", r.KeySecret, err)
-		}
-		k := make([]byte, 32)
-		if _, err := rand.Read(k); err != nil {
-			return nil, fmt.Errorf("making the redis password key: %w", err)
-		}
-		err = r.Client.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{
-				Name: r.KeySecret.Name, Namespace: r.KeySecret.Namespace,
-				Labels: map[string]string{ManagedByLabel: ManagedByValue},
-			},
-			Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"key": k},
-		})
-		if err == nil {
-			r.key = k
-			return k, nil
-		}
-		if !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("creating secret %s: %w", r.KeySecret, err)
-		}
-	}
-	return nil, fmt.Errorf("secret %s: created and gone again", r.KeySecret)
 }
 
 // setCondition writes the TenantIsolation condition on every policy of ns where it changed.
@@ -686,138 +354,8 @@ func (r *TenantACLReconciler) checkInterval() time.Duration {
 	return DefaultCheckInterval
 }
 
-// userRecheck is how long a namespace's ACL SETUSER on every node is taken to hold without a
-// restart or a new rotation period: it bounds what a tenant's edits of its Secret cost Redis.
-const userRecheck = 10 * time.Second
-
-// redisRestartWatcher reads every node's run_id on a period and sends an event when one
-// changed (a restart or a new node): ACL users live in memory, so a restarted node has none
-// until they are set again, and sidecars dialing it meet WRONGPASS meanwhile.
-type redisRestartWatcher struct {
-	targets  func() []redisTarget
-	interval time.Duration
-	timeout  time.Duration
-	events   chan<- event.GenericEvent
-	gen      *atomic.Uint64 // counts the restarts seen (TenantACLReconciler.restartGen)
-	last     map[string]string
-}
-
-// Start runs until ctx ends; it implements manager.Runnable (leader only).
-//
-// The first read is at once, not one interval later, and reports every node it finds as
-// new: it is what later reads are compared with, and a node that restarted (or that the
-// reconciles at start did not list) before a later first read would have its run_id taken as
-// one that holds the users. Its users would then be set again only at the next rotation
-// period, every sidecar on it meeting WRONGPASS until then (test/failover measured it: a Redis
-// restarted 4 s after the manager, at a 10 s interval, refused the namespace's user for the
-// rest of the window; three replicas of a cluster the manager had just joined refused it for
-// a minute).
-func (w *redisRestartWatcher) Start(ctx context.Context) error {
-	w.check(ctx)
-	t := time.NewTicker(w.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			w.check(ctx)
-		}
-	}
-}
-
-func (w *redisRestartWatcher) check(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, w.timeout)
-	defer cancel()
-	var mu sync.Mutex
-	ids := map[string]string{}
-	var wg sync.WaitGroup
-	for _, t := range w.targets() {
-		wg.Go(func() {
-			_ = t.nodes(cctx, func(ctx context.Context, c *redis.Client) error {
-				info, err := c.Info(ctx, "server").Result()
-				if err != nil {
-					return err
-				}
-				for line := range strings.SplitSeq(info, "\n") {
-					if id, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
-						mu.Lock()
-						ids[t.id+"|"+c.Options().Addr] = id
-						mu.Unlock()
-					}
-				}
-				return nil
-			})
-		})
-	}
-	wg.Wait()
-	changed := false
-	for addr, id := range ids {
-		if prev, ok := w.last[addr]; !ok || prev != id {
-			changed = true
-		}
-	}
-	// The first read counts as a change too (every node is new to it): the reconciles at
-	// start may have listed fewer nodes than there are (a cluster client's slot map, or the
-	// sentinels' replica list, not yet complete), and a node they missed would otherwise be
-	// taken as one that holds the users. One more ACL SETUSER per namespace and node at start
-	// buys that no node is left without them.
-	if w.last == nil {
-		w.last = map[string]string{}
-	}
-	maps.Copy(w.last, ids)
-	if changed {
-		if w.gen != nil {
-			w.gen.Add(1)
-		}
-		select {
-		case w.events <- event.GenericEvent{}:
-		case <-ctx.Done():
-		}
-	}
-}
-
 func tenantRequest(_ context.Context, o client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: "tenant-acl"}}}
-}
-
-// ensureSidecarScripts loads, on every master, the scripts a sidecar runs besides the
-// algorithms (the lease return, the heartbeat) where SCRIPT EXISTS says they are missing.
-func ensureSidecarScripts(ctx context.Context, c redis.UniversalClient) error {
-	var extra []scripts.Script
-	for _, sc := range redisacl.SidecarScripts() {
-		if _, ok := scripts.For(sc.Name); !ok {
-			extra = append(extra, sc)
-		}
-	}
-	shas := make([]string, len(extra))
-	for i, sc := range extra {
-		shas[i] = sc.SHA
-	}
-	load := func(ctx context.Context, node redis.UniversalClient) error {
-		exists, err := node.ScriptExists(ctx, shas...).Result()
-		if err != nil {
-			return fmt.Errorf("checking scripts: %w", err)
-		}
-		for i, ok := range exists {
-			if ok {
-				continue
-			}
-			if err := node.ScriptLoad(ctx, extra[i].Source).Err(); err != nil {
-				return fmt.Errorf("loading script %s: %w", extra[i].Name, err)
-			}
-		}
-		return nil
-	}
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			if err := load(ctx, node); err != nil {
-				return fmt.Errorf("on %s: %w", node.Options().Addr, err)
-			}
-			return nil
-		})
-	}
-	return load(ctx, c)
 }
 
 // TenantACLConfig wires the tenant ACL reconciler (see SetupTenantACL).

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -122,3 +123,15 @@ func sentinelSecretData(data map[string][]byte, password string) {
 	data[contract.RedisSentinelUsernameKey] = []byte(redisacl.SentinelReaderUser)
 	data[contract.RedisSentinelSecretKey] = []byte(password)
 }
+
+// sentinelSet is when the sentinel reader was last set on one backend's sentinels.
+type sentinelSet struct {
+	at time.Time
+	pw string
+}
+
+// plaintextSentinel says, on a namespace served through Sentinel without TLS, what an attacker
+// with network reach can do.
+const plaintextSentinel = "The sentinels and Redis are reached without TLS: anything on the network path between them and a pod or the manager " +
+	"can read and change the traffic, these credentials and the manager's included, and answer in a server's place; without such a position, " +
+	"no client is sent to a server the sentinels did not promote (use rediss+sentinel:// to close this)"

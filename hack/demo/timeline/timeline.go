@@ -40,6 +40,49 @@ type Phase struct {
 	End   time.Time `json:"end"`
 	// Stats is what Prometheus returned for the phase's key queries.
 	Stats Stats `json:"stats"`
+	// Measured is the row of the demo's summary table measured in this phase, nil for none.
+	// The phase counts more than it: every probe sent around it too (see Breakdown).
+	Measured *Measurement `json:"measured,omitempty"`
+}
+
+// Measurement is one row of the demo's summary table: requests sent with one fresh API key,
+// at the measurements' pace, and what the replicas together answered.
+type Measurement struct {
+	Name     string `json:"name"`
+	Sent     int    `json:"sent"`
+	Admitted int    `json:"admitted"`
+	Refused  int    `json:"refused"`
+}
+
+// Breakdown is what a phase's label in results/demo.png and its row in results/demo.md say
+// of one result, so the two cannot disagree: every decision of the phase as Prometheus
+// counted it (all pods, all keys), the part the summary table's row counts, and the rest,
+// the probes: fresh keys sent one at a time until every replica enforces a limit (after the
+// policy change, after Redis is back), which the summary table leaves out.
+type Breakdown struct {
+	Result string
+	// Total is Prometheus's count of the phase (Phase.Total).
+	Total float64
+	// Row is the phase's summary table row; nil for a phase without one, and then Probes is
+	// Total.
+	Row *Measurement
+	// InRow is Row's count of Result (its admitted or its refused).
+	InRow int
+	// Probes is Total less InRow.
+	Probes float64
+}
+
+// Breakdown splits the phase's count of result into its summary table row and its probes.
+func (p *Phase) Breakdown(result string) Breakdown {
+	b := Breakdown{Result: result, Total: p.Total(result), Row: p.Measured}
+	if p.Measured != nil {
+		b.InRow = p.Measured.Admitted
+		if result == Refused {
+			b.InRow = p.Measured.Refused
+		}
+	}
+	b.Probes = b.Total - float64(b.InRow)
+	return b
 }
 
 // Stats are the per-phase answers of Prometheus (per pod where keyed by pod) next to what

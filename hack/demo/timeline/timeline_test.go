@@ -77,3 +77,20 @@ func TestPhaseTotal(t *testing.T) {
 		t.Errorf("totals %v %v", p.Total(Admitted), p.Total(Refused))
 	}
 }
+
+// TestBreakdownSplitsThePhaseIntoRowAndProbes: the summary table's row is counted apart from
+// the probes around it, for each result, and a phase without a row is all probes.
+func TestBreakdownSplitsThePhaseIntoRowAndProbes(t *testing.T) {
+	p := Phase{Stats: Stats{Admitted: map[string]float64{"a": 106, "b": 106}, Refused: map[string]float64{"a": 60, "b": 55}},
+		Measured: &Measurement{Name: "after the update", Sent: 150, Admitted: 50, Refused: 100}}
+	if got, want := p.Breakdown(Admitted), (Breakdown{Result: Admitted, Total: 212, Row: p.Measured, InRow: 50, Probes: 162}); got != want {
+		t.Errorf("admitted: %+v, want %+v", got, want)
+	}
+	if got, want := p.Breakdown(Refused), (Breakdown{Result: Refused, Total: 115, Row: p.Measured, InRow: 100, Probes: 15}); got != want {
+		t.Errorf("refused: %+v, want %+v", got, want)
+	}
+	p.Measured = nil
+	if got, want := p.Breakdown(Admitted), (Breakdown{Result: Admitted, Total: 212, Probes: 212}); got != want {
+		t.Errorf("without a row: %+v, want %+v", got, want)
+	}
+}

@@ -32,6 +32,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+	"github.com/redline-dev/redline/internal/testutil/proc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 	"github.com/redline-dev/redline/internal/testutil/stack"
@@ -205,7 +206,7 @@ func (e *Env) writeSidecarFiles() error {
 
 // Fleet is n sidecar processes of the policy on one Redis URL.
 type Fleet struct {
-	Procs []*stack.Process
+	Procs []*proc.Process
 	// Checks and Admins are the host:port of each sidecar's /v1/check and admin faces.
 	Checks, Admins []string
 	Leases         bool
@@ -228,7 +229,7 @@ func (e *Env) StartFleet(ctx context.Context, redisURL, credsDir string, n int, 
 	}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	f.Procs, f.Checks, f.Admins = make([]*stack.Process, n), make([]string, n), make([]string, n)
+	f.Procs, f.Checks, f.Admins = make([]*proc.Process, n), make([]string, n), make([]string, n)
 	for i := range n {
 		name := fmt.Sprintf("cell%d-sidecar-%d", e.cellSeq, i)
 		var ports [4]string
@@ -250,13 +251,13 @@ func (e *Env) StartFleet(ctx context.Context, redisURL, credsDir string, n int, 
 		if credsDir != "" {
 			args = append(args, "--"+contract.FlagRedisCredentialsDir+"="+credsDir)
 		}
-		p, err := stack.StartProcess(e.o.Dir, name, e.bin, args,
+		p, err := proc.Start(e.o.Dir, name, e.bin, args,
 			append(os.Environ(), "REDLINE_REDIS_URL="+redisURL, "POD_NAME="+name, "POD_NAMESPACE="+Namespace))
 		if err != nil {
 			return nil, err
 		}
 		f.Procs[i], f.Checks[i], f.Admins[i] = p, ports[3], ports[1]
-		wg.Go(func() { errs[i] = waitReady(ctx, p, ports[1]) })
+		wg.Go(func() { errs[i] = p.WaitHTTP(ctx, "http://"+ports[1]+"/readyz", 30*time.Second, 50*time.Millisecond) })
 	}
 	wg.Wait()
 	return f, errors.Join(errs...)
@@ -322,27 +323,6 @@ func metric(ctx context.Context, hc *http.Client, url, name string) (float64, er
 		}
 	}
 	return sum, nil
-}
-
-// waitReady waits until the sidecar's /readyz answers 200, for at most 30s.
-func waitReady(ctx context.Context, p *stack.Process, admin string) error {
-	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := hc.Get("http://" + admin + "/readyz"); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if done, err := p.Exited(); done {
-			return fmt.Errorf("%s exited (%v): %s", p.Name, err, p.LogTail(2000))
-		}
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	return fmt.Errorf("%s not ready within 30s: %s", p.Name, p.LogTail(2000))
 }
 
 // check asks the sidecar at addr through /v1/check for one unit of rule's limit on key.

@@ -1,36 +1,24 @@
 package failover
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
+	"github.com/redline-dev/redline/internal/testutil/proc"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
-	"github.com/redline-dev/redline/internal/testutil/stack"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
@@ -77,14 +65,6 @@ const (
 	FlagTenantACL           = "redis-tenant-acl"
 )
 
-// controlPlane is the etcd and kube-apiserver the manager of every TenantACL cell runs
-// against, with the namespaces and the policy it needs; started on the first such cell.
-type controlPlane struct {
-	env        *envtest.Environment
-	client     client.Client
-	kubeconfig string
-}
-
 // redisSetup is what a cell's manager and sidecars need of its Redis.
 type redisSetup struct {
 	url string
@@ -97,7 +77,7 @@ type redisSetup struct {
 // DefaultUser) and the manager that writes it.
 type access struct {
 	credsDir string
-	manager  *stack.Process
+	manager  *proc.Process
 }
 
 func (a *access) stop() {
@@ -112,166 +92,6 @@ func (a *access) logTail(n int) string {
 		return ""
 	}
 	return fmt.Sprintf("--- %s (%s)\n%s\n", a.manager.Name, a.manager.LogPath, a.manager.LogTail(n))
-}
-
-// ManagerBinary is the manager the TenantACL cells run, built on first use unless
-// Options.ManagerBin names one.
-func (e *Env) ManagerBinary(ctx context.Context) (string, error) {
-	e.mgrOnce.Do(func() {
-		if e.o.ManagerBin != "" {
-			e.mgrBin = e.o.ManagerBin
-			return
-		}
-		root, err := stack.RepoRoot()
-		if err != nil {
-			e.mgrErr = err
-			return
-		}
-		e.o.Progress("building ./cmd/manager")
-		e.mgrBin = filepath.Join(e.o.Dir, "manager")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", e.mgrBin, "./cmd/manager")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			e.mgrErr = fmt.Errorf("go build ./cmd/manager in %s: %w\n%s", root, err, out)
-		}
-	})
-	return e.mgrBin, e.mgrErr
-}
-
-// ManagerArgs are the flags the Env adds to every manager it starts (Options.ManagerArgs):
-// none unless the caller asked, so that the manager runs at its defaults.
-func (e *Env) ManagerArgs() []string { return slices.Clone(e.o.ManagerArgs) }
-
-// ManagerDefaults reads the defaults of the manager binary's flags from its -help: the
-// defaults the TenantACL cells run on, as the binary has them (not a copy of them).
-func (e *Env) ManagerDefaults(ctx context.Context) (map[string]string, error) {
-	bin, err := e.ManagerBinary(ctx)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, bin, "-help")
-	// Nothing to connect to: a manager that got past its flags would fail on these.
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(e.o.Dir, "missing"), contract.EnvRedisURL+"=redis://127.0.0.1:1")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s -help: %w\n%s", bin, err, out.String())
-	}
-	return parseFlagDefaults(out.String()), nil
-}
-
-// flagUsage matches one flag of Go's flag package usage: "  -name type\n    \tusage (default x)".
-var flagUsage = regexp.MustCompile(`(?m)^  -([a-z0-9-]+)(?: [a-z0-9]+)?\n((?:    \t.*\n?)+)`)
-
-// flagDefault is the "(default x)" at the end of a flag's usage; Go quotes string defaults.
-var flagDefault = regexp.MustCompile(`\(default ("(?:[^"\\]|\\.)*"|[^)]*)\)\s*$`)
-
-// parseFlagDefaults reads every flag's default from usage text; a flag whose default is the
-// zero value has none.
-func parseFlagDefaults(usage string) map[string]string {
-	out := map[string]string{}
-	for _, m := range flagUsage.FindAllStringSubmatch(usage, -1) {
-		d := flagDefault.FindStringSubmatch(strings.TrimRight(m[2], "\n"))
-		if d == nil {
-			out[m[1]] = ""
-			continue
-		}
-		v := d[1]
-		if uq, err := strconv.Unquote(v); err == nil {
-			v = uq
-		}
-		out[m[1]] = v
-	}
-	return out
-}
-
-// startControlPlane starts etcd and kube-apiserver with the CRDs and the webhook registration
-// (the manager's webhook server needs a certificate, which envtest makes), the manager's
-// namespace and the cells' namespace with the policy the sidecars enforce: a namespace gets
-// its Redis user when it has a policy.
-func (e *Env) startControlPlane(ctx context.Context) (*controlPlane, error) {
-	e.cpOnce.Do(func() {
-		e.cp, e.cpErr = e.newControlPlane(ctx)
-	})
-	return e.cp, e.cpErr
-}
-
-func (e *Env) newControlPlane(ctx context.Context) (*controlPlane, error) {
-	root, err := stack.RepoRoot()
-	if err != nil {
-		return nil, err
-	}
-	assets, err := stack.ControlPlaneAssets(root, e.o.InstallTools)
-	if err != nil {
-		return nil, err
-	}
-	// envtest logs through controller-runtime's logger, which nothing else here sets.
-	ctrllog.SetLogger(logr.Discard())
-	e.o.Progress("starting etcd and kube-apiserver (envtest)")
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: []string{filepath.Join(root, "config", "webhook")}},
-		Scheme:                stack.Scheme,
-		// Two cores shared with the sidecars and Redis: give the processes time.
-		ControlPlaneStartTimeout: time.Minute,
-		ControlPlaneStopTimeout:  30 * time.Second,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		return nil, fmt.Errorf("starting etcd and kube-apiserver from %s: %w", assets, err)
-	}
-	cp := &controlPlane{env: env, kubeconfig: filepath.Join(e.o.Dir, "kubeconfig")}
-	fail := func(err error) (*controlPlane, error) {
-		_ = env.Stop()
-		return nil, err
-	}
-	if cp.client, err = client.New(cfg, client.Options{Scheme: stack.Scheme}); err != nil {
-		return fail(fmt.Errorf("creating an API client: %w", err))
-	}
-	if err := os.WriteFile(cp.kubeconfig, env.KubeConfig, 0o600); err != nil {
-		return fail(fmt.Errorf("writing the kubeconfig: %w", err))
-	}
-	for _, ns := range []string{ManagerNamespace, Namespace} {
-		if err := cp.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fail(fmt.Errorf("creating namespace %s: %w", ns, err))
-		}
-	}
-	if err := cp.client.Create(ctx, e.policyObject()); err != nil {
-		return fail(fmt.Errorf("creating the cells' RateLimitPolicy: %w", err))
-	}
-	return cp, nil
-}
-
-// policyObject is the RateLimitPolicy of the document the sidecars read (writeSidecarFiles):
-// the same rules, so that the namespace the manager provisions has the policy its sidecars
-// enforce.
-func (e *Env) policyObject() *v1alpha1.RateLimitPolicy {
-	window := metav1.Duration{Duration: e.o.Window}
-	rule := func(name, alg string, limit int64) v1alpha1.Rule {
-		return v1alpha1.Rule{Name: name, Key: []v1alpha1.KeyPart{{Header: "x-key"}}, Algorithm: v1alpha1.Algorithm(alg),
-			Limit: v1alpha1.Limit{Requests: limit, Window: window}, Mode: v1alpha1.Enforce}
-	}
-	p := &v1alpha1.RateLimitPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: Policy},
-		Spec: v1alpha1.RateLimitPolicySpec{
-			TargetSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "failover"}},
-			FailureMode:    v1alpha1.FailureModeClosed,
-		},
-	}
-	for _, r := range e.o.Rules {
-		p.Spec.Rules = append(p.Spec.Rules, rule(r.Name, r.Algorithm, r.Limit))
-	}
-	p.Spec.Rules = append(p.Spec.Rules, rule(ProbeRule, "FixedWindow", probeLimit))
-	return p
-}
-
-// closeControlPlane stops etcd and kube-apiserver, if they were started.
-func (e *Env) closeControlPlane() {
-	if e.cp != nil {
-		_ = e.cp.env.Stop()
-	}
 }
 
 // provision gives a cell's sidecars their way into Redis. DefaultUser: nothing to do. TenantACL:
@@ -322,7 +142,7 @@ func (e *Env) provision(ctx context.Context, auth Auth, r redisSetup) (_ *access
 	}
 	args = append(args, e.o.ManagerArgs...)
 	env := append(os.Environ(), "KUBECONFIG="+cp.kubeconfig, "POD_NAMESPACE="+ManagerNamespace)
-	p, err := stack.StartProcess(e.o.Dir, name, bin, args, env)
+	p, err := proc.Start(e.o.Dir, name, bin, args, env)
 	if err != nil {
 		return nil, err
 	}
@@ -333,7 +153,7 @@ func (e *Env) provision(ctx context.Context, auth Auth, r redisSetup) (_ *access
 			a.stop()
 		}
 	}()
-	if err := waitHTTP(ctx, p, "http://127.0.0.1:"+strconv.Itoa(probePort)+"/readyz", time.Minute); err != nil {
+	if err := p.WaitHTTP(ctx, "http://127.0.0.1:"+strconv.Itoa(probePort)+"/readyz", time.Minute, 100*time.Millisecond); err != nil {
 		return nil, err
 	}
 	e.o.Progress("manager ready; waiting for the namespace's Redis user and the scripts on every node")
@@ -439,29 +259,4 @@ func countFalse(bs []bool) int {
 		}
 	}
 	return n
-}
-
-// waitHTTP waits until url answers 200 while p runs, for at most timeout.
-func waitHTTP(ctx context.Context, p *stack.Process, url string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	hc := &http.Client{Timeout: time.Second}
-	for {
-		if done, err := p.Exited(); done {
-			return fmt.Errorf("%s exited (%v)", p.Name, err)
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return fmt.Errorf("building the readiness request: %w", err)
-		}
-		if resp, err := hc.Do(req); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
-			return fmt.Errorf("waiting for %s at %s: %w", p.Name, url, err)
-		}
-	}
 }

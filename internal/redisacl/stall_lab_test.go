@@ -1,0 +1,228 @@
+package redisacl_test
+
+import (
+	"context"
+	_ "embed"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/fleet"
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+	"github.com/redline-dev/redline/internal/redisacl"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// call is one EVALSHA the attacker sends.
+type call struct {
+	script scripts.Script
+	keys   []string
+	args   []any
+}
+
+// lab is a Redis with two tenants, the attacker's keys stuffed.
+type lab struct {
+	admin, attacker, victim redis.UniversalClient
+	// group and cfg are the attacker's heartbeat group; state a window state kept stuffed
+	// (calls over it use an hour's window, current); doomed a window state stuffed whose
+	// first call finds it of an ended window; log a sliding window log; tat a token
+	// bucket's key holding a 64 MiB string.
+	group, cfg, state, doomed, log, tat string
+	// start is the current hour's window start (ms on Redis's clock).
+	start int64
+}
+
+func startLab(t testing.TB) *lab {
+	t.Helper()
+	ctx := context.Background()
+	srv, err := redistest.Start("--requirepass", adminPassword)
+	if err != nil {
+		t.Fatalf("starting redis-server: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	l := &lab{admin: tbClient(t, srv.URL(), "", adminPassword)}
+	for _, ns := range []string{attackerNS, victimNS} {
+		if err := redisacl.Ensure(ctx, []redisacl.Node{l.admin.(*redis.Client)}, ns, []string{ns + "-pw"}); err != nil {
+			t.Fatalf("setting the user of %s: %v", ns, err)
+		}
+	}
+	// Every script the manager loads: the sidecars' (as controller.ScriptWatcher does) and its
+	// own group read, through its own path (fleet.Read runs it with scripts.Exec).
+	for _, s := range redisacl.SidecarScripts() {
+		if err := l.admin.ScriptLoad(ctx, s.Source).Err(); err != nil {
+			t.Fatalf("loading %s: %v", s.Name, err)
+		}
+	}
+	if _, err := fleet.Read(ctx, l.admin, attackerNS, "p", time.Minute); err != nil {
+		t.Fatalf("reading a group as the manager: %v", err)
+	}
+	if err := l.admin.ScriptLoad(ctx, groupMembersUnclamped).Err(); err != nil {
+		t.Fatalf("loading the unclamped group script: %v", err)
+	}
+	l.attacker = tbClient(t, srv.URL(), redisacl.Username(attackerNS), attackerNS+"-pw")
+	l.victim = tbClient(t, srv.URL(), redisacl.Username(victimNS), victimNS+"-pw")
+
+	l.group, l.cfg = fleet.GroupKey(attackerNS, "p"), fleet.GroupConfigKey(attackerNS, "p")
+	l.state = limiter.Key(attackerNS, "p", "r", "state")
+	l.doomed = limiter.Key(attackerNS, "p", "r", "doomed")
+	l.log = limiter.Key(attackerNS, "p", "r", "log")
+	l.tat = limiter.Key(attackerNS, "p", "r", "tat")
+	now, err := l.admin.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("reading redis time: %v", err)
+	}
+	ms := now.UnixMilli()
+	l.start = ms - ms%hour
+
+	// Setup, as the admin for speed: the attacker could write the same with its own ZADD and
+	// HSET, granted to it (what one such command costs: BenchmarkTenantStall, "ZADD").
+	began := time.Now()
+	l.stuff(t, stuffed, "zadd", l.group, "m%07d", ms-hour, ms, 0) // half dead an hour ago, half live
+	l.stuff(t, stuffed/10, "hset", l.cfg, "m%07d", "cfg", "cfg", 0)
+	l.stuff(t, stuffed/2, "hset", l.state, "r%07d", 1, 2, 0)
+	l.stuff(t, stuffed/4, "hset", l.doomed, "r%07d", 1, 2, 0)
+	l.stuff(t, stuffed/2, "zadd", l.log, "%017d", ms-2*hour, ms-1000, stuffed/4) // half out of the window, half in it
+	for _, err := range []error{
+		l.admin.HSet(ctx, l.state, "s", l.start, "c", 0, "p", 0).Err(),
+		l.admin.HSet(ctx, l.doomed, "s", l.start-10*hour, "c", 5, "p", 5).Err(),
+		l.admin.Set(ctx, l.tat, strings.Repeat("9", 64<<20), 0).Err(),
+	} {
+		if err != nil {
+			t.Fatalf("stuffing: %v", err)
+		}
+	}
+	t.Logf("stuffed %d members or fields in the keys of %s in %v", stuffed+stuffed/10+stuffed/2+stuffed/4+stuffed/2, attackerNS, time.Since(began).Round(time.Millisecond))
+	return l
+}
+
+func tbClient(t testing.TB, url, user, password string) redis.UniversalClient {
+	t.Helper()
+	// One connection each: the victim's calls are timed alone, the attacker's sent back to back.
+	c := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(url, "redis://"), Username: user, Password: password,
+		PoolSize: 1, ReadTimeout: time.Minute, WriteTimeout: time.Minute, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// stuffer fills a key with stuffed members (kind zadd: score, member) or fields (kind hset:
+// field, value), from ARGV[2] to ARGV[3] - 1, named by the format ARGV[4] of their index, the
+// score or value ARGV[5] for the first half (ARGV[7] > 0: those below it) or the even ones, and
+// ARGV[6] for the others. In Redis rather than from the client: ten million members in a few
+// seconds, on a machine shared with other tests.
+var stuffer = scripts.New("Stuffer", `
+local key, kind, from, to, fmt, a, b, half = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+local args = {}
+for i = from, to - 1 do
+  local v = a
+  if (half > 0 and i >= half) or (half == 0 and i % 2 == 1) then
+    v = b
+  end
+  if kind == 'zadd' then
+    args[#args + 1], args[#args + 2] = v, string.format(fmt, i)
+  else
+    args[#args + 1], args[#args + 2] = string.format(fmt, i), v
+  end
+  if #args >= 2000 then
+    redis.call(kind, key, unpack(args))
+    args = {}
+  end
+end
+if #args > 0 then
+  redis.call(kind, key, unpack(args))
+end
+return 0
+`)
+
+// stuff writes stuffed members or fields into key with stuffer, 100,000 a call.
+func (l *lab) stuff(t testing.TB, n int, kind, key, format string, a, b any, half int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; i < n; i += 100_000 {
+		cmd := scripts.EvalSha(ctx, stuffer, []string{key}, kind, i, min(i+100_000, n), format, a, b, half)
+		scripts.Exec(ctx, l.admin, []redis.Cmder{cmd}, []scripts.Script{stuffer})
+		if err := cmd.Err(); err != nil {
+			t.Fatalf("stuffing %s: %v", key, err)
+		}
+	}
+}
+
+// hostile returns, by script name, the calls the attacker sends: over the stuffed keys, with
+// arguments a legitimate sidecar sends and with hostile ones (NaN, inf, negative, 1e300, not a
+// number, missing) in every position that a script parses.
+func (l *lab) hostile(t testing.TB) map[string][]call {
+	t.Helper()
+	by := map[string]scripts.Script{}
+	for _, s := range append(redisacl.SidecarScripts(), groupMembers(t)) {
+		by[s.Name] = s
+	}
+	out := map[string][]call{}
+	add := func(name string, keys []string, args ...any) {
+		s, ok := by[name]
+		if !ok {
+			t.Fatalf("no script %s", name)
+		}
+		out[name] = append(out[name], call{s, keys, args})
+	}
+	for _, w := range []string{"FixedWindow", "SlidingWindowCounter"} {
+		state, doomed := []string{l.state}, []string{l.doomed}
+		add(w, state, 100, hour, 1, 0, "1e300", "r1", 0, 0, 0, 0, 0) // a lease of 1e300
+		add(w, state, "1e300", hour, "1e300", "inf", "-inf", "x", "nan", "1e300", "-1e300", 0, 0)
+		add(w, state, "nan", hour, "nan", "nan", "nan", "r2", "nan", "nan", "nan", 0, 0)
+		add(w, state, -1, hour, -1, -1, -1, "", -1, -1, -1, -1, -1)
+		add(w, state, 100, hour, 1, 0, 1, "r3", l.start, "1e300", "1e300", "1e9", 3) // restores, holds
+		add(w, state, 100, hour, 0, 0, 0, "r4", l.start, 5, 5, 1, 1)
+		add(w, state)
+		// A state of an ended window (the first call finds it stuffed and UNLINKs it), bad
+		// windows, and holds and peers out of range, which garble the state's s (the tenant's
+		// own key, written anew at its next call).
+		add(w, doomed, 100, 1000, 1, 0, 1, "r1", 0, 0, 0, 0, 0)
+		add(w, doomed, "1e300", 1000, "1e300", "inf", "-inf", "x", "nan", "1e300", "-1e300", "1e300", "1e300")
+		add(w, doomed, "nan", 1000, "nan", "nan", "nan", "r2", "nan", "nan", "nan", "nan", "nan")
+		for _, win := range []any{"nan", "inf", "-inf", "1e300", 0, -5, 1.5, "x"} {
+			add(w, doomed, 100, win, 1, 0, 1, "r1", 0, 0, 0, 0, 0)
+		}
+	}
+	add("LeaseReturn", []string{l.state}, hour, l.start, "1e300", "r1", l.start, "1e300", 0)
+	add("LeaseReturn", []string{l.state}, hour, l.start, "nan", "r1", "nan", "nan", "nan")
+	add("LeaseReturn", []string{l.state}, hour, l.start, -5, "", 0, 0, 0)
+	add("LeaseReturn", []string{l.state}, "nan", "nan", "nan", "", "", "", "")
+	add("LeaseReturn", []string{l.doomed}, 1000, 0, 5, "r1", 0, 0, 0)
+	add("LeaseReturn", []string{l.state})
+	log := []string{l.log}
+	add("SlidingWindowLog", log, 100, hour, 1, 0)     // over the limit: searches the log
+	add("SlidingWindowLog", log, "1e300", hour, 1, 0) // admits
+	add("SlidingWindowLog", log, 100, 60000, 1, 0)    // a million expired: trims
+	add("SlidingWindowLog", log, 100, hour, "1e300", 0)
+	add("SlidingWindowLog", log, "nan", hour, "nan", "nan")
+	add("SlidingWindowLog", log, "-1e300", hour, "-1e300", "-1")
+	for _, win := range []any{"nan", "inf", "-inf", "1e300", "-1e300", 0, -1, "x"} {
+		add("SlidingWindowLog", log, 100, win, 1, 0)
+	}
+	add("SlidingWindowLog", log)
+	tat := []string{l.tat}
+	add("TokenBucket", tat, 100, 1000, 1, 0, 100)
+	add("TokenBucket", tat, "nan", "nan", "nan", "nan", "nan")
+	add("TokenBucket", tat, "1e300", 1, "1e300", 0, "1e300")
+	add("TokenBucket", tat, -1, -1, -1, -1, -1)
+	add("TokenBucket", tat, 0, 0, 0, 0, 0)
+	add("TokenBucket", tat)
+	group := []string{l.group, l.cfg}
+	add("GroupHeartbeat", group, "i1", hour, "h", "1")   // half the group dead: drops
+	add("GroupHeartbeat", group, "i2", 2*hour, "h", "0") // none dead
+	// (A short TTL would have the stuffed group expire, and be freed on Redis's thread, within
+	// the measurement: see the PEXPIRE row of BenchmarkTenantStall, the remedy there.)
+	for _, ttl := range []any{"nan", "inf", "-inf", "1e300", "-1e300", 0, -1, 1.5, "x"} {
+		add("GroupHeartbeat", group, "i3", ttl, "h", "1")
+	}
+	add("GroupHeartbeat", group)
+	for _, a := range [][]any{
+		{hour, "1e9", "1e9"}, {hour, -1, -1}, {hour, "nan", "nan"}, {hour, "inf", "-inf"},
+		{"inf", "1e300", "-1e300"}, {"-inf", 1, 1}, {"nan", 1, 1}, {hour, 0, 0}, {hour, 1.5, "x"}, {},
+	} {
+		add("GroupMembers", group, a...)
+	}
+	return out
+}

@@ -1,0 +1,64 @@
+package app
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/metrics"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+)
+
+// newLimiter makes the sidecar's limiter. Its shares' restorations are counted in the
+// metrics m will hold, and start a heartbeat at once (beat), which tells the other replicas.
+func newLimiter(client redis.UniversalClient, cfg *Config, store *ruleset.Store, beat chan<- struct{},
+	m *atomic.Pointer[metrics.Metrics]) (*limiter.Limiter, error) {
+	leaseHorizon := cfg.LeaseHorizon
+	if leaseHorizon <= 0 {
+		leaseHorizon = -1 // off: every decision asks Redis
+	}
+	lim, err := limiter.New(client, limiter.Options{LeaseHorizon: leaseHorizon, LeaseSize: cfg.LeaseKeys,
+		// A script that runs after the client's read timeout would count units for a caller
+		// already answered by the failure mode; a quarter of the timeout is left for its reply.
+		CallDeadline: cfg.RedisTimeout * 3 / 4,
+		// A fresh id per process: a restarted sidecar knows none of its old grants anyway.
+		ReplicaID: limiter.NewReplicaID(), ShareKeys: cfg.ShareKeys,
+		// The other replicas hear of a loss at their next heartbeat (the restoring one beats
+		// at once) and re-assert within a round trip: a second beyond the interval.
+		RestoreHold: cfg.HeartbeatInterval + time.Second,
+		OnRestore: func(key string, units int64) {
+			if mm := m.Load(); mm != nil {
+				mm.Restored(policyOfKey(store.Current(), key), units)
+			}
+			select { // tell the other replicas at once: they re-assert when they hear of it
+			case beat <- struct{}{}:
+			default:
+			}
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("creating limiter: %w", err)
+	}
+	return lim, nil
+}
+
+// policyOfKey names the policy of a limiter state key (rl:{<namespace>/<policy>/...}) among
+// the policies of set, for a metric label: "unknown" for none, so that the label's values are
+// bounded by the document's policies.
+func policyOfKey(set *ruleset.Set, key string) string {
+	rest, ok := strings.CutPrefix(key, "rl:{")
+	if !ok || set == nil {
+		return "unknown"
+	}
+	_, rest, _ = strings.Cut(rest, "/")
+	part, _, _ := strings.Cut(rest, "/")
+	for _, p := range set.Policies {
+		if limiter.KeyPart(p.Name) == part {
+			return p.Name
+		}
+	}
+	return "unknown"
+}
