@@ -35,7 +35,7 @@ func sampleDocuments(glob string) (docs [][]byte, from []string) {
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		Expect(err).NotTo(HaveOccurred())
-		for _, d := range bytes.Split(data, []byte("\n---\n")) {
+		for d := range bytes.SplitSeq(data, []byte("\n---\n")) {
 			if len(bytes.TrimSpace(d)) > 0 {
 				docs, from = append(docs, d), append(from, f)
 			}
