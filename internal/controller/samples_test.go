@@ -3,8 +3,11 @@ package controller_test
 import (
 	"bytes"
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -22,6 +25,31 @@ import (
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
+
+// yamlBlock is a fenced YAML block of a Markdown page.
+var yamlBlock = regexp.MustCompile("(?ms)^```yaml\n(.*?)^```")
+
+// documentedPolicies are the RateLimitPolicies the README and docs/ show whole, by page.
+func documentedPolicies() map[string][][]byte {
+	pages := []string{filepath.Join("..", "..", "README.md")}
+	Expect(filepath.WalkDir(filepath.Join("..", "..", "docs"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
+			pages = append(pages, p)
+		}
+		return err
+	})).To(Succeed())
+	out := map[string][][]byte{}
+	for _, p := range pages {
+		data, err := os.ReadFile(p)
+		Expect(err).NotTo(HaveOccurred())
+		for _, m := range yamlBlock.FindAllSubmatch(data, -1) {
+			if regexp.MustCompile(`(?m)^kind: RateLimitPolicy$`).Match(m[1]) {
+				out[p] = append(out[p], m[1])
+			}
+		}
+	}
+	return out
+}
 
 // samplesDir is config/samples, which docs/getting-started.md applies.
 var samplesDir = filepath.Join("..", "..", "config", "samples")
@@ -90,6 +118,25 @@ var _ = Describe("config/samples", func() {
 		Expect(names).To(HaveLen(3))
 		for _, n := range names {
 			expectProgrammed(ctx, ns, n)
+		}
+	})
+
+	// A policy the docs show whole is one a reader can apply as it stands.
+	It("the docs show are accepted by the API server and programmed", func() {
+		ctx := context.Background()
+		docs := documentedPolicies()
+		Expect(docs).To(HaveKey(filepath.Join("..", "..", "README.md")), "the README shows a minimal policy")
+		for page, blocks := range docs {
+			for _, b := range blocks {
+				ns := newNamespace(ctx)
+				var p v1alpha1.RateLimitPolicy
+				Expect(yaml.UnmarshalStrict(b, &p)).To(Succeed(), page)
+				p.Namespace = ns
+				warnings.Take()
+				Expect(warnK8s.Create(ctx, &p)).To(Succeed(), page)
+				Expect(warnings.Take()).To(BeEmpty(), "%s: the docs' policies use no deprecated field", page)
+				expectProgrammed(ctx, ns, p.Name)
+			}
 		}
 	})
 
