@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -118,6 +119,37 @@ func TestLinkCheckerFindsBrokenLinks(t *testing.T) {
 		err := checkLink(c.file, c.dest, anchorsOf)
 		if (err == nil) != c.ok {
 			t.Errorf("%s -> %q: error %v, want ok=%v", c.file, c.dest, err, c.ok)
+		}
+	}
+}
+
+// TestIndexesLinkEveryPage: README.md (the front door) and docs/README.md (the manual's
+// index) each link every page of docs/, so no page is found only by browsing the folder.
+func TestIndexesLinkEveryPage(t *testing.T) {
+	var pages []string
+	for _, f := range checkedFiles(t) {
+		if strings.HasPrefix(f, "docs/") {
+			pages = append(pages, f)
+		}
+	}
+	for rel := range notYetWritten {
+		if strings.HasPrefix(rel, "docs/") && !slices.Contains(pages, rel) {
+			pages = append(pages, rel)
+		}
+	}
+	for _, index := range []string{"README.md", "docs/README.md"} {
+		linked := map[string]bool{index: true}
+		for _, l := range readPage(t, index).links() {
+			u, err := url.Parse(l.dest)
+			if err != nil || u.Scheme != "" || u.Path == "" {
+				continue
+			}
+			linked[path.Clean(path.Join(path.Dir(index), u.Path))] = true
+		}
+		for _, p := range pages {
+			if !linked[p] {
+				t.Errorf("%s does not link %s", index, p)
+			}
 		}
 	}
 }
