@@ -170,8 +170,8 @@ func makeDryRun(target string) error {
 	return nil
 }
 
-// TestGettingStartedCommandsAreRun holds docs/getting-started.md to the rule above.
-func TestGettingStartedCommandsAreRun(t *testing.T) {
+// TestDocsGettingStartedCommandsAreRun holds docs/getting-started.md to the rule above.
+func TestDocsGettingStartedCommandsAreRun(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Fatalf("make is not on PATH (apt-get install make): %v", err)
 	}
@@ -193,8 +193,8 @@ func TestGettingStartedCommandsAreRun(t *testing.T) {
 	}
 }
 
-// TestCommandRuleRefusesWhatItMust: the rule, on commands written here.
-func TestCommandRuleRefusesWhatItMust(t *testing.T) {
+// TestDocsCommandRuleRefusesWhatItMust: the rule, on commands written here.
+func TestDocsCommandRuleRefusesWhatItMust(t *testing.T) {
 	makeN := makeDryRun
 	for cmd, ok := range map[string]bool{
 		"make demo":                        true,
@@ -214,7 +214,7 @@ func TestCommandRuleRefusesWhatItMust(t *testing.T) {
 	}
 }
 
-func TestCommandsJoinContinuations(t *testing.T) {
+func TestDocsCommandsJoinContinuations(t *testing.T) {
 	p := parse([]byte("```sh\n# a comment\nhelm install a \\\n  --set b=c\n\nmake demo\n```\n\n```text\nnot a command\n```\n"))
 	got := commands(p)
 	if len(got) != 2 || got[0].dest != "helm install a --set b=c" || got[1].dest != "make demo" || got[0].line != 3 {

@@ -26,8 +26,8 @@ var generatedReferences = map[string]bool{
 	"docs/reference/conditions.md":  true,
 }
 
-// TestPageLengths: no page of docs/ over maxPageLines lines, the README under maxReadmeLines.
-func TestPageLengths(t *testing.T) {
+// TestDocsPageLengths: no page of docs/ over maxPageLines lines, the README under maxReadmeLines.
+func TestDocsPageLengths(t *testing.T) {
 	pages := 0
 	for _, file := range checkedFiles(t) {
 		limit := 0
@@ -61,7 +61,7 @@ func lineCount(data []byte) int {
 	return n
 }
 
-func TestLineCount(t *testing.T) {
+func TestDocsLineCount(t *testing.T) {
 	for s, want := range map[string]int{"": 0, "a": 1, "a\n": 1, "a\nb": 2, "a\n\nb\n": 3} {
 		if got := lineCount([]byte(s)); got != want {
 			t.Errorf("lineCount(%q) = %d, want %d", s, got, want)

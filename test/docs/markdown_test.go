@@ -209,8 +209,8 @@ func (p page) codeBlocks(lang string) [][]link {
 	return out
 }
 
-// TestSlugIsGitHubs pins slug to anchors GitHub gives headings of this repository.
-func TestSlugIsGitHubs(t *testing.T) {
+// TestDocsSlugIsGitHubs pins slug to anchors GitHub gives headings of this repository.
+func TestDocsSlugIsGitHubs(t *testing.T) {
 	for heading, want := range map[string]string{
 		"Defaults, and why":                        "defaults-and-why",
 		"`match.pathPrefix` is deprecated":         "matchpathprefix-is-deprecated",
