@@ -47,9 +47,12 @@ dashboards: ## Regenerate the chart's Grafana dashboards (charts/redline/dashboa
 # the CRDs, the flags from the flag sets, the annotations and the condition reasons from their
 # constants, the metrics from the registries. internal/docgen's TestReferenceIsGenerated fails
 # until this has run after a change to any of them.
+# The chart README's values table comes from values.yaml's "# --" comments (test/helm's
+# TestValuesTable fails until this has run after a change there).
 .PHONY: docs
-docs: ## Regenerate docs/reference/{api,flags,annotations,metrics,conditions}.md from the code.
+docs: ## Regenerate docs/reference/{api,flags,annotations,metrics,conditions}.md from the code and the values table of charts/redline/README.md.
 	go run ./internal/docgen/cmd/docgen -root $(CURDIR)
+	cd test/helm && go run ./cmd/valuestable
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
