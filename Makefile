@@ -43,6 +43,17 @@ chart-sync: ## Copy the CRD, RBAC, webhook rules and deprecation warnings of con
 dashboards: ## Regenerate the chart's Grafana dashboards (charts/redline/dashboards/*.json) from test/helm/dashboards.
 	cd test/helm && go run ./cmd/dashboards -out $(CURDIR)/charts/redline/dashboards
 
+# The references of docs/reference are generated from the code (internal/docgen): the API from
+# the CRDs, the flags from the flag sets, the annotations and the condition reasons from their
+# constants, the metrics from the registries. internal/docgen's TestReferenceIsGenerated fails
+# until this has run after a change to any of them.
+# The chart README's values table comes from values.yaml's "# --" comments (test/helm's
+# TestValuesTable fails until this has run after a change there).
+.PHONY: docs
+docs: ## Regenerate docs/reference/{api,flags,annotations,metrics,conditions}.md from the code and the values table of charts/redline/README.md.
+	go run ./internal/docgen/cmd/docgen -root $(CURDIR)
+	cd test/helm && go run ./cmd/valuestable
+
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
 	$(CONTROLLER_GEN) object paths="./api/..."

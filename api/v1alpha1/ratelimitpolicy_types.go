@@ -377,6 +377,7 @@ type RateLimitPolicyStatus struct {
 // +kubebuilder:printcolumn:name="Window",type=string,JSONPath=`.spec.rules[0].limit.window`,description="Window of the first rule"
 // +kubebuilder:printcolumn:name="Algorithm",type=string,JSONPath=`.spec.rules[0].algorithm`,description="Algorithm of the first rule"
 // +kubebuilder:printcolumn:name="Programmed",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
+// +kubebuilder:printcolumn:name="Enforced",type=string,JSONPath=`.status.conditions[?(@.type=="Enforced")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type RateLimitPolicy struct {

@@ -34,12 +34,11 @@ import (
 
 // Reasons of a RedisBackend's Ready condition.
 const (
-	ReasonBackendReady          = "Ready"
-	ReasonBackendInvalid        = "InvalidSpec"
-	ReasonBackendSecretError    = "CredentialsSecretError"
-	ReasonBackendUnavailable    = "RedisUnavailable"
-	ReasonBackendDialError      = "DialError"
-	ReasonBackendNamespaceOwned = "NamespacesServedByOlderBackend"
+	ReasonBackendReady       = "Ready"
+	ReasonBackendInvalid     = "InvalidSpec"
+	ReasonBackendSecretError = "CredentialsSecretError"
+	ReasonBackendUnavailable = "RedisUnavailable"
+	ReasonBackendDialError   = "DialError"
 )
 
 // Keys of a RedisBackend's credentials Secret.

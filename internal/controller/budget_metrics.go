@@ -2,7 +2,6 @@ package controller
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // The connection budget on the manager's /metrics, for a dashboard to chart the three lines
@@ -28,10 +27,6 @@ var (
 
 // labelBackend names the Redis a series is of: a RedisBackend's name, or DefaultBackendLabel.
 const labelBackend = "backend"
-
-func init() {
-	metrics.Registry.MustRegister(budgetMaxClients, budgetConnected, budgetWorstCase, budgetWorkload)
-}
 
 // resetBudgetMetrics forgets the last pass's series: backends, nodes and workloads that are
 // gone leave none behind.

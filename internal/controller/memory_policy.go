@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -130,8 +129,6 @@ var memoryEvictable = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Name: "redline_redis_counts_evictable",
 	Help: "1 when a Redis node can evict keys to make room (maxmemory set and maxmemory-policy not noeviction): one tenant's writes can then evict another's counts.",
 }, []string{labelBackend, "node", "maxmemory_policy"})
-
-func init() { metrics.Registry.MustRegister(memoryEvictable) }
 
 // MemoryPolicyReconciler reads maxmemory and maxmemory-policy on every Redis node, replicas
 // too (a promoted replica brings its own), and writes the RedisMemoryPolicy condition on every

@@ -5,7 +5,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/redline-dev/redline/api/v1alpha1"
 )
@@ -31,8 +30,6 @@ var policyBypasses = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Name: "redline_policy_service_bypasses",
 	Help: "Service ports whose targetPort is the application's port of pods the RateLimitPolicy targets: their traffic goes around the sidecar.",
 }, []string{labelNamespace, labelPolicy})
-
-func init() { metrics.Registry.MustRegister(policyCondition, policyBypasses) }
 
 // conditionMetrics remembers which policies of each namespace have series, so that a deleted
 // policy's series go with it.

@@ -51,6 +51,12 @@ var KubeVersion = &chartutil.KubeVersion{Version: "v1.37.2", Major: "1", Minor: 
 // Render renders the chart as `helm template` does (client only, the schema validated) with
 // vals and returns the manifest.
 func Render(ch *chart.Chart, vals map[string]any) (string, error) {
+	manifest, _, err := RenderWithNotes(ch, vals)
+	return manifest, err
+}
+
+// RenderWithNotes is Render that also returns what helm install prints (templates/NOTES.txt).
+func RenderWithNotes(ch *chart.Chart, vals map[string]any) (manifest, notes string, err error) {
 	install := action.NewInstall(&action.Configuration{})
 	install.DryRun = true
 	install.ClientOnly = true
@@ -60,9 +66,9 @@ func Render(ch *chart.Chart, vals map[string]any) (string, error) {
 	install.IncludeCRDs = true
 	rel, err := install.Run(ch, vals)
 	if err != nil {
-		return "", fmt.Errorf("rendering chart: %w", err)
+		return "", "", fmt.Errorf("rendering chart: %w", err)
 	}
-	return rel.Manifest, nil
+	return rel.Manifest, rel.Info.Notes, nil
 }
 
 // Objects splits a rendered manifest into objects, sorted by kind, namespace and name.

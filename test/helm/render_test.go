@@ -56,9 +56,9 @@ func TestLint(t *testing.T) {
 	}
 }
 
-// TestGolden renders the chart for the default values (cert-manager certificates), the
-// self-signed mode and every optional object, and compares with testdata/golden (go test
-// -update rewrites them).
+// TestGolden renders the chart and its NOTES.txt for the default values (cert-manager
+// certificates), the self-signed mode and every optional object, and compares with
+// testdata/golden (go test -update rewrites them).
 func TestGolden(t *testing.T) {
 	ch, err := LoadChart()
 	if err != nil {
@@ -71,15 +71,19 @@ func TestGolden(t *testing.T) {
 			if name != "default" {
 				vals = readValues(t, name)
 			}
-			out, err := Render(ch, vals)
+			out, notes, err := RenderWithNotes(ch, vals)
 			g.Expect(err).NotTo(HaveOccurred())
-			path := filepath.Join("testdata", "golden", name+".yaml")
-			if *update {
-				g.Expect(os.WriteFile(path, []byte(out), 0o644)).To(Succeed())
+			for path, out := range map[string]string{
+				filepath.Join("testdata", "golden", name+".yaml"):      out,
+				filepath.Join("testdata", "golden", name+".notes.txt"): notes,
+			} {
+				if *update {
+					g.Expect(os.WriteFile(path, []byte(out), 0o644)).To(Succeed())
+				}
+				want, err := os.ReadFile(path)
+				g.Expect(err).NotTo(HaveOccurred(), "golden file missing: go test -run TestGolden -update")
+				g.Expect(out).To(Equal(string(want)), "rendered chart differs from %s (go test ./... -run TestGolden -update after a deliberate change)", path)
 			}
-			want, err := os.ReadFile(path)
-			g.Expect(err).NotTo(HaveOccurred(), "golden file missing: go test -run TestGolden -update")
-			g.Expect(out).To(Equal(string(want)), "rendered chart differs from %s (go test ./... -run TestGolden -update after a deliberate change)", path)
 		})
 	}
 }

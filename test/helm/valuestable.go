@@ -96,3 +96,40 @@ func Markdown(rows []ValueRow) string {
 	}
 	return b.String()
 }
+
+// The values table's bounds in the chart's README.
+const (
+	TableStart = "<!-- values table: generated from charts/redline/values.yaml by make docs (test/helm/cmd/valuestable); do not edit -->\n"
+	TableEnd   = "<!-- end of values table -->"
+)
+
+// ChartReadme is the chart's README, which holds the values table under "## Values".
+func ChartReadme() string { return filepath.Join(ChartDir(), "README.md") }
+
+// WithValuesTable returns readme with the table between TableStart and TableEnd replaced by
+// the one values.yaml's comments give.
+func WithValuesTable(readme string) (string, error) {
+	rows, err := ValuesTable()
+	if err != nil {
+		return "", err
+	}
+	start := strings.Index(readme, TableStart)
+	end := strings.Index(readme, TableEnd)
+	if start < 0 || end < start {
+		return "", fmt.Errorf("no values table between %q and %q", strings.TrimSpace(TableStart), TableEnd)
+	}
+	return readme[:start+len(TableStart)] + Markdown(rows) + readme[end:], nil
+}
+
+// WriteValuesTable regenerates the values table of the chart's README.
+func WriteValuesTable() error {
+	b, err := os.ReadFile(ChartReadme())
+	if err != nil {
+		return err
+	}
+	out, err := WithValuesTable(string(b))
+	if err != nil {
+		return fmt.Errorf("%s: %w", ChartReadme(), err)
+	}
+	return os.WriteFile(ChartReadme(), []byte(out), 0o644)
+}

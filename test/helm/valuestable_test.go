@@ -2,18 +2,12 @@ package helm
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
 
-const (
-	tableStart = "<!-- values table: generated from charts/redline/values.yaml by test/helm (go test -run TestValuesTable -update) -->\n"
-	tableEnd   = "<!-- end of values table -->"
-)
-
-// TestValuesTable: README's values table is the one generated from values.yaml's comments,
-// and every value is documented.
+// TestValuesTable: the chart README's values table, under "## Values", is the one generated
+// from values.yaml's comments, and every value is documented.
 func TestValuesTable(t *testing.T) {
 	rows, err := ValuesTable()
 	if err != nil {
@@ -22,27 +16,27 @@ func TestValuesTable(t *testing.T) {
 	if len(rows) < 30 {
 		t.Fatalf("values table has %d rows; values.yaml documents more", len(rows))
 	}
-	readme := filepath.Join(RepoRoot(), "README.md")
-	b, err := os.ReadFile(readme)
+	b, err := os.ReadFile(ChartReadme())
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(b)
-	start := strings.Index(text, tableStart)
-	end := strings.Index(text, tableEnd)
-	if start < 0 || end < start {
-		t.Fatalf("README.md has no values table between %q and %q", strings.TrimSpace(tableStart), tableEnd)
+	values := strings.Index(text, "\n## Values\n")
+	if values < 0 || strings.Index(text, TableStart) < values {
+		t.Fatalf("%s has no values table under its \"## Values\" section", ChartReadme())
 	}
-	want := Markdown(rows)
-	got := text[start+len(tableStart) : end]
-	if got == want {
+	want, err := WithValuesTable(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want == text {
 		return
 	}
 	if *update {
-		if err := os.WriteFile(readme, []byte(text[:start+len(tableStart)]+want+text[end:]), 0o644); err != nil {
+		if err := os.WriteFile(ChartReadme(), []byte(want), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	t.Errorf("README.md's values table is not the one values.yaml gives: go test ./... -run TestValuesTable -update (in test/helm)")
+	t.Errorf("%s's values table is not the one values.yaml gives: run make docs", ChartReadme())
 }

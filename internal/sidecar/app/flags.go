@@ -90,11 +90,34 @@ func proxyConnsFor(memoryLimit int64, maxHeaderBytes int) int {
 	return int(min(max(memoryLimit/2/int64(proxyConnCost+maxHeaderBytes), 64), 1<<16))
 }
 
+// FlagSetName is the name the sidecar's flag set prints in its usage.
+const FlagSetName = "redline-sidecar"
+
+// FlagEnv names the environment variable each flag takes its default from, where one does.
+var FlagEnv = map[string]string{"redis-url": contract.EnvRedisURL}
+
+// FlagSet is the sidecar's flag set, bound to a configuration nobody reads, with defaults from
+// getenv: what -help prints, for the flags reference (internal/docgen).
+func FlagSet(getenv func(string) string) *flag.FlagSet {
+	fs := flag.NewFlagSet(FlagSetName, flag.ContinueOnError)
+	bindFlags(fs, &Config{}, getenv)
+	return fs
+}
+
 // ParseConfig reads flags from args and the environment through getenv.
 func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*Config, error) {
 	c := &Config{}
-	fs := flag.NewFlagSet("redline-sidecar", flag.ContinueOnError)
+	fs := flag.NewFlagSet(FlagSetName, flag.ContinueOnError)
 	fs.SetOutput(output)
+	level := bindFlags(fs, c, getenv)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return c.finish(fs, *level, getenv)
+}
+
+// bindFlags defines the sidecar's flags on fs, into c; it returns where --log-level goes.
+func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string {
 	fs.StringVar(&c.Listen, contract.FlagListen, fmt.Sprintf(":%d", contract.DefaultListenPort), "address of the proxy face")
 	fs.StringVar(&c.Upstream, contract.FlagUpstream, "", "the application's host:port (required)")
 	fs.StringVar(&c.AdminListen, contract.FlagAdminListen, fmt.Sprintf(":%d", contract.AdminPort), "address of /healthz, /readyz and /metrics")
@@ -136,13 +159,14 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 	fs.StringVar(&c.RedisTLS.ServerName, contract.FlagRedisTLSServerName, "", "with rediss://: the name Redis's certificates must carry (empty: the host each connection dials)")
 	fs.StringVar(&c.RedisTLS.MinVersion, contract.FlagRedisTLSMinVersion, "", "with rediss://: oldest TLS version accepted, "+redisconn.TLSVersion12+" or "+redisconn.TLSVersion13+" (empty: "+redisconn.TLSVersion12+")")
 	fs.IntVar(&c.ShareKeys, "share-keys", contract.DefaultShareKeys, "most keys whose shares (what this replica was granted in their live windows, about 150 bytes a key) are kept to restore counts Redis loses in a failover or restart; a key beyond it keeps none")
-	fs.IntVar(&c.LeaseKeys, contract.FlagLeaseKeys, contract.DefaultLeaseKeys, "most keys holding a lease at once, about 400 bytes each (twice that with the garbage collector's headroom); beyond it the least recently used lease goes back and its key asks Redis per decision")
+	fs.IntVar(&c.LeaseKeys, contract.FlagLeaseKeys, contract.DefaultLeaseKeys, fmt.Sprintf("most keys holding a lease at once (1-%d), up to %d bytes each (the garbage collector's headroom included); a new key beyond it sends the least recently used lease's unspent units back to Redis, and that key's next decision asks Redis for a new lease", contract.MaxLeaseKeys, contract.LeaseKeyBytes))
 	fs.DurationVar(&c.LeaseHorizon, contract.FlagLeaseHorizon, contract.DefaultLeaseHorizonSeconds*time.Second, "FixedWindow and SlidingWindowCounter rules admit from leases of about this long's local demand, counted in Redis when granted (exact across replicas); 0 asks Redis for every decision")
 	fs.IntVar(&c.MaxProcs, contract.FlagMaxProcs, contract.DefaultMaxProcs, "CPUs running Go code at once (GOMAXPROCS); 0: Go's default, the container's CPU limit but at least 2. A GOMAXPROCS environment variable wins")
-	level := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
+	return fs.String("log-level", "info", "debug, info, warn or error")
+}
+
+// finish takes what flags cannot say (the environment, derived defaults) and checks it all.
+func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) string) (*Config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
@@ -160,7 +184,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 		}
 		c.MemoryLimit = n
 	}
-	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
+	if err := c.LogLevel.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
 	if c.MaxConns == 0 {
@@ -197,7 +221,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 		errs = append(errs, fmt.Errorf("--share-keys must be 1 to %d (about 150 bytes a key)", contract.MaxShareKeys))
 	}
 	if !inRange(c.LeaseKeys, 1, contract.MaxLeaseKeys) {
-		errs = append(errs, fmt.Errorf("--lease-keys must be 1 to %d (about 400 bytes a key)", contract.MaxLeaseKeys))
+		errs = append(errs, fmt.Errorf("--lease-keys must be 1 to %d (up to %d bytes a key)", contract.MaxLeaseKeys, contract.LeaseKeyBytes))
 	}
 	if c.RedisTimeout <= 0 {
 		// go-redis reads 0 as its own 3s and a negative timeout as none: a sidecar would wait

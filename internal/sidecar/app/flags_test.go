@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"flag"
 	"io"
 	"testing"
 	"time"
@@ -115,4 +116,24 @@ func TestParseConfigRedisTLS(t *testing.T) {
 		env(map[string]string{"REDLINE_REDIS_URL": "rediss://r:6380", "POD_NAMESPACE": "shop"}), io.Discard)
 	g.Expect(err).To(MatchError(ContainSubstring("needs both its certificate file and its key file")))
 	g.Expect(err).To(MatchError(ContainSubstring(`TLS minimum version "1.1": want 1.2 or 1.3`)))
+}
+
+// FlagSet is the set ParseConfig parses: the same flags with the same defaults.
+func TestFlagSetIsTheParsedOne(t *testing.T) {
+	g := NewWithT(t)
+	fs := app.FlagSet(env(map[string]string{"REDLINE_REDIS_URL": "redis://r:1"}))
+	g.Expect(fs.Lookup("redis-url").DefValue).To(Equal("redis://r:1"))
+	g.Expect(fs.Lookup("lease-keys").DefValue).To(Equal("16384"))
+	n := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		n++
+		// Every flag parses its own default: the set is the one ParseConfig reads.
+		_, err := app.ParseConfig([]string{"--" + f.Name + "=" + f.DefValue, "--upstream=127.0.0.1:1"},
+			env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "POD_NAMESPACE": "shop"}), io.Discard)
+		g.Expect(err).NotTo(HaveOccurred(), "--%s=%s", f.Name, f.DefValue)
+	})
+	g.Expect(n).To(BeNumerically(">", 40))
+	for name := range app.FlagEnv {
+		g.Expect(fs.Lookup(name)).NotTo(BeNil(), name)
+	}
 }
