@@ -8,22 +8,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 )
-
-// notYetWritten are link targets another branch writes, allowed through while they are
-// missing (and checked like any other once they exist).
-// written by make docs on i26-refs; the merger deletes this list
-var notYetWritten = map[string]bool{
-	"docs/reference/api.md":           true,
-	"docs/reference/flags.md":         true,
-	"docs/reference/annotations.md":   true,
-	"docs/reference/metrics.md":       true,
-	"docs/reference/conditions.md":    true,
-	"charts/redline/README.md#values": true,
-}
 
 // TestLinks: every relative link and image of README.md, CHANGELOG.md, docs/ and results/
 // names a file or folder of the repository, and every #anchor a heading of the page it points
@@ -69,9 +56,6 @@ func checkLink(file, dest string, anchorsOf func(string) map[string]bool) error 
 	info, err := os.Stat(filepath.Join(root, filepath.FromSlash(target)))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		if notYetWritten[target] || notYetWritten[target+"#"+u.Fragment] {
-			return nil
-		}
 		return fmt.Errorf("%s does not exist", target)
 	case err != nil:
 		return err
@@ -83,9 +67,6 @@ func checkLink(file, dest string, anchorsOf func(string) map[string]bool) error 
 		return fmt.Errorf("#%s on %s, which is not a Markdown page", u.Fragment, target)
 	}
 	if !anchorsOf(target)[u.Fragment] {
-		if notYetWritten[target+"#"+u.Fragment] {
-			return nil
-		}
 		return fmt.Errorf("%s has no heading whose anchor is #%s", target, u.Fragment)
 	}
 	return nil
@@ -130,11 +111,6 @@ func TestIndexesLinkEveryPage(t *testing.T) {
 	for _, f := range checkedFiles(t) {
 		if strings.HasPrefix(f, "docs/") {
 			pages = append(pages, f)
-		}
-	}
-	for rel := range notYetWritten {
-		if strings.HasPrefix(rel, "docs/") && !slices.Contains(pages, rel) {
-			pages = append(pages, rel)
 		}
 	}
 	for _, index := range []string{"README.md", "docs/README.md"} {
