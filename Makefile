@@ -156,7 +156,7 @@ bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, b
 ENVOY_RATELIMIT_BIN ?=
 COMPARE_FLAGS ?=
 .PHONY: compare-envoy
-compare-envoy: ## Envoy RLS face vs envoyproxy/ratelimit on one redis-server (ENVOY_RATELIMIT_BIN=path of its built server; see README) into results/compare-envoy.md, about 1 minute.
-	@if [ -z "$(ENVOY_RATELIMIT_BIN)" ]; then echo "compare-envoy: set ENVOY_RATELIMIT_BIN to an envoyproxy/ratelimit server binary (go build -o /tmp/ratelimit ./src/service_cmd in a checkout of it; README, Benchmarks)" >&2; exit 2; fi
+compare-envoy: ## Envoy RLS face vs envoyproxy/ratelimit on one redis-server (ENVOY_RATELIMIT_BIN=path of its built server; see docs/benchmarks.md) into results/compare-envoy.md, about 1 minute.
+	@if [ -z "$(ENVOY_RATELIMIT_BIN)" ]; then echo "compare-envoy: set ENVOY_RATELIMIT_BIN to an envoyproxy/ratelimit server binary (go build -o /tmp/ratelimit ./src/service_cmd in a checkout of it; docs/benchmarks.md)" >&2; exit 2; fi
 	@if [ ! -x "$(ENVOY_RATELIMIT_BIN)" ]; then echo "compare-envoy: ENVOY_RATELIMIT_BIN=$(ENVOY_RATELIMIT_BIN) is not an executable file" >&2; exit 2; fi
 	cd hack/ratelimitcompare && go run . -root $(CURDIR) -envoy-ratelimit "$(abspath $(ENVOY_RATELIMIT_BIN))" -out $(CURDIR)/results/compare-envoy.md $(COMPARE_FLAGS)

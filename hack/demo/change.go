@@ -194,5 +194,5 @@ func (d *demo) summary() {
 	d.say("Three replicas that each count in memory admit three times the limit. Redline's sidecars")
 	d.say("share one atomic counter in Redis and admit the limit, follow policy changes made with the")
 	d.say("API, fall back to limit/replicas each while Redis is down, and share the counter again")
-	d.say("when it returns. Next: README.md, config/samples/, and `make test-e2e` for the same story as assertions.")
+	d.say("when it returns. Next: docs/getting-started.md, config/samples/, and `make test-e2e` for the same story as assertions.")
 }

@@ -19,7 +19,7 @@ func TestPoolSize(t *testing.T) {
 		ceiling     int64
 		want        int64
 	}{
-		// README's worked example: maxclients 10,000, reserve 4 + 500, three workloads: a
+		// docs/operations/connection-budget.md's worked example: maxclients 10,000, reserve 4 + 500, three workloads: a
 		// share of 3,165 each.
 		{"share split over maxReplicas", 10000, 3, 500, 0, 6},
 		{"share split over fewer replicas", 10000, 3, 200, 0, 15},

@@ -18,7 +18,7 @@ import (
 // ReplicaSets and HPAs), so each cached object keeps only what the manager reads, and its size
 // no longer grows with what a tenant puts in it: pod template specs, status, managed fields,
 // annotations such as kubectl's last-applied copy of the whole object, ConfigMap content. The
-// transforms run before an object enters the cache; README gives the bytes per object.
+// transforms run before an object enters the cache; docs/design/tenant-isolation.md gives the bytes per object.
 func slimByObject() map[client.Object]cache.ByObject {
 	return map[client.Object]cache.ByObject{
 		// Only the ConfigMap the controller writes, by name: any other ConfigMap a tenant

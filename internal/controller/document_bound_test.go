@@ -22,7 +22,7 @@ import (
 
 // sidecarLoadBudget is what loading the largest document the controller writes may allocate
 // in a sidecar: its default memory limit is 64Mi and it peaks at about 40 MiB under load
-// (README, "Memory: sidecar RSS"), which leaves 24 MiB; 16 of them for a reload keep 8 of
+// (docs/reference/sidecar.md, results/sidecarcost.md), which leaves 24 MiB; 16 of them for a reload keep 8 of
 // headroom.
 const sidecarLoadBudget = 16 << 20
 

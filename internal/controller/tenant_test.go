@@ -268,7 +268,7 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 		Expect(names).To(Equal([]string{policydoc.ConfigMapName}), "another ConfigMap with the label stays out of the cache")
 	})
 
-	// Measures the manager's memory per cached object for README: n Deployments, each with
+	// Measures the manager's memory per cached object for docs/design/tenant-isolation.md: n Deployments, each with
 	// 32 KiB of what a tenant can grow (an annotation, an env value in the pod template).
 	It("holds a few KiB per cached workload or ConfigMap, whatever its size", func(ctx SpecContext) {
 		ns := newNamespace(ctx)

@@ -176,9 +176,9 @@ func TestSharesRestoreARestartedRedis(t *testing.T) {
 				c, err := first.HGet(context.Background(), key+":"+"swc", "c").Int64()
 				g.Expect(err).NotTo(HaveOccurred())
 				g.Expect(c).To(BeNumerically(">=", total))
-				// What one replica grants before another has re-asserted is the bound (README,
-				// Redis failover): never more than the lost shares, which without shares are
-				// all admitted again.
+				// What one replica grants before another has re-asserted is the bound
+				// (docs/design/failover-shares.md): never more than the lost shares, which
+				// without shares are all admitted again.
 				g.Expect(total).To(BeNumerically("<=", lim.Requests+lost))
 				g.Expect(total).To(BeNumerically(">=", lim.Requests*95/100))
 				g.Expect(restored).To(BeNumerically(">=", lost))

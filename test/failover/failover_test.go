@@ -20,7 +20,7 @@
 // restoration, a heartbeat interval and a second, is 3s instead of 6s.
 //
 // $REDLINE_FAILOVER_SIDECAR names a sidecar binary to run instead of building ./cmd/sidecar:
-// how these tests were checked against a sidecar from before issue 20 (README, Redis failover);
+// how these tests were checked against a sidecar from before issue 20 (docs/design/failover-shares.md);
 // $REDLINE_FAILOVER_MANAGER likewise a manager binary. KUBEBUILDER_ASSETS must name the
 // directory of etcd and kube-apiserver (make test sets it).
 package failover_test
@@ -289,7 +289,7 @@ func TestSuiteRunsTheChartsDefaults(t *testing.T) {
 			failover.FlagScriptCheckInterval, interval, controller.DefaultCheckInterval)
 	}
 	if interval != checkInterval {
-		t.Errorf("the manager's -%s defaults to %s; this suite was written and measured for %s: look at its bounds and the README's numbers again",
+		t.Errorf("the manager's -%s defaults to %s; this suite was written and measured for %s: look at its bounds and the numbers of docs/design/failover-shares.md again",
 			failover.FlagScriptCheckInterval, interval, checkInterval)
 	}
 	acl := defaults[failover.FlagTenantACL]

@@ -104,5 +104,5 @@ func TestAlerts(t *testing.T) {
 			g.Expect(slices.Contains(quiet, r.Alert)).To(BeTrue(), "testdata/alerts_test.yaml has no case where %s stays quiet", r.Alert)
 		}
 	}
-	g.Expect(alerts).To(HaveLen(10), "the alerts README lists")
+	g.Expect(alerts).To(HaveLen(10), "the alerts docs/operations/monitoring.md gives a runbook each")
 }

@@ -1,8 +1,9 @@
 package scripts_test
 
 // Redis Functions (FUNCTION LOAD + FCALL, Redis 7) against the scripts (SCRIPT LOAD + EVALSHA)
-// for the two window algorithms, on a real redis-server: the facts the README's decision to
-// keep EVALSHA rests on (issue 25), held by tests, and the cost per call side by side:
+// for the two window algorithms, on a real redis-server: the facts the decision to keep
+// EVALSHA rests on (docs/design/failover-shares.md, issue 25), held by tests, and the cost per
+// call side by side:
 //
 //	go test ./internal/limiter/scripts -run Functions -bench ScriptVsFunction -benchtime 20000x -count 5
 //
