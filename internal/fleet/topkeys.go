@@ -252,7 +252,7 @@ func validKey(k string) bool {
 	}
 	for i := 0; i < len(k); i++ {
 		c := k[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return false
 		}
 	}

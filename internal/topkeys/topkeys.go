@@ -60,12 +60,11 @@ type Snapshot struct {
 
 // Sketch is a Space-Saving summary of capacity k. It is safe for concurrent use.
 type Sketch struct {
-	mu      sync.Mutex
-	k       int
-	heap    []Entry        // a min-heap on Count
-	index   map[string]int // key -> position in heap
-	total   uint64
-	scratch []Entry
+	mu    sync.Mutex
+	k     int
+	heap  []Entry        // a min-heap on Count
+	index map[string]int // key -> position in heap
+	total uint64
 }
 
 // New returns a Sketch of capacity k (at least 1).

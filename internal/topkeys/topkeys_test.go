@@ -175,12 +175,12 @@ func TestSketchDoesNotRetainTheCallersStrings(t *testing.T) {
 
 func TestLabelIsPrintableAndBounded(t *testing.T) {
 	cases := map[string]string{
-		"alice":                         "alice",
-		"\x1b[2J\x1b]0;pwned\x07":       "?[2J?]0;pwned?",
-		"tab\there\nnewline":            "tab?here?newline",
-		"\xff\xfe":                      "??",
-		"ünïcödé":                       "ünïcödé",
-		string(make([]byte, 70)):        string(slices.Repeat([]byte("?"), MaxLabelBytes)),
+		"alice":                   "alice",
+		"\x1b[2J\x1b]0;pwned\x07": "?[2J?]0;pwned?",
+		"tab\there\nnewline":      "tab?here?newline",
+		"\xff\xfe":                "??",
+		"ünïcödé":                 "ünïcödé",
+		string(make([]byte, 70)):  string(slices.Repeat([]byte("?"), MaxLabelBytes)),
 		"a" + string(slices.Repeat([]rune("é"), 40)): "a" + string(slices.Repeat([]rune("é"), 31)), // 1+62 bytes; the cut é is dropped
 	}
 	for in, want := range cases {
