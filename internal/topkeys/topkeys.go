@@ -67,10 +67,10 @@ type Sketch struct {
 	total uint64
 }
 
-// New returns a Sketch of capacity k (at least 1).
+// New returns a Sketch of capacity k (at least 1). Its memory is taken on its first Add: a
+// rule that never refuses costs its refusals' sketch nothing.
 func New(k int) *Sketch {
-	k = max(k, 1)
-	return &Sketch{k: k, heap: make([]Entry, 0, k), index: make(map[string]int, k)}
+	return &Sketch{k: max(k, 1)}
 }
 
 // Capacity is k.
@@ -86,6 +86,9 @@ func (s *Sketch) Add(key string, n uint64, label string) {
 	key = cut(key, MaxKeyBytes)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.index == nil {
+		s.heap, s.index = make([]Entry, 0, s.k), make(map[string]int, s.k)
+	}
 	s.total = addSat(s.total, n)
 	if i, ok := s.index[key]; ok {
 		e := &s.heap[i]
