@@ -43,7 +43,8 @@ type RuleStatus struct {
 	// +required
 	Name string `json:"name"`
 
-	// observedAt is when the controller merged the sidecars' summaries.
+	// observedAt is when the controller wrote these counts: a merge that says the same is not
+	// written again.
 	// +required
 	ObservedAt metav1.Time `json:"observedAt"`
 

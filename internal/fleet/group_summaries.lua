@@ -12,7 +12,7 @@
 -- summary read with GETRANGE of at most WIDTH bytes (Redis copies only those), at most TOTAL
 -- bytes in all (or ARGV[4], when lower), and a member name longer than NAME bytes is skipped (no key is built from it).
 -- A summary key the tenant made something other than a string is skipped, not an error.
--- MOST, WIDTH and TOTAL are fleet.MaxMembers, fleet.SummaryMaxBytes and
+-- MOST, WIDTH and TOTAL are fleet.MaxMembers, fleet.SummaryStoredBytes and
 -- fleet.SummaryReadBytes; ARGV can only lower them.
 local MOST, WIDTH, TOTAL, NAME = 2000, 16384, 4194304, 253
 local ttl = tonumber(ARGV[1])

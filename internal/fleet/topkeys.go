@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,9 +28,11 @@ import (
 // alone: a tenant writes these keys with its own Redis user, any size it likes.
 const (
 	// SummaryMaxBytes is the most bytes of one replica's summary of one policy: the heartbeat
-	// script refuses a longer one and the manager reads no more (group_heartbeat.lua,
-	// group_summaries.lua). EncodeSummary fits what a sidecar publishes in it.
-	SummaryMaxBytes = 16 << 10
+	// script refuses a longer one (group_heartbeat.lua), and stores it after its Redis time
+	// stamp, in at most SummaryStoredBytes, which is what the manager reads of one
+	// (group_summaries.lua). EncodeSummary fits what a sidecar publishes in it.
+	SummaryMaxBytes    = SummaryStoredBytes - 32
+	SummaryStoredBytes = 16 << 10
 	// SummaryReadBytes is the most bytes of summaries one call of the read script returns,
 	// whatever its arguments (group_summaries.lua).
 	SummaryReadBytes = 4 << 20
@@ -185,6 +189,17 @@ func cutList(l TopList, n int, noLabels bool) TopList {
 	return l
 }
 
+// decodeStored splits what the heartbeat stored into its stamp and its summary.
+func decodeStored(v string) (int64, PolicySummary, error) {
+	stamp, rest, ok := strings.Cut(v, " ")
+	n, err := strconv.ParseInt(stamp, 10, 64)
+	if !ok || err != nil || n < 0 {
+		return 0, PolicySummary{}, fmt.Errorf("%w: no time stamp", ErrInvalidSummary)
+	}
+	s, err := DecodeSummary([]byte(rest))
+	return n, s, err
+}
+
 // ErrInvalidSummary is wrapped by DecodeSummary's errors: what a tenant can write need not be
 // a summary.
 var ErrInvalidSummary = errors.New("invalid top-keys summary")
@@ -283,7 +298,16 @@ type GroupSummaries struct {
 	// (NamespaceSummaryBytes) was spent on its other groups.
 	OverBound bool
 	// Summaries are the decoded summaries, one per replica read.
-	Summaries []PolicySummary
+	Summaries []StampedSummary
+}
+
+// StampedSummary is one replica's summary as the manager read it.
+type StampedSummary struct {
+	// Replica is the replica's name, made printable and cut (it is the tenant's to write).
+	Replica string
+	// Stamp is Redis's clock (ms) when the heartbeat stored the summary.
+	Stamp int64
+	PolicySummary
 }
 
 // ReadSummaries reads the summaries the live replicas of each of policies published, reading
@@ -293,7 +317,7 @@ type GroupSummaries struct {
 // stops at its share; when there are so many groups that a share would not hold one full
 // summary, only the first bound/SummaryMaxBytes groups are read and the rest are OverBound.
 // live gives each group's live count, as Summarize read it a moment before (a group with none
-// is not read).
+// is not read); with live nil, every group is read (the script counts it).
 func ReadSummaries(ctx context.Context, client redis.UniversalClient, namespace string, policies []string, live []int64, ttl time.Duration, bound int) []GroupSummaries {
 	if bound <= 0 {
 		bound = NamespaceSummaryBytes
@@ -301,6 +325,10 @@ func ReadSummaries(ctx context.Context, client redis.UniversalClient, namespace 
 	out := make([]GroupSummaries, len(policies))
 	var groups []int
 	for i := range policies {
+		if live == nil {
+			groups = append(groups, i)
+			continue
+		}
 		if i < len(live) {
 			out[i].Live = live[i]
 		}
@@ -308,10 +336,16 @@ func ReadSummaries(ctx context.Context, client redis.UniversalClient, namespace 
 			groups = append(groups, i)
 		}
 	}
+	most := func(live int64) int64 {
+		if live <= 0 {
+			return MaxMembers // not counted: the script counts, and reads at most this many
+		}
+		return min(live+GroupSlack, MaxMembers)
+	}
 	if len(groups) == 0 {
 		return out
 	}
-	if most := max(bound/SummaryMaxBytes, 1); len(groups) > most {
+	if most := max(bound/SummaryStoredBytes, 1); len(groups) > most {
 		for _, i := range groups[most:] {
 			out[i].OverBound = true
 		}
@@ -321,7 +355,7 @@ func ReadSummaries(ctx context.Context, client redis.UniversalClient, namespace 
 	cmds := make([]redis.Cmder, len(groups))
 	for k, i := range groups {
 		cmds[k] = scripts.EvalSha(ctx, summariesScript, []string{GroupKey(namespace, policies[i])},
-			ttl.Milliseconds(), min(out[i].Live+GroupSlack, MaxMembers), SummaryMaxBytes, share)
+			ttl.Milliseconds(), most(out[i].Live), SummaryStoredBytes, share)
 	}
 	scripts.Exec(ctx, client, cmds, []scripts.Script{summariesScript})
 	for k, c := range cmds {
@@ -339,7 +373,7 @@ func ReadSummaries(ctx context.Context, client redis.UniversalClient, namespace 
 		g.OverBound = stopped == 1
 		for j := 3; j < len(reply); j += 2 {
 			v, _ := reply[j].(string)
-			s, err := DecodeSummary([]byte(v))
+			stamp, s, err := decodeStored(v)
 			if err != nil {
 				g.Invalid++
 				if g.InvalidErr == nil {
@@ -349,7 +383,8 @@ func ReadSummaries(ctx context.Context, client redis.UniversalClient, namespace 
 				continue
 			}
 			g.Read++
-			g.Summaries = append(g.Summaries, s)
+			name, _ := reply[j-1].(string)
+			g.Summaries = append(g.Summaries, StampedSummary{Replica: topkeys.Label(name), Stamp: stamp, PolicySummary: s})
 		}
 	}
 	return out

@@ -161,6 +161,14 @@ func TestSummariesArePublishedWithTheHeartbeat(t *testing.T) {
 	g.Expect(read[0].Read).To(BeEquivalentTo(3))
 	g.Expect(read[0].Invalid).To(BeZero())
 	g.Expect(read[1].Read).To(BeZero())
+	for _, s := range read[0].Summaries {
+		g.Expect(s.Stamp).To(BeNumerically("~", time.Now().UnixMilli(), 60_000), "stamped with Redis's clock")
+		g.Expect(s.Replica).To(BeElementOf("pod-a", "pod-b", "pod-c"))
+	}
+	// Without live counts every group is read; the script counts it.
+	all := fleet.ReadSummaries(ctx, c, ns, []string{"p", "q"}, nil, ttl, 0)
+	g.Expect(all[0].Read).To(BeEquivalentTo(3))
+	g.Expect(all[0].Live).To(BeEquivalentTo(3))
 	var parts []topkeys.Snapshot
 	for _, s := range read[0].Summaries {
 		parts = append(parts, s.Rules[0].Refused.Snapshot())
@@ -175,7 +183,7 @@ func TestSummariesArePublishedWithTheHeartbeat(t *testing.T) {
 	g.Expect(c.Exists(ctx, key).Val()).To(BeZero())
 	// A summary over the bound is refused by the script, whoever runs it.
 	_, err = fleet.BeatWithSummaries(ctx, c, ns, "pod-a", "h", ttl, []string{"p"}, false, [][]byte{make([]byte, fleet.SummaryMaxBytes+1)})
-	g.Expect(err).To(MatchError(ContainSubstring("at most 16384 bytes")))
+	g.Expect(err).To(MatchError(ContainSubstring("at most 16352 bytes")))
 }
 
 // A tenant writes its groups' keys with its own Redis user: what the manager reads of them is
@@ -214,7 +222,7 @@ func TestReadSummariesIsBoundedWhateverTheTenantWrote(t *testing.T) {
 		g.Expect(read[0].Err).NotTo(HaveOccurred())
 		g.Expect(read[0].OverBound).To(BeTrue(), "the bytes ran out before the members did")
 		// Every forged summary read is cut to SummaryMaxBytes and fails to decode.
-		g.Expect(read[0].Invalid).To(BeNumerically("<=", want/fleet.SummaryMaxBytes+1))
+		g.Expect(read[0].Invalid).To(BeNumerically("<=", want/fleet.SummaryStoredBytes+1))
 		g.Expect(read[0].InvalidErr).To(MatchError(fleet.ErrInvalidSummary))
 		t.Logf("bound %d: %d live, %d read, %d invalid", want, read[0].Live, read[0].Read, read[0].Invalid)
 	}
@@ -228,7 +236,7 @@ func TestReadSummariesIsBoundedWhateverTheTenantWrote(t *testing.T) {
 	for i := 3; i < len(reply); i += 2 {
 		s, _ := reply[i].(string)
 		bytes += len(s)
-		if len(s) == fleet.SummaryMaxBytes {
+		if len(s) == fleet.SummaryStoredBytes {
 			cut++
 		}
 	}
