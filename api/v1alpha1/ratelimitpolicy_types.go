@@ -348,6 +348,11 @@ const (
 	ConditionRedisMemoryPolicy = "RedisMemoryPolicy"
 )
 
+// ConditionTopKeys is True when the sidecars' top-keys summaries of the policy are merged
+// whole into status.rules; False when some were not read (over the manager's bound for the
+// namespace) or could not be decoded (written by something other than a sidecar).
+const ConditionTopKeys = "TopKeys"
+
 // ConditionTenantIsolation is True when the sidecars of the policy's namespace reach Redis as
 // a user of their own, limited to the namespace's keys; False when they share a credential
 // with other namespaces (Redis refuses ACLs, or the manager was told not to use them).

@@ -4,16 +4,31 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/fleet"
+)
+
+// TopKeys reasons.
+const (
+	// ReasonTopKeysMerged: every live sidecar's summary was read and merged.
+	ReasonTopKeysMerged = "Merged"
+	// ReasonSummariesOverBound: the namespace's summaries are more than the manager reads of
+	// one namespace per interval (fleet.NamespaceSummaryBytes); some were not read.
+	ReasonSummariesOverBound = "SummariesOverBound"
+	// ReasonInvalidSummaries: some summaries in the policy's group could not be decoded: they
+	// were written by something other than a sidecar, and are left out.
+	ReasonInvalidSummaries = "InvalidSummaries"
 )
 
 // Bounds of the top-keys writer: how often and how much status it writes.
@@ -132,8 +147,9 @@ func (w *TopKeysWriter) namespace(ctx context.Context, ns string, policies []*v1
 		now = w.Now()
 	}
 	type change struct {
-		p  *v1alpha1.RateLimitPolicy
-		st topKeysStatus
+		p    *v1alpha1.RateLimitPolicy
+		st   topKeysStatus
+		cond *metav1.Condition // the TopKeys condition, when it changes
 	}
 	var changes []change
 	for i, p := range policies {
@@ -155,10 +171,11 @@ func (w *TopKeysWriter) namespace(ctx context.Context, ns string, policies []*v1
 			continue
 		}
 		st := mergeTopKeys(p, g, merged, now)
-		if sameTopKeys(p.Status, st) {
+		cond := topKeysCondition(p, g)
+		if sameTopKeys(p.Status, st) && cond == nil {
 			continue
 		}
-		changes = append(changes, change{p, st})
+		changes = append(changes, change{p, st, cond})
 	}
 	slices.SortStableFunc(changes, func(a, b change) int { return w.when(a.p).Compare(w.when(b.p)) })
 	n := min(len(changes), left, cmp.Or(w.NamespaceWrites, DefaultTopKeysNamespaceWrites))
@@ -167,8 +184,15 @@ func (w *TopKeysWriter) namespace(ctx context.Context, ns string, policies []*v1
 		before := c.p.DeepCopy()
 		c.p.Status.Rules, c.p.Status.Refused = c.st.Rules, c.st.Refused
 		// A merge patch of these two fields only: the conditions, written by the namespace
-		// reconciler, are not in it.
-		if err := w.Client.Status().Patch(ctx, c.p, client.MergeFrom(before)); err != nil {
+		// reconciler, are not in it. When the TopKeys condition changes, the patch carries the
+		// whole list, under the optimistic lock: a list read before another writer's last
+		// write is refused, not written over it (it is tried again next pass).
+		patch := client.MergeFrom(before)
+		if c.cond != nil {
+			meta.SetStatusCondition(&c.p.Status.Conditions, *c.cond)
+			patch = client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
+		}
+		if err := w.Client.Status().Patch(ctx, c.p, patch); err != nil {
 			w.Log.Info("top keys not written", "namespace", ns, "policy", c.p.Name, "error", err.Error())
 			continue
 		}
@@ -179,6 +203,31 @@ func (w *TopKeysWriter) namespace(ctx context.Context, ns string, policies []*v1
 		wrote++
 	}
 	return wrote
+}
+
+// topKeysCondition is the TopKeys condition g calls for, or nil when p's says it already (or
+// p has none and there is nothing to say).
+func topKeysCondition(p *v1alpha1.RateLimitPolicy, g fleet.GroupSummaries) *metav1.Condition {
+	c := metav1.Condition{Type: v1alpha1.ConditionTopKeys, ObservedGeneration: p.Generation}
+	switch {
+	case g.OverBound:
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonSummariesOverBound
+		c.Message = fmt.Sprintf("%d of the %d live sidecars' top-keys summaries were read: the namespace's summaries are over the %d bytes the manager reads of one namespace per interval; status.rules counts the replicas read",
+			g.Read, g.Live, fleet.NamespaceSummaryBytes)
+	case g.Invalid > 0:
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonInvalidSummaries
+		c.Message = truncate(fmt.Sprintf("%d top-keys summaries in the policy's group could not be decoded and are left out (written by something other than a sidecar?): %v", g.Invalid, g.InvalidErr))
+	case len(g.Summaries) > 0:
+		c.Status, c.Reason = metav1.ConditionTrue, ReasonTopKeysMerged
+		c.Message = "the sidecars' top-keys summaries are merged into status.rules"
+	default:
+		return nil
+	}
+	// The message's counts alone do not make a write.
+	if old := meta.FindStatusCondition(p.Status.Conditions, c.Type); old != nil && old.Status == c.Status && old.Reason == c.Reason && old.ObservedGeneration == c.ObservedGeneration {
+		return nil
+	}
+	return &c
 }
 
 // when is when p's status was last written by w (zero: never).
