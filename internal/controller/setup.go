@@ -169,7 +169,7 @@ func Setup(mgr ctrl.Manager, cfg Config) (*Backends, error) {
 	}
 	if cfg.TopKeysInterval >= 0 {
 		if err := mgr.Add(&TopKeysWriter{
-			Client: mgr.GetClient(), Policies: mgr.GetCache(), Backends: backends,
+			Client: mgr.GetClient(), Policies: mgr.GetCache(), Direct: mgr.GetAPIReader(), Backends: backends,
 			Interval: cfg.TopKeysInterval, RedisTimeout: cfg.RedisTimeout,
 			Log: mgr.GetLogger().WithName("topkeys"),
 		}); err != nil {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/redline-dev/redline/api/v1alpha1"
@@ -51,6 +52,9 @@ type TopKeysWriter struct {
 	Client client.Client
 	// Policies reads the policies (the manager's cache).
 	Policies client.Reader
+	// Direct reads a policy afresh when a write of its conditions met a newer version (the
+	// manager's API reader); nil: Policies.
+	Direct client.Reader
 	// Backends gives each namespace's sidecar reports.
 	Backends *Backends
 	// Interval between passes (default DefaultTopKeysInterval).
@@ -71,7 +75,7 @@ type TopKeysWriter struct {
 	written map[types.NamespacedName]time.Time
 }
 
-// NeedLeaderElection: status is written by one manager.
+// NeedLeaderElection says the writer runs on the elected manager only: status has one writer.
 func (w *TopKeysWriter) NeedLeaderElection() bool { return true }
 
 // Start runs passes until ctx ends.
@@ -90,12 +94,12 @@ func (w *TopKeysWriter) Start(ctx context.Context) error {
 }
 
 // Pass reads every namespace's summaries once and writes the status of the policies whose
-// counts changed, within the bounds. It returns how many statuses it wrote.
-func (w *TopKeysWriter) Pass(ctx context.Context) int {
+// counts changed, within the bounds. It returns how many statuses it wrote, by namespace.
+func (w *TopKeysWriter) Pass(ctx context.Context) map[string]int {
 	var list v1alpha1.RateLimitPolicyList
 	if err := w.Policies.List(ctx, &list); err != nil {
 		w.Log.Info("top keys: policies not listed", "error", err.Error())
-		return 0
+		return nil
 	}
 	byNS := map[string][]*v1alpha1.RateLimitPolicy{}
 	var namespaces []string
@@ -115,6 +119,7 @@ func (w *TopKeysWriter) Pass(ctx context.Context) int {
 	w.mu.Unlock()
 	total := cmp.Or(w.Writes, DefaultTopKeysWrites)
 	wrote := 0
+	out := map[string]int{}
 	// Namespaces in turn too: the bound in all must not always spend itself on the first.
 	slices.SortStableFunc(namespaces, func(a, b string) int {
 		return w.oldest(byNS[a]).Compare(w.oldest(byNS[b]))
@@ -123,9 +128,13 @@ func (w *TopKeysWriter) Pass(ctx context.Context) int {
 		if wrote >= total {
 			break
 		}
-		wrote += w.namespace(ctx, ns, byNS[ns], total-wrote)
+		n := w.namespace(ctx, ns, byNS[ns], total-wrote)
+		wrote += n
+		if n > 0 {
+			out[ns] = n
+		}
 	}
-	return wrote
+	return out
 }
 
 // namespace writes the status of at most left policies of ns (and NamespaceWrites), the
@@ -181,18 +190,7 @@ func (w *TopKeysWriter) namespace(ctx context.Context, ns string, policies []*v1
 	n := min(len(changes), left, cmp.Or(w.NamespaceWrites, DefaultTopKeysNamespaceWrites))
 	wrote := 0
 	for _, c := range changes[:n] {
-		before := c.p.DeepCopy()
-		c.p.Status.Rules, c.p.Status.Refused = c.st.Rules, c.st.Refused
-		// A merge patch of these two fields only: the conditions, written by the namespace
-		// reconciler, are not in it. When the TopKeys condition changes, the patch carries the
-		// whole list, under the optimistic lock: a list read before another writer's last
-		// write is refused, not written over it (it is tried again next pass).
-		patch := client.MergeFrom(before)
-		if c.cond != nil {
-			meta.SetStatusCondition(&c.p.Status.Conditions, *c.cond)
-			patch = client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
-		}
-		if err := w.Client.Status().Patch(ctx, c.p, patch); err != nil {
+		if err := w.write(ctx, c.p, c.st, c.cond); err != nil {
 			w.Log.Info("top keys not written", "namespace", ns, "policy", c.p.Name, "error", err.Error())
 			continue
 		}
@@ -203,6 +201,41 @@ func (w *TopKeysWriter) namespace(ctx context.Context, ns string, policies []*v1
 		wrote++
 	}
 	return wrote
+}
+
+// write patches p's status.rules and refused, and its TopKeys condition when cond is set.
+// A merge patch of the two fields alone carries no version: the conditions, written by the
+// namespace reconciler, are not in it. With cond, the patch carries the whole conditions list
+// and so goes under the optimistic lock: a list read before another writer's last write is
+// refused, read again and patched again (retry.RetryOnConflict), never written over.
+func (w *TopKeysWriter) write(ctx context.Context, p *v1alpha1.RateLimitPolicy, st topKeysStatus, cond *metav1.Condition) error {
+	apply := func(p *v1alpha1.RateLimitPolicy) error {
+		before := p.DeepCopy()
+		p.Status.Rules, p.Status.Refused = st.Rules, st.Refused
+		patch := client.MergeFrom(before)
+		if cond != nil {
+			meta.SetStatusCondition(&p.Status.Conditions, *cond)
+			patch = client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
+		}
+		return w.Client.Status().Patch(ctx, p, patch)
+	}
+	first := true
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if first {
+			first = false
+			return apply(p.DeepCopy())
+		}
+		reader := w.Direct
+		if reader == nil {
+			reader = w.Policies
+		}
+		fresh := &v1alpha1.RateLimitPolicy{}
+		if err := reader.Get(ctx, client.ObjectKeyFromObject(p), fresh); err != nil {
+			return err
+		}
+		return apply(fresh)
+	})
+	return client.IgnoreNotFound(err)
 }
 
 // topKeysCondition is the TopKeys condition g calls for, or nil when p's says it already (or
