@@ -12,34 +12,58 @@ type Ask struct {
 	Key   string
 	Limit Limit
 	Cost  int64
+	// Detached asks are decided beside the others, their Redis calls in the same batch, but
+	// AllowAll does not wait for them: a candidate limit must not hold up the request it
+	// counts when the rule it shadows needs no round trip (a lease, the pre-check) and it
+	// does. Each one's result goes to AllowAll's detached function once decided, perhaps after
+	// AllowAll returned, and is not waited on by anyone else; its context is the caller's
+	// without its cancellation (the call's own deadline bounds it).
+	Detached bool
 }
 
 // AllowAll decides every ask as Allow decides it, concurrently, and sends the Redis calls they
 // need in one batch: one round trip for all of them (one per shard on a cluster), not one each.
 // A request that matches several rules, or a rule and its candidate limit, waits for one
-// round trip, and a candidate costs the rule it shadows no round trip of its own. An ask that
-// needs no Redis call (a lease, the pre-check, an open breaker, a refused cost) is answered
-// without waiting for the others' batch; one that waits for another caller's grant of its key
-// leaves the batch and decides on its own.
-func (l *Limiter) AllowAll(ctx context.Context, asks []Ask) ([]Result, []error) {
+// round trip. An ask that needs no Redis call (a lease, the pre-check, an open breaker, a
+// refused cost) is answered without waiting for the others' batch; one that waits for another
+// caller's grant of its key leaves the batch and decides on its own. It returns the results of
+// the asks that are not Detached (zero for those), whose results go to detached, which may be
+// nil when there are none.
+func (l *Limiter) AllowAll(ctx context.Context, asks []Ask, detached func(i int, r Result, err error)) ([]Result, []error) {
 	res := make([]Result, len(asks))
 	errs := make([]error, len(asks))
-	switch len(asks) {
-	case 0:
+	if len(asks) == 0 {
 		return res, errs
-	case 1:
+	}
+	if len(asks) == 1 && !asks[0].Detached {
 		res[0], errs[0] = l.Allow(ctx, asks[0].Key, asks[0].Limit, asks[0].Cost)
 		return res, errs
 	}
 	g := &gather{left: len(asks), batch: make([]*call, 0, len(asks))}
 	members := make([]member, len(asks))
+	inline := -1 // the first ask waited for, decided on the caller's goroutine
 	var wg sync.WaitGroup
-	for i := 1; i < len(asks); i++ {
+	for i, a := range asks {
 		members[i].g = g
-		wg.Go(func() { res[i], errs[i] = l.allow(ctx, asks[i].Key, asks[i].Limit, asks[i].Cost, &members[i]) })
+		switch {
+		case a.Detached:
+			dctx := context.WithoutCancel(ctx)
+			go func() {
+				r, err := l.allow(dctx, a.Key, a.Limit, a.Cost, &members[i])
+				if detached != nil {
+					detached(i, r, err)
+				}
+			}()
+		case inline < 0:
+			inline = i
+		default:
+			wg.Go(func() { res[i], errs[i] = l.allow(ctx, a.Key, a.Limit, a.Cost, &members[i]) })
+		}
 	}
-	members[0].g = g
-	res[0], errs[0] = l.allow(ctx, asks[0].Key, asks[0].Limit, asks[0].Cost, &members[0])
+	if inline >= 0 {
+		a := asks[inline]
+		res[inline], errs[inline] = l.allow(ctx, a.Key, a.Limit, a.Cost, &members[inline])
+	}
 	wg.Wait()
 	return res, errs
 }

@@ -25,10 +25,10 @@ func TestAllowAllSendsOneBatch(t *testing.T) {
 	ctx := context.Background()
 	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
 	asks := gatherAsks(t, 4)
-	l.AllowAll(ctx, gatherAsks(t, 4)) // the scripts are loaded: no NOSCRIPT round trip below
+	l.AllowAll(ctx, gatherAsks(t, 4), nil) // the scripts are loaded: no NOSCRIPT round trip below
 	for i := range 6 {
 		before := l.Stats().Pipelines
-		res, errs := l.AllowAll(ctx, asks)
+		res, errs := l.AllowAll(ctx, asks, nil)
 		if trips := l.Stats().Pipelines - before; trips != 1 {
 			t.Fatalf("decision %d: %d asks took %d round trips, want 1", i, len(asks), trips)
 		}
@@ -46,7 +46,7 @@ func TestAllowAllSendsOneBatch(t *testing.T) {
 	}
 	// Refused once by Redis, the keys are refused by the pre-check: no round trip at all.
 	before := l.Stats().Pipelines
-	res, _ := l.AllowAll(ctx, asks)
+	res, _ := l.AllowAll(ctx, asks, nil)
 	if trips := l.Stats().Pipelines - before; trips != 0 {
 		t.Fatalf("over the limit: %d round trips, want 0 (the pre-check answers)", trips)
 	}
@@ -75,11 +75,11 @@ func TestAllowAllAnswersWhatNeedsNoRedisOnItsOwn(t *testing.T) {
 	ctx := context.Background()
 	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
 	asks := gatherAsks(t, 3)
-	asks[1].Cost = 6                  // over the capacity: refused without a call
-	asks[2].Limit.Requests = 0        // invalid
-	l.AllowAll(ctx, gatherAsks(t, 1)) // scripts loaded
+	asks[1].Cost = 6                       // over the capacity: refused without a call
+	asks[2].Limit.Requests = 0             // invalid
+	l.AllowAll(ctx, gatherAsks(t, 1), nil) // scripts loaded
 	before := l.Stats().Pipelines
-	res, errs := l.AllowAll(ctx, asks)
+	res, errs := l.AllowAll(ctx, asks, nil)
 	if trips := l.Stats().Pipelines - before; trips != 1 {
 		t.Fatalf("%d round trips, want 1 (only the first ask needs Redis)", trips)
 	}
@@ -102,7 +102,7 @@ func TestAllowAllWithLeases(t *testing.T) {
 	before := l.Stats()
 	var admitted int
 	for range 20 {
-		res, _ := l.AllowAll(ctx, []limiter.Ask{leased, leased})
+		res, _ := l.AllowAll(ctx, []limiter.Ask{leased, leased}, nil)
 		for _, r := range res {
 			if r.Allowed {
 				admitted++
@@ -134,7 +134,7 @@ func TestAllowAllIsExactUnderConcurrency(t *testing.T) {
 					ctx, cancel = context.WithCancel(context.Background())
 					cancel() // given up before it started: decided by the failure mode
 				}
-				res, _ := l.AllowAll(ctx, []limiter.Ask{{Key: key, Limit: lim, Cost: 1}, {Key: other, Limit: lim, Cost: 1}})
+				res, _ := l.AllowAll(ctx, []limiter.Ask{{Key: key, Limit: lim, Cost: 1}, {Key: other, Limit: lim, Cost: 1}}, nil)
 				cancel()
 				if res[0].Allowed && res[0].Source == limiter.SourceRedis {
 					admitted.Add(1)
@@ -158,10 +158,58 @@ func TestAllowAllIsExactUnderConcurrency(t *testing.T) {
 func TestAllowAllAfterClose(t *testing.T) {
 	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
 	l.Close()
-	_, errs := l.AllowAll(context.Background(), gatherAsks(t, 3))
+	_, errs := l.AllowAll(context.Background(), gatherAsks(t, 3), nil)
 	for i, err := range errs {
 		if !errors.Is(err, limiter.ErrClosed) {
 			t.Fatalf("ask %d after Close: %v, want ErrClosed", i, err)
 		}
+	}
+}
+
+// A detached ask (a candidate) rides in the batch when the others need Redis, and holds up no
+// one when they do not: the caller returns on the others' answers.
+func TestAllowAllDoesNotWaitForDetachedAsks(t *testing.T) {
+	ctx := context.Background()
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
+	l.AllowAll(ctx, gatherAsks(t, 2), nil)
+	asks := gatherAsks(t, 2)
+	asks[1].Detached = true
+	got := make(chan limiter.Result, 1)
+	before := l.Stats().Pipelines
+	res, errs := l.AllowAll(ctx, asks, func(i int, r limiter.Result, err error) {
+		if i != 1 || err != nil {
+			t.Errorf("detached result of ask %d: %v", i, err)
+		}
+		got <- r
+	})
+	if errs[0] != nil || !res[0].Allowed || res[1] != (limiter.Result{}) {
+		t.Fatalf("results %+v %v: want the first decided, the detached one zero", res, errs)
+	}
+	if r := <-got; !r.Allowed || r.Source != limiter.SourceRedis {
+		t.Fatalf("detached result %+v", r)
+	}
+	if trips := l.Stats().Pipelines - before; trips != 1 {
+		t.Fatalf("%d round trips, want 1: the detached ask rides in the batch", trips)
+	}
+
+	// The first ask answered by the pre-check: its caller returns without waiting for the
+	// detached ask at all. Its result function blocks until AllowAll has returned: were
+	// AllowAll waiting for it, this would never end.
+	over := asks[0]
+	for range 6 {
+		l.AllowAll(ctx, []limiter.Ask{over}, nil)
+	}
+	returned := make(chan struct{})
+	done := make(chan limiter.Result, 1)
+	res, _ = l.AllowAll(ctx, []limiter.Ask{over, {Key: uniqueKey(t), Limit: over.Limit, Cost: 1, Detached: true}}, func(_ int, r limiter.Result, _ error) {
+		<-returned
+		done <- r
+	})
+	close(returned)
+	if res[0].Source != limiter.SourcePrecheck {
+		t.Fatalf("first ask %+v, want refused by the pre-check", res[0])
+	}
+	if r := <-done; !r.Allowed || r.Source != limiter.SourceRedis {
+		t.Fatalf("detached result %+v, want admitted by Redis", r)
 	}
 }

@@ -216,7 +216,7 @@ func render(d *decide.Decision) *Response {
 	for i, o := range d.Outcomes {
 		resp.Results[i] = result(o)
 	}
-	for _, o := range d.Candidates {
+	for _, o := range d.WaitCandidates() {
 		resp.Candidates = append(resp.Candidates, result(o))
 	}
 	f := d.Fields()

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -18,9 +19,14 @@ import (
 )
 
 // refuseOverThree refuses a key's fourth decision and later, per key, as a limit of 3 would.
-type refuseOverThree struct{ seen map[string]int }
+type refuseOverThree struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
 
 func (r *refuseOverThree) Allow(_ context.Context, key string, l limiter.Limit, _ int64) (limiter.Result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.seen[key]++
 	over := r.seen[key] > 3 && !strings.Contains(key, "%7Ecandidate") || r.seen[key] > 1 && strings.Contains(key, "%7Ecandidate")
 	return limiter.Result{Allowed: !over || l.Shadow, OverLimit: over, Source: limiter.SourceRedis}, nil

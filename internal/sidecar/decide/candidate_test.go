@@ -88,7 +88,7 @@ func TestCandidateCountsWhatEnforcingItWouldRefuse(t *testing.T) {
 					key = fmt.Sprint(r.IntN(3))
 				}
 				d := e.Decide(context.Background(), set, &decide.Request{Method: "GET", Path: "/", Header: http.Header{"X-Key": {key}}, RemoteAddr: "10.0.0.1:1"}, 1)
-				if len(d.Outcomes) != 3 || len(d.Candidates) != 1 {
+				if len(d.Outcomes) != 3 || len(d.WaitCandidates()) != 1 {
 					t.Fatalf("request %d: %d outcomes and %d candidates, want 3 and 1", i, len(d.Outcomes), len(d.Candidates))
 				}
 				decisions++

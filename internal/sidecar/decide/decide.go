@@ -63,10 +63,30 @@ type Decision struct {
 	Outcomes []Outcome
 	// Candidates has one entry per matching rule with a candidate limit, in rule order: what
 	// the candidate decided (Result.OverLimit: it would have refused). Never part of the
-	// verdict, the headers or a face's per-rule answer.
+	// verdict, the headers or a face's per-rule answer. The decision does not wait for them:
+	// they are filled in by WaitCandidates.
 	Candidates []Outcome
 	// Refused is the refusing outcome with the longest retry-after, when not Allowed.
 	Refused *Outcome
+
+	pending *pendingCandidates
+}
+
+// pendingCandidates are candidates' decisions still under way when the verdict was reached.
+type pendingCandidates struct {
+	wg   sync.WaitGroup
+	outs []Outcome
+}
+
+// WaitCandidates waits for the candidates' decisions and returns them (Candidates). A face
+// that shows them (the decision API) waits; the proxy and the Envoy face never do, so a
+// candidate never holds up a request.
+func (d *Decision) WaitCandidates() []Outcome {
+	if d.pending != nil {
+		d.pending.wg.Wait()
+		d.Candidates, d.pending = d.pending.outs, nil
+	}
+	return d.Candidates
 }
 
 // Engine decides requests against a rule set.
@@ -83,7 +103,7 @@ type Engine struct {
 // Batcher decides several limits with their Redis calls in one batch; *limiter.Limiter is one.
 // An Allower that is not one has its limits asked concurrently.
 type Batcher interface {
-	AllowAll(ctx context.Context, asks []limiter.Ask) ([]limiter.Result, []error)
+	AllowAll(ctx context.Context, asks []limiter.Ask, detached func(i int, r limiter.Result, err error)) ([]limiter.Result, []error)
 }
 
 // ErrUnknownRule is wrapped by errors about a Hit that names no rule of the set.
@@ -146,12 +166,29 @@ func appendCalls(calls []call, namespace string, r *ruleset.Rule, parts []string
 
 // run decides every call, with one round trip for all of them where the limiter batches
 // (Batcher), else concurrently, so that the request waits for one round trip, not one per rule.
+// Candidates ride in the same batch, detached: the verdict does not wait for them.
 func (e *Engine) run(ctx context.Context, calls []call) Decision {
 	d := Decision{Allowed: true}
 	if len(calls) == 0 {
 		return d
 	}
 	results := make([]Outcome, len(calls))
+	// slot[i] is the index of call i among the candidates, -1 for a rule.
+	slot := make([]int, len(calls))
+	var pending *pendingCandidates
+	for i, c := range calls {
+		slot[i] = -1
+		if c.rule.CandidateOf != nil {
+			if pending == nil {
+				pending = &pendingCandidates{}
+			}
+			slot[i] = len(pending.outs)
+			pending.outs = append(pending.outs, Outcome{})
+		}
+	}
+	if pending != nil {
+		pending.wg.Add(len(pending.outs))
+	}
 	b, batches := e.Limiter.(Batcher)
 	switch {
 	case len(calls) == 1:
@@ -159,27 +196,38 @@ func (e *Engine) run(ctx context.Context, calls []call) Decision {
 	case batches:
 		asks := make([]limiter.Ask, len(calls))
 		for i, c := range calls {
-			asks[i] = limiter.Ask{Key: c.key, Limit: limitOf(c.rule), Cost: c.cost}
+			asks[i] = limiter.Ask{Key: c.key, Limit: limitOf(c.rule), Cost: c.cost, Detached: slot[i] >= 0}
 		}
-		res, errs := b.AllowAll(ctx, asks)
+		res, errs := b.AllowAll(ctx, asks, func(i int, r limiter.Result, err error) {
+			pending.outs[slot[i]] = e.outcome(calls[i], asks[i].Limit, r, err)
+			pending.wg.Done()
+		})
 		for i, c := range calls {
-			results[i] = e.outcome(c, asks[i].Limit, res[i], errs[i])
+			if slot[i] < 0 {
+				results[i] = e.outcome(c, asks[i].Limit, res[i], errs[i])
+			}
 		}
 	default:
 		var wg sync.WaitGroup
-		for i := 1; i < len(calls); i++ {
-			wg.Go(func() { results[i] = e.one(ctx, calls[i]) })
+		for i, c := range calls {
+			if slot[i] >= 0 {
+				dctx := context.WithoutCancel(ctx)
+				go func() {
+					pending.outs[slot[i]] = e.one(dctx, c)
+					pending.wg.Done()
+				}()
+				continue
+			}
+			wg.Go(func() { results[i] = e.one(ctx, c) })
 		}
-		results[0] = e.one(ctx, calls[0])
 		wg.Wait()
 	}
+	d.pending = pending
 	d.Outcomes = results
-	if hasCandidates(calls) {
-		d.Outcomes = make([]Outcome, 0, len(calls))
-		for i, c := range calls {
-			if c.rule.CandidateOf != nil {
-				d.Candidates = append(d.Candidates, results[i])
-			} else {
+	if pending != nil {
+		d.Outcomes = make([]Outcome, 0, len(calls)-len(pending.outs))
+		for i := range calls {
+			if slot[i] < 0 {
 				d.Outcomes = append(d.Outcomes, results[i])
 			}
 		}
@@ -195,15 +243,6 @@ func (e *Engine) run(ctx context.Context, calls []call) Decision {
 		}
 	}
 	return d
-}
-
-func hasCandidates(calls []call) bool {
-	for _, c := range calls {
-		if c.rule.CandidateOf != nil {
-			return true
-		}
-	}
-	return false
 }
 
 // retryLonger orders retry-afters, -1 (never) being the longest.
