@@ -77,6 +77,7 @@ func TestCandidatesAndTopKeysFaces(t *testing.T) {
 		rec := httptest.NewRecorder()
 		top.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, checkapi.TopKeysPath, nil))
 		g.Expect(rec.Code).To(Equal(200))
+		t.Logf("GET %s (values %v): %s", checkapi.TopKeysPath, values, rec.Body.String())
 		var rules []checkapi.TopKeysRule
 		g.Expect(json.Unmarshal(rec.Body.Bytes(), &rules)).To(Succeed())
 		g.Expect(rules).To(HaveLen(2))
