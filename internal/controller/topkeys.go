@@ -62,7 +62,7 @@ type TopKeysWriter struct {
 	// NamespaceWrites and Writes bound a pass's status writes (defaults
 	// DefaultTopKeysNamespaceWrites, DefaultTopKeysWrites).
 	NamespaceWrites, Writes int
-	// RedisTimeout bounds one namespace's reading (default 5s).
+	// RedisTimeout bounds one namespace's reading (default 5s, never more than 1s).
 	RedisTimeout time.Duration
 	Log          logr.Logger
 	// Now is the clock (time.Now).
@@ -148,7 +148,10 @@ func (w *TopKeysWriter) namespace(ctx context.Context, ns string, policies []*v1
 	for i, p := range policies {
 		names[i] = p.Name
 	}
-	rctx, cancel := context.WithTimeout(ctx, cmp.Or(w.RedisTimeout, 5*time.Second))
+	// At most a second, whatever RedisTimeout: the manager's pool is small (ManagerRedisPoolSize)
+	// and the reading can wait for the next pass, while a script check after a failover cannot
+	// wait for a connection this holds on a master that is gone.
+	rctx, cancel := context.WithTimeout(ctx, min(cmp.Or(w.RedisTimeout, 5*time.Second), time.Second))
 	groups := be.Sidecars.TopKeys(rctx, ns, names)
 	cancel()
 	now := time.Now()
