@@ -150,6 +150,16 @@ type Rule struct {
 	// +kubebuilder:default=Enforce
 	// +optional
 	Mode Mode `json:"mode,omitempty"`
+
+	// candidate is a second limit counted beside limit on the same requests, that never
+	// refuses: status.rules[].candidate says what it would have refused.
+	// +optional
+	Candidate *CandidateLimit `json:"candidate,omitempty"`
+
+	// topKeys says what sidecars report of the keys this rule refuses, in status.rules[]:
+	// Hashes (when not set) or Values (their readable parts too).
+	// +optional
+	TopKeys TopKeysReport `json:"topKeys,omitempty"`
 }
 
 // PathMatchType says how match.path.value is compared with the request path: Gateway API's
@@ -338,6 +348,11 @@ const (
 	ConditionRedisMemoryPolicy = "RedisMemoryPolicy"
 )
 
+// ConditionTopKeys is True when the sidecars' top-keys summaries of the policy are merged
+// whole into status.rules; False when some were not read (over the manager's bound for the
+// namespace) or could not be decoded (written by something other than a sidecar).
+const ConditionTopKeys = "TopKeys"
+
 // ConditionTenantIsolation is True when the sidecars of the policy's namespace reach Redis as
 // a user of their own, limited to the namespace's keys; False when they share a credential
 // with other namespaces (Redis refuses ACLs, or the manager was told not to use them).
@@ -366,6 +381,19 @@ type RateLimitPolicyStatus struct {
 	// +listMapKey=algorithm
 	// +optional
 	Scripts []ScriptStatus `json:"scripts,omitempty"`
+
+	// refused is the share of the policy's decisions its rules refused over the sidecars' last
+	// reported interval, across the replicas, such as "2.5%".
+	// +optional
+	Refused string `json:"refused,omitempty"`
+
+	// rules is what the sidecars counted of each rule over their last reported interval: who
+	// was refused, and what a candidate limit would have refused.
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Rules []RuleStatus `json:"rules,omitempty"`
 }
 
 // RateLimitPolicy limits requests to the pods it targets, across all their replicas, with
@@ -378,6 +406,7 @@ type RateLimitPolicyStatus struct {
 // +kubebuilder:printcolumn:name="Algorithm",type=string,JSONPath=`.spec.rules[0].algorithm`,description="Algorithm of the first rule"
 // +kubebuilder:printcolumn:name="Programmed",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
 // +kubebuilder:printcolumn:name="Enforced",type=string,JSONPath=`.status.conditions[?(@.type=="Enforced")].status`
+// +kubebuilder:printcolumn:name="Refused",type=string,JSONPath=`.status.refused`,description="Share of decisions refused over the sidecars' last interval"
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type RateLimitPolicy struct {

@@ -148,6 +148,7 @@ func run() error {
 	if _, err := controller.Setup(mgr, controller.Config{
 		Backends: backends, RedisTimeout: o.RedisTimeout, CheckInterval: o.CheckInterval, MaxBackoff: o.MaxBackoff,
 		HeartbeatTTL: o.HeartbeatTTL, ResyncInterval: o.Resync, BudgetInterval: o.BudgetInterval,
+		TopKeysInterval: topKeysInterval(o.TopKeysInterval),
 		// The injector's ceiling, so that the budget counts the pools it gives.
 		SidecarRedisPoolSize: int64(webhookCfg.SidecarRedisPoolSize),
 		Namespace:            webhookCfg.Namespace,
@@ -203,4 +204,12 @@ func readSecretFile(file string) (string, error) {
 		return "", fmt.Errorf("%s is empty", file)
 	}
 	return pw, nil
+}
+
+// topKeysInterval is the flag as controller.Config takes it: off is negative there.
+func topKeysInterval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

@@ -23,12 +23,14 @@ func (d *demo) changeAndBreak(ctx context.Context) error {
 // update applies the new limit and times how long until every replica enforces it.
 func (d *demo) update(ctx context.Context) error {
 	old := d.policy.Spec.Rules[0].Limit.Requests
-	d.policy.Spec.Rules[0].Limit.Requests = updatedLimit
+	// Promoting the candidate is an edit of the spec: its limit becomes the rule's.
+	d.policy.Spec.Rules[0].Limit.Requests = d.policy.Spec.Rules[0].Candidate.Limit.Requests
+	d.policy.Spec.Rules[0].Candidate = nil
 	start := time.Now()
 	if err := d.st.ApplyPolicy(ctx, d.policy); err != nil {
 		return err
 	}
-	d.say("  applied %s with limit %d (was %d), as `kubectl apply --server-side` would", d.policy.Name, updatedLimit, old)
+	d.say("  promoted the candidate: applied %s with limit %d (was %d) and no candidate, as `kubectl apply --server-side` would", d.policy.Name, updatedLimit, old)
 	took, err := d.untilExact(ctx, updatedLimit, start, time.Minute)
 	if err != nil {
 		return fmt.Errorf("waiting for the new limit: %w", err)

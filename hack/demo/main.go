@@ -90,6 +90,8 @@ type demo struct {
 	proxies  []string
 	rows     []row
 	keySeq   int
+	// candidate says what the candidate limit would have refused (results/demo.md).
+	candidate string
 }
 
 func (d *demo) run(ctx context.Context) (err error) {
@@ -181,6 +183,10 @@ func (d *demo) deploy(ctx context.Context) error {
 		return fmt.Errorf("parsing %s: %w", samplePolicy, err)
 	}
 	d.policy.Namespace = namespace
+	// A candidate at half the limit, counted beside it on the same requests and never
+	// refusing: what lowering the limit would do, measured before it is done (step 5 promotes it).
+	d.policy.Spec.Rules[0].Candidate = &v1alpha1.CandidateLimit{Limit: v1alpha1.Limit{
+		Requests: updatedLimit, Window: d.policy.Spec.Rules[0].Limit.Window}}
 	if err := d.st.CreateNamespace(ctx, namespace); err != nil {
 		return err
 	}
@@ -192,6 +198,8 @@ func (d *demo) deploy(ctx context.Context) error {
 	d.say("    %d %s under %s per %s per value of header %s, algorithm %s, failureMode %s",
 		r.Limit.Requests, strings.Join(methods(r), ","), pathOf(r), shortDuration(r.Limit.Window.Duration),
 		keyHeader, r.Algorithm, d.policy.Spec.FailureMode)
+	d.say("    and a candidate limit of %d per %s beside it: counted on the same requests, it refuses nothing",
+		r.Candidate.Limit.Requests, shortDuration(r.Candidate.Limit.Window.Duration))
 	p, err := d.st.WaitProgrammed(ctx, namespace, d.policy.Name, time.Minute)
 	if err != nil {
 		return err
@@ -284,11 +292,18 @@ func (d *demo) compare(ctx context.Context) error {
 	d.rows = append(d.rows, row{name: "in-memory limiter x3 (naive)", limit: limit, window: window,
 		replicas: replicas, sent: t.Sent, admitted: t.Admitted, callsPerDecision: -1})
 
+	wouldBefore, err := sumMetric(ctx, d.sidecars, "redline_sidecar_candidate_decisions_total", map[string]string{"result": "would_refuse"})
+	if err != nil {
+		return err
+	}
 	_, t, err = d.measure(ctx, "Redline (shared counter)", sent)
 	if err != nil {
 		return err
 	}
 	d.say("  3 replicas with Redline sidecars:  admitted %s = %d (one shared counter in Redis)", perTarget(t), t.Admitted)
+	if err := d.candidateSaid(ctx, sent, wouldBefore); err != nil {
+		return err
+	}
 	d.say("")
 	printTable(d.out, d.rows[len(d.rows)-2:])
 	d.say("")
@@ -330,7 +345,7 @@ func (d *demo) observed(ctx context.Context) error {
 		return err
 	}
 	d.say("  query_range, step 1s: admitted and refused per second per pod add up to the phases' totals")
-	if err := writeResults(d.results, data, d.obs.pods, d.rows); err != nil {
+	if err := writeResults(d.results, data, d.obs.pods, d.rows, d.candidate); err != nil {
 		return err
 	}
 	root, err := stack.RepoRoot()

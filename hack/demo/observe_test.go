@@ -170,7 +170,7 @@ func TestMarkdownListsEveryPhase(t *testing.T) {
 		{name: "in-memory limiter x3 (naive)", limit: 3, window: time.Minute, replicas: 2, sent: 6, admitted: 6, callsPerDecision: -1},
 		{name: "Redline (shared counter)", limit: 3, window: time.Minute, replicas: 2, sent: 6, admitted: 3, callsPerDecision: 0.5},
 	}
-	md := markdown(d, testPods, rows)
+	md := markdown(d, testPods, rows, "")
 	for _, want := range []string{
 		"|  | limit | replicas | sent | admitted | over-admission | Redis calls/decision |\n|---|--:|--:|--:|--:|--:|--:|\n",
 		"| in-memory limiter x3 (naive) | 3/1min | 2 | 6 | 6 | +100% | - (no Redis) |\n",

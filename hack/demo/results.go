@@ -31,7 +31,7 @@ func perPod(m map[string]float64, pods []string) string {
 func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 // writeResults writes dir/demo.json and dir/demo.md.
-func writeResults(dir string, d *timeline.Data, pods []string, rows []row) error {
+func writeResults(dir string, d *timeline.Data, pods []string, rows []row, candidate string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
 	}
@@ -42,7 +42,7 @@ func writeResults(dir string, d *timeline.Data, pods []string, rows []row) error
 	if err := os.WriteFile(filepath.Join(dir, "demo.json"), data, 0o644); err != nil {
 		return fmt.Errorf("writing demo.json: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "demo.md"), []byte(markdown(d, pods, rows)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "demo.md"), []byte(markdown(d, pods, rows, candidate)), 0o644); err != nil {
 		return fmt.Errorf("writing demo.md: %w", err)
 	}
 	return nil
@@ -59,7 +59,7 @@ func marshalIndent(d *timeline.Data) ([]byte, error) {
 // markdown is results/demo.md: the summary table make demo prints (rows), then per phase what
 // Prometheus returned next to the client's count, split as the picture's labels split it
 // (timeline.Breakdown), and the queries.
-func markdown(d *timeline.Data, pods []string, rows []row) string {
+func markdown(d *timeline.Data, pods []string, rows []row, candidate string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# What `make demo` measured, and what Prometheus returned\n\n")
 	fmt.Fprintf(&b, "The summary table `make demo` prints at its end (demo of %s): each row is one fresh API key, its requests sent round-robin over the %d replicas.\n\n",
@@ -67,6 +67,9 @@ func markdown(d *timeline.Data, pods []string, rows []row) string {
 	fmt.Fprintf(&b, "| %s |\n|---|%s\n", strings.Join(tableHeader, " | "), strings.Repeat("--:|", len(tableHeader)-1))
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s |\n", strings.Join(r.cells(), " | "))
+	}
+	if candidate != "" {
+		fmt.Fprintf(&b, "\n%s\n", candidate)
 	}
 	fmt.Fprintf(&b, "\nPrometheus %s scraped the manager and the %d sidecars (pods %s) every %s.\n",
 		d.Prometheus, len(pods), strings.Join(pods, ", "), promtest.ScrapeInterval)

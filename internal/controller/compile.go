@@ -58,36 +58,34 @@ func CompilePolicy(p *v1alpha1.RateLimitPolicy) (policydoc.Policy, error) {
 
 func compileRule(r v1alpha1.Rule) (policydoc.Rule, error) {
 	alg := orDefault(r.Algorithm, v1alpha1.SlidingWindowCounter)
-	window := r.Limit.Window.Duration
-	// The schema enforces these bounds too; objects stored before a bound existed meet them here.
-	maxRequests := int64(v1alpha1.MaxRequests)
-	if alg == v1alpha1.SlidingWindowLog {
-		maxRequests = v1alpha1.MaxSlidingWindowLogRequests
+	burst, err := checkLimit(alg, r.Limit, "limit")
+	if err != nil {
+		return policydoc.Rule{}, err
 	}
-	switch {
-	case r.Limit.Requests < 1 || r.Limit.Requests > maxRequests:
-		return policydoc.Rule{}, fmt.Errorf("limit.requests must be between 1 and %d with algorithm %s", maxRequests, alg)
-	case window < v1alpha1.MinWindow || window > v1alpha1.MaxWindow:
-		return policydoc.Rule{}, fmt.Errorf("limit.window %s must be between 1s and 24h", window)
-	case r.Limit.Burst != nil && (*r.Limit.Burst < 1 || *r.Limit.Burst > v1alpha1.MaxRequests):
-		return policydoc.Rule{}, fmt.Errorf("limit.burst must be between 1 and %d", v1alpha1.MaxRequests)
-	case r.Limit.Burst != nil && alg != v1alpha1.TokenBucket:
-		return policydoc.Rule{}, errors.New("limit.burst is only valid with algorithm TokenBucket")
-	case len(r.Key) == 0:
+	if len(r.Key) == 0 {
 		return policydoc.Rule{}, errors.New("key needs at least one part")
 	}
 	out := policydoc.Rule{
-		Name:      r.Name,
-		Algorithm: string(alg),
-		Requests:  r.Limit.Requests,
-		WindowMS:  window.Milliseconds(),
-		Mode:      string(orDefault(r.Mode, v1alpha1.Enforce)),
+		Name:         r.Name,
+		Algorithm:    string(alg),
+		Requests:     r.Limit.Requests,
+		WindowMS:     r.Limit.Window.Milliseconds(),
+		Burst:        burst,
+		Mode:         string(orDefault(r.Mode, v1alpha1.Enforce)),
+		ReportValues: r.TopKeys == v1alpha1.TopKeysValues,
 	}
-	if alg == v1alpha1.TokenBucket {
-		out.Burst = r.Limit.Requests
-		if r.Limit.Burst != nil {
-			out.Burst = *r.Limit.Burst
+	switch r.TopKeys {
+	case "", v1alpha1.TopKeysHashes, v1alpha1.TopKeysValues:
+	default:
+		return policydoc.Rule{}, fmt.Errorf("topKeys %q must be Hashes or Values", r.TopKeys)
+	}
+	if c := r.Candidate; c != nil {
+		calg := orDefault(c.Algorithm, alg)
+		cburst, err := checkLimit(calg, c.Limit, "candidate.limit")
+		if err != nil {
+			return policydoc.Rule{}, err
 		}
+		out.Candidate = &policydoc.Candidate{Algorithm: string(calg), Requests: c.Limit.Requests, WindowMS: c.Limit.Window.Milliseconds(), Burst: cburst}
 	}
 	for j, k := range r.Key {
 		set := 0
@@ -118,6 +116,34 @@ func compileRule(r v1alpha1.Rule) (policydoc.Rule, error) {
 		out.Match = cm
 	}
 	return out, nil
+}
+
+// checkLimit checks a limit of algorithm alg (named field in errors) and returns the burst the
+// document carries: a TokenBucket's (requests when not set), 0 for the other algorithms. The
+// schema enforces these bounds too; objects stored before a bound existed meet them here.
+func checkLimit(alg v1alpha1.Algorithm, l v1alpha1.Limit, field string) (int64, error) {
+	window := l.Window.Duration
+	maxRequests := int64(v1alpha1.MaxRequests)
+	if alg == v1alpha1.SlidingWindowLog {
+		maxRequests = v1alpha1.MaxSlidingWindowLogRequests
+	}
+	switch {
+	case l.Requests < 1 || l.Requests > maxRequests:
+		return 0, fmt.Errorf("%s.requests must be between 1 and %d with algorithm %s", field, maxRequests, alg)
+	case window < v1alpha1.MinWindow || window > v1alpha1.MaxWindow:
+		return 0, fmt.Errorf("%s.window %s must be between 1s and 24h", field, window)
+	case l.Burst != nil && (*l.Burst < 1 || *l.Burst > v1alpha1.MaxRequests):
+		return 0, fmt.Errorf("%s.burst must be between 1 and %d", field, v1alpha1.MaxRequests)
+	case l.Burst != nil && alg != v1alpha1.TokenBucket:
+		return 0, fmt.Errorf("%s.burst is only valid with algorithm TokenBucket", field)
+	}
+	if alg != v1alpha1.TokenBucket {
+		return 0, nil
+	}
+	if l.Burst != nil {
+		return *l.Burst, nil
+	}
+	return l.Requests, nil
 }
 
 func orDefault[T ~string](v, def T) T {

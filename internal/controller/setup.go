@@ -65,6 +65,9 @@ type Config struct {
 	Dial BackendDialer
 	// Namespace is the manager's, where RedisBackends' credentials Secrets live.
 	Namespace string
+	// TopKeysInterval is how often the sidecars' top-keys summaries are merged into the
+	// policies' status (default DefaultTopKeysInterval); negative turns it off.
+	TopKeysInterval time.Duration
 }
 
 // CacheOptions restricts the manager's cache to what it reads (see slimByObject): ConfigMaps
@@ -163,6 +166,15 @@ func Setup(mgr ctrl.Manager, cfg Config) (*Backends, error) {
 	}
 	if err := b.SetupWithManager(mgr); err != nil {
 		return nil, err
+	}
+	if cfg.TopKeysInterval >= 0 {
+		if err := mgr.Add(&TopKeysWriter{
+			Client: mgr.GetClient(), Policies: mgr.GetCache(), Direct: mgr.GetAPIReader(), Backends: backends,
+			Interval: cfg.TopKeysInterval, RedisTimeout: cfg.RedisTimeout,
+			Log: mgr.GetLogger().WithName("topkeys"),
+		}); err != nil {
+			return nil, err
+		}
 	}
 	m := &MemoryPolicyReconciler{
 		Client: mgr.GetClient(), Policies: mgr.GetCache(), Backends: backends,

@@ -30,6 +30,10 @@ type SidecarReports interface {
 	// how many apply configuration hash, and how many times they said Redis lost counts of it
 	// (fleet.Summary). What it reads of a namespace in all is bounded.
 	Summaries(ctx context.Context, namespace, hash string, policies []string) []fleet.Summary
+	// TopKeys reads the summaries of top keys the live sidecars of each of policies of
+	// namespace published, in order (fleet.ReadSummaries). What it reads of a namespace in all
+	// is bounded in bytes.
+	TopKeys(ctx context.Context, namespace string, policies []string) []fleet.GroupSummaries
 }
 
 // RedisSidecars reads the heartbeats sidecars write to Redis (fleet.Announce).
@@ -41,11 +45,19 @@ type RedisSidecars struct {
 	// MaxMembers is the most heartbeats read of one namespace per reconcile, over all its
 	// policies (default fleet.NamespaceMembers).
 	MaxMembers int
+	// SummaryBytes is the most bytes of top-keys summaries read of one namespace per reading
+	// (default fleet.NamespaceSummaryBytes).
+	SummaryBytes int
 }
 
 // Summaries implements SidecarReports.
 func (s *RedisSidecars) Summaries(ctx context.Context, namespace, hash string, policies []string) []fleet.Summary {
 	return fleet.Summarize(ctx, s.Client, namespace, hash, policies, s.TTL, s.MaxMembers)
+}
+
+// TopKeys implements SidecarReports.
+func (s *RedisSidecars) TopKeys(ctx context.Context, namespace string, policies []string) []fleet.GroupSummaries {
+	return fleet.ReadSummaries(ctx, s.Client, namespace, policies, nil, s.TTL, s.SummaryBytes)
 }
 
 // enforcement is what the sidecars of one policy report.

@@ -72,19 +72,24 @@ func desiredStatus(o outcome, doc *policydoc.Document) v1alpha1.RateLimitPolicyS
 	return st
 }
 
-// scriptsOf lists the scripts the policy's compiled rules run.
+// scriptsOf lists the scripts the policy's compiled rules run, their candidates' included.
 func scriptsOf(doc *policydoc.Document, name string) []v1alpha1.ScriptStatus {
 	var out []v1alpha1.ScriptStatus
+	add := func(name string) {
+		alg := v1alpha1.Algorithm(name)
+		if !slices.ContainsFunc(out, func(s v1alpha1.ScriptStatus) bool { return s.Algorithm == alg }) {
+			out = append(out, v1alpha1.ScriptStatus{Algorithm: alg, SHA: doc.Scripts[name]})
+		}
+	}
 	for _, p := range doc.Policies {
 		if p.Name != name {
 			continue
 		}
 		for _, r := range p.Rules {
-			alg := v1alpha1.Algorithm(r.Algorithm)
-			if slices.ContainsFunc(out, func(s v1alpha1.ScriptStatus) bool { return s.Algorithm == alg }) {
-				continue
+			add(r.Algorithm)
+			if r.Candidate != nil {
+				add(r.Candidate.Algorithm)
 			}
-			out = append(out, v1alpha1.ScriptStatus{Algorithm: alg, SHA: doc.Scripts[r.Algorithm]})
 		}
 	}
 	slices.SortFunc(out, func(a, b v1alpha1.ScriptStatus) int { return strings.Compare(string(a.Algorithm), string(b.Algorithm)) })

@@ -105,7 +105,9 @@ var _ = BeforeSuite(func() {
 	backends, err := controller.Setup(mgr, controller.Config{
 		Redis: mgrRedis, RedisTimeout: time.Second, CheckInterval: 300 * time.Millisecond, MaxBackoff: 2 * time.Second,
 		HeartbeatTTL: 10 * time.Second, ResyncInterval: 300 * time.Millisecond, BudgetInterval: 300 * time.Millisecond,
-		Budget: budget,
+		// The top-keys specs run their own writer, pass by pass (topkeys_test.go).
+		TopKeysInterval: -1,
+		Budget:          budget,
 		// RedisBackends are served as the manager serves them.
 		Namespace: backendSecretsNamespace,
 		Dial: func(name string, spec v1alpha1.RedisBackendSpec, creds controller.BackendCredentials) (*controller.Backend, error) {

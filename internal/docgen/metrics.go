@@ -60,7 +60,8 @@ func ManagerMetrics() ([]Metric, error) {
 func SidecarRegistry() (*prometheus.Registry, error) {
 	p := policydoc.Policy{
 		Name: "p", Generation: 1, Selector: policydoc.Selector{MatchLabels: map[string]string{"app": "web"}}, FailureMode: "Open",
-		Rules: []policydoc.Rule{{Name: "r", Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: "FixedWindow", Requests: 10, WindowMS: 1000, Mode: "Enforce"}},
+		Rules: []policydoc.Rule{{Name: "r", Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: "FixedWindow", Requests: 10, WindowMS: 1000, Mode: "Enforce",
+			Candidate: &policydoc.Candidate{Algorithm: "FixedWindow", Requests: 5, WindowMS: 1000}}},
 	}
 	_, data, err := policydoc.Build("ns", []policydoc.Policy{p}, map[string]string{})
 	if err != nil {
@@ -81,6 +82,7 @@ func SidecarRegistry() (*prometheus.Registry, error) {
 	}, store)
 	m.ConfigLoaded(set)
 	m.Observe(set.Rules[0], limiter.Result{Allowed: true})
+	m.Observe(set.Rules[0].Candidate, limiter.Result{Allowed: true})
 	// Never dialed: the pool's counters are read, not used.
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	m.WatchPool(client, &redisconn.ConnStats{}, 16)

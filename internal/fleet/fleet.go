@@ -110,6 +110,10 @@ type Heartbeat struct {
 // this replica found Redis short of its shares since its last beat, which every replica of
 // the group then learns from Heartbeat.Losses.
 func Beat(ctx context.Context, client redis.UniversalClient, namespace, instance, configHash string, ttl time.Duration, policies []string, lost bool) ([]Heartbeat, error) {
+	return beat(ctx, client, namespace, instance, configHash, ttl, policies, lost, nil)
+}
+
+func beat(ctx context.Context, client redis.UniversalClient, namespace, instance, configHash string, ttl time.Duration, policies []string, lost bool, summaries [][]byte) ([]Heartbeat, error) {
 	if len(policies) == 0 {
 		return nil, nil
 	}
@@ -119,8 +123,13 @@ func Beat(ctx context.Context, client redis.UniversalClient, namespace, instance
 	}
 	cmds := make([]redis.Cmder, len(policies))
 	for i, p := range policies {
-		cmds[i] = scripts.EvalSha(ctx, heartbeatScript, []string{GroupKey(namespace, p), GroupConfigKey(namespace, p)},
-			instance, ttl.Milliseconds(), configHash, flag)
+		if summaries == nil {
+			cmds[i] = scripts.EvalSha(ctx, heartbeatScript, []string{GroupKey(namespace, p), GroupConfigKey(namespace, p)},
+				instance, ttl.Milliseconds(), configHash, flag)
+			continue
+		}
+		cmds[i] = scripts.EvalSha(ctx, heartbeatScript, []string{GroupKey(namespace, p), GroupConfigKey(namespace, p), SummaryKey(namespace, p, instance)},
+			instance, ttl.Milliseconds(), configHash, flag, summaries[i])
 	}
 	scripts.Exec(ctx, client, cmds, []scripts.Script{heartbeatScript})
 	out := make([]Heartbeat, len(cmds))

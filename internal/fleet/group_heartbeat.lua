@@ -4,6 +4,11 @@
 -- KEYS[2] hash of instance -> configuration hash; same hash tag as KEYS[1].
 -- ARGV[1] instance id, ARGV[2] time-to-live of a heartbeat (ms), ARGV[3] configuration hash,
 -- ARGV[4] '1' when the instance found Redis short of its shares since its last beat.
+-- KEYS[3], optional: the instance's summary of the policy's top keys (see fleet.SummaryKey),
+-- set to "<now> <ARGV[5]>" with the heartbeat's TTL (now: Redis's clock, ms, which tells the
+-- manager which summaries it merged already), or removed when ARGV[5] is empty. A summary over
+-- 16352 bytes (fleet.SummaryMaxBytes) is refused, whoever runs the script; the manager bounds
+-- what it reads anyway, since a tenant can SET the key itself.
 -- Returns {live, losses, previous, now}: live is the number of live instances, those whose last
 -- heartbeat is within the TTL of Redis's now, never after it; losses counts the beats that
 -- said Redis lost counts (field !losses of KEYS[2]: no instance is named so), which tells
@@ -28,6 +33,9 @@ if not ttl or ttl < 1 or ttl > 1e15 or ttl ~= math.floor(ttl) then
   return redis.error_reply('ERR group heartbeat: ttl must be a whole number of ms from 1 to 1e15')
 end
 local batch = 256
+if KEYS[3] and ARGV[5] and #ARGV[5] > 16352 then
+  return redis.error_reply('ERR group heartbeat: a summary is at most 16352 bytes')
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local previous = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) or 0
@@ -49,4 +57,11 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
+if KEYS[3] then
+  if ARGV[5] and #ARGV[5] > 0 then
+    redis.call('SET', KEYS[3], now .. ' ' .. ARGV[5], 'PX', ttl)
+  else
+    redis.call('UNLINK', KEYS[3])
+  end
+end
 return {redis.call('ZCOUNT', KEYS[1], '(' .. (now - ttl), now), losses, previous, now}

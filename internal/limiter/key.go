@@ -47,6 +47,17 @@ func Key(namespace, policy, rule string, parts ...string) string {
 	return b.String()
 }
 
+// KeyHash returns the hash part of a key built by Key: 32 hex digits, which name the key in
+// what a sidecar reports of its top keys (the readable parts stay in the sidecar unless a
+// policy lets them out). It is "" for a string Key did not build.
+func KeyHash(key string) string {
+	const n = 2 * keyHashBytes
+	if len(key) < n+2 || key[len(key)-1] != '}' || key[len(key)-n-2] != '/' {
+		return ""
+	}
+	return key[len(key)-n-1 : len(key)-1]
+}
+
 // KeyPart returns s as Key writes a namespace, policy or rule: every byte outside
 // [A-Za-z0-9._-] as %XX, so Kubernetes names pass unchanged and no name can break out of a hash
 // tag. Other keys under rl:{...} (see package fleet) name their parts with it too.

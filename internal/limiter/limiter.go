@@ -196,6 +196,13 @@ func (l *Limiter) Close() {
 // A Redis failure does not make Allow fail: the limit's failure mode decides, and Result.Err
 // says why. Allow returns an error only for an invalid limit or cost, or after Close.
 func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64) (Result, error) {
+	return l.allow(ctx, key, limit, cost, nil)
+}
+
+// allow is Allow, as a member m of a gather when m is not nil (see AllowAll): m arrives once,
+// with its Redis call or without one, before allow blocks on anything but that call.
+func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64, m *member) (Result, error) {
+	defer m.pass(l) // every way out that did not arrive
 	if err := limit.Validate(); err != nil {
 		return Result{}, err
 	}
@@ -213,7 +220,7 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 	sk := stateKey(key, limit.Algorithm)
 	now := l.opts.Now()
 	if l.leases == nil || !limit.Algorithm.leases() {
-		res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now)
+		res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now, m)
 		return finish(res, limit), err
 	}
 	for waited := false; ; waited = true {
@@ -223,7 +230,7 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 			return finish(r, limit), nil
 		}
 		if wait == nil {
-			res, g, answered, err := l.ask(ctx, sk, limit, cost, want, now)
+			res, g, answered, err := l.ask(ctx, sk, limit, cost, want, now, m)
 			l.leases.settle(sk, e, limit, res, g, cost, now, l.opts.Now(), answered)
 			if answered && g.units > cost {
 				l.stats.grants.Add(1)
@@ -233,9 +240,11 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 		if waited {
 			// Another caller is asking for this key again: ask for this cost alone rather
 			// than queue behind a second round trip.
-			res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now)
+			res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now, nil)
 			return finish(res, limit), err
 		}
+		// Waiting for another caller's grant: the rest of the gather goes without this one.
+		m.pass(l)
 		select {
 		case <-wait:
 		case <-ctx.Done():
@@ -249,7 +258,7 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit, cost int64
 
 // ask decides cost units of sk in Redis, asking a leasing script for want units, or by the
 // failure mode when Redis cannot answer. answered says Redis decided (g is then its grant).
-func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want int64, now time.Time) (Result, grant, bool, error) {
+func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want int64, now time.Time, m *member) (Result, grant, bool, error) {
 	if r, ok := l.precheck.check(sk, limit, cost, now); ok {
 		l.stats.precheck.Add(1)
 		return r, grant{}, false, nil
@@ -264,17 +273,28 @@ func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want in
 	c := l.calls.Get().(*call)
 	c.prepare(sk, limit, cost, want, l.shares)
 	c.shard = sh
-	if l.tryInline(c) {
-		return l.settle(c, sk, limit, cost, now)
-	}
-	select {
-	case l.queue <- c:
-	case <-l.quit:
-		return Result{}, grant{}, false, ErrClosed
-	case <-ctx.Done():
+	if m != nil && !m.arrived && ctx.Err() != nil {
+		// Given up before its batch left: decided here, never sent (as a queued call is).
 		c.reset()
 		l.calls.Put(c)
+		m.pass(l)
 		return l.degraded(sk, limit, cost, now, ctx.Err()), grant{}, false, nil
+	}
+	switch {
+	case m.join(l, c):
+		// In the gather's batch: whoever arrives last sends it.
+	case l.tryInline(c):
+		return l.settle(c, sk, limit, cost, now)
+	default:
+		select {
+		case l.queue <- c:
+		case <-l.quit:
+			return Result{}, grant{}, false, ErrClosed
+		case <-ctx.Done():
+			c.reset()
+			l.calls.Put(c)
+			return l.degraded(sk, limit, cost, now, ctx.Err()), grant{}, false, nil
+		}
 	}
 	select {
 	case <-c.done:

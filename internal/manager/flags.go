@@ -40,6 +40,8 @@ type Options struct {
 	CheckInterval           time.Duration
 	MaxBackoff              time.Duration
 	HeartbeatTTL, Resync    time.Duration
+	// TopKeysInterval is controller.Config.TopKeysInterval, 0 or less for off.
+	TopKeysInterval         time.Duration
 	RedisMaxClients         int64
 	BudgetInterval          time.Duration
 	TenantACL, ACLKeySecret string
@@ -81,6 +83,7 @@ func BindFlags(fs *flag.FlagSet, getenv func(string) string) *Options {
 	fs.DurationVar(&o.HeartbeatTTL, "heartbeat-ttl", fleet.TTL(fleet.DefaultInterval), "How long a sidecar counts as live after its last heartbeat (match the sidecars').")
 	fs.DurationVar(&o.Resync, "resync-interval", 15*time.Second, "How often each namespace is re-read to follow sidecar heartbeats into the Enforced condition.")
 	fs.Int64Var(&o.RedisMaxClients, "redis-maxclients", 0, "Redis's maxclients, for a Redis that refuses CONFIG GET (managed services); 0 reads it with CONFIG GET.")
+	fs.DurationVar(&o.TopKeysInterval, "top-keys-interval", controller.DefaultTopKeysInterval, "How often the sidecars' top-keys summaries are merged into the policies' status.rules (at most 16 policies of a namespace and 64 in all written per interval); 0 or less turns it off.")
 	fs.DurationVar(&o.BudgetInterval, "budget-interval", 30*time.Second, "How often the Redis connection budget is recomputed without a workload change (follows connected_clients).")
 	fs.StringVar(&o.TenantACL, "redis-tenant-acl", controller.TenantACLAuto, "Per-namespace Redis users: auto (an ACL user per namespace with policies, limited to its keys; where Redis refuses ACL commands, the admin's shared credential and TenantIsolation=False), required (auto, but do not start when Redis refuses ACLs) or off (the admin's shared credential everywhere).")
 	fs.StringVar(&o.ACLKeySecret, "redis-acl-key-secret", "redline-redis-acl", "Secret in the manager's namespace holding the key namespaces' Redis passwords are derived from (created on first use).")

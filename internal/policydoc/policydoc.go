@@ -76,6 +76,22 @@ type Rule struct {
 	WindowMS  int64     `json:"windowMs"`
 	Burst     int64     `json:"burst,omitempty"`
 	Mode      string    `json:"mode"`
+	// Candidate is a limit counted beside the rule's on the same requests, in its own Redis
+	// state, that never refuses. Omitted when not set, so a document without one stays
+	// readable by sidecars that do not know the field; one that knows it not refuses the
+	// document and keeps its last good one.
+	Candidate *Candidate `json:"candidate,omitempty"`
+	// ReportValues lets the sidecar publish the readable key (header values, addresses) of
+	// the rule's top keys beside their hashes.
+	ReportValues bool `json:"reportValues,omitempty"`
+}
+
+// Candidate is a rule's candidate limit.
+type Candidate struct {
+	Algorithm string `json:"algorithm"`
+	Requests  int64  `json:"requests"`
+	WindowMS  int64  `json:"windowMs"`
+	Burst     int64  `json:"burst,omitempty"`
 }
 
 // Match restricts a rule to some requests. Paths are decoded (as the sidecar matches them)
@@ -189,6 +205,9 @@ func Parse(data []byte) (*Document, error) {
 		for _, r := range p.Rules {
 			if r.Requests < 1 || r.WindowMS < 1000 || len(r.Key) == 0 {
 				return nil, fmt.Errorf("policy %s rule %s: invalid limit or key", p.Name, r.Name)
+			}
+			if c := r.Candidate; c != nil && (c.Requests < 1 || c.WindowMS < 1000) {
+				return nil, fmt.Errorf("policy %s rule %s: invalid candidate limit", p.Name, r.Name)
 			}
 			if err := r.Match.validPath(); err != nil {
 				return nil, fmt.Errorf("policy %s rule %s: %w", p.Name, r.Name, err)

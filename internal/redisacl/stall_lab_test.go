@@ -50,8 +50,9 @@ func startLab(t testing.TB) *lab {
 		}
 	}
 	// Every script the manager loads: the sidecars' (as controller.ScriptWatcher does) and its
-	// own group read, through its own path (fleet.Read runs it with scripts.Exec).
-	for _, s := range redisacl.SidecarScripts() {
+	// own group reads (which scripts.Exec loads by EVAL at their first run), and the members
+	// read once more through its own path (fleet.Read).
+	for _, s := range append(redisacl.SidecarScripts(), fleet.ManagerScripts()...) {
 		if err := l.admin.ScriptLoad(ctx, s.Source).Err(); err != nil {
 			t.Fatalf("loading %s: %v", s.Name, err)
 		}
@@ -155,7 +156,7 @@ func (l *lab) stuff(t testing.TB, n int, kind, key, format string, a, b any, hal
 func (l *lab) hostile(t testing.TB) map[string][]call {
 	t.Helper()
 	by := map[string]scripts.Script{}
-	for _, s := range append(redisacl.SidecarScripts(), groupMembers(t)) {
+	for _, s := range append(append(redisacl.SidecarScripts(), fleet.ManagerScripts()...), groupMembers(t)) {
 		by[s.Name] = s
 	}
 	out := map[string][]call{}
@@ -223,6 +224,18 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 		{"inf", "1e300", "-1e300"}, {"-inf", 1, 1}, {"nan", 1, 1}, {hour, 0, 0}, {hour, 1.5, "x"}, {},
 	} {
 		add("GroupMembers", group, a...)
+	}
+	// Summaries: with the heartbeat (the largest allowed, one over it) and read by the
+	// manager's script with every bound hostile, over the stuffed group.
+	withSummary := []string{l.group, l.cfg, fleet.SummaryKey(attackerNS, "p", "i4")}
+	add("GroupHeartbeat", withSummary, "i4", 2*hour, "h", "0", strings.Repeat("s", fleet.SummaryMaxBytes))
+	add("GroupHeartbeat", withSummary, "i4", 2*hour, "h", "0", strings.Repeat("s", fleet.SummaryMaxBytes+1))
+	add("GroupHeartbeat", withSummary, "i4", 2*hour, "h", "0", "")
+	for _, a := range [][]any{
+		{hour, "1e9", "1e12", "1e12"}, {hour, -1, -1, -1}, {hour, "nan", "nan", "nan"}, {hour, "inf", "-inf", "inf"},
+		{"inf", "1e300", "-1e300", "1e300"}, {"-inf", 1, 1, 1}, {"nan", 1, 1, 1}, {hour, 0, 0, 0}, {hour, 1.5, "x", "x"}, {},
+	} {
+		add("GroupSummaries", []string{l.group}, a...)
 	}
 	return out
 }

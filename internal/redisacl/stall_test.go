@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisacl"
@@ -157,7 +158,7 @@ func TestTenantCannotStallOthers(t *testing.T) {
 	ctx := context.Background()
 	byScript := l.hostile(t)
 	var all []call
-	for _, s := range append(redisacl.SidecarScripts(), groupMembers(t)) {
+	for _, s := range append(append(redisacl.SidecarScripts(), fleet.ManagerScripts()...), groupMembers(t)) {
 		if len(byScript[s.Name]) == 0 {
 			t.Fatalf("script %s is loaded in Redis but not called here with hostile arguments", s.Name)
 		}

@@ -38,12 +38,18 @@ func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.
 	}
 	groups := map[string]seen{}
 	told := lim.Stats()
+	taken := time.Now()
 	for {
 		if set := store.Current(); set != nil && len(set.Policies) > 0 {
 			st := lim.Stats()
 			lost := st.Restorations > told.Restorations
+			// Each beat publishes what the rules counted since the last one: who they refused,
+			// and what their candidates would have (see summaries).
+			at := time.Now()
+			tops := summaries(set, at.Sub(taken))
+			taken = at
 			hctx, cancel := context.WithTimeout(ctx, cfg.HeartbeatInterval)
-			beats, err := fleet.Beat(hctx, client, set.Namespace, instance, set.Hash, ttl, set.PolicyNames(), lost)
+			beats, err := fleet.BeatWithSummaries(hctx, client, set.Namespace, instance, set.Hash, ttl, set.PolicyNames(), lost, tops)
 			cancel()
 			switch {
 			case err != nil && ctx.Err() == nil:

@@ -164,6 +164,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if cfg.CheckListen != "" {
 		check := http.NewServeMux()
 		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store})
+		check.Handle(checkapi.TopKeysPath, &checkapi.TopKeysHandler{Store: store})
 		checkSrv = newServer(check)
 		checkSrv.ConnState = checkIdle.ConnState
 		// A check is at most 64 KiB: reading one takes no longer than its headers may. A

@@ -81,6 +81,9 @@ type Response struct {
 	Results []Result `json:"results"`
 	// Headers are the RateLimit header fields (and Retry-After) to send to the client.
 	Headers map[string]string `json:"headers,omitempty"`
+	// Candidates has one entry per rule that applied with a candidate limit: what the
+	// candidate decided. It never changes allowed.
+	Candidates []Result `json:"candidates,omitempty"`
 }
 
 // Result is one rule's decision.
@@ -211,24 +214,10 @@ func render(d *decide.Decision) *Response {
 		resp.RetryAfterSeconds = d.RetryAfterSeconds()
 	}
 	for i, o := range d.Outcomes {
-		mode := "Enforce"
-		if o.Rule.Shadow {
-			mode = "Shadow"
-		}
-		res := Result{
-			Policy: o.Rule.Policy.Name, Rule: o.Rule.Name, Mode: mode,
-			Allowed: o.Result.Allowed, OverLimit: o.Result.OverLimit,
-			Limit: o.Rule.Limit.Requests, WindowSeconds: o.Rule.WindowSeconds,
-			Remaining: o.Result.Remaining, ResetSeconds: decide.CeilSeconds(o.Result.ResetAfter),
-			Source: o.Result.Source.String(),
-		}
-		if o.Result.OverLimit {
-			res.RetryAfterSeconds = decide.CeilSeconds(o.Result.RetryAfter)
-			if o.Result.RetryAfter == time.Duration(-1) {
-				res.RetryAfterSeconds = -1
-			}
-		}
-		resp.Results[i] = res
+		resp.Results[i] = result(o)
+	}
+	for _, o := range d.WaitCandidates() {
+		resp.Candidates = append(resp.Candidates, result(o))
 	}
 	f := d.Fields()
 	if f.Policy != "" || f.RetryAfter != "" {
@@ -242,6 +231,31 @@ func render(d *decide.Decision) *Response {
 		}
 	}
 	return resp
+}
+
+// result renders one outcome; a candidate's mode is Candidate.
+func result(o decide.Outcome) Result {
+	mode := "Enforce"
+	switch {
+	case o.Rule.CandidateOf != nil:
+		mode = "Candidate"
+	case o.Rule.Shadow:
+		mode = "Shadow"
+	}
+	res := Result{
+		Policy: o.Rule.Policy.Name, Rule: o.Rule.Name, Mode: mode,
+		Allowed: o.Result.Allowed, OverLimit: o.Result.OverLimit,
+		Limit: o.Rule.Limit.Requests, WindowSeconds: o.Rule.WindowSeconds,
+		Remaining: o.Result.Remaining, ResetSeconds: decide.CeilSeconds(o.Result.ResetAfter),
+		Source: o.Result.Source.String(),
+	}
+	if o.Result.OverLimit {
+		res.RetryAfterSeconds = decide.CeilSeconds(o.Result.RetryAfter)
+		if o.Result.RetryAfter == time.Duration(-1) {
+			res.RetryAfterSeconds = -1
+		}
+	}
+	return res
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

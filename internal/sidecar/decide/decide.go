@@ -61,8 +61,32 @@ type Decision struct {
 	Allowed bool
 	// Outcomes has one entry per matching rule, in rule order.
 	Outcomes []Outcome
+	// Candidates has one entry per matching rule with a candidate limit, in rule order: what
+	// the candidate decided (Result.OverLimit: it would have refused). Never part of the
+	// verdict, the headers or a face's per-rule answer. The decision does not wait for them:
+	// they are filled in by WaitCandidates.
+	Candidates []Outcome
 	// Refused is the refusing outcome with the longest retry-after, when not Allowed.
 	Refused *Outcome
+
+	pending *pendingCandidates
+}
+
+// pendingCandidates are candidates' decisions still under way when the verdict was reached.
+type pendingCandidates struct {
+	wg   sync.WaitGroup
+	outs []Outcome
+}
+
+// WaitCandidates waits for the candidates' decisions and returns them (Candidates). A face
+// that shows them (the decision API) waits; the proxy and the Envoy face never do, so a
+// candidate never holds up a request.
+func (d *Decision) WaitCandidates() []Outcome {
+	if d.pending != nil {
+		d.pending.wg.Wait()
+		d.Candidates, d.pending = d.pending.outs, nil
+	}
+	return d.Candidates
 }
 
 // Engine decides requests against a rule set.
@@ -71,8 +95,15 @@ type Engine struct {
 	// TrustedHops is how many proxies in front of the sidecar append to X-Forwarded-For and
 	// are trusted to; see ClientIP.
 	TrustedHops int
-	// Observe, if set, hears of every outcome (metrics).
+	// Observe, if set, hears of every outcome (metrics), candidates' included (their Rule's
+	// CandidateOf is set).
 	Observe func(*ruleset.Rule, limiter.Result)
+}
+
+// Batcher decides several limits with their Redis calls in one batch; *limiter.Limiter is one.
+// An Allower that is not one has its limits asked concurrently.
+type Batcher interface {
+	AllowAll(ctx context.Context, asks []limiter.Ask, detached func(i int, r limiter.Result, err error)) ([]limiter.Result, []error)
 }
 
 // ErrUnknownRule is wrapped by errors about a Hit that names no rule of the set.
@@ -90,13 +121,13 @@ func (e *Engine) Decide(ctx context.Context, set *ruleset.Set, req *Request, cos
 		if !Matches(r.Match, req) {
 			continue
 		}
-		calls = append(calls, call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.Name, a.parts(r.Key)...), cost: cost})
+		calls = appendCalls(calls, set.Namespace, r, a.parts(r.Key), cost)
 	}
 	return e.run(ctx, calls)
 }
 
 // DecideHits evaluates the named rules with the given key parts, each hit cost units (or its
-// own Cost), as one batch: the hits are asked concurrently, so the limiter pipelines them.
+// own Cost), as one batch: the hits are asked together, so the limiter pipelines them.
 func (e *Engine) DecideHits(ctx context.Context, set *ruleset.Set, hits []Hit, cost int64) (Decision, error) {
 	if set == nil {
 		return Decision{}, errors.New("deciding hits: no policies loaded")
@@ -107,37 +138,99 @@ func (e *Engine) DecideHits(ctx context.Context, set *ruleset.Set, hits []Hit, c
 		if r == nil {
 			return Decision{}, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, h.Policy, h.Rule)
 		}
-		c := call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.Name, h.Key...), cost: cost}
+		c := cost
 		if h.Cost > 0 {
-			c.cost = h.Cost
+			c = h.Cost
 		}
-		calls = append(calls, c)
+		calls = appendCalls(calls, set.Namespace, r, h.Key, c)
 	}
 	return e.run(ctx, calls), nil
 }
 
 type call struct {
-	rule *ruleset.Rule
-	key  string
-	cost int64
+	rule  *ruleset.Rule
+	key   string
+	parts []string
+	cost  int64
 }
 
-// run makes one limiter call per rule; several rules are asked concurrently so that the
-// request waits for one round trip, not one per rule.
+// appendCalls adds the call of rule r for key parts, and its candidate's under the candidate's
+// own state name, with the same parts and cost.
+func appendCalls(calls []call, namespace string, r *ruleset.Rule, parts []string, cost int64) []call {
+	calls = append(calls, call{rule: r, key: limiter.Key(namespace, r.Policy.Name, r.StateName, parts...), parts: parts, cost: cost})
+	if c := r.Candidate; c != nil {
+		calls = append(calls, call{rule: c, key: limiter.Key(namespace, c.Policy.Name, c.StateName, parts...), parts: parts, cost: cost})
+	}
+	return calls
+}
+
+// run decides every call, with one round trip for all of them where the limiter batches
+// (Batcher), else concurrently, so that the request waits for one round trip, not one per rule.
+// Candidates ride in the same batch, detached: the verdict does not wait for them.
 func (e *Engine) run(ctx context.Context, calls []call) Decision {
-	d := Decision{Allowed: true, Outcomes: make([]Outcome, len(calls))}
-	switch len(calls) {
-	case 0:
+	d := Decision{Allowed: true}
+	if len(calls) == 0 {
 		return d
-	case 1:
-		d.Outcomes[0] = e.one(ctx, calls[0])
+	}
+	results := make([]Outcome, len(calls))
+	// slot[i] is the index of call i among the candidates, -1 for a rule.
+	slot := make([]int, len(calls))
+	var pending *pendingCandidates
+	for i, c := range calls {
+		slot[i] = -1
+		if c.rule.CandidateOf != nil {
+			if pending == nil {
+				pending = &pendingCandidates{}
+			}
+			slot[i] = len(pending.outs)
+			pending.outs = append(pending.outs, Outcome{})
+		}
+	}
+	if pending != nil {
+		pending.wg.Add(len(pending.outs))
+	}
+	b, batches := e.Limiter.(Batcher)
+	switch {
+	case len(calls) == 1:
+		results[0] = e.one(ctx, calls[0])
+	case batches:
+		asks := make([]limiter.Ask, len(calls))
+		for i, c := range calls {
+			asks[i] = limiter.Ask{Key: c.key, Limit: limitOf(c.rule), Cost: c.cost, Detached: slot[i] >= 0}
+		}
+		res, errs := b.AllowAll(ctx, asks, func(i int, r limiter.Result, err error) {
+			pending.outs[slot[i]] = e.outcome(calls[i], asks[i].Limit, r, err)
+			pending.wg.Done()
+		})
+		for i, c := range calls {
+			if slot[i] < 0 {
+				results[i] = e.outcome(c, asks[i].Limit, res[i], errs[i])
+			}
+		}
 	default:
 		var wg sync.WaitGroup
-		for i := 1; i < len(calls); i++ {
-			wg.Go(func() { d.Outcomes[i] = e.one(ctx, calls[i]) })
+		for i, c := range calls {
+			if slot[i] >= 0 {
+				dctx := context.WithoutCancel(ctx)
+				go func() {
+					pending.outs[slot[i]] = e.one(dctx, c)
+					pending.wg.Done()
+				}()
+				continue
+			}
+			wg.Go(func() { results[i] = e.one(ctx, c) })
 		}
-		d.Outcomes[0] = e.one(ctx, calls[0])
 		wg.Wait()
+	}
+	d.pending = pending
+	d.Outcomes = results
+	if pending != nil {
+		d.Outcomes = make([]Outcome, 0, len(calls)-len(pending.outs))
+		for i := range calls {
+			if slot[i] < 0 {
+				d.Outcomes = append(d.Outcomes, results[i])
+			}
+		}
 	}
 	for i := range d.Outcomes {
 		o := &d.Outcomes[i]
@@ -160,17 +253,36 @@ func retryLonger(a, b time.Duration) bool {
 	return b >= 0 && a > b
 }
 
+// limitOf is the rule's limit with what the heartbeats learnt of its group.
+func limitOf(r *ruleset.Rule) limiter.Limit {
+	lim := r.Limit
+	lim.Replicas = r.Policy.Replicas.Load()
+	lim.Peers = r.Policy.Peers.Load()
+	return lim
+}
+
 func (e *Engine) one(ctx context.Context, c call) Outcome {
-	lim := c.rule.Limit
-	lim.Replicas = c.rule.Policy.Replicas.Load()
-	lim.Peers = c.rule.Policy.Peers.Load()
+	lim := limitOf(c.rule)
 	res, err := e.Limiter.Allow(ctx, c.key, lim, c.cost)
+	return e.outcome(c, lim, res, err)
+}
+
+// outcome finishes one call's decision: the failure mode where the limiter failed, the
+// metrics, and the rule's top keys.
+func (e *Engine) outcome(c call, lim limiter.Limit, res limiter.Result, err error) Outcome {
 	if err != nil {
 		// Only a closed limiter or an invalid cost gets here; decide as Redis being down would.
 		res = failureResult(lim, c.cost, err)
 	}
 	if e.Observe != nil {
 		e.Observe(c.rule, res)
+	}
+	if t := c.rule.Top; t != nil {
+		label := ""
+		if c.rule.ReportValues {
+			label = strings.Join(c.parts, " ")
+		}
+		t.Observe(limiter.KeyHash(c.key), label, res.OverLimit)
 	}
 	return Outcome{Rule: c.rule, Result: res}
 }

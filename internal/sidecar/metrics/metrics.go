@@ -29,6 +29,9 @@ const (
 	ResultAllowed       = "allowed"
 	ResultRefused       = "refused"
 	ResultShadowRefused = "shadow_refused"
+	// ResultWouldAdmit and ResultWouldRefuse are the results of a candidate limit's decisions.
+	ResultWouldAdmit  = "would_admit"
+	ResultWouldRefuse = "would_refuse"
 )
 
 // Label names: a policy, and a Redis shard.
@@ -42,6 +45,7 @@ type Metrics struct {
 	// Registry holds every collector; Handler serves it.
 	Registry     *prometheus.Registry
 	decisions    *prometheus.CounterVec
+	candidates   *prometheus.CounterVec
 	redisLatency prometheus.Histogram
 	reloads      prometheus.Counter
 	reloadErrors prometheus.Counter
@@ -64,6 +68,10 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 			Namespace: ns, Name: "decisions_total",
 			Help: "Rule decisions by policy, rule, result (allowed, refused, shadow_refused) and source (redis, precheck, fallback, failopen, failclosed).",
 		}, []string{labelPolicy, "rule", "result", "source"}),
+		candidates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "candidate_decisions_total",
+			Help: "Decisions of rules' candidate limits (counted beside the rule, never refusing) by policy, rule and result (would_admit, would_refuse).",
+		}, []string{labelPolicy, "rule", "result"}),
 		redisLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Name: "redis_latency_seconds",
 			Help:    "Latency of Redis round trips (one command or one pipeline), errors included.",
@@ -104,7 +112,7 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 		m.redisErrors.WithLabelValues(k) // every kind shows, at 0, from the start
 	}
 	m.Registry.MustRegister(m.regressions, m.restoredUnit, m.lossSignals)
-	m.Registry.MustRegister(m.decisions, m.redisLatency, m.reloads, m.reloadErrors, m.configInfo, m.heartbeatErr, m.redisErrors,
+	m.Registry.MustRegister(m.decisions, m.candidates, m.redisLatency, m.reloads, m.reloadErrors, m.configInfo, m.heartbeatErr, m.redisErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&limiterCollector{stats: stats, store: store})
 	return m
@@ -115,8 +123,16 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
 }
 
-// Observe counts one rule decision.
+// Observe counts one rule decision, or one decision of a rule's candidate limit.
 func (m *Metrics) Observe(r *ruleset.Rule, res limiter.Result) {
+	if r.CandidateOf != nil {
+		result := ResultWouldAdmit
+		if res.OverLimit {
+			result = ResultWouldRefuse
+		}
+		m.candidates.WithLabelValues(r.Policy.Name, r.Name, result).Inc()
+		return
+	}
 	result := ResultAllowed
 	switch {
 	case res.OverLimit && r.Shadow:

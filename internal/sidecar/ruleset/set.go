@@ -13,6 +13,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
+	"github.com/redline-dev/redline/internal/topkeys"
 )
 
 // Attributes a key part can take from a request; the values of the API's enum.
@@ -70,7 +71,32 @@ type Rule struct {
 	Shadow bool
 	// WindowSeconds is the window rounded up to whole seconds, for the w parameter.
 	WindowSeconds int64
+	// StateName is the rule name the rule's Redis keys are made with (limiter.Key): Name, or
+	// for a candidate Name + CandidateSuffix, so that the two never share a counter.
+	StateName string
+	// Candidate is the rule's candidate limit, decided beside it on the same requests (nil:
+	// none): a Rule of its own, Shadow, with the same match and key and its own state, whose
+	// CandidateOf is this rule.
+	Candidate *Rule
+	// CandidateOf is the rule a candidate is counted beside; nil for a rule.
+	CandidateOf *Rule
+	// ReportValues lets the readable key of the rule's top keys leave the sidecar.
+	ReportValues bool
+	// Top counts the rule's decisions and its heaviest keys between two heartbeats (nil when
+	// the sidecar tracks MaxTrackedRules rules already). It outlives reloads: Sets built by the
+	// same Builder share it while the rule (or candidate) exists.
+	Top *topkeys.Tracker
 }
+
+// CandidateSuffix ends the StateName of a candidate limit. Rule names are DNS labels, which
+// cannot hold '~': no rule's state can be a candidate's.
+const CandidateSuffix = "~candidate"
+
+// MaxTrackedRules is the most rules and candidates a sidecar keeps top keys of (a Tracker
+// each, at most about 10 KiB): the document's size bounds its rules only loosely (thousands),
+// and what a sidecar tracks must not grow with it. Rules beyond it, in document order, are
+// decided as usual and reported by no summary.
+const MaxTrackedRules = 512
 
 // Match restricts a rule to some requests.
 type Match struct {
@@ -140,6 +166,7 @@ type Builder struct {
 	Namespace string
 	replicas  map[string]*atomic.Int64
 	peers     map[string]*atomic.Int64
+	trackers  map[string]*topkeys.Tracker
 }
 
 // ErrForeignNamespace is wrapped by Build's error for a document of another namespace.
@@ -147,7 +174,7 @@ var ErrForeignNamespace = errors.New("policies document names another namespace 
 
 // NewBuilder returns a Builder that applies the failure mode override, if any.
 func NewBuilder(failureMode limiter.FailureMode) *Builder {
-	return &Builder{FailureMode: failureMode, replicas: map[string]*atomic.Int64{}, peers: map[string]*atomic.Int64{}}
+	return &Builder{FailureMode: failureMode, replicas: map[string]*atomic.Int64{}, peers: map[string]*atomic.Int64{}, trackers: map[string]*topkeys.Tracker{}}
 }
 
 // Build keeps the policies of doc that select podLabels and compiles their rules. Builds must
@@ -161,6 +188,19 @@ func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*
 		ns = b.Namespace
 	}
 	s := &Set{Namespace: ns, Hash: doc.Hash, Total: len(doc.Policies)}
+	trackers := make(map[string]*topkeys.Tracker, min(len(b.trackers), MaxTrackedRules))
+	track := func(r *Rule) {
+		id := r.ID + strings.TrimPrefix(r.StateName, r.Name)
+		if t := b.trackers[id]; t != nil {
+			r.Top = t
+		} else if len(trackers) < MaxTrackedRules {
+			r.Top = topkeys.NewTracker()
+		}
+		if r.Top != nil {
+			trackers[id] = r.Top
+		}
+	}
+	defer func() { b.trackers = trackers }()
 	for i := range doc.Policies {
 		cp := &doc.Policies[i]
 		if !cp.Selects(podLabels) {
@@ -180,6 +220,10 @@ func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*
 			}
 			for _, k := range r.Key {
 				s.NeedsForwardedFor = s.NeedsForwardedFor || k.Attribute == AttrForwardedFor
+			}
+			track(r)
+			if r.Candidate != nil {
+				track(r.Candidate)
 			}
 			p.Rules = append(p.Rules, r)
 			s.Rules = append(s.Rules, r)
@@ -214,6 +258,8 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 			Shadow:      cr.Mode == "Shadow",
 		},
 		WindowSeconds: (cr.WindowMS + 999) / 1000,
+		StateName:     cr.Name,
+		ReportValues:  cr.ReportValues,
 	}
 	switch cr.Mode {
 	case "Enforce", "Shadow":
@@ -243,6 +289,20 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 		default:
 			r.Key = append(r.Key, KeyPart{Constant: k.Constant})
 		}
+	}
+	if c := cr.Candidate; c != nil {
+		cand := *r
+		cand.Shadow, cand.StateName, cand.CandidateOf = true, cr.Name+CandidateSuffix, r
+		cand.Limit = limiter.Limit{
+			Algorithm: limiter.Algorithm(c.Algorithm), Requests: c.Requests,
+			Window: time.Duration(c.WindowMS) * time.Millisecond, Burst: c.Burst,
+			FailureMode: p.FailureMode, Shadow: true,
+		}
+		cand.WindowSeconds = (c.WindowMS + 999) / 1000
+		if err := cand.Limit.Validate(); err != nil {
+			return nil, fmt.Errorf("checking candidate limit: %w", err)
+		}
+		r.Candidate = &cand
 	}
 	return r, nil
 }
