@@ -150,7 +150,7 @@ func (f *UsageChunkFilter) Close() error {
 // isUsageChunk reports whether a raw event is an OpenAI chat chunk with no
 // choices and a usage object.
 func isUsageChunk(ev []byte) bool {
-	if !bytes.Contains(ev, usageMark) {
+	if !mayHaveUsage(ev) {
 		return false
 	}
 	var found bool

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 )
 
 // Request is what a request body says about its cost.
@@ -30,20 +31,25 @@ type Request struct {
 	IncludeUsage bool
 }
 
+const (
+	messages = "messages"
+	tools    = "tools"
+)
+
 // promptFields are the top-level fields whose strings count toward the
 // prompt, per kind.
 var promptFields = map[Kind][]string{
-	OpenAIChat:      {"messages", "tools", "functions"},
-	OpenAIResponses: {"input", "instructions", "tools"},
-	Anthropic:       {"messages", "system", "tools"},
-	Gemini:          {"contents", "systemInstruction", "system_instruction", "tools"},
+	OpenAIChat:      {messages, tools, "functions"},
+	OpenAIResponses: {"input", "instructions", tools},
+	Anthropic:       {messages, "system", tools},
+	Gemini:          {"contents", "systemInstruction", "system_instruction", tools},
 }
 
 // itemFields hold the lists whose items cost a per-message overhead.
 var itemFields = map[Kind]string{
-	OpenAIChat:      "messages",
+	OpenAIChat:      messages,
 	OpenAIResponses: "input",
-	Anthropic:       "messages",
+	Anthropic:       messages,
 	Gemini:          "contents",
 }
 
@@ -184,9 +190,7 @@ func generationConfig(top map[string]json.RawMessage) (map[string]json.RawMessag
 			gc = m
 			continue
 		}
-		for k, v := range m {
-			gc[k] = v
-		}
+		maps.Copy(gc, m)
 	}
 	return gc, nil
 }

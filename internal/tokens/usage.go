@@ -116,9 +116,33 @@ func (s *UsageScanner) Skipped() int { return s.sse.skipped }
 var usageMark = []byte(`"usage`)
 
 func (s *UsageScanner) onEvent(_, data []byte) {
-	// Most chunks carry text, not usage: skip them before any decoding.
-	if bytes.Contains(data, usageMark) {
+	if mayHaveUsage(data) {
 		s.read(data)
+	}
+}
+
+// mayHaveUsage is false for the chunks that certainly carry no usage: no
+// "usage in them but as "usage":null (OpenAI sends that in every chunk of a
+// stream that asked for usage). Most chunks carry text, so this keeps them
+// from being decoded.
+func mayHaveUsage(data []byte) bool {
+	for {
+		i := bytes.Index(data, usageMark)
+		if i < 0 {
+			return false
+		}
+		data = data[i+len(usageMark):]
+		rest, ok := bytes.CutPrefix(data, []byte(`"`))
+		if !ok {
+			return true
+		}
+		rest = bytes.TrimLeft(rest, " \t\r\n")
+		if rest, ok = bytes.CutPrefix(rest, []byte(":")); !ok {
+			return true
+		}
+		if !bytes.HasPrefix(bytes.TrimLeft(rest, " \t\r\n"), []byte("null")) {
+			return true
+		}
 	}
 }
 
