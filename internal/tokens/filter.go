@@ -103,14 +103,19 @@ func (f *UsageChunkFilter) hold(b []byte) error {
 		_, err := f.w.Write(b)
 		return err
 	}
-	f.held = append(f.held, b...)
-	if len(f.held) > MaxEventBytes {
-		f.passing = true
-		_, err := f.w.Write(f.held)
-		f.held = f.held[:0]
+	if len(f.held)+len(b) <= MaxEventBytes {
+		f.held = append(f.held, b...)
+		return nil
+	}
+	// over the bound: what is held goes on, and the rest of the event
+	// after it as it comes, never copied
+	f.passing = true
+	if _, err := f.w.Write(f.held); err != nil {
 		return err
 	}
-	return nil
+	f.held = f.held[:0]
+	_, err := f.w.Write(b)
+	return err
 }
 
 func (f *UsageChunkFilter) endEvent() error {

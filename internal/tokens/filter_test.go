@@ -86,3 +86,18 @@ func TestUsageChunkFilterReportsWriteErrors(t *testing.T) {
 		t.Error("Write over a failing writer returned no error")
 	}
 }
+
+func TestUsageChunkFilterHoldsAtMostOneEvent(t *testing.T) {
+	var out bytes.Buffer
+	f := NewUsageChunkFilter(&out)
+	line := "data: " + strings.Repeat("x", 4*MaxEventBytes)
+	if _, err := f.Write([]byte(line)); err != nil {
+		t.Fatal(err)
+	}
+	if cap(f.held) > MaxEventBytes {
+		t.Errorf("filter holds %d bytes of an event written in one piece, want at most %d", cap(f.held), MaxEventBytes)
+	}
+	if out.Len() != len(line) {
+		t.Errorf("filter passed %d of an oversized event's %d bytes on at once", out.Len(), len(line))
+	}
+}

@@ -26,7 +26,7 @@ func FuzzScanRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if r.Kind != kind || r.PromptTokens < 3 || r.PromptTokens > 2*int64(len(body))+3 || r.OutputCap < 0 || r.OutputCap > MaxTokens {
+		if r.Kind != kind || r.PromptTokens < 3 || r.PromptTokens > 2*int64(len(body))+3 || r.OutputCap < 0 || r.OutputCap > MaxTokens || r.Choices < 1 || r.Choices > MaxTokens || r.MaxOutput() > MaxTokens {
 			t.Fatalf("ScanRequest(%q) = %+v", body, r)
 		}
 	})

@@ -24,6 +24,10 @@ type Request struct {
 	// OutputCap is the output cap the client set (the larger where it set
 	// two), 0 when it set none, at most MaxTokens.
 	OutputCap int64
+	// Choices is how many outputs the cap applies to: OpenAI chat's n,
+	// Gemini's candidateCount; 1 when absent. The upstream may spend
+	// OutputCap on each.
+	Choices int64
 	// Stream: the response is an event stream.
 	Stream bool
 	// IncludeUsage: an OpenAI chat stream asked for the usage chunk
@@ -99,6 +103,9 @@ func ScanRequest(body []byte, kind Kind, stream bool) (Request, error) {
 		r.OutputCap = max(r.OutputCap, n)
 	}
 
+	if r.Choices, err = choices(top, kind); err != nil {
+		return Request{}, err
+	}
 	if kind == Gemini {
 		r.Stream = stream
 	} else {
@@ -120,6 +127,39 @@ func ScanRequest(body []byte, kind Kind, stream bool) (Request, error) {
 		}
 	}
 	return r, nil
+}
+
+// MaxOutput is the most output the request can ask for: OutputCap on each
+// of Choices, at most MaxTokens (0 when the client set no cap).
+func (r Request) MaxOutput() int64 {
+	if r.OutputCap > 0 && r.Choices > MaxTokens/r.OutputCap {
+		return MaxTokens
+	}
+	return r.OutputCap * r.Choices
+}
+
+// choices reads n (OpenAI chat) or candidateCount (Gemini).
+func choices(top map[string]json.RawMessage, kind Kind) (int64, error) {
+	var raw []json.RawMessage
+	switch kind {
+	case OpenAIChat:
+		raw = append(raw, top["n"])
+	case Gemini:
+		gc, err := generationConfig(top)
+		if err != nil {
+			return 0, err
+		}
+		raw = append(raw, gc["candidateCount"], gc["candidate_count"])
+	}
+	c := int64(1)
+	for _, v := range raw {
+		n, _, err := parseCount(v)
+		if err != nil {
+			return 0, fmt.Errorf("tokens: choice count of a %s body: %w", kind, err)
+		}
+		c = max(c, n)
+	}
+	return c, nil
 }
 
 // decodeTop checks the bounds and decodes the top-level object.

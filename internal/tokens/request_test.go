@@ -23,10 +23,10 @@ func TestScanRequestDocumentedBodies(t *testing.T) {
 		stream bool // the route's
 		want   Request
 	}{
-		{"openai-chat-request.json", OpenAIChat, false, Request{Kind: OpenAIChat, OutputCap: 300, Stream: true, IncludeUsage: true}},
-		{"openai-responses-request.json", OpenAIResponses, false, Request{Kind: OpenAIResponses, OutputCap: 1024}},
-		{"anthropic-request.json", Anthropic, false, Request{Kind: Anthropic, OutputCap: 1024, Stream: true}},
-		{"gemini-request.json", Gemini, true, Request{Kind: Gemini, OutputCap: 800, Stream: true}},
+		{"openai-chat-request.json", OpenAIChat, false, Request{Kind: OpenAIChat, Choices: 1, OutputCap: 300, Stream: true, IncludeUsage: true}},
+		{"openai-responses-request.json", OpenAIResponses, false, Request{Kind: OpenAIResponses, Choices: 1, OutputCap: 1024}},
+		{"anthropic-request.json", Anthropic, false, Request{Kind: Anthropic, Choices: 1, OutputCap: 1024, Stream: true}},
+		{"gemini-request.json", Gemini, true, Request{Kind: Gemini, Choices: 1, OutputCap: 800, Stream: true}},
 	}
 	prompts := map[string]int64{
 		// (28+22+3)/4 + 4*2 + 3: the image URL and detail are not text
@@ -62,15 +62,15 @@ func TestScanRequestShapes(t *testing.T) {
 		wantErr error // nil: any error when wantOK is false
 		wantOK  bool
 	}{
-		{"chat both caps take the larger", OpenAIChat, `{"messages":[],"max_tokens":10,"max_completion_tokens":20}`, Request{Kind: OpenAIChat, PromptTokens: 3, OutputCap: 20}, nil, true},
-		{"chat no cap", OpenAIChat, `{"messages":[{"role":"user","content":"abcd"}]}`, Request{Kind: OpenAIChat, PromptTokens: 1 + 4 + 3}, nil, true},
-		{"chat stream without usage", OpenAIChat, `{"messages":[],"stream":true,"stream_options":{"include_usage":false}}`, Request{Kind: OpenAIChat, PromptTokens: 3, Stream: true}, nil, true},
-		{"keys match exactly", OpenAIChat, `{"messages":[],"Max_Tokens":10,"STREAM":true}`, Request{Kind: OpenAIChat, PromptTokens: 3}, nil, true},
-		{"duplicate key: the last wins", Anthropic, `{"messages":[],"max_tokens":10,"max_tokens":99}`, Request{Kind: Anthropic, PromptTokens: 3, OutputCap: 99}, nil, true},
-		{"responses input string", OpenAIResponses, `{"input":"12345678","max_output_tokens":5}`, Request{Kind: OpenAIResponses, PromptTokens: 2 + 4 + 3, OutputCap: 5}, nil, true},
-		{"gemini snake case config", Gemini, `{"contents":[],"generation_config":{"max_output_tokens":7}}`, Request{Kind: Gemini, PromptTokens: 3, OutputCap: 7}, nil, true},
-		{"gemini stream is the route's", Gemini, `{"contents":[],"stream":false}`, Request{Kind: Gemini, PromptTokens: 3, Stream: false}, nil, true},
-		{"huge cap clamped", Anthropic, `{"messages":[],"max_tokens":99999999999999999999}`, Request{Kind: Anthropic, PromptTokens: 3, OutputCap: MaxTokens}, nil, true},
+		{"chat both caps take the larger", OpenAIChat, `{"messages":[],"max_tokens":10,"max_completion_tokens":20}`, Request{Kind: OpenAIChat, Choices: 1, PromptTokens: 3, OutputCap: 20}, nil, true},
+		{"chat no cap", OpenAIChat, `{"messages":[{"role":"user","content":"abcd"}]}`, Request{Kind: OpenAIChat, Choices: 1, PromptTokens: 1 + 4 + 3}, nil, true},
+		{"chat stream without usage", OpenAIChat, `{"messages":[],"stream":true,"stream_options":{"include_usage":false}}`, Request{Kind: OpenAIChat, Choices: 1, PromptTokens: 3, Stream: true}, nil, true},
+		{"keys match exactly", OpenAIChat, `{"messages":[],"Max_Tokens":10,"STREAM":true}`, Request{Kind: OpenAIChat, Choices: 1, PromptTokens: 3}, nil, true},
+		{"duplicate key: the last wins", Anthropic, `{"messages":[],"max_tokens":10,"max_tokens":99}`, Request{Kind: Anthropic, Choices: 1, PromptTokens: 3, OutputCap: 99}, nil, true},
+		{"responses input string", OpenAIResponses, `{"input":"12345678","max_output_tokens":5}`, Request{Kind: OpenAIResponses, Choices: 1, PromptTokens: 2 + 4 + 3, OutputCap: 5}, nil, true},
+		{"gemini snake case config", Gemini, `{"contents":[],"generation_config":{"max_output_tokens":7}}`, Request{Kind: Gemini, Choices: 1, PromptTokens: 3, OutputCap: 7}, nil, true},
+		{"gemini stream is the route's", Gemini, `{"contents":[],"stream":false}`, Request{Kind: Gemini, Choices: 1, PromptTokens: 3, Stream: false}, nil, true},
+		{"huge cap clamped", Anthropic, `{"messages":[],"max_tokens":99999999999999999999}`, Request{Kind: Anthropic, Choices: 1, PromptTokens: 3, OutputCap: MaxTokens}, nil, true},
 		{"negative cap", Anthropic, `{"messages":[],"max_tokens":-1}`, Request{}, nil, false},
 		{"float cap", OpenAIChat, `{"messages":[],"max_tokens":1.5}`, Request{}, nil, false},
 		{"string cap", OpenAIChat, `{"messages":[],"max_tokens":"100"}`, Request{}, nil, false},
@@ -81,9 +81,12 @@ func TestScanRequestShapes(t *testing.T) {
 		{"top-level array", OpenAIChat, `[{"messages":[]}]`, Request{}, ErrShape, false},
 		{"not JSON", OpenAIChat, `messages=hi`, Request{}, ErrShape, false},
 		{"truncated JSON", OpenAIChat, `{"messages":[`, Request{}, nil, false},
-		{"invalid UTF-8 in a string", OpenAIChat, "{\"messages\":[{\"content\":\"\xff\xfe\"}]}", Request{Kind: OpenAIChat, PromptTokens: 1 + 4 + 3}, nil, true},
+		{"invalid UTF-8 in a string", OpenAIChat, "{\"messages\":[{\"content\":\"\xff\xfe\"}]}", Request{Kind: OpenAIChat, Choices: 1, PromptTokens: 1 + 4 + 3}, nil, true},
 		{"deep nesting", OpenAIChat, `{"messages":[{"content":` + deep + `}]}`, Request{}, ErrTooDeep, false},
-		{"brackets in strings are not nesting", OpenAIChat, `{"messages":[{"content":"` + deep + `"}]}`, Request{Kind: OpenAIChat, PromptTokens: (2*(MaxDepth+1)+3)/4 + 4 + 3}, nil, true},
+		{"brackets in strings are not nesting", OpenAIChat, `{"messages":[{"content":"` + deep + `"}]}`, Request{Kind: OpenAIChat, Choices: 1, PromptTokens: (2*(MaxDepth+1)+3)/4 + 4 + 3}, nil, true},
+		{"chat n multiplies the output", OpenAIChat, `{"messages":[],"max_tokens":100,"n":3}`, Request{Kind: OpenAIChat, PromptTokens: 3, OutputCap: 100, Choices: 3}, nil, true},
+		{"gemini candidateCount", Gemini, `{"contents":[],"generationConfig":{"maxOutputTokens":10,"candidateCount":2}}`, Request{Kind: Gemini, PromptTokens: 3, OutputCap: 10, Choices: 2}, nil, true},
+		{"negative n", OpenAIChat, `{"messages":[],"n":-2}`, Request{}, nil, false},
 		{"unknown kind", Unknown, `{"messages":[]}`, Request{}, ErrShape, false},
 	}
 	for _, tt := range tests {
@@ -105,6 +108,21 @@ func TestScanRequestShapes(t *testing.T) {
 				t.Errorf("ScanRequest error %v, want %v", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+func TestRequestMaxOutput(t *testing.T) {
+	for _, tt := range []struct {
+		r    Request
+		want int64
+	}{
+		{Request{OutputCap: 100, Choices: 3}, 300},
+		{Request{OutputCap: 0, Choices: 3}, 0},
+		{Request{OutputCap: MaxTokens, Choices: MaxTokens}, MaxTokens},
+	} {
+		if got := tt.r.MaxOutput(); got != tt.want {
+			t.Errorf("%+v.MaxOutput() = %d, want %d", tt.r, got, tt.want)
+		}
 	}
 }
 

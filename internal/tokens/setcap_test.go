@@ -57,11 +57,11 @@ func TestSetOutputCap(t *testing.T) {
 	}{
 		{"chat documented stream", OpenAIChat, string(readTestdata(t, "openai-chat-request.json")), 100, true,
 			[]string{"max_tokens", "max_completion_tokens", "stream_options"},
-			Request{Kind: OpenAIChat, OutputCap: 100, Stream: true, IncludeUsage: true}, nil},
+			Request{Kind: OpenAIChat, Choices: 1, OutputCap: 100, Stream: true, IncludeUsage: true}, nil},
 		{"chat: max_tokens lowered, include_usage added, other options kept", OpenAIChat,
 			`{"messages":[{"role":"user","content":"hi <b>"}],"max_tokens":500,"stream":true,"stream_options":{"x":[1, 2]},"logit_bias":{"50256":-100}}`, 64, true,
 			[]string{"max_tokens", "max_completion_tokens", "stream_options"},
-			Request{Kind: OpenAIChat, OutputCap: 64, Stream: true, IncludeUsage: true},
+			Request{Kind: OpenAIChat, Choices: 1, OutputCap: 64, Stream: true, IncludeUsage: true},
 			func(t *testing.T, top map[string]json.RawMessage) {
 				if string(top["max_tokens"]) != "64" || string(top["max_completion_tokens"]) != "64" {
 					t.Errorf("caps = %s, %s, want 64, 64", top["max_tokens"], top["max_completion_tokens"])
@@ -72,20 +72,20 @@ func TestSetOutputCap(t *testing.T) {
 				}
 			}},
 		{"chat: a smaller max_tokens stays", OpenAIChat, `{"messages":[],"max_tokens":10}`, 64, false,
-			[]string{"max_completion_tokens"}, Request{Kind: OpenAIChat, OutputCap: 64},
+			[]string{"max_completion_tokens"}, Request{Kind: OpenAIChat, Choices: 1, OutputCap: 64},
 			func(t *testing.T, top map[string]json.RawMessage) {
 				if string(top["max_tokens"]) != "10" {
 					t.Errorf("max_tokens = %s, want 10 kept", top["max_tokens"])
 				}
 			}},
 		{"chat: not a stream, no usage asked", OpenAIChat, `{"messages":[]}`, 5, true,
-			[]string{"max_completion_tokens"}, Request{Kind: OpenAIChat, OutputCap: 5}, nil},
+			[]string{"max_completion_tokens"}, Request{Kind: OpenAIChat, Choices: 1, OutputCap: 5}, nil},
 		{"responses", OpenAIResponses, string(readTestdata(t, "openai-responses-request.json")), 7, false,
-			[]string{"max_output_tokens"}, Request{Kind: OpenAIResponses, OutputCap: 7}, nil},
+			[]string{"max_output_tokens"}, Request{Kind: OpenAIResponses, Choices: 1, OutputCap: 7}, nil},
 		{"anthropic", Anthropic, string(readTestdata(t, "anthropic-request.json")), 0, false,
-			[]string{"max_tokens"}, Request{Kind: Anthropic, OutputCap: 0, Stream: true}, nil},
+			[]string{"max_tokens"}, Request{Kind: Anthropic, Choices: 1, OutputCap: 0, Stream: true}, nil},
 		{"gemini", Gemini, string(readTestdata(t, "gemini-request.json")), 50, false,
-			[]string{"generationConfig"}, Request{Kind: Gemini, OutputCap: 50},
+			[]string{"generationConfig"}, Request{Kind: Gemini, Choices: 1, OutputCap: 50},
 			func(t *testing.T, top map[string]json.RawMessage) {
 				var gc map[string]json.RawMessage
 				if err := json.Unmarshal(top["generationConfig"], &gc); err != nil || string(gc["stopSequences"]) != `["Title"]` || string(gc["temperature"]) != "1.0" {
@@ -93,9 +93,9 @@ func TestSetOutputCap(t *testing.T) {
 				}
 			}},
 		{"gemini without a config", Gemini, `{"contents":[]}`, 50, false,
-			[]string{"generationConfig"}, Request{Kind: Gemini, OutputCap: 50}, nil},
+			[]string{"generationConfig"}, Request{Kind: Gemini, Choices: 1, OutputCap: 50}, nil},
 		{"gemini snake case config", Gemini, `{"contents":[],"generation_config":{"max_output_tokens":900}}`, 50, false,
-			[]string{"generationConfig", "generation_config"}, Request{Kind: Gemini, OutputCap: 50}, nil},
+			[]string{"generationConfig", "generation_config"}, Request{Kind: Gemini, Choices: 1, OutputCap: 50}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

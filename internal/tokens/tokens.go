@@ -5,6 +5,16 @@
 // shapes of OpenAI chat completions, OpenAI Responses, Anthropic messages and
 // Gemini generateContent. Every function bounds its work and memory by its
 // input or by the exported limits; nothing here does I/O.
+//
+// What a body that lies can do. A client's request sizes its own hold: it
+// can make the prompt estimate low only as far as its text is denser than
+// four bytes a token (the settle charges the real count), it cannot show a
+// cap the upstream would not read (keys are matched exactly, duplicates
+// resolve to the last as upstreams do), and a body that is not of its API's
+// shape is refused, so the caller holds the rule's default. An upstream's
+// response settles the hold: it can report any count up to MaxTokens, which
+// no sum here wraps; a negative, fractional or non-numeric count is no usage
+// at all, and the caller settles as its rule says for a missing count.
 package tokens
 
 import (
