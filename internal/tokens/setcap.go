@@ -10,8 +10,8 @@ import (
 // SetOutputCap returns body with the kind's output cap set to limit: OpenAI
 // chat's max_completion_tokens (and max_tokens where present and larger),
 // Responses' max_output_tokens, Anthropic's max_tokens, Gemini's
-// generationConfig.maxOutputTokens (and max_output_tokens, the other
-// spelling, where present). With askUsage, an OpenAI chat stream gets
+// generationConfig.maxOutputTokens (under the spellings of both names the
+// body uses, camelCase where it uses none). With askUsage, an OpenAI chat stream gets
 // stream_options.include_usage true. Every other field keeps its value: the
 // body goes through a map of raw values, so fields this package does not
 // know survive (compacted, keys in sorted order, HTML characters unescaped).
@@ -54,20 +54,34 @@ func SetOutputCap(body []byte, kind Kind, limit int64, askUsage bool) ([]byte, e
 	case Anthropic:
 		top["max_tokens"] = capRaw
 	case Gemini:
+		// Set the spellings the body uses, and only those: the upstream's
+		// JSON mapping refuses a field given under both its names.
+		names := []string{}
 		for _, name := range []string{"generationConfig", "generation_config"} {
-			raw, ok := top[name]
-			if !ok && name == "generation_config" {
-				continue
+			if raw, ok := top[name]; ok && firstByte(raw) == '{' {
+				names = append(names, name)
+			} else if ok {
+				delete(top, name) // null
 			}
+		}
+		if len(names) == 0 {
+			names = []string{"generationConfig"}
+		}
+		for _, name := range names {
 			gc := map[string]json.RawMessage{}
-			if ok && firstByte(raw) == '{' {
+			if raw, ok := top[name]; ok {
 				if err := json.Unmarshal(raw, &gc); err != nil {
 					return nil, fmt.Errorf("tokens: reading %s: %w", name, err)
 				}
 			}
-			gc["maxOutputTokens"] = capRaw
-			if _, ok := gc["max_output_tokens"]; ok {
-				gc["max_output_tokens"] = capRaw
+			set := false
+			for _, field := range []string{"maxOutputTokens", "max_output_tokens"} {
+				if _, ok := gc[field]; ok {
+					gc[field], set = capRaw, true
+				}
+			}
+			if !set && name == names[0] {
+				gc["maxOutputTokens"] = capRaw
 			}
 			if top[name], err = marshal(gc); err != nil {
 				return nil, err

@@ -94,8 +94,15 @@ func TestSetOutputCap(t *testing.T) {
 			}},
 		{"gemini without a config", Gemini, `{"contents":[]}`, 50, false,
 			[]string{"generationConfig"}, Request{Kind: Gemini, Choices: 1, OutputCap: 50}, nil},
-		{"gemini snake case config", Gemini, `{"contents":[],"generation_config":{"max_output_tokens":900}}`, 50, false,
-			[]string{"generationConfig", "generation_config"}, Request{Kind: Gemini, Choices: 1, OutputCap: 50}, nil},
+		{"gemini snake case config keeps its spelling", Gemini, `{"contents":[],"generation_config":{"max_output_tokens":900,"candidate_count":1}}`, 50, false,
+			[]string{"generation_config"}, Request{Kind: Gemini, Choices: 1, OutputCap: 50},
+			func(t *testing.T, top map[string]json.RawMessage) {
+				if _, ok := top["generationConfig"]; ok || string(top["generation_config"]) != `{"candidate_count":1,"max_output_tokens":50}` {
+					t.Errorf("generation_config = %s, generationConfig %s; want the snake case one alone, its cap 50", top["generation_config"], top["generationConfig"])
+				}
+			}},
+		{"gemini null config", Gemini, `{"contents":[],"generationConfig":null}`, 50, false,
+			[]string{"generationConfig"}, Request{Kind: Gemini, Choices: 1, OutputCap: 50}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
