@@ -115,6 +115,8 @@ type RateLimitPolicySpec struct {
 // Rule is one limit: which requests it counts, how it keys them and how much it admits.
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.burst) || self.algorithm == 'TokenBucket'",message="limit.burst is only valid with algorithm TokenBucket"
 // +kubebuilder:validation:XValidation:rule="!has(self.algorithm) || self.algorithm != 'SlidingWindowLog' || self.limit.requests <= 10000",message="limit.requests must be at most 10000 with algorithm SlidingWindowLog, which stores every request of the window in Redis (about 130 bytes each); use SlidingWindowCounter for larger limits"
+// +kubebuilder:validation:XValidation:rule="!has(self.candidate) || !has(self.candidate.limit.burst) || (has(self.candidate.algorithm) ? self.candidate.algorithm : (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter')) == 'TokenBucket'",message="candidate.limit.burst is only valid when the candidate's algorithm (candidate.algorithm, or the rule's) is TokenBucket"
+// +kubebuilder:validation:XValidation:rule="!has(self.candidate) || (has(self.candidate.algorithm) ? self.candidate.algorithm : (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter')) != 'SlidingWindowLog' || self.candidate.limit.requests <= 10000",message="candidate.limit.requests must be at most 10000 when the candidate's algorithm (candidate.algorithm, or the rule's) is SlidingWindowLog"
 type Rule struct {
 	// name identifies the rule in the policy, in metrics, in Redis keys and in refusals.
 	// A lowercase DNS label.

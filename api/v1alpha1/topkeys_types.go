@@ -7,8 +7,7 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 // (status.rules[].candidate) and in metrics, so a limit is tried on live traffic before it is
 // enforced. Promote it by editing the rule: the candidate's algorithm and limit become the
 // rule's, and the candidate goes.
-// +kubebuilder:validation:XValidation:rule="!has(self.limit.burst) || (has(self.algorithm) && self.algorithm == 'TokenBucket')",message="candidate.limit.burst is only valid with candidate.algorithm TokenBucket"
-// +kubebuilder:validation:XValidation:rule="!has(self.algorithm) || self.algorithm != 'SlidingWindowLog' || self.limit.requests <= 10000",message="candidate.limit.requests must be at most 10000 with algorithm SlidingWindowLog"
+// Its rules that depend on the algorithm, which it may inherit from the rule, are on Rule.
 type CandidateLimit struct {
 	// algorithm the candidate counts with; the rule's when not set.
 	// +optional
