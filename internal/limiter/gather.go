@@ -28,7 +28,9 @@ type Ask struct {
 // refused cost) is answered without waiting for the others' batch; one that waits for another
 // caller's grant of its key leaves the batch and decides on its own. It returns the results of
 // the asks that are not Detached (zero for those), whose results go to detached, which may be
-// nil when there are none.
+// nil when there are none. At most Options.MaxDetached detached asks are in flight; beyond
+// them one is decided with the others, its result still going to detached, before AllowAll
+// returns.
 func (l *Limiter) AllowAll(ctx context.Context, asks []Ask, detached func(i int, r Result, err error)) ([]Result, []error) {
 	res := make([]Result, len(asks))
 	errs := make([]error, len(asks))
@@ -46,14 +48,23 @@ func (l *Limiter) AllowAll(ctx context.Context, asks []Ask, detached func(i int,
 	for i, a := range asks {
 		members[i].g = g
 		switch {
-		case a.Detached:
+		case a.Detached && l.takeDetached():
 			dctx := context.WithoutCancel(ctx)
 			go func() {
+				defer func() { <-l.detached }()
 				r, err := l.allow(dctx, a.Key, a.Limit, a.Cost, &members[i])
 				if detached != nil {
 					detached(i, r, err)
 				}
 			}()
+		case a.Detached:
+			// Every detached slot is taken: decided with the others, the caller waiting.
+			wg.Go(func() {
+				r, err := l.allow(ctx, a.Key, a.Limit, a.Cost, &members[i])
+				if detached != nil {
+					detached(i, r, err)
+				}
+			})
 		case inline < 0:
 			inline = i
 		default:
@@ -66,6 +77,16 @@ func (l *Limiter) AllowAll(ctx context.Context, asks []Ask, detached func(i int,
 	}
 	wg.Wait()
 	return res, errs
+}
+
+// takeDetached takes a slot for a detached ask, if one is free.
+func (l *Limiter) takeDetached() bool {
+	select {
+	case l.detached <- struct{}{}:
+		return true
+	default:
+		return false
+	}
 }
 
 // gather collects the Redis calls of the decisions of one AllowAll into one batch, which the

@@ -213,3 +213,34 @@ func TestAllowAllDoesNotWaitForDetachedAsks(t *testing.T) {
 		t.Fatalf("detached result %+v, want admitted by Redis", r)
 	}
 }
+
+// Detached asks in flight are bounded: beyond MaxDetached the next one is decided with the
+// others, before AllowAll returns, so a flood whose rules answer locally while Redis is slow
+// cannot leave a goroutine behind per request.
+func TestAllowAllBoundsDetachedAsks(t *testing.T) {
+	ctx := context.Background()
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{MaxDetached: 1})
+	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 100, Window: time.Minute}
+	release := make(chan struct{})
+	held := make(chan struct{})
+	// The first detached ask holds the only slot until released (its result function blocks).
+	l.AllowAll(ctx, []limiter.Ask{{Key: uniqueKey(t), Limit: lim, Cost: 1}, {Key: uniqueKey(t), Limit: lim, Cost: 1, Detached: true}},
+		func(int, limiter.Result, error) { close(held); <-release })
+	<-held
+	// The ask waited for is refused without Redis (a cost over the capacity) and the detached
+	// one needs a round trip: only the bound makes AllowAll wait for it.
+	var got atomic.Int64
+	res, errs := l.AllowAll(ctx, []limiter.Ask{{Key: uniqueKey(t), Limit: lim, Cost: 101}, {Key: uniqueKey(t), Limit: lim, Cost: 1, Detached: true}},
+		func(i int, r limiter.Result, err error) {
+			if i == 1 && err == nil && r.Allowed {
+				got.Add(1)
+			}
+		})
+	if got.Load() != 1 {
+		t.Fatalf("with the only detached slot taken, the detached ask's result came %d times before AllowAll returned, want once", got.Load())
+	}
+	if errs[0] != nil || res[0].Allowed || res[0].Source != limiter.SourceCapacity {
+		t.Fatalf("the ask waited for: %+v %v, want refused by its capacity", res[0], errs[0])
+	}
+	close(release)
+}

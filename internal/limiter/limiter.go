@@ -17,6 +17,11 @@ import (
 type Options struct {
 	// MaxBatch is the most decisions sent in one pipeline (default 128). 1 disables batching.
 	MaxBatch int
+	// MaxDetached bounds the detached asks of AllowAll in flight at once (default 256): each
+	// holds a goroutine past its request, so while Redis is slow to answer, a flood of requests
+	// whose rules answer locally would otherwise leave one behind each. An ask beyond the bound
+	// is decided with the others, its caller waiting for it.
+	MaxDetached int
 	// Flushers is how many pipelines may be in flight at once (default 4). While they are all
 	// busy, new decisions queue up and leave together in the next pipeline, so round trips per
 	// decision fall as concurrency rises.
@@ -68,6 +73,9 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
+	if o.MaxDetached <= 0 {
+		o.MaxDetached = 256
+	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 128
 	}
@@ -120,6 +128,7 @@ type Limiter struct {
 	opts     Options
 	queue    chan *call
 	slots    chan struct{} // one per pipeline in flight, held by flushers and inline callers
+	detached chan struct{} // one per detached ask in flight (Options.MaxDetached)
 	quit     chan struct{}
 	wg       sync.WaitGroup
 	closed   atomic.Bool
@@ -145,12 +154,13 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		return nil, fmt.Errorf("creating limiter: replica id %q: want 2-64 bytes, not starting with @ (NewReplicaID makes one)", id)
 	}
 	l := &Limiter{
-		client: client,
-		opts:   o,
-		queue:  make(chan *call, o.MaxBatch*o.Flushers),
-		slots:  make(chan struct{}, o.Flushers),
-		quit:   make(chan struct{}),
-		clock:  newRedisClock(),
+		client:   client,
+		opts:     o,
+		queue:    make(chan *call, o.MaxBatch*o.Flushers),
+		slots:    make(chan struct{}, o.Flushers),
+		detached: make(chan struct{}, o.MaxDetached),
+		quit:     make(chan struct{}),
+		clock:    newRedisClock(),
 	}
 	if o.ReplicaID != "" {
 		l.shares = newShares(o.ReplicaID, o.ShareKeys, o.RestoreHold)
