@@ -84,6 +84,11 @@ type Rule struct {
 	// ReportValues lets the sidecar publish the readable key (header values, addresses) of
 	// the rule's top keys beside their hashes.
 	ReportValues bool `json:"reportValues,omitempty"`
+	// Cost is set when the rule's cost comes from the response, with every default resolved.
+	// Omitted when a request costs one unit, so a document without token budgets stays
+	// readable by sidecars that do not know the field; one of them refuses a document with it
+	// and keeps its last good one, rather than count a token budget in requests.
+	Cost *Cost `json:"cost,omitempty"`
 }
 
 // Candidate is a rule's candidate limit.
@@ -211,6 +216,9 @@ func Parse(data []byte) (*Document, error) {
 			}
 			if err := r.Match.validPath(); err != nil {
 				return nil, fmt.Errorf("policy %s rule %s: %w", p.Name, r.Name, err)
+			}
+			if err := r.validCost(); err != nil {
+				return nil, fmt.Errorf("policy %s rule %s: cost: %w", p.Name, r.Name, err)
 			}
 		}
 	}

@@ -101,8 +101,9 @@ func TestVouchedAcceptsOnlyTheBytesBuildWrote(t *testing.T) {
 	}
 }
 
-// The previous release's document types: the same but for Match, which had no exactPath.
-// encoding/json lets a shallower field hide the embedded one of the same name.
+// The previous release's document types: the same but for Match, which had no exactPath, and
+// Rule, which had no candidate, reportValues or cost. encoding/json lets a shallower field
+// hide the embedded one of the same name.
 type (
 	prevMatch struct {
 		PathPrefix string        `json:"pathPrefix,omitempty"`
@@ -110,8 +111,14 @@ type (
 		Headers    []HeaderMatch `json:"headers,omitempty"`
 	}
 	prevRule struct {
-		Rule
-		Match *prevMatch `json:"match,omitempty"`
+		Name      string     `json:"name"`
+		Match     *prevMatch `json:"match,omitempty"`
+		Key       []KeyPart  `json:"key"`
+		Algorithm string     `json:"algorithm"`
+		Requests  int64      `json:"requests"`
+		WindowMS  int64      `json:"windowMs"`
+		Burst     int64      `json:"burst,omitempty"`
+		Mode      string     `json:"mode"`
 	}
 	prevPolicy struct {
 		Policy
