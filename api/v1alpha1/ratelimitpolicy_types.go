@@ -117,6 +117,10 @@ type RateLimitPolicySpec struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.algorithm) || self.algorithm != 'SlidingWindowLog' || self.limit.requests <= 10000",message="limit.requests must be at most 10000 with algorithm SlidingWindowLog, which stores every request of the window in Redis (about 130 bytes each); use SlidingWindowCounter for larger limits"
 // +kubebuilder:validation:XValidation:rule="!has(self.candidate) || !has(self.candidate.limit.burst) || (has(self.candidate.algorithm) ? self.candidate.algorithm : (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter')) == 'TokenBucket'",message="candidate.limit.burst is only valid when the candidate's algorithm (candidate.algorithm, or the rule's) is TokenBucket"
 // +kubebuilder:validation:XValidation:rule="!has(self.candidate) || (has(self.candidate.algorithm) ? self.candidate.algorithm : (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter')) != 'SlidingWindowLog' || self.candidate.limit.requests <= 10000",message="candidate.limit.requests must be at most 10000 when the candidate's algorithm (candidate.algorithm, or the rule's) is SlidingWindowLog"
+// +kubebuilder:validation:XValidation:rule="!(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response') || (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter') != 'SlidingWindowLog'",message="cost.from: Response needs algorithm FixedWindow, SlidingWindowCounter or TokenBucket: SlidingWindowLog keeps one entry per admitted request, so it cannot give back the unused part of a hold"
+// +kubebuilder:validation:XValidation:rule="!(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response') || !has(self.candidate)",message="cost.from: Response cannot have a candidate (not supported yet): a candidate counts one unit per request, not the response's cost; remove the candidate, or try the budget as a rule of its own with mode: Shadow"
+// +kubebuilder:validation:XValidation:rule="!(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response') || !has(self.cost.defaultHold) || self.cost.defaultHold <= (((has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter') == 'TokenBucket' && has(self.limit.burst)) ? self.limit.burst : self.limit.requests)",message="cost.defaultHold must be at most the limit's capacity (limit.requests, or limit.burst of a TokenBucket): a larger hold could never be granted"
+// +kubebuilder:validation:XValidation:rule="!(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response') || !has(self.cost.minOutput) || self.cost.minOutput <= (((has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter') == 'TokenBucket' && has(self.limit.burst)) ? self.limit.burst : self.limit.requests)",message="cost.minOutput must be at most the limit's capacity (limit.requests, or limit.burst of a TokenBucket): no request could be let through"
 type Rule struct {
 	// name identifies the rule in the policy, in metrics, in Redis keys and in refusals.
 	// A lowercase DNS label.
@@ -157,6 +161,12 @@ type Rule struct {
 	// refuses: status.rules[].candidate says what it would have refused.
 	// +optional
 	Candidate *CandidateLimit `json:"candidate,omitempty"`
+
+	// cost says what a request takes from the limit: one unit (from: Request, the default,
+	// as without cost) or what its response reports (from: Response), such as an AI API's
+	// tokens, held before the request is forwarded and settled after it.
+	// +optional
+	Cost *Cost `json:"cost,omitempty"`
 
 	// topKeys says what sidecars report of the keys this rule refuses, in status.rules[]:
 	// Hashes (when not set) or Values (their readable parts too).
@@ -298,7 +308,8 @@ const DurationPattern = `^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|
 // Limit is a number of requests per window.
 type Limit struct {
 	// requests admitted per window, at most 1000000000 (10000 for SlidingWindowLog). For
-	// TokenBucket, the refill: requests tokens per window.
+	// TokenBucket, the refill: requests tokens per window. Under a rule's cost.from: Response
+	// these are units (such as tokens), not requests.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000000
 	// +required

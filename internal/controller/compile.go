@@ -87,6 +87,9 @@ func compileRule(r v1alpha1.Rule) (policydoc.Rule, error) {
 		}
 		out.Candidate = &policydoc.Candidate{Algorithm: string(calg), Requests: c.Limit.Requests, WindowMS: c.Limit.Window.Milliseconds(), Burst: cburst}
 	}
+	if out.Cost, err = compileCost(r.Cost, &out); err != nil {
+		return policydoc.Rule{}, err
+	}
 	for j, k := range r.Key {
 		set := 0
 		for _, s := range []string{k.Header, string(k.Attribute), k.Constant} {
