@@ -302,31 +302,7 @@ func failureResult(lim limiter.Limit, cost int64, err error) limiter.Result {
 
 // Matches reports whether a rule's match admits the request. A nil match matches everything.
 func Matches(m *ruleset.Match, req *Request) bool {
-	if m == nil {
-		return true
-	}
-	if m.Path != nil && !m.Path.Matches(req.Path) {
-		return false
-	}
-	if len(m.Methods) > 0 {
-		found := slices.Contains(m.Methods, req.Method)
-		if !found {
-			return false
-		}
-	}
-	for _, h := range m.Headers {
-		vals, ok := req.Header[h.Name]
-		if !ok || len(vals) == 0 {
-			return false
-		}
-		if h.Value != nil {
-			found := slices.Contains(vals, *h.Value)
-			if !found {
-				return false
-			}
-		}
-	}
-	return true
+	return m.Matches(req.Method, req.Path, req.Header)
 }
 
 // attrs resolves key parts of one request, computing the client IP at most once.

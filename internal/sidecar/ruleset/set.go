@@ -39,6 +39,8 @@ type Set struct {
 	NeedsForwardedFor bool
 	// Total is how many policies the document had, selected or not.
 	Total int
+	// costed are the Rules with a Cost, in order (CostFromResponse).
+	costed []*Rule
 }
 
 // Policy is one selected policy.
@@ -82,6 +84,10 @@ type Rule struct {
 	CandidateOf *Rule
 	// ReportValues lets the readable key of the rule's top keys leave the sidecar.
 	ReportValues bool
+	// Cost, when not nil, says the rule's cost comes from the response: Limit counts units
+	// (such as tokens) that a request holds before it is forwarded and settles after. Nil:
+	// every request costs one unit. A rule with a Cost has no Candidate.
+	Cost *Cost
 	// Top counts the rule's decisions and its heaviest keys between two heartbeats (nil when
 	// the sidecar tracks MaxTrackedRules rules already). It outlives reloads: Sets built by the
 	// same Builder share it while the rule (or candidate) exists.
@@ -227,6 +233,9 @@ func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*
 			}
 			p.Rules = append(p.Rules, r)
 			s.Rules = append(s.Rules, r)
+			if r.Cost != nil {
+				s.costed = append(s.costed, r)
+			}
 		}
 		s.Policies = append(s.Policies, p)
 	}
@@ -269,6 +278,11 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 	if err := r.Limit.Validate(); err != nil {
 		return nil, fmt.Errorf("checking limit: %w", err)
 	}
+	cost, err := newCost(cr.Cost)
+	if err != nil {
+		return nil, err
+	}
+	r.Cost = cost
 	if m := cr.Match; m != nil {
 		r.Match = &Match{Path: newPathMatch(m), Methods: m.Methods}
 		for _, h := range m.Headers {

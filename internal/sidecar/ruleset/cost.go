@@ -1,0 +1,127 @@
+package ruleset
+
+import (
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"slices"
+	"time"
+
+	"github.com/redline-dev/redline/internal/policydoc"
+	"github.com/redline-dev/redline/internal/tokens"
+)
+
+// Cost is a rule's cost that comes from the response (a Rule without one costs one unit per
+// request): the request holds an estimate, sized from its body where Usage can read it,
+// before it is forwarded, and its response's usage settles the hold.
+type Cost struct {
+	// ByPath reads the body of the API the request path names (usage Auto): KindFor.
+	ByPath bool
+	// Kind is the API whose bodies are read when not ByPath; tokens.Unknown reads no body
+	// (usage Header), so every request holds DefaultHold and only Header settles it.
+	Kind tokens.Kind
+	// Header is the response header, or trailer, that reports the cost, in canonical form
+	// (as http.Header keys it). It wins over a body's usage, and is removed before the
+	// client sees the response.
+	Header string
+	// DefaultHold is what a request holds when its body cannot be sized; at most the rule's
+	// capacity.
+	DefaultHold int64
+	// MinOutput is the least output a request is let through with; at most the capacity.
+	MinOutput int64
+	// ZeroOnError gives the whole hold back on an upstream error, a timeout or a client
+	// abort; otherwise they are charged the usage reported before them, else the whole hold.
+	ZeroOnError bool
+	// Timeout is how long the hold waits for its settle (the limiter ends it at the window's
+	// end too).
+	Timeout time.Duration
+}
+
+// usageKinds are the document's usages that read a body of one API whatever the path.
+var usageKinds = map[string]tokens.Kind{
+	policydoc.UsageOpenAIChat:      tokens.OpenAIChat,
+	policydoc.UsageOpenAIResponses: tokens.OpenAIResponses,
+	policydoc.UsageAnthropic:       tokens.Anthropic,
+	policydoc.UsageGemini:          tokens.Gemini,
+}
+
+// KindFor names the API whose bodies size and settle a request to path (the path without its
+// query is enough), and whether the path itself asks for a stream (Gemini's
+// streamGenerateContent). tokens.Unknown: read no body, hold DefaultHold and settle by the
+// header only; so it is with usage Auto on a path that names no API this release reads.
+func (c *Cost) KindFor(path string) (kind tokens.Kind, stream bool) {
+	k, s := tokens.KindFromPath(path)
+	if c.ByPath {
+		return k, s
+	}
+	return c.Kind, s && k == c.Kind
+}
+
+// newCost compiles the document's cost of a rule (nil: none). Parse checked its values; what
+// a document that skipped Parse could still hold is checked again here.
+func newCost(c *policydoc.Cost) (*Cost, error) {
+	if c == nil {
+		return nil, nil
+	}
+	if c.From != policydoc.CostFromResponse {
+		return nil, fmt.Errorf("unknown cost source %q", c.From)
+	}
+	out := &Cost{
+		Header:      textproto.CanonicalMIMEHeaderKey(c.Header),
+		DefaultHold: c.DefaultHold,
+		MinOutput:   c.MinOutput,
+		ZeroOnError: c.OnError == policydoc.OnErrorZero,
+		Timeout:     time.Duration(c.TimeoutMS) * time.Millisecond,
+	}
+	switch c.Usage {
+	case policydoc.UsageAuto:
+		out.ByPath = true
+	case policydoc.UsageHeader:
+	default:
+		k, ok := usageKinds[c.Usage]
+		if !ok {
+			return nil, fmt.Errorf("unknown cost usage %q", c.Usage)
+		}
+		out.Kind = k
+	}
+	if err := policydoc.CheckCostHeader(c.Header); err != nil {
+		return nil, fmt.Errorf("cost %w", err)
+	}
+	if out.DefaultHold < 1 || out.MinOutput < 0 || out.Timeout < time.Second {
+		return nil, fmt.Errorf("cost defaultHold %d, minOutput %d, timeout %s out of bounds", out.DefaultHold, out.MinOutput, out.Timeout)
+	}
+	return out, nil
+}
+
+// CostFromResponse reports whether some rule of the set that matches the request (its method,
+// normalised path and header fields, canonical names) takes its cost from the response: a
+// face asks it before deciding, to know whether to read the body and hold rather than take
+// one unit. Nothing but the rules with a cost is looked at, and a set without any answers at
+// once.
+func (s *Set) CostFromResponse(method, path string, header http.Header) bool {
+	return slices.ContainsFunc(s.costed, func(r *Rule) bool { return r.Match.Matches(method, path, header) })
+}
+
+// Matches reports whether a request (its method, normalised path and header fields, canonical
+// names) is one the rule counts. A nil Match matches every request.
+func (m *Match) Matches(method, path string, header http.Header) bool {
+	if m == nil {
+		return true
+	}
+	if m.Path != nil && !m.Path.Matches(path) {
+		return false
+	}
+	if len(m.Methods) > 0 && !slices.Contains(m.Methods, method) {
+		return false
+	}
+	for _, h := range m.Headers {
+		vals := header[h.Name]
+		if len(vals) == 0 {
+			return false
+		}
+		if h.Value != nil && !slices.Contains(vals, *h.Value) {
+			return false
+		}
+	}
+	return true
+}
