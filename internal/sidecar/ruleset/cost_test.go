@@ -14,7 +14,7 @@ import (
 
 // costDoc is a namespace with a token budget on /v1 for POST and a request-counting rule on
 // everything, through Parse as the sidecar reads it.
-func costDoc(t *testing.T, usage string) *policydoc.Document {
+func costDoc(t testing.TB, usage string) *policydoc.Document {
 	t.Helper()
 	budget := policydoc.Rule{
 		Name: "tokens", Key: []policydoc.KeyPart{{Header: "x-api-key"}}, Algorithm: "SlidingWindowCounter",
@@ -142,6 +142,26 @@ func TestBuildRefusesCostsParseWouldRefuse(t *testing.T) {
 			edit(doc.Policies[0].Rules[1].Cost)
 			_, err := ruleset.NewBuilder("").Build(doc, nil)
 			g.Expect(err).To(MatchError(ContainSubstring("policy p rule tokens: ")))
+		})
+	}
+}
+
+// BenchmarkCostFromResponse: what asking costs a request, for a set without token budgets
+// (every request of today) and for one whose budget matches.
+func BenchmarkCostFromResponse(b *testing.B) {
+	h := http.Header{"X-Api-Key": {"k"}}
+	none := costDoc(b, policydoc.UsageAuto)
+	none.Policies[0].Rules = none.Policies[0].Rules[:1]
+	for name, doc := range map[string]*policydoc.Document{"none": none, "matching": costDoc(b, policydoc.UsageAuto)} {
+		set, err := ruleset.NewBuilder("").Build(doc, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				set.CostFromResponse("POST", "/v1/chat/completions", h)
+			}
 		})
 	}
 }
