@@ -1,3 +1,4 @@
+//nolint:goconst // the APIs' request field names, as in shapes.go
 package fakemodel
 
 import (

@@ -171,7 +171,7 @@ func TestFailures(t *testing.T) {
 
 func TestKnobErrors(t *testing.T) {
 	_, base := Start(t, Config{})
-	for _, k := range []string{"lenght=3", "length=-1", "fail=boom:1", "cost=nowhere", "delay=soon"} {
+	for _, k := range []string{"size=3", "length=-1", "fail=boom:1", "cost=nowhere", "delay=soon"} {
 		res, _, _ := do(t, base, Call{Kind: tokens.Anthropic}, k)
 		if res.StatusCode != http.StatusBadRequest {
 			t.Errorf("%q: status %d, want 400", k, res.StatusCode)

@@ -1,3 +1,4 @@
+//nolint:goconst // the APIs' field names read best where each shape writes them, as their docs show them
 package fakemodel
 
 import (
