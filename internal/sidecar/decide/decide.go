@@ -98,6 +98,9 @@ type Engine struct {
 	// Observe, if set, hears of every outcome (metrics), candidates' included (their Rule's
 	// CandidateOf is set).
 	Observe func(*ruleset.Rule, limiter.Result)
+	// ObserveSettle, if set, hears of every settle of a hold (metrics): what went back, what
+	// became debt, or why the settle failed (the hold then goes back at its deadline).
+	ObserveSettle func(*ruleset.Rule, limiter.Settled, error)
 }
 
 // Batcher decides several limits with their Redis calls in one batch; *limiter.Limiter is one.
