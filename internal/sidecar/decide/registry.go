@@ -12,12 +12,16 @@ import (
 
 // Registry keeps the holds of requests settled by a later call rather than by the sidecar
 // itself: /v1/check's reserve and settle (by id), and Envoy's apply_on_stream_done (the oldest
-// open hold of a key). It is bounded: a hold past its deadline is forgotten (it went back by
-// itself in Redis, see limiter.Hold), and a full registry refuses to keep more, so that a
-// client that reserves and never settles costs at most Max entries.
+// open hold of a key). It is bounded: a hold is forgotten Grace after its deadline, and a full
+// registry refuses to keep more, so that a client that reserves and never settles costs at most
+// Max entries. A hold settled after its deadline but before it is forgotten went back by itself
+// in Redis already, and its settle charges what was used in full (limiter.Settled.Expired).
 type Registry struct {
 	// Max is the most open holds kept (default 16384).
 	Max int
+	// Grace is how long a hold is kept past its deadline for a late settle (default
+	// DefaultGrace).
+	Grace time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
@@ -58,8 +62,11 @@ func (d *deadlines) Pop() any {
 	return e
 }
 
-// DefaultMaxHolds is Registry.Max's default. An entry costs about 300 bytes with its holds.
-const DefaultMaxHolds = 16384
+// Registry defaults. An entry costs about 300 bytes with its holds.
+const (
+	DefaultMaxHolds = 16384
+	DefaultGrace    = time.Minute
+)
 
 // ErrTooManyHolds is returned by Put when the registry is full of open holds.
 var ErrTooManyHolds = errors.New("too many open holds: settle some first")
@@ -88,37 +95,34 @@ func (g *Registry) Put(h *Holds, key string, deadline time.Time) (string, error)
 	return id, nil
 }
 
-// Take removes and returns the open hold of id; nil when there is none (never kept, settled
-// already, or past its deadline).
+// Take removes and returns the hold of id; nil when there is none (never kept, settled
+// already, or forgotten).
 func (g *Registry) Take(id string) *Holds {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.init()
+	g.sweep()
 	e := g.byID[id]
 	if e == nil {
 		return nil
 	}
 	g.remove(e)
-	if !g.now().Before(e.deadline) {
-		return nil
-	}
 	return e.holds
 }
 
-// TakeOldest removes and returns the oldest open hold of key; nil when there is none.
+// TakeOldest removes and returns the oldest hold of key; nil when there is none.
 func (g *Registry) TakeOldest(key string) *Holds {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.init()
-	now := g.now()
-	for l := g.byKey[key]; l != nil && l.Len() > 0; {
-		e := l.Front().Value.(*entry)
-		g.remove(e)
-		if now.Before(e.deadline) {
-			return e.holds
-		}
+	g.sweep()
+	l := g.byKey[key]
+	if l == nil {
+		return nil
 	}
-	return nil
+	e := l.Front().Value.(*entry)
+	g.remove(e)
+	return e.holds
 }
 
 // Len is how many holds are kept.
@@ -148,10 +152,14 @@ func (g *Registry) now() time.Time {
 	return time.Now()
 }
 
-// sweep forgets holds past their deadline, soonest first: O(log n) for each one freed.
+// sweep forgets holds Grace past their deadline, soonest first: O(log n) for each one freed.
 func (g *Registry) sweep() {
+	grace := g.Grace
+	if grace <= 0 {
+		grace = DefaultGrace
+	}
 	now := g.now()
-	for len(g.order) > 0 && !now.Before(g.order[0].deadline) {
+	for len(g.order) > 0 && !now.Before(g.order[0].deadline.Add(grace)) {
 		g.remove(g.order[0])
 	}
 }

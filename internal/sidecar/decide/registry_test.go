@@ -35,20 +35,28 @@ func TestRegistryTakeByIDOnce(t *testing.T) {
 	}
 }
 
-func TestRegistryForgetsPastDeadline(t *testing.T) {
+// A hold is kept Grace past its deadline, for a late settle to charge what was used, and
+// forgotten after.
+func TestRegistryForgetsGracePastDeadline(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
-	g := &Registry{Now: c.now}
-	id, _ := g.Put(&Holds{}, "k", c.t.Add(time.Second))
-	c.t = c.t.Add(time.Second)
-	if got := g.Take(id); got != nil {
-		t.Fatal("a hold past its deadline was handed out: it went back in Redis already")
+	g := &Registry{Now: c.now, Grace: 10 * time.Second}
+	late := &Holds{}
+	id, _ := g.Put(late, "k", c.t.Add(time.Second))
+	c.t = c.t.Add(5 * time.Second)
+	if got := g.Take(id); got != late {
+		t.Fatal("a hold within its grace was not handed out for a late settle")
 	}
-	if _, err := g.Put(&Holds{}, "k", c.t.Add(time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	c.t = c.t.Add(2 * time.Second)
+	gone, _ := g.Put(&Holds{}, "k", c.t.Add(time.Second))
+	_, _ = g.Put(&Holds{}, "j", c.t.Add(time.Second))
+	c.t = c.t.Add(11 * time.Second)
 	if got := g.TakeOldest("k"); got != nil {
-		t.Fatal("TakeOldest handed out a hold past its deadline")
+		t.Fatal("TakeOldest handed out a hold past its grace")
+	}
+	if got := g.Take(gone); got != nil {
+		t.Fatal("Take handed out a hold past its grace")
+	}
+	if g.Len() != 0 {
+		t.Fatalf("Len %d: holds past their grace are kept", g.Len())
 	}
 }
 
@@ -77,14 +85,14 @@ func TestRegistryOldestFirstPerKey(t *testing.T) {
 // them whatever their order of arrival (a long timeout in front of short ones).
 func TestRegistryBounded(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
-	g := &Registry{Max: 3, Now: c.now}
+	g := &Registry{Max: 3, Grace: time.Second, Now: c.now}
 	_, _ = g.Put(&Holds{}, "k", c.t.Add(time.Hour))
 	_, _ = g.Put(&Holds{}, "k", c.t.Add(time.Second))
 	_, _ = g.Put(&Holds{}, "", c.t.Add(time.Second))
 	if _, err := g.Put(&Holds{}, "k", c.t.Add(time.Second)); err != ErrTooManyHolds {
 		t.Fatalf("Put on a full registry: %v, want ErrTooManyHolds", err)
 	}
-	c.t = c.t.Add(time.Second)
+	c.t = c.t.Add(2 * time.Second)
 	for i := range 2 {
 		if _, err := g.Put(&Holds{}, "k", c.t.Add(time.Second)); err != nil {
 			t.Fatalf("Put %d after two holds passed their deadline: %v", i, err)

@@ -3,6 +3,7 @@ package decide
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -48,6 +49,8 @@ type Holds struct {
 	r     Reserver
 	holds []held
 	once  sync.Once
+	sum   limiter.Settled
+	err   error
 	// Observe hears of each settle (metrics), as the Engine's Observe does of decisions.
 	observe func(*ruleset.Rule, limiter.Settled, error)
 }
@@ -80,26 +83,36 @@ func (h *Holds) Len() int {
 // Settle ends every hold with what the request used: used when known, else by each rule's
 // OnError when the request failed (upstream error, timeout, client abort), else the whole
 // hold (a response that ended without saying its cost costs what was held). Only the first
-// call settles; later ones do nothing.
-func (h *Holds) Settle(ctx context.Context, used int64, known, failed bool) {
+// call settles; later ones return what it did. The sum is over the holds; the error
+// joins the settles that failed (each of their holds goes back by itself at its deadline).
+func (h *Holds) Settle(ctx context.Context, used int64, known, failed bool) (limiter.Settled, error) {
 	if h == nil {
-		return
+		return limiter.Settled{}, nil
 	}
 	h.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 		defer cancel()
+		got := make([]limiter.Settled, len(h.holds))
+		errs := make([]error, len(h.holds))
 		var wg sync.WaitGroup
-		for _, x := range h.holds {
+		for i, x := range h.holds {
 			u := settledCost(x.rule.Cost, x.hold.Units, used, known, failed)
 			wg.Go(func() {
-				s, err := h.r.Settle(ctx, x.hold, u)
+				got[i], errs[i] = h.r.Settle(ctx, x.hold, u)
 				if h.observe != nil {
-					h.observe(x.rule, s, err)
+					h.observe(x.rule, got[i], errs[i])
 				}
 			})
 		}
 		wg.Wait()
+		for i := range got {
+			h.sum.Returned += got[i].Returned
+			h.sum.Debt += got[i].Debt
+			h.sum.Expired = h.sum.Expired || got[i].Expired
+		}
+		h.err = errors.Join(errs...)
 	})
+	return h.sum, h.err
 }
 
 // settledCost is what one hold of units settles at.
@@ -145,16 +158,11 @@ func sat(a, b int64) int64 {
 // no hold: those already taken go back at once. The returned Holds (nil when no rule holds or
 // the request is refused) must be settled when the response ends.
 func (e *Engine) Reserve(ctx context.Context, set *ruleset.Set, req *Request, need Need) (Decision, *Holds, error) {
-	rv, ok := e.Limiter.(Reserver)
-	if !ok {
-		return Decision{}, nil, ErrNoReserver
-	}
 	if set == nil || len(set.Rules) == 0 {
 		return Decision{Allowed: true}, nil, nil
 	}
 	a := attrs{req: req, hops: e.TrustedHops}
-	var plain []call
-	var reserve []call
+	var plain, reserve []call
 	for _, r := range set.Rules {
 		if !Matches(r.Match, req) {
 			continue
@@ -165,11 +173,42 @@ func (e *Engine) Reserve(ctx context.Context, set *ruleset.Set, req *Request, ne
 		}
 		plain = appendCalls(plain, set.Namespace, r, a.parts(r.Key), 1)
 	}
+	return e.reserve(ctx, plain, reserve, need)
+}
+
+// ReserveHits is Reserve for rules named with their key parts (the decision API, Envoy's
+// descriptors): a hit of a rule whose cost comes from the response holds, by need; any other
+// costs its own Cost, else one.
+func (e *Engine) ReserveHits(ctx context.Context, set *ruleset.Set, hits []Hit, need Need) (Decision, *Holds, error) {
+	if set == nil {
+		return Decision{}, nil, errors.New("deciding hits: no policies loaded")
+	}
+	var plain, reserve []call
+	for _, h := range hits {
+		r := set.Find(h.Policy, h.Rule)
+		if r == nil {
+			return Decision{}, nil, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, h.Policy, h.Rule)
+		}
+		if r.Cost != nil {
+			reserve = append(reserve, call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.StateName, h.Key...), parts: h.Key})
+			continue
+		}
+		plain = appendCalls(plain, set.Namespace, r, h.Key, max(h.Cost, 1))
+	}
+	return e.reserve(ctx, plain, reserve, need)
+}
+
+// reserve decides the plain calls as one batch, then, if they admit, holds for each of
+// reserve, concurrently.
+func (e *Engine) reserve(ctx context.Context, plain, reserve []call, need Need) (Decision, *Holds, error) {
 	d := e.run(ctx, plain)
 	if !d.Allowed || len(reserve) == 0 {
 		return d, nil, nil
 	}
-
+	rv, ok := e.Limiter.(Reserver)
+	if !ok {
+		return Decision{}, nil, ErrNoReserver
+	}
 	hs := &Holds{r: rv, holds: make([]held, 0, len(reserve)), observe: e.ObserveSettle}
 	outs := make([]Outcome, len(reserve))
 	taken := make([]*limiter.Hold, len(reserve))
@@ -191,10 +230,21 @@ func (e *Engine) Reserve(ctx context.Context, set *ruleset.Set, req *Request, ne
 	}
 	d = merge(d, outs)
 	if !d.Allowed {
-		hs.Settle(ctx, 0, true, false)
+		_, _ = hs.Settle(ctx, 0, true, false)
 		return d, nil, nil
 	}
 	return d, hs, nil
+}
+
+// Deadline is the soonest deadline of the holds: a registry forgets them then.
+func (h *Holds) Deadline() time.Time {
+	var t time.Time
+	for _, x := range h.holds {
+		if t.IsZero() || x.hold.Deadline.Before(t) {
+			t = x.hold.Deadline
+		}
+	}
+	return t
 }
 
 // merge adds the outcomes of reserved rules to d and finds the refusal again.
