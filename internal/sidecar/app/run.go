@@ -163,7 +163,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var checkSrv *http.Server
 	if cfg.CheckListen != "" {
 		check := http.NewServeMux()
-		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store})
+		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{}})
 		check.Handle(checkapi.TopKeysPath, &checkapi.TopKeysHandler{Store: store})
 		checkSrv = newServer(check)
 		checkSrv.ConnState = checkIdle.ConnState

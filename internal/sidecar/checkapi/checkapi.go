@@ -61,6 +61,11 @@ type Request struct {
 	Hits []Hit `json:"hits,omitempty"`
 	// Cost is how many units the request takes from each limit (default 1).
 	Cost int64 `json:"cost,omitempty"`
+	// Reserve, when given, holds for every rule whose cost comes from the response, sized by
+	// it, and the answer names the hold to settle (see holds.go). Other rules cost Cost.
+	Reserve *Reserve `json:"reserve,omitempty"`
+	// Settle ends a hold an earlier check took; nothing else may be given with it.
+	Settle *Settle `json:"settle,omitempty"`
 }
 
 // Hit names one rule and its key parts.
@@ -84,6 +89,10 @@ type Response struct {
 	// Candidates has one entry per rule that applied with a candidate limit: what the
 	// candidate decided. It never changes allowed.
 	Candidates []Result `json:"candidates,omitempty"`
+	// Hold is what an admitted reserve holds, to settle by its id.
+	Hold *Hold `json:"hold,omitempty"`
+	// Settled is what a settle did.
+	Settled *Settled `json:"settled,omitempty"`
 }
 
 // Result is one rule's decision.
@@ -105,6 +114,8 @@ type Result struct {
 type Handler struct {
 	Engine *decide.Engine
 	Store  *ruleset.Store
+	// Holds keeps the holds of reserves until their settle (nil: reserve and settle are refused).
+	Holds *decide.Registry
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -121,17 +132,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	if req.Settle != nil {
+		h.settle(w, r, req.Settle)
+		return
+	}
 	set := h.Store.Current()
 	if set == nil {
 		writeError(w, http.StatusServiceUnavailable, "no policies loaded")
 		return
 	}
-	d, err := h.decide(r, set, req)
+	var d decide.Decision
+	var hold *Hold
+	if req.Reserve != nil {
+		d, hold, err = h.reserve(r, set, req)
+	} else {
+		d, err = h.decide(r, set, req)
+	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		status := http.StatusBadRequest
+		if errors.Is(err, errNoHolds) || errors.Is(err, decide.ErrTooManyHolds) {
+			status = http.StatusServiceUnavailable
+		}
+		writeError(w, status, err.Error())
 		return
 	}
-	body, err := json.Marshal(render(&d))
+	resp := render(&d)
+	resp.Hold = hold
+	body, err := json.Marshal(resp)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, fmt.Sprintf("encoding decision: %v", err))
 		return
@@ -170,11 +197,26 @@ func Decode(r io.Reader) (*Request, error) {
 	if len(req.Headers) > MaxHeaders {
 		return nil, fmt.Errorf("%d headers: at most %d", len(req.Headers), MaxHeaders)
 	}
+	if err := checkHolds(&req); err != nil {
+		return nil, err
+	}
 	return &req, nil
 }
 
 func (h *Handler) decide(r *http.Request, set *ruleset.Set, req *Request) (decide.Decision, error) {
 	cost := max(req.Cost, 1)
+	hits, dr, err := parse(req)
+	if err != nil {
+		return decide.Decision{}, err
+	}
+	if hits != nil {
+		return h.Engine.DecideHits(r.Context(), set, hits, cost)
+	}
+	return h.Engine.Decide(r.Context(), set, dr, cost), nil
+}
+
+// parse reads what a check decides: rule hits, or else a described request.
+func parse(req *Request) ([]decide.Hit, *decide.Request, error) {
 	hits := make([]decide.Hit, 0, len(req.Hits)+1)
 	if req.Policy != "" || req.Rule != "" {
 		hits = append(hits, decide.Hit{Policy: req.Policy, Rule: req.Rule, Key: req.Key})
@@ -184,12 +226,12 @@ func (h *Handler) decide(r *http.Request, set *ruleset.Set, req *Request) (decid
 	}
 	if len(hits) > 0 {
 		if req.Method != "" || req.Path != "" || len(req.Headers) > 0 || req.RemoteAddress != "" {
-			return decide.Decision{}, errors.New("give either request attributes or rule hits, not both")
+			return nil, nil, errors.New("give either request attributes or rule hits, not both")
 		}
-		return h.Engine.DecideHits(r.Context(), set, hits, cost)
+		return hits, nil, nil
 	}
 	if req.Method == "" || req.Path == "" {
-		return decide.Decision{}, errors.New("a check needs method and path, or policy and rule")
+		return nil, nil, errors.New("a check needs method and path, or policy and rule")
 	}
 	hdr := make(http.Header, len(req.Headers))
 	for k, v := range req.Headers {
@@ -200,11 +242,9 @@ func (h *Handler) decide(r *http.Request, set *ruleset.Set, req *Request) (decid
 	// /./login is counted as /login, which is what the application behind it serves.
 	_, path, err := reqpath.Normalize(escaped)
 	if err != nil {
-		return decide.Decision{}, fmt.Errorf("path %q: %w", req.Path, err)
+		return nil, nil, fmt.Errorf("path %q: %w", req.Path, err)
 	}
-	return h.Engine.Decide(r.Context(), set, &decide.Request{
-		Method: strings.ToUpper(req.Method), Path: path, Header: hdr, RemoteAddr: req.RemoteAddress,
-	}, cost), nil
+	return nil, &decide.Request{Method: strings.ToUpper(req.Method), Path: path, Header: hdr, RemoteAddr: req.RemoteAddress}, nil
 }
 
 func render(d *decide.Decision) *Response {
