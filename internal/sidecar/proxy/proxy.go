@@ -47,6 +47,9 @@ type Options struct {
 	// IdleConnTimeout closes keep-alive connections to the application idle this long
 	// (default 90s).
 	IdleConnTimeout time.Duration
+	// BodyReadTimeout bounds the read of a token budget's request body for sizing (default
+	// DefaultBodyReadTimeout); a body slower than it holds the rule's defaultHold.
+	BodyReadTimeout time.Duration
 	Log             *slog.Logger
 }
 
@@ -70,6 +73,9 @@ func New(opts Options) (*Handler, error) {
 	}
 	if opts.IdleConnTimeout <= 0 {
 		opts.IdleConnTimeout = 90 * time.Second
+	}
+	if opts.BodyReadTimeout <= 0 {
+		opts.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
@@ -123,8 +129,9 @@ func New(opts Options) (*Handler, error) {
 		Transport: transport,
 		// FlushInterval 0: ReverseProxy already flushes every write of a streaming response
 		// (text/event-stream or unknown length), and batches fixed-length bodies.
-		BufferPool:   bufferPool{},
-		ErrorHandler: h.upstreamError,
+		BufferPool:     bufferPool{},
+		ModifyResponse: meterResponse,
+		ErrorHandler:   h.upstreamError,
 		ErrorLog:     slog.NewLogLogger(opts.Log.Handler(), slog.LevelWarn),
 	}
 	return h, nil
@@ -146,9 +153,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.URL.Path, r.URL.RawPath = decoded, norm
 	set := h.opts.Store.Current()
 	if set != nil && len(set.Rules) > 0 {
-		d := h.opts.Engine.Decide(r.Context(), set, &decide.Request{
-			Method: r.Method, Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr,
-		}, 1)
+		req := &decide.Request{Method: r.Method, Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr}
+		if set.CostFromResponse(r.Method, r.URL.Path, r.Header) {
+			h.serveBudget(w, r, set, req)
+			return
+		}
+		d := h.opts.Engine.Decide(r.Context(), set, req, 1)
 		if !d.Allowed {
 			refuse(w, &d)
 			return
@@ -157,6 +167,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			d.Fields().Write(w.Header())
 		}
 	}
+	h.forward(w, r)
+}
+
+// forward sends an admitted request to the application.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		// Remember a failure to read the client's body, so that a malformed one (a bad chunk)
 		// is answered as the client's fault, not the application's. ReverseProxy hands the
