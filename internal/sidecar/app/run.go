@@ -134,7 +134,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if err := loader.Load(); err != nil {
 		log.Warn("starting without valid policies: not ready until a valid document appears", "reason", err.Error())
 	}
-	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe}
+	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled}
 	ph, err := proxy.New(proxy.Options{
 		Upstream: cfg.Upstream, Engine: engine, Store: store, Headers: cfg.RateLimitHeaders,
 		ResponseHeaderTimeout: cfg.RequestTimeout, Log: log,

@@ -55,6 +55,7 @@ type Metrics struct {
 	regressions  *prometheus.CounterVec
 	restoredUnit *prometheus.CounterVec
 	lossSignals  prometheus.Counter
+	holds        holdMetrics
 	policyMu     sync.Mutex
 	policies     map[string]bool // the policies whose restoration counters show
 }
@@ -111,6 +112,8 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 	for _, k := range []string{RedisErrMaxClients, RedisErrPoolTimeout, RedisErrTimeout, RedisErrNetwork, RedisErrReply} {
 		m.redisErrors.WithLabelValues(k) // every kind shows, at 0, from the start
 	}
+	m.holds = newHoldMetrics()
+	m.Registry.MustRegister(m.holds.collectors()...)
 	m.Registry.MustRegister(m.regressions, m.restoredUnit, m.lossSignals)
 	m.Registry.MustRegister(m.decisions, m.candidates, m.redisLatency, m.reloads, m.reloadErrors, m.configInfo, m.heartbeatErr, m.redisErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -1,0 +1,67 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+)
+
+// Results of a hold's settle, the values of the result label of hold_settles_total.
+const (
+	// SettleSettled: the request's usage settled its hold (the unused part went back, an
+	// excess became debt).
+	SettleSettled = "settled"
+	// SettleExpired: the hold had gone back by itself at its deadline before the settle,
+	// which charged the usage in full.
+	SettleExpired = "expired"
+	// SettleFailed: the settle did not reach Redis; the hold goes back by itself at its
+	// deadline, and what the request used beyond it is not counted.
+	SettleFailed = "failed"
+)
+
+// holdMetrics are the token budgets' counters, by policy and rule.
+type holdMetrics struct {
+	settles  *prometheus.CounterVec
+	returned *prometheus.CounterVec
+	debt     *prometheus.CounterVec
+}
+
+func newHoldMetrics() holdMetrics {
+	return holdMetrics{
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "hold_settles_total",
+			Help: "Settles of token budget holds by policy, rule and result (settled; expired: the hold had gone back at its deadline and the usage was charged in full; failed: Redis was not reached and the hold goes back at its deadline).",
+		}, []string{labelPolicy, "rule", "result"}),
+		returned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "hold_returned_units_total",
+			Help: "Units of token budget holds given back at their settle (held, not used), by policy and rule.",
+		}, []string{labelPolicy, "rule"}),
+		debt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "debt_units_total",
+			Help: "Units responses used beyond their hold (an upstream that ignored the output cap, or a cost header over it), charged past the limit as debt, by policy and rule: the key is refused until it is repaid.",
+		}, []string{labelPolicy, "rule"}),
+	}
+}
+
+func (h holdMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{h.settles, h.returned, h.debt}
+}
+
+// Settled counts one settle of a hold of rule r (decide.Engine.ObserveSettle).
+func (m *Metrics) Settled(r *ruleset.Rule, s limiter.Settled, err error) {
+	result := SettleSettled
+	switch {
+	case err != nil:
+		result = SettleFailed
+	case s.Expired:
+		result = SettleExpired
+	}
+	m.holds.settles.WithLabelValues(r.Policy.Name, r.Name, result).Inc()
+	if s.Returned > 0 {
+		m.holds.returned.WithLabelValues(r.Policy.Name, r.Name).Add(float64(s.Returned))
+	}
+	if s.Debt > 0 {
+		m.holds.debt.WithLabelValues(r.Policy.Name, r.Name).Add(float64(s.Debt))
+	}
+}
