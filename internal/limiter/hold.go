@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"strconv"
 	"sync"
 	"time"
@@ -41,6 +40,7 @@ type Hold struct {
 	entry      *openHold
 	local      *localWindow // LocalFallback's window, for a degraded hold
 	localStart time.Time
+	lease      *lease // the lease it was taken from (see hold_lease.go), or nil
 }
 
 // Settled is what a Settle did.
@@ -164,12 +164,16 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 	want = min(want, limit.Capacity())
 	ttl = min(ttl, limit.Window)
 	sk := stateKey(key, limit.Algorithm)
+	now := l.opts.Now()
+	if r, h, ok := l.reserveLeased(sk, limit, want, ttl, now); ok {
+		l.stats.holdsReserved.Add(1)
+		return finish(r, limit), h, nil
+	}
 	a := &holdAsk{
 		tag:   l.opts.ReplicaID + ":" + l.holdTag + strconv.FormatUint(l.holdSeq.Add(1), 36),
 		ttlMS: ttl.Milliseconds(),
 		want:  want,
 	}
-	now := l.opts.Now()
 	res, g, answered, err := l.ask(ctx, sk, limit, least, want, now, nil, a)
 	if err != nil {
 		return Result{}, nil, err
@@ -217,7 +221,14 @@ func (l *Limiter) Settle(ctx context.Context, h *Hold, used int64) (Settled, err
 	if l.closed.Load() {
 		return Settled{}, ErrClosed
 	}
-	s, sent, err := l.settleRedis(ctx, h, used)
+	var s Settled
+	var sent bool
+	var err error
+	if h.lease != nil {
+		s, sent, err = l.settleLeased(ctx, h, used)
+	} else {
+		s, sent, err = l.settleRedis(ctx, h, used)
+	}
 	if err != nil && !sent {
 		return Settled{}, err
 	}
@@ -262,14 +273,6 @@ func (h *Hold) settleLocal(now time.Time, used int64) Settled {
 func (l *Limiter) settleRedis(ctx context.Context, h *Hold, used int64) (Settled, bool, error) {
 	lim := h.limit
 	keys := []string{h.key, holdKey(h.key)}
-	if l.shares != nil && lim.Algorithm.leases() {
-		// One settle of a key at a time: two that lower the share at once could reach Redis in
-		// the other order, and the first sent, carrying the share before the second lowered
-		// it, would restore what the second gave back.
-		mu := &l.settleMu[maphash.String(l.shares.seed, h.key)%uint64(len(l.settleMu))]
-		mu.Lock()
-		defer mu.Unlock()
-	}
 	var base, pre int64 // what the share counts of h now, and what leaves it before the call
 	withShare := l.shares != nil && lim.Algorithm.leases()
 	if withShare {

@@ -3,7 +3,6 @@ package limiter_test
 import (
 	"context"
 	"math"
-	"strconv"
 	"testing"
 	"time"
 
@@ -218,4 +217,58 @@ func waitRedisMS(t *testing.T, c redis.UniversalClient, ms int64) {
 	}
 }
 
-var _ = strconv.Itoa
+// Where the rule leases and the key's lease holds enough, a hold comes from it without a call;
+// its unused units go back into the lease, and an excess to Redis as debt.
+func TestHoldFromLease(t *testing.T) {
+	g := NewWithT(t)
+	c := newClient(t, shared.URL())
+	calls := &evalCounter{}
+	c.AddHook(calls)
+	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), LeaseHorizon: time.Minute, MaxLease: 16})
+	ctx, key := context.Background(), uniqueKey(t)
+	lim := holdLimit(limiter.FixedWindow, 1_000_000)
+	lim.Replicas = 1
+	for range 2 { // a cold key asks for one unit, then for a warm lease
+		r, err := l.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeTrue())
+	}
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(17)), "one, then a lease of 16")
+	before := calls.n.Load()
+
+	r, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(r.Source).To(Equal(limiter.SourceLease))
+	g.Expect(h.Units).To(Equal(int64(10)))
+	s, err := l.Settle(ctx, h, 3)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s).To(Equal(limiter.Settled{Returned: 7}))
+	// 15 - 10 + 7 = 12 units left in the lease: twelve decisions without a call.
+	for range 12 {
+		r, err := l.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Source).To(Equal(limiter.SourceLease))
+	}
+	g.Expect(calls.n.Load()).To(Equal(before), "no Redis call")
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(17)))
+
+	// A hold larger than the lease asks Redis; one that uses more than it held leaves a debt.
+	_, h, err = l.Reserve(ctx, key, lim, 1, 100, time.Minute)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(h.Units).To(Equal(int64(100)))
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(117)))
+	g.Expect(l.Settle(ctx, h, 100)).To(Equal(limiter.Settled{}))
+	for range 3 {
+		_, err = l.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	c0 := counted(t, c, key, lim)
+	r, h, err = l.Reserve(ctx, key, lim, 1, 2, time.Minute)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(r.Source).To(Equal(limiter.SourceLease), "the lease granted after the big hold holds 13")
+	s, err = l.Settle(ctx, h, 9)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s).To(Equal(limiter.Settled{Debt: 7}))
+	g.Expect(counted(t, c, key, lim)).To(Equal(c0 + 7))
+	g.Expect(l.Stats().RestoredUnits).To(BeZero())
+}

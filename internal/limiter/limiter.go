@@ -151,7 +151,6 @@ type Limiter struct {
 	reassert chan struct{} // a re-assertion of every share is due
 	holdTag  string        // names this limiter's holds beside their sequence (see hold.go)
 	holdSeq  atomic.Uint64
-	settleMu [64]sync.Mutex // settles of one key go one at a time, by the key's hash
 }
 
 // New returns a Limiter over client. The client stays the caller's to close.
