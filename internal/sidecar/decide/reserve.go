@@ -39,6 +39,7 @@ var ErrNoReserver = errors.New("the limiter cannot hold units (no Reserve)")
 // held is one rule's hold of a request.
 type held struct {
 	rule *ruleset.Rule
+	key  string // the limiter key it holds under
 	hold *limiter.Hold
 }
 
@@ -162,58 +163,67 @@ func (e *Engine) Reserve(ctx context.Context, set *ruleset.Set, req *Request, ne
 		return Decision{Allowed: true}, nil, nil
 	}
 	a := attrs{req: req, hops: e.TrustedHops}
-	var plain, reserve []call
+	var b batch
 	for _, r := range set.Rules {
-		if !Matches(r.Match, req) {
-			continue
+		if Matches(r.Match, req) {
+			b.add(set.Namespace, r, a.parts(r.Key), 1)
 		}
-		if r.Cost != nil {
-			reserve = append(reserve, call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.StateName, a.parts(r.Key)...)})
-			continue
-		}
-		plain = appendCalls(plain, set.Namespace, r, a.parts(r.Key), 1)
 	}
-	return e.reserve(ctx, plain, reserve, need)
+	return e.reserve(ctx, &b, need)
 }
 
 // ReserveHits is Reserve for rules named with their key parts (the decision API, Envoy's
 // descriptors): a hit of a rule whose cost comes from the response holds, by need; any other
-// costs its own Cost, else one.
+// costs its own Cost, else one. The outcomes are in the order of hits.
 func (e *Engine) ReserveHits(ctx context.Context, set *ruleset.Set, hits []Hit, need Need) (Decision, *Holds, error) {
 	if set == nil {
 		return Decision{}, nil, errors.New("deciding hits: no policies loaded")
 	}
-	var plain, reserve []call
+	var b batch
 	for _, h := range hits {
 		r := set.Find(h.Policy, h.Rule)
 		if r == nil {
 			return Decision{}, nil, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, h.Policy, h.Rule)
 		}
-		if r.Cost != nil {
-			reserve = append(reserve, call{rule: r, key: limiter.Key(set.Namespace, r.Policy.Name, r.StateName, h.Key...), parts: h.Key})
-			continue
-		}
-		plain = appendCalls(plain, set.Namespace, r, h.Key, max(h.Cost, 1))
+		b.add(set.Namespace, r, h.Key, max(h.Cost, 1))
 	}
-	return e.reserve(ctx, plain, reserve, need)
+	return e.reserve(ctx, &b, need)
 }
 
-// reserve decides the plain calls as one batch, then, if they admit, holds for each of
-// reserve, concurrently.
-func (e *Engine) reserve(ctx context.Context, plain, reserve []call, need Need) (Decision, *Holds, error) {
-	d := e.run(ctx, plain)
-	if !d.Allowed || len(reserve) == 0 {
-		return d, nil, nil
+// batch is the calls of one reserve: plain ones (a cost known before, candidates included) and
+// holds, with the order of their rules.
+type batch struct {
+	plain, reserve []call
+	held           []bool // per rule in order: does it hold (else it is the next plain rule)
+}
+
+func (b *batch) add(namespace string, r *ruleset.Rule, parts []string, cost int64) {
+	if r.Cost != nil {
+		b.reserve = append(b.reserve, call{rule: r, key: limiter.Key(namespace, r.Policy.Name, r.StateName, parts...), parts: parts})
+		b.held = append(b.held, true)
+		return
+	}
+	b.plain = appendCalls(b.plain, namespace, r, parts, cost)
+	b.held = append(b.held, false)
+}
+
+// reserve decides the plain calls as one batch and holds for each of reserve, all at once, so
+// that an admitted request waits for one round trip. A request refused by any rule keeps no
+// hold: what was held goes back at once.
+func (e *Engine) reserve(ctx context.Context, b *batch, need Need) (Decision, *Holds, error) {
+	if len(b.reserve) == 0 {
+		return e.run(ctx, b.plain), nil, nil
 	}
 	rv, ok := e.Limiter.(Reserver)
 	if !ok {
 		return Decision{}, nil, ErrNoReserver
 	}
-	hs := &Holds{r: rv, holds: make([]held, 0, len(reserve)), observe: e.ObserveSettle}
-	outs := make([]Outcome, len(reserve))
-	taken := make([]*limiter.Hold, len(reserve))
+	outs := make([]Outcome, len(b.reserve))
+	taken := make([]*limiter.Hold, len(b.reserve))
+	var d Decision
 	var wg sync.WaitGroup
-	for i, c := range reserve {
+	wg.Go(func() { d = e.run(ctx, b.plain) })
+	for i, c := range b.reserve {
 		wg.Go(func() {
 			lim := limitOf(c.rule)
 			lo, hi := bounds(c.rule, need)
@@ -223,12 +233,13 @@ func (e *Engine) reserve(ctx context.Context, plain, reserve []call, need Need) 
 		})
 	}
 	wg.Wait()
+	hs := &Holds{r: rv, holds: make([]held, 0, len(b.reserve)), observe: e.ObserveSettle}
 	for i := range outs {
 		if taken[i] != nil {
-			hs.holds = append(hs.holds, held{rule: reserve[i].rule, hold: taken[i]})
+			hs.holds = append(hs.holds, held{rule: b.reserve[i].rule, key: b.reserve[i].key, hold: taken[i]})
 		}
 	}
-	d = merge(d, outs)
+	d = merge(d, b.held, outs)
 	if !d.Allowed {
 		_, _ = hs.Settle(ctx, 0, true, false)
 		return d, nil, nil
@@ -247,9 +258,21 @@ func (h *Holds) Deadline() time.Time {
 	return t
 }
 
-// merge adds the outcomes of reserved rules to d and finds the refusal again.
-func merge(d Decision, outs []Outcome) Decision {
-	d.Outcomes = append(d.Outcomes, outs...)
+// merge puts the outcomes of held rules among d's in the rules' order, and finds the
+// refusal again.
+func merge(d Decision, held []bool, outs []Outcome) Decision {
+	all := make([]Outcome, 0, len(d.Outcomes)+len(outs))
+	p, r := 0, 0
+	for _, h := range held {
+		if h {
+			all = append(all, outs[r])
+			r++
+		} else {
+			all = append(all, d.Outcomes[p])
+			p++
+		}
+	}
+	d.Outcomes, d.Allowed, d.Refused = all, true, nil
 	for i := range d.Outcomes {
 		o := &d.Outcomes[i]
 		if !o.Refuses() {
@@ -261,4 +284,59 @@ func merge(d Decision, outs []Outcome) Decision {
 		}
 	}
 	return d
+}
+
+// Keyed is one rule's hold of a request and the limiter key it holds under.
+type Keyed struct {
+	Key   string
+	Holds *Holds
+}
+
+// Split returns one Holds per rule that held, each settled on its own: for a face whose
+// settles name one rule at a time (Envoy's stream-done descriptors). h must not be settled
+// as well.
+func (h *Holds) Split() []Keyed {
+	if h == nil {
+		return nil
+	}
+	out := make([]Keyed, len(h.holds))
+	for i, x := range h.holds {
+		out[i] = Keyed{Key: x.key, Holds: &Holds{r: h.r, holds: []held{x}, observe: h.observe}}
+	}
+	return out
+}
+
+// Charger counts units a request used on a key without a hold for them: past the limit when
+// they do not fit (debt). *limiter.Limiter is one.
+type Charger interface {
+	Charge(ctx context.Context, key string, limit limiter.Limit, units int64) (limiter.Settled, error)
+}
+
+// HitKey is the limiter key of a hit's rule and key parts; ok is false when the set has no
+// such rule. It is the key Split names a hold of the hit by.
+func HitKey(set *ruleset.Set, h Hit) (key string, r *ruleset.Rule, ok bool) {
+	r = set.Find(h.Policy, h.Rule)
+	if r == nil {
+		return "", nil, false
+	}
+	return limiter.Key(set.Namespace, r.Policy.Name, r.StateName, h.Key...), r, true
+}
+
+// Charge counts units used on the key of hit, whose hold (if it had one) is not at hand: a
+// settle that reached another sidecar than its reserve, or came after its hold was forgotten.
+// The hold, if any, goes back by itself at its deadline; until then both count.
+func (e *Engine) Charge(ctx context.Context, set *ruleset.Set, hit Hit, units int64) (limiter.Settled, error) {
+	ch, ok := e.Limiter.(Charger)
+	if !ok {
+		return limiter.Settled{}, ErrNoReserver
+	}
+	key, r, ok := HitKey(set, hit)
+	if !ok {
+		return limiter.Settled{}, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, hit.Policy, hit.Rule)
+	}
+	s, err := ch.Charge(ctx, key, limitOf(r), units)
+	if e.ObserveSettle != nil {
+		e.ObserveSettle(r, s, err)
+	}
+	return s, err
 }
