@@ -174,7 +174,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var grpcSrv *grpc.Server
 	if cfg.GRPCListen != "" {
 		var hs *health.Server
-		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store}, rls.ServerOptions{
+		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store, Holds: &decide.Registry{}}, rls.ServerOptions{
 			IdleTimeout: cfg.IdleTimeout, HandshakeTimeout: cfg.ReadHeaderTimeout,
 			Exposed: !onLoopback(cfg.GRPCListen),
 		})

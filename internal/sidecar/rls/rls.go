@@ -22,6 +22,15 @@
 // ever admit is refused, never wrapped. Descriptors with is_negative_hits are answered without
 // counting.
 //
+// A rule whose cost comes from the response (a token budget) follows Envoy's
+// apply_on_stream_done: the descriptor sent when the request starts, without hits_addend (or
+// with 0), holds the rule's defaultHold (the service never sees the body to size it); the same
+// descriptor sent when the stream is done, with hits_addend the usage (Envoy's
+// RateLimit.hits_addend from the response's metadata), settles the oldest open hold of its key
+// with it. A usage that finds no hold of its key here (its request reached another replica, or
+// its hold was forgotten) is charged as it is; the hold elsewhere goes back at its deadline. See
+// budgets.go.
+//
 // The service runs on grpc-go with go-control-plane's generated types (server.go), next to
 // grpc's standard health service.
 package rls
@@ -67,6 +76,9 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	Engine *decide.Engine
 	Store  *ruleset.Store
+	// Holds keeps the holds of token budgets' descriptors until their stream is done (nil:
+	// such descriptors are decided as plain ones, one unit each).
+	Holds *decide.Registry
 }
 
 // ShouldRateLimit decides every descriptor in one batch; the request is over limit when any
@@ -86,20 +98,38 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	hits := make([]decide.Hit, 0, len(req.Descriptors))
 	at := make([]int, 0, len(req.Descriptors)) // at[i] is the descriptor of hits[i]
+	holds := false
 	for i, desc := range req.Descriptors {
 		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		hit, ok := HitFor(desc)
-		if !ok || desc.GetIsNegativeHits() || set.Find(hit.Policy, hit.Rule) == nil {
+		if !ok || desc.GetIsNegativeHits() {
+			continue
+		}
+		r := set.Find(hit.Policy, hit.Rule)
+		if r == nil {
 			continue
 		}
 		hit.Cost = Cost(req.GetHitsAddend(), desc.GetHitsAddend())
+		if r.Cost != nil && s.Holds != nil {
+			if used, done := streamDone(req, desc); done {
+				s.settle(ctx, set, resp.Statuses[i], r, hit, used)
+				continue
+			}
+			holds = true
+		}
 		hits = append(hits, hit)
 		at = append(at, i)
 	}
 	if len(hits) == 0 {
 		return resp, nil
 	}
-	d, err := s.Engine.DecideHits(ctx, set, hits, 1)
+	var d decide.Decision
+	var err error
+	if holds {
+		d, err = s.reserve(ctx, set, hits)
+	} else {
+		d, err = s.Engine.DecideHits(ctx, set, hits, 1)
+	}
 	if err != nil {
 		if errors.Is(err, decide.ErrUnknownRule) { // the set changed since Find: nothing enforces it
 			return resp, nil

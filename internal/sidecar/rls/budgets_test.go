@@ -1,0 +1,102 @@
+package rls_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/policydoc"
+	"github.com/redline-dev/redline/internal/redisconn"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/rls"
+	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
+)
+
+// budgetServer is the service with a real limiter on a real Redis, for a policy "llm" with a
+// token budget "tokens" of 1000 a minute (defaultHold 100) keyed on the descriptor's values.
+func budgetServer(t *testing.T) *rls.Server {
+	t.Helper()
+	srv, err := redistest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	lim, err := limiter.New(c, limiter.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lim.Close)
+	doc := sidecartest.DocumentRules("ns", "llm", "web", policydoc.Rule{
+		Name: "tokens", Key: []policydoc.KeyPart{{Header: "x-user"}}, Algorithm: "FixedWindow",
+		Requests: 1_000, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce",
+		Cost: &policydoc.Cost{From: policydoc.CostFromResponse, Usage: policydoc.UsageAuto, Header: "redline-cost",
+			DefaultHold: 100, MinOutput: 1, OnError: policydoc.OnErrorUsed, TimeoutMS: time.Minute.Milliseconds()},
+	})
+	return &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.StoreOf(t, doc), Holds: &decide.Registry{}}
+}
+
+// call sends one descriptor of user's budget: at the request's start (used 0: no hits_addend)
+// or when its stream is done (hits_addend = used).
+func call(t *testing.T, s *rls.Server, user string, used uint64) rlsv3.RateLimitResponse_Code {
+	t.Helper()
+	d := desc("policy", "llm", "rule", "tokens", "user", user)
+	if used > 0 {
+		d.HitsAddend = wrapperspb.UInt64(used)
+	}
+	resp, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{d}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.OverallCode
+}
+
+// Envoy's apply_on_stream_done: a request's descriptor holds the default, its stream's usage
+// settles the oldest hold of the key, and a usage without a hold here is charged as it is.
+func TestStreamDoneSettlesTheOldestHold(t *testing.T) {
+	s := budgetServer(t)
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	for i := range 10 {
+		if got := call(t, s, "a", 0); got != ok {
+			t.Fatalf("request %d of 10 holding 100 of 1000: %v", i, got)
+		}
+	}
+	if got := call(t, s, "a", 0); got != over {
+		t.Fatalf("an eleventh request while ten hold the whole budget: %v, want OVER_LIMIT", got)
+	}
+	for i := range 10 {
+		if got := call(t, s, "a", 10); got != ok {
+			t.Fatalf("stream %d done: %v; a stream that is done is never refused", i, got)
+		}
+	}
+	if n := s.Holds.Len(); n != 0 {
+		t.Fatalf("%d holds open after every stream was done", n)
+	}
+	// 100 were used: nine more holds of 100 fit, a tenth does not.
+	for i := range 9 {
+		if got := call(t, s, "a", 0); got != ok {
+			t.Fatalf("request %d after the settles: %v; the unused holds did not go back", i, got)
+		}
+	}
+	if got := call(t, s, "a", 0); got != over {
+		t.Fatalf("request past 100 used and 900 held: %v, want OVER_LIMIT", got)
+	}
+
+	// A usage reported where nothing was held (its request went to another replica) counts.
+	if got := call(t, s, "b", 950); got != ok {
+		t.Fatalf("a usage without a hold: %v", got)
+	}
+	if got := call(t, s, "b", 0); got != over {
+		t.Fatalf("a request after 950 of 1000 were charged, holding 100: %v, want OVER_LIMIT", got)
+	}
+}
