@@ -22,8 +22,11 @@ import (
 type call struct {
 	alg    Algorithm
 	window time.Duration
-	hold   int64 // ms grants wait in a state where a share was restored (ARGV[10])
-	args   []any // the whole EVALSHA command
+	hold   int64    // ms grants wait in a state where a share was restored (ARGV[10])
+	args   []any    // the whole EVALSHA command
+	dlArg  int      // the index in args of the call's deadline (deadlineArg, one more for a hold)
+	known  int      // the index in args of the share this replica knows of (0: none), set as it leaves
+	ask    *holdAsk // a Reserve's, or nil
 	res    Result
 	g      grant
 	err    error
@@ -54,24 +57,40 @@ const (
 	callAbandoned
 )
 
-func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *shares) {
+func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *shares, ask *holdAsk) {
 	c.alg, c.window = limit.Algorithm, limit.Window
 	c.state.Store(callPending)
-	c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 1, stateKey)
+	c.ask, c.dlArg, c.known = ask, deadlineArg, 0
+	if ask == nil {
+		c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 1, stateKey)
+	} else {
+		// A hold names its records' key too (see hold.go), and asks for up to want.
+		c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 2, stateKey, holdKey(stateKey))
+		c.dlArg++
+		want = ask.want
+	}
 	c.args = limit.scriptArgs(c.args, cost, want)
 	c.hold = 0
-	if sh != nil && limit.Algorithm.leases() {
-		start, cur, prev := sh.known(stateKey)
+	switch {
+	case sh != nil && limit.Algorithm.leases():
 		var hold any
 		c.hold, hold = sh.holdFor(limit)
-		c.args = append(c.args, sh.idArg, start, cur, prev, hold, limit.Peers)
+		c.known = len(c.args) + 1
+		c.args = append(c.args, sh.idArg, nil, nil, nil, hold, limit.Peers, nil)
+	case ask != nil && limit.Algorithm.leases():
+		c.args = append(c.args, "", 0, 0, 0, 0, 0, 0) // no share: the hold's ARGV stay at 13 and 14
+	case ask != nil:
+		c.args = append(c.args, want) // TokenBucket's ARGV[6]
+	}
+	if ask != nil {
+		c.args = append(c.args, ask.tag, ask.ttlMS)
 	}
 }
 
 func (c *call) reset() {
 	clear(c.args)
 	c.args = c.args[:0]
-	c.res, c.g, c.err, c.self[0], c.cmd[0], c.shard = Result{}, grant{}, nil, nil, nil, nil
+	c.res, c.g, c.err, c.self[0], c.cmd[0], c.shard, c.ask = Result{}, grant{}, nil, nil, nil, nil, nil
 }
 
 // flusher sends queued decisions to Redis. It takes whatever has queued up while the previous
@@ -196,7 +215,9 @@ func (l *Limiter) answer(c *call) {
 		c.done <- struct{}{}
 		return
 	}
-	if c.err == nil && c.g.units > 0 && l.leases != nil && c.alg.leases() {
+	// An abandoned hold is left to expire: its record in Redis gives it back at its deadline, and
+	// a return now would give its units back twice.
+	if c.err == nil && c.g.units > 0 && l.leases != nil && c.alg.leases() && c.ask == nil {
 		start, _ := c.g.window(c.window)
 		l.leases.queueReturn(leaseReturn{key: c.args[3].(string), window: c.window, windowStart: start, units: c.g.units})
 	}
@@ -216,8 +237,15 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 			deadline = d
 		}
 	}
+	local := l.opts.Now() // before the scripts run: a hold's local deadline is never late
 	for _, c := range batch {
-		c.args[deadlineArg] = deadline
+		c.args[c.dlArg] = deadline
+		if c.known > 0 {
+			// Read as late as it can be: a share lowered (a settle, a return) after a call read
+			// it, and in Redis before the call runs, would have the call restore what went back.
+			start, cur, prev, lv := l.shares.known(c.args[3].(string))
+			c.args[c.known], c.args[c.known+1], c.args[c.known+2], c.args[c.known+5] = start, cur, prev, lv
+		}
 		cmd := redis.NewIntSliceCmd(ctx, c.args...)
 		cmd.SetFirstKeyPos(3)
 		cmds = append(cmds, cmd)
@@ -236,8 +264,14 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 			}
 			continue
 		}
+		if c.ask != nil {
+			vals = c.ask.cut(c.alg, vals)
+		}
 		c.res, c.g, err = decodeReply(vals)
 		l.clock.observe(c.g.nowUS, read)
+		if err == nil && c.ask != nil && c.g.units > 0 {
+			err = c.ask.granted(c, local)
+		}
 		if err == nil || errors.Is(err, errHeld) {
 			l.recordShare(c)
 		}
@@ -280,8 +314,16 @@ func (l *Limiter) recordShare(c *call) {
 	}
 	if c.g.units > 0 {
 		start, _ := c.g.window(c.window)
-		if !l.shares.add(c.args[3].(string), c.alg, c.window, c.hold, start, c.g.units) {
+		key := c.args[3].(string)
+		switch {
+		case c.ask != nil && !l.trackHold(c.ask, key, c.window, c.g.units):
 			l.stats.unkept.Add(uint64(c.g.units))
+		case !l.shares.add(key, c.alg, c.window, c.hold, start, c.g.units):
+			l.stats.unkept.Add(uint64(c.g.units))
+			if c.ask != nil && c.ask.entry != nil {
+				l.shares.holds.remove(c.ask.entry)
+				c.ask.entry = nil
+			}
 		}
 	}
 	if c.g.restored > 0 {

@@ -28,10 +28,15 @@ func newFallback(size int) (*fallback, error) {
 }
 
 // degraded decides without Redis, by the limit's failure mode. cause says why Redis was not asked.
-func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, cause error) Result {
+// h, a Reserve's, hears how many units the failure mode holds: want when it fails open, what the
+// local window affords up to want under LocalFallback.
+func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, cause error, h *holdAsk) Result {
 	l.stats.degraded.Add(1)
 	switch limit.FailureMode {
 	case FailureModeOpen:
+		if h != nil {
+			h.degradedUnits = h.want
+		}
 		return Result{Allowed: true, Remaining: limit.Capacity(), Source: SourceFailOpen, Err: cause}
 	case FailureModeClosed:
 		return Result{
@@ -42,12 +47,26 @@ func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, c
 			Err:        cause,
 		}
 	}
-	return l.fallback.allow(key, limit, cost, limit.Replicas, now, cause)
+	if h == nil {
+		return l.fallback.allow(key, limit, cost, limit.Replicas, now, cause)
+	}
+	res, w, granted := l.fallback.take(key, limit, cost, h.want, limit.Replicas, now, cause)
+	if granted > 0 {
+		h.degradedUnits, h.local = granted, w
+	}
+	return res
 }
 
-// allow decides against the local share of the limit. Local counters live on after Redis
-// returns, so a flapping Redis does not hand out a fresh share on every outage.
+// allow decides cost units against the local share of the limit. Local counters live on after
+// Redis returns, so a flapping Redis does not hand out a fresh share on every outage.
 func (f *fallback) allow(key string, limit Limit, cost, replicas int64, now time.Time, cause error) Result {
+	r, _, _ := f.take(key, limit, cost, cost, replicas, now, cause)
+	return r
+}
+
+// take is allow granting up to want units (at least cost) when cost fits, for a hold: it returns
+// the window it counted them in, and how many.
+func (f *fallback) take(key string, limit Limit, cost, want, replicas int64, now time.Time, cause error) (Result, *localWindow, int64) {
 	replicas = max(replicas, 1)
 	limit.Peers = 0 // a hold's business, not the local window's
 	w, ok := f.cache.Get(key)
@@ -66,9 +85,11 @@ func (f *fallback) allow(key string, limit Limit, cost, replicas int64, now time
 		w = nw
 	}
 	res := Result{Source: SourceFallback, Err: cause}
-	res.Allowed, res.Remaining, res.RetryAfter, res.ResetAfter = w.allow(now, cost)
+	var granted int64
+	granted, res.Remaining, res.RetryAfter, res.ResetAfter = w.allow(now, cost, want)
+	res.Allowed = granted > 0
 	res.OverLimit = !res.Allowed
-	return res
+	return res, w, granted
 }
 
 // localWindow is an in-memory sliding window counter: the previous window's count weighted by
@@ -85,21 +106,51 @@ type localWindow struct {
 	cur, prev int64
 }
 
-func (w *localWindow) allow(now time.Time, cost int64) (allowed bool, remaining int64, retry, reset time.Duration) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+// roll moves the window to the one now is in; w.mu is held.
+func (w *localWindow) roll(now time.Time) {
 	switch elapsed := now.Sub(w.start); {
 	case w.start.IsZero() || elapsed >= 2*w.window:
 		w.start, w.cur, w.prev = now, 0, 0
 	case elapsed >= w.window:
 		w.start, w.prev, w.cur = w.start.Add(w.window), w.cur, 0
 	}
+}
+
+// adjust settles a hold the window granted: delta units more (a debt, counted now) or fewer
+// (given back to the window they were counted in, if it still weighs).
+func (w *localWindow) adjust(now time.Time, counted time.Time, delta int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.roll(now)
+	switch {
+	case delta > 0:
+		w.cur += delta
+	case counted.Equal(w.start):
+		w.cur = max(w.cur+delta, 0)
+	case counted.Equal(w.start.Add(-w.window)):
+		w.prev = max(w.prev+delta, 0)
+	}
+}
+
+// startOf returns the start of the window now is in.
+func (w *localWindow) startOf(now time.Time) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.roll(now)
+	return w.start
+}
+
+// allow grants between cost and want units when cost fits (granted 0 when it does not).
+func (w *localWindow) allow(now time.Time, cost, want int64) (granted, remaining int64, retry, reset time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.roll(now)
 	elapsed := now.Sub(w.start)
 	weight := float64(w.window-elapsed) / float64(w.window)
 	estimate := float64(w.prev)*weight + float64(w.cur)
 	reset = 2*w.window - elapsed
 	if cost > w.share {
-		return false, remainingOf(w.share, estimate), -1, reset
+		return 0, remainingOf(w.share, estimate), -1, reset
 	}
 	if estimate+float64(cost) > float64(w.share) {
 		room := float64(w.share - cost - w.cur)
@@ -113,10 +164,11 @@ func (w *localWindow) allow(now time.Time, cost int64) (allowed bool, remaining 
 				retry += time.Duration(math.Ceil(float64(w.window) * (1 - float64(w.share-cost)/float64(w.cur))))
 			}
 		}
-		return false, remainingOf(w.share, estimate), max(retry, time.Millisecond), reset
+		return 0, remainingOf(w.share, estimate), max(retry, time.Millisecond), reset
 	}
-	w.cur += cost
-	return true, remainingOf(w.share, estimate+float64(cost)), 0, reset
+	granted = max(min(want, int64(math.Floor(float64(w.share)-estimate))), cost)
+	w.cur += granted
+	return granted, remainingOf(w.share, estimate+float64(granted)), 0, reset
 }
 
 func remainingOf(share int64, estimate float64) int64 {

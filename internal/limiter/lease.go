@@ -336,8 +336,8 @@ func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 		case r := <-ls.returns:
 			args := []any{r.window.Milliseconds(), r.windowStart, r.units}
 			if ls.shares != nil {
-				start, cur, prev := ls.shares.known(r.key)
-				args = append(args, ls.shares.id, start, cur, prev)
+				start, cur, prev, lv := ls.shares.known(r.key)
+				args = append(args, ls.shares.id, start, cur, prev, lv)
 			}
 			cmds = append(cmds, scripts.EvalSha(ctx, scripts.LeaseReturn(), []string{r.key}, args...))
 			sent = append(sent, r)

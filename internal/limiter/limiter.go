@@ -64,6 +64,11 @@ type Options struct {
 	// the other replicas take to hear of the loss (the sidecar: twice its heartbeat interval).
 	// Waiting decisions go to the failure mode; limits that fail open do not wait.
 	RestoreHold time.Duration
+	// MaxHolds bounds the open holds (Reserve) whose units this replica's shares count (default
+	// 65536: about 100 bytes a hold). A hold beyond it keeps no share: a failover cannot
+	// restore its units (Stats.UnkeptShareUnits), which nothing then re-asserts after it went
+	// back either. See holdtable.go.
+	MaxHolds int
 	// OnRestore, when set, is told each time this replica's shares restored units of key (its
 	// state key: Key plus the algorithm's suffix) that Redis had lost.
 	OnRestore func(key string, units int64)
@@ -106,6 +111,9 @@ func (o Options) withDefaults() Options {
 	if o.ShareKeys <= 0 {
 		o.ShareKeys = 65536
 	}
+	if o.MaxHolds <= 0 {
+		o.MaxHolds = 65536
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -141,6 +149,8 @@ type Limiter struct {
 	calls    sync.Pool
 	shares   *shares       // nil without a ReplicaID
 	reassert chan struct{} // a re-assertion of every share is due
+	holdTag  string        // names this limiter's holds beside their sequence (see hold.go)
+	holdSeq  atomic.Uint64
 }
 
 // New returns a Limiter over client. The client stays the caller's to close.
@@ -161,9 +171,10 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		detached: make(chan struct{}, o.MaxDetached),
 		quit:     make(chan struct{}),
 		clock:    newRedisClock(),
+		holdTag:  NewReplicaID(),
 	}
 	if o.ReplicaID != "" {
-		l.shares = newShares(o.ReplicaID, o.ShareKeys, o.RestoreHold)
+		l.shares = newShares(o.ReplicaID, o.ShareKeys, o.RestoreHold, o.MaxHolds, o.Now)
 		l.reassert = make(chan struct{}, 1)
 		l.wg.Go(l.reasserter)
 	}
@@ -230,7 +241,7 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 	sk := stateKey(key, limit.Algorithm)
 	now := l.opts.Now()
 	if l.leases == nil || !limit.Algorithm.leases() {
-		res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now, m)
+		res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now, m, nil)
 		return finish(res, limit), err
 	}
 	for waited := false; ; waited = true {
@@ -240,7 +251,7 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 			return finish(r, limit), nil
 		}
 		if wait == nil {
-			res, g, answered, err := l.ask(ctx, sk, limit, cost, want, now, m)
+			res, g, answered, err := l.ask(ctx, sk, limit, cost, want, now, m, nil)
 			l.leases.settle(sk, e, limit, res, g, cost, now, l.opts.Now(), answered)
 			if answered && g.units > cost {
 				l.stats.grants.Add(1)
@@ -250,7 +261,7 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 		if waited {
 			// Another caller is asking for this key again: ask for this cost alone rather
 			// than queue behind a second round trip.
-			res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now, nil)
+			res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now, nil, nil)
 			return finish(res, limit), err
 		}
 		// Waiting for another caller's grant: the rest of the gather goes without this one.
@@ -258,7 +269,7 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 		select {
 		case <-wait:
 		case <-ctx.Done():
-			return finish(l.degraded(sk, limit, cost, now, ctx.Err()), limit), nil
+			return finish(l.degraded(sk, limit, cost, now, ctx.Err(), nil), limit), nil
 		case <-l.quit:
 			return Result{}, ErrClosed
 		}
@@ -267,8 +278,9 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 }
 
 // ask decides cost units of sk in Redis, asking a leasing script for want units, or by the
-// failure mode when Redis cannot answer. answered says Redis decided (g is then its grant).
-func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want int64, now time.Time, m *member) (Result, grant, bool, error) {
+// failure mode when Redis cannot answer. answered says Redis decided (g is then its grant). h,
+// when not nil, makes it a Reserve's: a hold of up to h.want units.
+func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want int64, now time.Time, m *member, h *holdAsk) (Result, grant, bool, error) {
 	if r, ok := l.precheck.check(sk, limit, cost, now); ok {
 		l.stats.precheck.Add(1)
 		return r, grant{}, false, nil
@@ -277,24 +289,24 @@ func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want in
 	// the failure mode, not every key.
 	sh := l.breakers.of(ctx, sk)
 	if sh.cb.State() == gobreaker.StateOpen {
-		return l.degraded(sk, limit, cost, now, ErrCircuitOpen), grant{}, false, nil
+		return l.degraded(sk, limit, cost, now, ErrCircuitOpen, h), grant{}, false, nil
 	}
 
 	c := l.calls.Get().(*call)
-	c.prepare(sk, limit, cost, want, l.shares)
+	c.prepare(sk, limit, cost, want, l.shares, h)
 	c.shard = sh
 	if m != nil && !m.arrived && ctx.Err() != nil {
 		// Given up before its batch left: decided here, never sent (as a queued call is).
 		c.reset()
 		l.calls.Put(c)
 		m.pass(l)
-		return l.degraded(sk, limit, cost, now, ctx.Err()), grant{}, false, nil
+		return l.degraded(sk, limit, cost, now, ctx.Err(), h), grant{}, false, nil
 	}
 	switch {
 	case m.join(l, c):
 		// In the gather's batch: whoever arrives last sends it.
 	case l.tryInline(c):
-		return l.settle(c, sk, limit, cost, now)
+		return l.finishCall(c, sk, limit, cost, now, h)
 	default:
 		select {
 		case l.queue <- c:
@@ -303,7 +315,7 @@ func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want in
 		case <-ctx.Done():
 			c.reset()
 			l.calls.Put(c)
-			return l.degraded(sk, limit, cost, now, ctx.Err()), grant{}, false, nil
+			return l.degraded(sk, limit, cost, now, ctx.Err(), h), grant{}, false, nil
 		}
 	}
 	select {
@@ -312,7 +324,7 @@ func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want in
 		// The flusher still owns c. Once c is abandoned, the flusher gives back whatever Redis
 		// grants it (see answer); if the flusher answered first, its answer stands.
 		if c.state.CompareAndSwap(callPending, callAbandoned) {
-			return l.degraded(sk, limit, cost, now, ctx.Err()), grant{}, false, nil
+			return l.degraded(sk, limit, cost, now, ctx.Err(), h), grant{}, false, nil
 		}
 		<-c.done
 	case <-l.quit:
@@ -320,11 +332,11 @@ func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want in
 		// nobody else will answer it.
 		l.wg.Wait()
 		if c.state.CompareAndSwap(callPending, callAbandoned) {
-			return l.degraded(sk, limit, cost, now, ErrClosed), grant{}, false, nil
+			return l.degraded(sk, limit, cost, now, ErrClosed, h), grant{}, false, nil
 		}
 		<-c.done
 	}
-	return l.settle(c, sk, limit, cost, now)
+	return l.finishCall(c, sk, limit, cost, now, h)
 }
 
 // tryInline decides c on the caller's goroutine when nothing is queued and a pipeline slot is
@@ -345,13 +357,13 @@ func (l *Limiter) tryInline(c *call) bool {
 	return true
 }
 
-// settle turns a finished call into its Result and grant and recycles it.
-func (l *Limiter) settle(c *call, sk string, limit Limit, cost int64, now time.Time) (Result, grant, bool, error) {
+// finishCall turns a finished call into its Result and grant and recycles it.
+func (l *Limiter) finishCall(c *call, sk string, limit Limit, cost int64, now time.Time, h *holdAsk) (Result, grant, bool, error) {
 	res, g, err := c.res, c.g, c.err
 	c.reset()
 	l.calls.Put(c)
 	if err != nil {
-		return l.degraded(sk, limit, cost, now, err), grant{}, false, nil
+		return l.degraded(sk, limit, cost, now, err, h), grant{}, false, nil
 	}
 	l.stats.redis.Add(1)
 	if res.OverLimit && res.RetryAfter > 0 {
@@ -409,6 +421,16 @@ type Stats struct {
 	// UnkeptShareUnits counts units granted to keys beyond ShareKeys: those keep no share, and
 	// Redis losing them could not be repaired.
 	UnkeptShareUnits uint64
+	// HoldsReserved counts holds Reserve granted (degraded ones included) and HoldsSettled those
+	// Settle ended; HoldsExpired counts settles that found their hold gone back by itself, and
+	// HoldsLapsed holds whose deadline passed unsettled in this replica's table (see
+	// holdtable.go); HoldsOpen is that table's size now, and HoldsUntracked counts holds beyond
+	// it (MaxHolds), which keep no share.
+	HoldsReserved, HoldsSettled, HoldsExpired, HoldsLapsed, HoldsUntracked uint64
+	HoldsOpen                                                              int
+	// HoldReturnedUnits counts units settles gave back, and DebtUnits units they charged past
+	// their holds (a request that used more than it held, or settled after its hold expired).
+	HoldReturnedUnits, DebtUnits uint64
 	// BreakerOpen says the circuit breaker of some shard is open now.
 	BreakerOpen bool
 	// Shards are the circuit breakers, one per shard (see ShardState), by name.
@@ -416,8 +438,9 @@ type Stats struct {
 }
 
 type counters struct {
-	redis, precheck, degraded, pipelines, scriptLoads, leased, grants, stale atomic.Uint64
-	restorations, restoredUnits, reassertions, reassertErrors, unkept, held  atomic.Uint64
+	redis, precheck, degraded, pipelines, scriptLoads, leased, grants, stale  atomic.Uint64
+	restorations, restoredUnits, reassertions, reassertErrors, unkept, held   atomic.Uint64
+	holdsReserved, holdsSettled, holdsExpired, holdsUntracked, returned, debt atomic.Uint64
 }
 
 func (l *Limiter) leaseKeys() int {
@@ -430,7 +453,14 @@ func (l *Limiter) leaseKeys() int {
 // Stats returns the limiter's counters.
 func (l *Limiter) Stats() Stats {
 	shards := l.breakers.states()
+	var lapsed uint64
+	var open int
+	if l.shares != nil {
+		lapsed, open = l.shares.holds.lapsed.Load(), l.shares.holds.len()
+	}
 	return Stats{
+		HoldsLapsed:       lapsed,
+		HoldsOpen:         open,
 		RedisDecisions:    l.stats.redis.Load(),
 		PrecheckRefusals:  l.stats.precheck.Load(),
 		LeaseDecisions:    l.stats.leased.Load(),
@@ -447,6 +477,12 @@ func (l *Limiter) Stats() Stats {
 		ReassertErrors:    l.stats.reassertErrors.Load(),
 		UnkeptShareUnits:  l.stats.unkept.Load(),
 		HeldCalls:         l.stats.held.Load(),
+		HoldsReserved:     l.stats.holdsReserved.Load(),
+		HoldsSettled:      l.stats.holdsSettled.Load(),
+		HoldsExpired:      l.stats.holdsExpired.Load(),
+		HoldsUntracked:    l.stats.holdsUntracked.Load(),
+		HoldReturnedUnits: l.stats.returned.Load(),
+		DebtUnits:         l.stats.debt.Load(),
 		BreakerOpen:       slices.ContainsFunc(shards, func(s ShardState) bool { return s.Open }),
 		Shards:            shards,
 	}

@@ -38,6 +38,14 @@ type shares struct {
 	n                      atomic.Int64
 	seed                   maphash.Seed
 	shards                 [shareShards]shareShard
+	// holds are the open holds the shares count, lowered at their deadlines (see holdtable.go);
+	// now is the local clock they are due by.
+	holds *holdTable
+	now   func() time.Time
+	// lowerings counts the lowerings of any share that Redis is told of (a settle giving units
+	// back), each made under its key's lock, so that a call's stamp (known) orders it against
+	// them (see shares_open.lua).
+	lowerings atomic.Int64
 }
 
 const shareShards = 32
@@ -64,8 +72,9 @@ func NewReplicaID() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-func newShares(id string, size int, hold time.Duration) *shares {
-	s := &shares{id: id, size: int64(size), hold: hold, seed: maphash.MakeSeed(), idArg: id, holdArg: hold.Milliseconds(), noHold: int64(0)}
+func newShares(id string, size int, hold time.Duration, maxHolds int, now func() time.Time) *shares {
+	s := &shares{id: id, size: int64(size), hold: hold, seed: maphash.MakeSeed(), idArg: id, holdArg: hold.Milliseconds(), noHold: int64(0),
+		holds: newHoldTable(maxHolds), now: now}
 	for i := range s.shards {
 		s.shards[i].m = map[string]*share{}
 	}
@@ -77,15 +86,36 @@ func (s *shares) shard(key string) *shareShard {
 }
 
 // known returns what this replica knows it was granted of key: units in the window starting at
-// start (ms), and in the one before.
-func (s *shares) known(key string) (start, cur, prev int64) {
+// start (ms), and in the one before, and the stamp lv of that knowledge: the lowerings so far,
+// 0 in a replica that never lowered a share, whose calls then cost Redis nothing more (see
+// shares_open.lua).
+func (s *shares) known(key string) (start, cur, prev, lv int64) {
+	s.lapse()
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	lv = s.lowerings.Load()
 	if e, ok := sh.m[key]; ok {
-		return e.start, e.cur, e.prev
+		return e.start, e.cur, e.prev, lv
 	}
-	return 0, 0, 0
+	return 0, 0, 0, lv
+}
+
+// lower takes units from key's share in the window starting at start, for a lowering Redis
+// will be told of with the stamp it returns (see shares_open.lua).
+func (s *shares) lower(key string, window time.Duration, start, units int64) int64 {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	lv := s.lowerings.Add(1)
+	if e, ok := sh.m[key]; ok {
+		if e.window == window && e.start == start {
+			e.cur = max(e.cur-units, 0)
+		} else if e.window == window && e.start == start+window.Milliseconds() {
+			e.prev = max(e.prev-units, 0)
+		}
+	}
+	return lv
 }
 
 // add records units (negative: given back) granted to key in the window starting at start. It
@@ -162,20 +192,31 @@ type liveShare struct {
 	window    time.Duration
 	start     int64
 	cur, prev int64
+	lv        int64
 }
 
 // live lists every key with a share in a window not ended by nowMS.
 func (s *shares) live(nowMS int64) []liveShare {
+	s.lapse()
 	var out []liveShare
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			if e.start+2*e.window.Milliseconds() > nowMS && (e.cur > 0 || e.prev > 0) {
-				out = append(out, liveShare{key: k, alg: e.alg, hold: e.hold, window: e.window, start: e.start, cur: e.cur, prev: e.prev})
+				out = append(out, liveShare{key: k, alg: e.alg, hold: e.hold, window: e.window, start: e.start, cur: e.cur, prev: e.prev, lv: s.lowerings.Load()})
 			}
 		}
 		sh.mu.Unlock()
 	}
 	return out
+}
+
+// lapse stops counting in the shares the holds whose deadline has passed: Redis gives them back
+// by then (see holdtable.go). Every read of the shares for Redis lapses first, so that none
+// carries a hold that Redis no longer counts.
+func (s *shares) lapse() {
+	for _, e := range s.holds.due(s.now()) {
+		s.add(e.key, "", e.window, 0, e.start, -e.units)
+	}
 }

@@ -3,6 +3,7 @@ package redisacl_test
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,10 @@ type lab struct {
 	// first call finds it of an ended window; log a sliding window log; tat a token
 	// bucket's key holding a 64 MiB string.
 	group, cfg, state, doomed, log, tat string
+	// holds are the hold records of state, stuffed: half past their deadline (each reserve or
+	// settle sweeps 16), half open; tatHolds those of heldTat, a TokenBucket key of its own (a
+	// settle writes its TAT anew, and tat stays stuffed for the others).
+	holds, heldTat, tatHolds string
 	// start is the current hour's window start (ms on Redis's clock).
 	start int64
 }
@@ -71,6 +76,8 @@ func startLab(t testing.TB) *lab {
 	l.doomed = limiter.Key(attackerNS, "p", "r", "doomed")
 	l.log = limiter.Key(attackerNS, "p", "r", "log")
 	l.tat = limiter.Key(attackerNS, "p", "r", "tat")
+	l.heldTat = limiter.Key(attackerNS, "p", "r", "heldtat")
+	l.holds, l.tatHolds = l.state+":h", l.heldTat+":h"
 	now, err := l.admin.Time(ctx).Result()
 	if err != nil {
 		t.Fatalf("reading redis time: %v", err)
@@ -86,6 +93,8 @@ func startLab(t testing.TB) *lab {
 	l.stuff(t, stuffed/2, "hset", l.state, "r%07d", 1, 2, 0)
 	l.stuff(t, stuffed/4, "hset", l.doomed, "r%07d", 1, 2, 0)
 	l.stuff(t, stuffed/2, "zadd", l.log, "%017d", ms-2*hour, ms-1000, stuffed/4) // half out of the window, half in it
+	l.stuff(t, stuffed/10, "zadd", l.holds, "%d:999999999999:r1:x", ms-hour, ms+hour, stuffed/20)
+	l.stuff(t, stuffed/10, "zadd", l.tatHolds, "0:%d:r1:x", ms-hour, ms+hour, stuffed/20)
 	for _, err := range []error{
 		l.admin.HSet(ctx, l.state, "s", l.start, "c", 0, "p", 0).Err(),
 		l.admin.HSet(ctx, l.doomed, "s", l.start-10*hour, "c", 5, "p", 5).Err(),
@@ -95,7 +104,7 @@ func startLab(t testing.TB) *lab {
 			t.Fatalf("stuffing: %v", err)
 		}
 	}
-	t.Logf("stuffed %d members or fields in the keys of %s in %v", stuffed+stuffed/10+stuffed/2+stuffed/4+stuffed/2, attackerNS, time.Since(began).Round(time.Millisecond))
+	t.Logf("stuffed %d members or fields in the keys of %s in %v", stuffed+stuffed/10+stuffed/2+stuffed/4+stuffed/2+stuffed/5, attackerNS, time.Since(began).Round(time.Millisecond))
 	return l
 }
 
@@ -185,6 +194,49 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 		for _, win := range []any{"nan", "inf", "-inf", "1e300", 0, -5, 1.5, "x"} {
 			add(w, doomed, 100, win, 1, 0, 1, "r1", 0, 0, 0, 0, 0)
 		}
+	}
+	// Holds: reserves (the algorithms' scripts with a hold's ARGV) and settles over the
+	// stuffed records, with hostile arguments in every position the hold's part parses.
+	for _, w := range []string{"FixedWindow", "SlidingWindowCounter"} {
+		held := []string{l.state, l.holds}
+		add(w, held, 100, hour, 1, 0, 50, "r1", l.start, 0, 0, 0, 0, 1, "r1:a", 60000)
+		add(w, held, 100, hour, 1, 0, "1e300", "r1", l.start, 0, 0, 0, 0, "1e300", strings.Repeat("t", 101), "1e300")
+		add(w, held, "nan", hour, "nan", 0, "nan", "r1", "nan", "nan", "nan", 0, 0, "nan", "r1:b", "nan")
+		add(w, held, 100, hour, -1, 0, -1, "", 0, 0, 0, 0, 0, -1, "r1:c", -1)
+		add(w, held, 100, hour, 1, 0, 1, "r1", 0, 0, 0, 0, 0, 0, "r1:d", "inf")
+		add(w, []string{l.state}, 100, hour, 1, 0, 1, "r1", 0, 0, 0, 0, 0, 0, "r1:e", 1000) // no KEYS[2]
+	}
+	rec := fmt.Sprintf("%d:5:r1:a", l.start)
+	for _, a := range [][]any{
+		{100, hour, rec, 3, l.start + hour, 1, "r1", l.start, 5, 0, 1},
+		{100, hour, rec, "1e300", "1e300", 0, "r1", l.start, "1e300", "1e300", "1e300"},
+		{100, hour, fmt.Sprintf("%d:1e300:r1:a", l.start), 1, 0, 1, "r1", 0, 0, 0, 0},
+		{100, hour, fmt.Sprintf("%d:999999999999999999:r1:a", l.start), 1, 0, 1, "r1", 0, 0, 0, 0},
+		{"nan", "nan", rec, "nan", "nan", "nan", "nan", "nan", "nan", "nan", "nan"},
+		{"inf", "-inf", rec, "inf", "-inf", 1, "r1", 0, 0, 0, "-inf"},
+		{-1, -1, rec, -1, -1, 1, "", -1, -1, -1, -1},
+		{100, hour, strings.Repeat("9", 200), 1, 0, 1, "r1", 0, 0, 0, 0},
+		{100, hour, "x", 1, 0},
+		{},
+	} {
+		add("HoldSettle", []string{l.state, l.holds}, a...)
+	}
+	add("HoldSettle", []string{l.state}, 100, hour, rec, 1, 0, 1, "r1", 0, 0, 0, 0)
+	tatHeld := []string{l.heldTat, l.tatHolds}
+	add("TokenBucket", tatHeld, 100, 1000, 1, 0, 100, 50, "r1:a", 500)
+	add("TokenBucket", tatHeld, 100, 1000, 1, 0, 100, "1e300", strings.Repeat("t", 101), "1e300")
+	add("TokenBucket", tatHeld, "nan", "nan", "nan", 0, "nan", "nan", "r1:b", "nan")
+	add("TokenBucket", tatHeld, 0, 0, 0, 0, 0, 0, "r1:c", 0)
+	for _, a := range [][]any{
+		{100, 1000, 100, "0:5:r1:a", 3, 0},
+		{100, 1000, 100, "0:5:r1:a", "1e300", "1e300"},
+		{"nan", "nan", "nan", "0:5:r1:a", "nan", "nan"},
+		{"inf", "-inf", "inf", "0:1e300:r1:a", "inf", "-inf"},
+		{0, 0, 0, "0:0:r1:a", -1, -1},
+		{100, 1000, 100, strings.Repeat("0", 200), 1, 0},
+		{},
+	} {
+		add("HoldSettleTokenBucket", tatHeld, a...)
 	}
 	add("LeaseReturn", []string{l.state}, hour, l.start, "1e300", "r1", l.start, "1e300", 0)
 	add("LeaseReturn", []string{l.state}, hour, l.start, "nan", "r1", "nan", "nan", "nan")

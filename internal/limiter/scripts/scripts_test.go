@@ -143,7 +143,7 @@ func TestLoadAndMissing(t *testing.T) {
 // include line reaches Redis.
 func TestScriptsIncludeTheirFragments(t *testing.T) {
 	g := NewWithT(t)
-	window := []scripts.Script{scripts.LeaseReturn()}
+	window := []scripts.Script{scripts.LeaseReturn(), scripts.HoldSettle()}
 	for _, name := range []string{"FixedWindow", "SlidingWindowCounter"} {
 		s, ok := scripts.For(name)
 		g.Expect(ok).To(BeTrue(), name)
@@ -152,7 +152,7 @@ func TestScriptsIncludeTheirFragments(t *testing.T) {
 	for _, s := range window {
 		g.Expect(s.Source).NotTo(ContainSubstring("--!include"), s.Name)
 		g.Expect(strings.Count(s.Source, "local TAGS = 4096")).To(Equal(1), "%s opens the shares once", s.Name)
-		g.Expect(strings.Count(s.Source, "if add ~= 0 or restored ~= 0 or hold_changed then")).To(Equal(1), "%s closes them once", s.Name)
+		g.Expect(strings.Count(s.Source, "if add ~= 0 or restored ~= 0 or hold_changed or carry ~= 0 then")).To(Equal(1), "%s closes them once", s.Name)
 	}
 	for _, name := range []string{"SlidingWindowLog", "TokenBucket"} {
 		s, _ := scripts.For(name)

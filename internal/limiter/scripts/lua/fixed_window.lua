@@ -8,7 +8,8 @@
 -- replica's known share of, ARGV[9] its known share of the window before, ARGV[10] how long
 -- (ms) grants in the state wait once a share had to be restored in it (0: they do not),
 -- ARGV[11] the most replicas of the limit the caller saw live lately (0: unknown), once that
--- many re-asserted their shares in a hold it ends.
+-- many re-asserted their shares in a hold it ends, ARGV[12] the replica's count of lowerings
+-- of this key's share when it read it (0: none; see shares_open.lua).
 -- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted, restored};
 -- retry_after_ms is -1 when the cost can never fit in the limit, -2 when the call ran after
 -- its deadline, in which case nothing was counted, and -3 while grants wait for the replicas to
@@ -25,6 +26,15 @@
 -- counted at once, so every unit a replica later admits from its lease was counted here first
 -- and the window can never admit more than its limit. The lease ends with this window.
 --
+-- A hold (see internal/limiter/hold.go): ARGV[13] its tag (<replica id>:<seq>), ARGV[14] how
+-- long it may stay open (ms), KEYS[2] the state's hold records (see hold_sweep.lua, included
+-- below). A grant then records itself there, deadline min(now + ttl, the window's end), and the
+-- reply carries that deadline (ms) as an eighth integer; expired holds are swept first. A plain
+-- decision passes neither and pays for none of it.
+--
+-- Debt: a settle that used more than its hold counts the excess past the limit; the next window
+-- starts with what c held beyond the limit (carry), so the excess is repaid, not forgotten.
+--
 -- The deadline: a call that reaches Redis after the caller stopped waiting for it (Redis paused,
 -- a slow network) would count units nobody admits; it counts nothing instead.
 local key = KEYS[1]
@@ -33,11 +43,16 @@ local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local want = math.max(tonumber(ARGV[5]) or cost, cost)
+local htag, httl, hk = ARGV[13], tonumber(ARGV[14]), KEYS[2]
 -- The window is checked before anything is written: it sizes the key's TTL, and NaN, inf, 0 or
 -- a negative one (any ARGV a tenant's user sends, see package redisacl) would have PEXPIRE fail
 -- after the writes, leaving a key without a TTL, or delete the key at once, on Redis's thread.
 if not window or window < 1 or window > 1e15 or window ~= math.floor(window) then
   return redis.error_reply('ERR fixed window: window must be a whole number of ms from 1 to 1e15')
+end
+if htag and (not hk or #htag > 100 or not httl or not (httl >= 1 and httl <= 1e15) or httl ~= math.floor(httl)
+    or not (cost >= 1 and cost <= 1e15) or cost ~= math.floor(cost) or not (want <= 1e15) or want ~= math.floor(want)) then
+  return redis.error_reply('ERR fixed window: a hold needs KEYS[2], a tag of 100 bytes at most, and whole ttl, cost and want from 1 to 1e15')
 end
 
 local t = redis.call('TIME')
@@ -53,23 +68,41 @@ end
 
 local id, ms, m1, m2 = ARGV[6] or '', tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0
 local hold_ms, peers_seen = tonumber(ARGV[10]) or 0, tonumber(ARGV[11]) or 0
+local lv = tonumber(ARGV[12]) or 0
+if htag then
+--!include hold_sweep.lua
+end
 --!include shares_open.lua
+if kind == 2 and prev > limit then
+  -- A debt: the new window starts with what the last one counted past the limit.
+  carry = prev - limit
+  cur = cur + carry
+end
 
 local add = 0
 if not held and cost > 0 and cost <= limit and cur + cost <= limit then
   add = math.min(want, limit - cur)
 end
 --!include shares_close.lua
+local r
 if held and cost <= limit then
-  return {0, math.max(limit - cur, 0), -3, reset, now_us, 0, restored}
+  r = {0, math.max(limit - cur, 0), -3, reset, now_us, 0, restored}
+elseif cost == 0 then
+  r = {1, math.max(limit - cur, 0), 0, reset, now_us, 0, restored}
+elseif cost > limit then
+  r = {0, math.max(limit - cur, 0), -1, reset, now_us, 0, restored}
+elseif add == 0 then
+  r = {0, math.max(limit - cur, 0), reset, reset, now_us, 0, restored}
+else
+  r = {1, limit - cur - add, 0, reset, now_us, add, restored}
 end
-if cost == 0 then
-  return {1, math.max(limit - cur, 0), 0, reset, now_us, 0, restored}
+if htag then
+  local hdl = 0
+  if add > 0 then
+    hdl = math.min(now + httl, start + window)
+    redis.call('ZADD', hk, hdl, string.format('%d:%d:%s', start, add, htag))
+    redis.call('PEXPIRE', hk, 2 * window - elapsed)
+  end
+  r[8] = hdl
 end
-if cost > limit then
-  return {0, math.max(limit - cur, 0), -1, reset, now_us, 0, restored}
-end
-if add == 0 then
-  return {0, math.max(limit - cur, 0), reset, reset, now_us, 0, restored}
-end
-return {1, limit - cur - add, 0, reset, now_us, add, restored}
+return r

@@ -4,7 +4,7 @@
 -- ARGV[1] window (ms), ARGV[2] the window's start (ms on Redis's clock, as the grant said),
 -- ARGV[3] units, ARGV[4] the replica's id ('' keeps no share), ARGV[5] the start of the window
 -- ARGV[6] is the replica's known share of (units returned included), ARGV[7] its share of the
--- window before.
+-- window before, ARGV[8] its count of lowerings when it read them (see shares_open.lua).
 -- Returns {returned, restored}: returned is 0 when that window has ended (its units ended with
 -- it). A replica gives back only what this Redis holds of its share, once restored: units leased
 -- from a master that is gone, and never counted here, are never taken off a count here.
@@ -23,6 +23,7 @@ if redis.call('TYPE', key)['ok'] ~= 'hash' then
   return {0, 0}
 end
 local ms, m1, m2 = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
+local lv = tonumber(ARGV[8]) or 0
 local hold_ms, peers_seen, cost = 0, 0, 0 -- a return starts no hold, and only counts in one
 --!include shares_open.lua
 if kind ~= 1 then

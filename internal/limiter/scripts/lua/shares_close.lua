@@ -5,7 +5,7 @@
 -- The hash lives until the end of the next window; a new window drops the fields of replicas
 -- that wrote none in the last two once there are more than 35, so a hot key outliving its
 -- replicas does not keep every id it ever saw.
-if add ~= 0 or restored ~= 0 or hold_changed then
+if add ~= 0 or restored ~= 0 or hold_changed or carry ~= 0 then
   local sv = start
   if hold > now then
     sv = string.format('%d:%d:%d:%d:%d', start, hold, since, marks, peers)
@@ -34,9 +34,9 @@ if add ~= 0 or restored ~= 0 or hold_changed then
       redis.call('UNLINK', key)
     end
     if id ~= '' then
-      redis.call('HSET', key, 's', sv, 'c', dcur + add, 'p', prev, id, (mine + add) * TAGS + q)
+      redis.call('HSET', key, 's', sv, 'c', dcur + add + carry, 'p', prev, id, (mine + add) * TAGS + q)
     else
-      redis.call('HSET', key, 's', sv, 'c', add, 'p', prev)
+      redis.call('HSET', key, 's', sv, 'c', add + carry, 'p', prev)
     end
     redis.call('PEXPIRE', key, 2 * window - (now - start))
     -- At most 128 fields are scanned (a listpack's worth): the state is the tenant's own key,

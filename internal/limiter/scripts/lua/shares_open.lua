@@ -21,8 +21,16 @@
 -- older one: then the field says what of its k-1 share reached this Redis. Once the replica
 -- writes in window k here, its field names k and p is its concern no longer.
 --
+-- Lowerings: a settle that gives units back lowers the replica's share here and in the replica;
+-- a call of the same replica that read its share before that, and runs after it, would find
+-- this Redis short of what it knows and restore what went back. So a replica that lowered a
+-- key's share stamps each call with lv, its count of lowerings when it read the share (0: it
+-- never lowered this key's share), and a lowering writes its own stamp in the field ~<id>: a
+-- call stamped before the last lowering here restores nothing (its knowledge is older than
+-- this Redis's, which is complete up to that lowering: replication is in order).
+--
 -- In: key, window, start (of the current window, ms on Redis's clock), now (ms), cost (0: the
--- call only restores and never waits), and the replica's part: id ('' keeps no share), ms (the
+-- call only restores and never waits), and the replica's part: id ('' keeps no share), lv, ms (the
 -- start of the window m1 is its known share of), m1, m2 (its known share of the window before)
 -- hold_ms (how long grants in the state wait once a share had to be restored in it, 0 for
 -- not at all) and peers_seen (the most replicas of the limit the caller saw live lately, 0 for
@@ -37,7 +45,9 @@
 -- since, marks, peers.
 local TAGS = 4096
 local h
-if id ~= '' then
+if id ~= '' and lv > 0 then
+  h = redis.call('HMGET', key, 's', 'c', 'p', id, '~' .. id)
+elseif id ~= '' then
   h = redis.call('HMGET', key, 's', 'c', 'p', id)
 else
   h = redis.call('HMGET', key, 's', 'c', 'p')
@@ -60,6 +70,9 @@ end
 local had = h[1] ~= false
 local q = (start / window) % TAGS
 local mine, dcur, dprev, current, held = 0, 0, 0, false, false
+-- carry: what a new window starts with beyond its restored share (FixedWindow's debt, set by
+-- the script after this; 0 for every other).
+local carry = 0
 if id ~= '' then
   local held_cur, held_prev = 0, 0
   local f = tonumber(h[4])
@@ -79,6 +92,9 @@ if id ~= '' then
     known_cur, known_prev = m1, m2
   elseif ms == start - window then
     known_prev = m1
+  end
+  if lv > 0 and (tonumber(h[5]) or 0) > lv then
+    known_cur, known_prev = 0, 0 -- read before a lowering this Redis already has
   end
   if known_cur > held_cur then
     dcur = known_cur - held_cur

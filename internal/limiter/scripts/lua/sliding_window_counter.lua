@@ -9,7 +9,8 @@
 -- replica's known share of, ARGV[9] its known share of the window before, ARGV[10] how long
 -- (ms) grants in the state wait once a share had to be restored in it (0: they do not),
 -- ARGV[11] the most replicas of the limit the caller saw live lately (0: unknown), once that
--- many re-asserted their shares in a hold it ends.
+-- many re-asserted their shares in a hold it ends, ARGV[12] the replica's count of lowerings
+-- of this key's share when it read it (0: none; see shares_open.lua).
 -- Returns {allowed, remaining, retry_after_ms, reset_after_ms, now_us, granted, restored};
 -- retry_after_ms is -1 when the cost can never fit in the limit, -2 when the call ran after
 -- its deadline, in which case nothing was counted, and -3 while grants wait for the replicas to
@@ -24,17 +25,29 @@
 -- leaves room for) and counted in the current window at once. The lease ends with the current
 -- window, so its units are admitted in the window they were counted in; admitted later, they
 -- would weigh only as that window's decaying share.
+--
+-- A hold (see internal/limiter/hold.go): ARGV[13] its tag (<replica id>:<seq>), ARGV[14] how
+-- long it may stay open (ms), KEYS[2] the state's hold records (see hold_sweep.lua, included
+-- below). A grant then records itself there, deadline min(now + ttl, the current window's end),
+-- and the reply carries that deadline (ms) as an eighth integer; expired holds are swept first.
+-- A plain decision passes neither and pays for none of it. A debt (a settle past its hold)
+-- counts past the limit in c, and the weighted previous window repays it.
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local want = math.max(tonumber(ARGV[5]) or cost, cost)
+local htag, httl, hk = ARGV[13], tonumber(ARGV[14]), KEYS[2]
 -- The window is checked before anything is written: it sizes the key's TTL, and NaN, inf, 0 or
 -- a negative one (any ARGV a tenant's user sends, see package redisacl) would have PEXPIRE fail
 -- after the writes, leaving a key without a TTL, or delete the key at once, on Redis's thread.
 if not window or window < 1 or window > 1e15 or window ~= math.floor(window) then
   return redis.error_reply('ERR sliding window counter: window must be a whole number of ms from 1 to 1e15')
+end
+if htag and (not hk or #htag > 100 or not httl or not (httl >= 1 and httl <= 1e15) or httl ~= math.floor(httl)
+    or not (cost >= 1 and cost <= 1e15) or cost ~= math.floor(cost) or not (want <= 1e15) or want ~= math.floor(want)) then
+  return redis.error_reply('ERR sliding window counter: a hold needs KEYS[2], a tag of 100 bytes at most, and whole ttl, cost and want from 1 to 1e15')
 end
 
 local t = redis.call('TIME')
@@ -49,6 +62,10 @@ end
 
 local id, ms, m1, m2 = ARGV[6] or '', tonumber(ARGV[7]) or 0, tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0
 local hold_ms, peers_seen = tonumber(ARGV[10]) or 0, tonumber(ARGV[11]) or 0
+local lv = tonumber(ARGV[12]) or 0
+if htag then
+--!include hold_sweep.lua
+end
 --!include shares_open.lua
 
 local weight = (window - elapsed) / window
@@ -67,16 +84,14 @@ if cur + add > 0 then
   reset = 2 * window - elapsed
 end
 local remaining = math.max(math.floor(limit - estimate - add), 0)
+local r
 if held and cost <= limit then
-  return {0, remaining, -3, reset, now_us, 0, restored}
-end
-if cost == 0 then
-  return {1, remaining, 0, reset, now_us, 0, restored}
-end
-if cost > limit then
-  return {0, remaining, -1, reset, now_us, 0, restored}
-end
-if add == 0 then
+  r = {0, remaining, -3, reset, now_us, 0, restored}
+elseif cost == 0 then
+  r = {1, remaining, 0, reset, now_us, 0, restored}
+elseif cost > limit then
+  r = {0, remaining, -1, reset, now_us, 0, restored}
+elseif add == 0 then
   local retry
   local room = limit - cost - cur
   if room >= 0 and prev > 0 then
@@ -90,6 +105,17 @@ if add == 0 then
     end
     retry = (window - elapsed) + math.max(need, 0)
   end
-  return {0, remaining, math.max(retry, 1), reset, now_us, 0, restored}
+  r = {0, remaining, math.max(retry, 1), reset, now_us, 0, restored}
+else
+  r = {1, remaining, 0, reset, now_us, add, restored}
 end
-return {1, remaining, 0, reset, now_us, add, restored}
+if htag then
+  local hdl = 0
+  if add > 0 then
+    hdl = math.min(now + httl, start + window)
+    redis.call('ZADD', hk, hdl, string.format('%d:%d:%s', start, add, htag))
+    redis.call('PEXPIRE', hk, 2 * window - elapsed)
+  end
+  r[8] = hdl
+end
+return r

@@ -9,12 +9,31 @@
 -- One token drips in every window/limit; the bucket holds at most burst tokens. The key expires
 -- when the bucket is full again, which is when it carries no information. Arithmetic is done
 -- relative to now: absolute microsecond timestamps are too large for exact float subtraction.
+--
+-- A hold (see internal/limiter/hold.go): ARGV[6] the most tokens wanted (at least cost; the
+-- grant is as many as the bucket holds, cost at least), ARGV[7] its tag (<replica id>:<seq>),
+-- ARGV[8] how long it may stay open (ms, at most the window), KEYS[2] the hold records (see
+-- hold_sweep_tb.lua, included below). A grant then records itself there, deadline now + ttl,
+-- and the reply carries it (ms) as a seventh integer; expired holds are swept first. A plain
+-- decision passes none of them and pays for none of it. A debt (a settle past its hold) pushes
+-- the TAT past the tolerance: refused until the bucket has refilled it.
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local burst = tonumber(ARGV[5])
+local want = math.max(tonumber(ARGV[6]) or cost, cost)
+local htag, httl, hk = ARGV[7], tonumber(ARGV[8]), KEYS[2]
+if htag then
+  -- Only a hold pays for the check (and the closure).
+  local function whole(x)
+    return x and x >= 1 and x <= 1e15 and x == math.floor(x)
+  end
+  if not (hk and #htag <= 100 and whole(httl) and whole(cost) and whole(want) and whole(limit) and whole(window) and whole(burst)) then
+    return redis.error_reply('ERR token bucket: a hold needs KEYS[2], a tag of 100 bytes at most, and whole ttl, cost, want, limit, window and burst from 1 to 1e15')
+  end
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -35,6 +54,13 @@ local stored = tonumber(redis.call('GETRANGE', key, 0, 31))
 if stored ~= nil and stored > now then
   ahead = stored - now
 end
+local now_ms, swept = math.floor(now / 1000), false
+if htag then
+  if ahead > 3 * tolerance then
+    ahead = tolerance -- not a TAT this wrote (see hold_settle_tb.lua)
+  end
+--!include hold_sweep_tb.lua
+end
 
 local function ms(us)
   return math.ceil(us / 1000 - eps)
@@ -44,15 +70,29 @@ local function tokens(a)
   return math.max(math.floor((tolerance - a) / interval + eps), 0)
 end
 
+local r, grant, new_ahead = nil, 0, ahead
 if cost > burst then
-  return {0, tokens(ahead), -1, ms(ahead), now, 0}
+  r = {0, tokens(ahead), -1, ms(ahead), now, 0}
+elseif ahead + interval * cost > tolerance + eps then
+  r = {0, tokens(ahead), math.max(ms(ahead + interval * cost - tolerance), 1), ms(ahead), now, 0}
+else
+  grant = cost
+  if want > cost then
+    grant = math.max(math.min(want, tokens(ahead)), cost)
+  end
+  new_ahead = ahead + interval * grant
+  r = {1, tokens(new_ahead), 0, math.max(ms(new_ahead), 1), now, grant}
 end
-
-local new_ahead = ahead + interval * cost
-if new_ahead > tolerance + eps then
-  return {0, tokens(ahead), math.max(ms(new_ahead - tolerance), 1), ms(ahead), now, 0}
+if grant > 0 or swept then
+  redis.call('SET', key, string.format('%.0f', now + math.ceil(new_ahead)), 'PX', math.max(ms(new_ahead), 1))
 end
-
-local reset = math.max(ms(new_ahead), 1)
-redis.call('SET', key, string.format('%.0f', now + math.ceil(new_ahead)), 'PX', reset)
-return {1, tokens(new_ahead), 0, reset, now, cost}
+if htag then
+  local hdl = 0
+  if grant > 0 then
+    hdl = now_ms + math.min(httl, window)
+    redis.call('ZADD', hk, hdl, string.format('0:%d:%s', grant, htag))
+    redis.call('PEXPIRE', hk, window)
+  end
+  r[7] = hdl
+end
+return r

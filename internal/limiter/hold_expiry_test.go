@@ -1,0 +1,150 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter"
+)
+
+// holdsKey is where Redis keeps key's hold records under lim.
+func holdsKey(key string, lim limiter.Limit) string {
+	if lim.Algorithm == limiter.TokenBucket {
+		return key + ":tb:h"
+	}
+	return key + ":swc:h"
+}
+
+// waitHoldsDue waits until Redis's clock has passed every hold record's deadline of key.
+func waitHoldsDue(t *testing.T, c redis.UniversalClient, key string, lim limiter.Limit) {
+	t.Helper()
+	recs, err := c.ZRangeWithScores(context.Background(), holdsKey(key, lim), -1, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) == 1 {
+		waitRedisMS(t, c, int64(recs[0].Score)+1)
+	}
+}
+
+// A hold nobody settles goes back by itself: another replica's reserve sweeps it after its
+// deadline, the replica that held it stops counting it in its share (so it restores nothing
+// when Redis no longer counts it), and a settle after that charges the use in full. A replica
+// closed with a hold open leaks nothing either.
+func TestHoldExpiry(t *testing.T) {
+	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
+		g := NewWithT(t)
+		c := newClient(t, shared.URL())
+		a := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		b := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		killed := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
+
+		_, h, err := a.Reserve(ctx, key, lim, 1, 30, 300*time.Millisecond)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(h.Units).To(Equal(int64(30)))
+		_, hk, err := killed.Reserve(ctx, key, lim, 1, 20, 300*time.Millisecond)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(hk.Units).To(Equal(int64(20)))
+		killed.Close()
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(50)))
+
+		waitHoldsDue(t, c, key, lim)
+		r, hb, err := b.Reserve(ctx, key, lim, 1, 1, time.Minute)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeTrue())
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(1)), "both expired holds went back")
+
+		// The replica that held it asks again: its share no longer counts the hold.
+		r, err = a.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeTrue())
+		g.Expect(a.Stats().RestoredUnits).To(BeZero())
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(2)))
+
+		s, err := a.Settle(ctx, h, 10)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s).To(Equal(limiter.Settled{Debt: 10, Expired: true}))
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(12)))
+		_, err = b.Settle(ctx, hb, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(12)))
+		st := a.Stats()
+		g.Expect(st.HoldsExpired).To(Equal(uint64(1)))
+		if alg != limiter.TokenBucket {
+			g.Expect(st.HoldsLapsed).To(Equal(uint64(1)))
+		}
+		g.Expect(a.Stats().RestoredUnits).To(BeZero())
+	})
+}
+
+// Beyond MaxHolds a hold keeps no share: nothing of it is restored after a failover, and
+// nothing re-asserts it after it went back.
+func TestHoldBeyondMaxHolds(t *testing.T) {
+	g := NewWithT(t)
+	c := newClient(t, shared.URL())
+	a := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), MaxHolds: 1})
+	b := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
+	ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(limiter.FixedWindow, 100)
+	_, h1, err := a.Reserve(ctx, key, lim, 1, 10, 200*time.Millisecond)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, h2, err := a.Reserve(ctx, key, lim, 1, 7, 200*time.Millisecond)
+	g.Expect(err).NotTo(HaveOccurred())
+	st := a.Stats()
+	g.Expect(st.HoldsOpen).To(Equal(1))
+	g.Expect(st.HoldsUntracked).To(Equal(uint64(1)))
+	g.Expect(st.UnkeptShareUnits).To(Equal(uint64(7)))
+
+	waitHoldsDue(t, c, key, lim)
+	_, _, err = b.Reserve(ctx, key, lim, 1, 1, time.Minute)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(1)))
+	_, err = a.Allow(ctx, key, lim, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(a.Stats().RestoredUnits).To(BeZero())
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(2)))
+	for _, h := range []*limiter.Hold{h1, h2} {
+		s, err := a.Settle(ctx, h, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s.Expired).To(BeTrue())
+	}
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(4)))
+}
+
+// Redis loses everything between a reserve and its settle (FLUSHALL: a failover to a replica
+// that lagged, a restart): the replica's share restores the held units, and the settle gives
+// back what was not used of them; once past its deadline, it charges what was used.
+func TestHoldFailover(t *testing.T) {
+	for _, alg := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
+		t.Run(string(alg), func(t *testing.T) {
+			g := NewWithT(t)
+			srv := startOwnRedis(t)
+			c := newClient(t, srv.URL())
+			l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+			ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
+
+			_, h, err := l.Reserve(ctx, key, lim, 1, 50, time.Minute)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(c.FlushAll(ctx).Err()).To(Succeed())
+			s, err := l.Settle(ctx, h, 20)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(s).To(Equal(limiter.Settled{Returned: 30}))
+			g.Expect(counted(t, c, key, lim)).To(Equal(int64(20)))
+			g.Expect(l.Stats().RestoredUnits).To(Equal(uint64(50)))
+
+			_, h, err = l.Reserve(ctx, key, lim, 1, 40, 200*time.Millisecond)
+			g.Expect(err).NotTo(HaveOccurred())
+			waitHoldsDue(t, c, key, lim)
+			g.Expect(c.FlushAll(ctx).Err()).To(Succeed())
+			s, err = l.Settle(ctx, h, 5)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(s).To(Equal(limiter.Settled{Debt: 5, Expired: true}))
+			// The share restored the 20 used before; the lapsed hold restored nothing.
+			g.Expect(counted(t, c, key, lim)).To(Equal(int64(25)))
+		})
+	}
+}

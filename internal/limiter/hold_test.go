@@ -1,0 +1,274 @@
+package limiter_test
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/limiter"
+)
+
+// longWindow never rolls during a test: windows are aligned to multiples of the window on
+// Redis's clock, and this one's next boundary is decades away.
+const longWindow = 50 * 365 * 24 * time.Hour
+
+func holdLimit(alg limiter.Algorithm, requests int64) limiter.Limit {
+	return limiter.Limit{Algorithm: alg, Requests: requests, Window: longWindow, FailureMode: limiter.FailureModeClosed}
+}
+
+var holdAlgorithms = []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter, limiter.TokenBucket}
+
+// counted is what Redis counts of key now: c of the window state, or the tokens a TokenBucket
+// has taken (how far its TAT runs ahead of now, in intervals: the tests' windows refill
+// nothing in their time).
+func counted(t *testing.T, c redis.UniversalClient, key string, lim limiter.Limit) int64 {
+	t.Helper()
+	ctx := context.Background()
+	if lim.Algorithm == limiter.TokenBucket {
+		tat, err := c.Get(ctx, key+":tb").Float64()
+		if err == redis.Nil {
+			return 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := float64(redisNowMS(t, c)) * 1000
+		interval := float64(lim.Window.Microseconds()) / float64(lim.Requests)
+		return int64(math.Round(max(tat-now, 0) / interval))
+	}
+	n, err := c.HGet(ctx, key+":swc", "c").Int64()
+	if err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func holdAll(t *testing.T, fn func(t *testing.T, alg limiter.Algorithm)) {
+	for _, alg := range holdAlgorithms {
+		t.Run(string(alg), func(t *testing.T) { fn(t, alg) })
+	}
+}
+
+// A hold counts at once what it reserved, between the least and the most asked for; a settle
+// gives the unused part back, once, however often it is called.
+func TestHoldReserveSettle(t *testing.T) {
+	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
+		g := NewWithT(t)
+		c := newClient(t, shared.URL())
+		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
+
+		r, h, err := l.Reserve(ctx, key, lim, 10, 60, time.Minute)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeTrue())
+		g.Expect(h.Units).To(Equal(int64(60)))
+		g.Expect(h.Degraded).To(BeFalse())
+		g.Expect(h.Deadline).To(BeTemporally("~", time.Now().Add(time.Minute), 5*time.Second))
+
+		// 40 left: the next hold gets what fits, at least its least.
+		_, h2, err := l.Reserve(ctx, key, lim, 10, 60, time.Minute)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(h2.Units).To(Equal(int64(40)))
+		r, h3, err := l.Reserve(ctx, key, lim, 1, 1, time.Minute)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(h3).To(BeNil())
+		g.Expect(r.Allowed).To(BeFalse())
+		g.Expect(r.RetryAfter).To(BeNumerically(">", 0))
+
+		s, err := l.Settle(ctx, h, 25)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s).To(Equal(limiter.Settled{Returned: 35}))
+		again, err := l.Settle(ctx, h, 0)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(again).To(Equal(s), "a second settle changes nothing")
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(65)))
+
+		s, err = l.Settle(ctx, h2, 40)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s).To(Equal(limiter.Settled{}))
+		st := l.Stats()
+		g.Expect(st.HoldsReserved).To(Equal(uint64(2)))
+		g.Expect(st.HoldsSettled).To(Equal(uint64(2)))
+		g.Expect(st.HoldReturnedUnits).To(Equal(uint64(35)))
+		g.Expect(st.HoldsOpen).To(BeZero())
+	})
+}
+
+// What Reserve refuses to try.
+func TestHoldInvalid(t *testing.T) {
+	g := NewWithT(t)
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
+	ctx, key := context.Background(), uniqueKey(t)
+	_, _, err := l.Reserve(ctx, key, holdLimit(limiter.SlidingWindowLog, 10), 1, 2, time.Second)
+	g.Expect(err).To(MatchError(limiter.ErrInvalidLimit))
+	_, _, err = l.Reserve(ctx, key, holdLimit(limiter.FixedWindow, 10), 0, 2, time.Second)
+	g.Expect(err).To(MatchError(limiter.ErrInvalidLimit))
+	_, _, err = l.Reserve(ctx, key, holdLimit(limiter.FixedWindow, 10), 3, 2, time.Second)
+	g.Expect(err).To(MatchError(limiter.ErrInvalidLimit))
+	_, _, err = l.Reserve(ctx, key, holdLimit(limiter.FixedWindow, 10), 1, 2, 0)
+	g.Expect(err).To(MatchError(limiter.ErrInvalidLimit))
+	r, h, err := l.Reserve(ctx, key, holdLimit(limiter.FixedWindow, 10), 11, 20, time.Second)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(h).To(BeNil())
+	g.Expect(r.RetryAfter).To(Equal(time.Duration(-1)))
+	_, err = l.Settle(ctx, nil, 1)
+	g.Expect(err).To(HaveOccurred())
+}
+
+// A request that used more than its hold leaves a debt: counted past the limit, so the key is
+// refused until it is repaid.
+func TestHoldDebt(t *testing.T) {
+	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
+		g := NewWithT(t)
+		c := newClient(t, shared.URL())
+		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 10)
+		_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)
+		g.Expect(err).NotTo(HaveOccurred())
+		s, err := l.Settle(ctx, h, 1000)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s).To(Equal(limiter.Settled{Debt: 10}), "used is clamped to the hold plus one capacity")
+		g.Expect(l.Stats().DebtUnits).To(Equal(uint64(10)))
+		r, err := l.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeFalse())
+		g.Expect(r.Remaining).To(BeZero())
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(20)))
+	})
+}
+
+// FixedWindow carries a debt over its roll: the next window starts with what the last counted
+// past the limit. TokenBucket repays it as it refills.
+func TestHoldDebtRepaid(t *testing.T) {
+	t.Run("FixedWindow", func(t *testing.T) {
+		g := NewWithT(t)
+		c := newClient(t, shared.URL())
+		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		ctx, key := context.Background(), uniqueKey(t)
+		lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 10, Window: 2 * time.Second, FailureMode: limiter.FailureModeClosed}
+		start := freshWindow(t, c, lim.Window)
+		_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)
+		g.Expect(err).NotTo(HaveOccurred())
+		s, err := l.Settle(ctx, h, 14)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s.Debt).To(Equal(int64(4)))
+		g.Expect(redisNowMS(t, c)).To(BeNumerically("<", start+lim.Window.Milliseconds()), "reserve and settle in one window")
+		waitRedisMS(t, c, start+lim.Window.Milliseconds())
+		r, err := l.Allow(ctx, key, lim, 7)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeFalse(), "the debt of 4 carried over: 6 left")
+		r, err = l.Allow(ctx, key, lim, 6)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeTrue())
+		g.Expect(r.Remaining).To(BeZero())
+	})
+	t.Run("TokenBucket", func(t *testing.T) {
+		g := NewWithT(t)
+		c := newClient(t, shared.URL())
+		l := newLimiter(t, c, limiter.Options{})
+		ctx, key := context.Background(), uniqueKey(t)
+		lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Window: time.Hour, FailureMode: limiter.FailureModeClosed}
+		_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)
+		g.Expect(err).NotTo(HaveOccurred())
+		_, err = l.Settle(ctx, h, 15)
+		g.Expect(err).NotTo(HaveOccurred())
+		r, err := l.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeFalse())
+		// Five tokens of debt, then one to take: six intervals of 6 minutes.
+		g.Expect(r.RetryAfter).To(BeNumerically("~", 36*time.Minute, time.Minute))
+	})
+}
+
+func redisNowMS(t *testing.T, c redis.UniversalClient) int64 {
+	t.Helper()
+	now, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now.UnixMilli()
+}
+
+// freshWindow waits for a window of w that has at least most of it left, and returns its start.
+func freshWindow(t *testing.T, c redis.UniversalClient, w time.Duration) int64 {
+	t.Helper()
+	ms := w.Milliseconds()
+	now := redisNowMS(t, c)
+	if now%ms > ms/4 {
+		waitRedisMS(t, c, now-now%ms+ms)
+		now = redisNowMS(t, c)
+	}
+	return now - now%ms
+}
+
+// waitRedisMS waits until Redis's clock has reached ms.
+func waitRedisMS(t *testing.T, c redis.UniversalClient, ms int64) {
+	t.Helper()
+	for {
+		now := redisNowMS(t, c)
+		if now >= ms {
+			return
+		}
+		time.Sleep(time.Duration(ms-now+1) * time.Millisecond)
+	}
+}
+
+// Where the rule leases and the key's lease holds enough, a hold comes from it without a call;
+// its unused units go back into the lease, and an excess to Redis as debt.
+func TestHoldFromLease(t *testing.T) {
+	g := NewWithT(t)
+	c := newClient(t, shared.URL())
+	calls := &evalCounter{}
+	c.AddHook(calls)
+	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), LeaseHorizon: time.Minute, MaxLease: 16})
+	ctx, key := context.Background(), uniqueKey(t)
+	lim := holdLimit(limiter.FixedWindow, 1_000_000)
+	lim.Replicas = 1
+	for range 2 { // a cold key asks for one unit, then for a warm lease
+		r, err := l.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeTrue())
+	}
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(17)), "one, then a lease of 16")
+	before := calls.n.Load()
+
+	r, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(r.Source).To(Equal(limiter.SourceLease))
+	g.Expect(h.Units).To(Equal(int64(10)))
+	s, err := l.Settle(ctx, h, 3)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s).To(Equal(limiter.Settled{Returned: 7}))
+	// 15 - 10 + 7 = 12 units left in the lease: twelve decisions without a call.
+	for range 12 {
+		r, err := l.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Source).To(Equal(limiter.SourceLease))
+	}
+	g.Expect(calls.n.Load()).To(Equal(before), "no Redis call")
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(17)))
+
+	// A hold larger than the lease asks Redis; one that uses more than it held leaves a debt.
+	_, h, err = l.Reserve(ctx, key, lim, 1, 100, time.Minute)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(h.Units).To(Equal(int64(100)))
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(117)))
+	g.Expect(l.Settle(ctx, h, 100)).To(Equal(limiter.Settled{}))
+	for range 3 {
+		_, err = l.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	c0 := counted(t, c, key, lim)
+	r, h, err = l.Reserve(ctx, key, lim, 1, 2, time.Minute)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(r.Source).To(Equal(limiter.SourceLease), "the lease granted after the big hold holds 13")
+	s, err = l.Settle(ctx, h, 9)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s).To(Equal(limiter.Settled{Debt: 7}))
+	g.Expect(counted(t, c, key, lim)).To(Equal(c0 + 7))
+	g.Expect(l.Stats().RestoredUnits).To(BeZero())
+}
