@@ -196,6 +196,9 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 	return res, h, nil
 }
 
+// holdRefusalRepeat is the longest a refused reserve is repeated from the pre-check.
+const holdRefusalRepeat = 250 * time.Millisecond
+
 // Settle ends h with what its request used: the unused part goes back, an excess is charged as
 // debt (the key is refused until repaid). used is clamped to [0, Units + limit.Capacity()].
 // Idempotent: a second call returns the first's answer. A settle that may have reached Redis
@@ -235,6 +238,10 @@ func (l *Limiter) Settle(ctx context.Context, h *Hold, used int64) (Settled, err
 	h.done, h.settled, h.err = true, s, err
 	if err == nil {
 		l.countSettle(s)
+		if s.Returned > 0 {
+			// What was refused may fit now: ask Redis again rather than repeat the refusal.
+			l.precheck.forget(h.key)
+		}
 	}
 	return s, err
 }

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -373,6 +374,11 @@ func (l *Limiter) finishCall(c *call, sk string, limit Limit, cost int64, now ti
 		var repeatFor time.Duration
 		if l.leases != nil && limit.Algorithm.leases() {
 			repeatFor = l.opts.LeaseHorizon
+		}
+		if h != nil {
+			// Holds go back whenever a request ends, on any replica: a refused hold is
+			// repeated briefly (this replica's own settles forget it at once).
+			repeatFor = min(cmp.Or(repeatFor, holdRefusalRepeat), holdRefusalRepeat)
 		}
 		l.precheck.refuse(sk, limit, cost, res, now, repeatFor)
 	}

@@ -77,3 +77,11 @@ func sharedPart(l Limit) Limit {
 	l.Replicas = 0
 	return l
 }
+
+// forget drops key's refusal: units went back to it (a hold's settle), so Redis may admit
+// what it refused.
+func (p *precheck) forget(key string) {
+	if p.cache != nil {
+		p.cache.Remove(key)
+	}
+}
