@@ -27,6 +27,9 @@ import (
 // Path is where the API is served.
 const Path = "/v1/check"
 
+// contentTypeJSON is the type of every answer.
+const contentTypeJSON = "application/json"
+
 // Bounds of one check. A request beyond them gets 400 with the bound it broke.
 const (
 	// MaxBodyBytes bounds a request body.
@@ -163,7 +166,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, fmt.Sprintf("encoding decision: %v", err))
 		return
 	}
-	w.Header()["Content-Type"] = []string{"application/json"}
+	w.Header()["Content-Type"] = []string{contentTypeJSON}
 	_, _ = w.Write(append(body, '\n'))
 }
 
@@ -300,7 +303,7 @@ func result(o decide.Outcome) Result {
 
 func writeError(w http.ResponseWriter, status int, msg string) {
 	body, _ := json.Marshal(map[string]string{"error": msg})
-	w.Header()["Content-Type"] = []string{"application/json"}
+	w.Header()["Content-Type"] = []string{contentTypeJSON}
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
 }

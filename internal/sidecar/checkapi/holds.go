@@ -156,6 +156,6 @@ func (h *Handler) settle(w http.ResponseWriter, r *http.Request, s *Settle) {
 		return
 	}
 	body, _ := json.Marshal(&Response{Allowed: true, Results: []Result{}, Settled: &Settled{Returned: got.Returned, Debt: got.Debt, Expired: got.Expired}})
-	w.Header()["Content-Type"] = []string{"application/json"}
+	w.Header()["Content-Type"] = []string{contentTypeJSON}
 	_, _ = w.Write(append(body, '\n'))
 }

@@ -75,7 +75,7 @@ func (h *TopKeysHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	w.Header()["Content-Type"] = []string{"application/json"}
+	w.Header()["Content-Type"] = []string{contentTypeJSON}
 	_, _ = w.Write(append(body, '\n'))
 }
 

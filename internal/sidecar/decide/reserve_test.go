@@ -44,7 +44,7 @@ func budgetSet(t *testing.T, alg string, requests, plain int64) *ruleset.Set {
 	return set
 }
 
-func newLimiter(t *testing.T) (*limiter.Limiter, *redistest.Server) {
+func newLimiter(t *testing.T) *limiter.Limiter {
 	t.Helper()
 	srv, err := redistest.Start()
 	if err != nil {
@@ -61,7 +61,7 @@ func newLimiter(t *testing.T) (*limiter.Limiter, *redistest.Server) {
 		t.Fatal(err)
 	}
 	t.Cleanup(lim.Close)
-	return lim, srv
+	return lim
 }
 
 func budgetReq(key string) *decide.Request {
@@ -74,7 +74,7 @@ func budgetReq(key string) *decide.Request {
 func TestReserveNeverAdmitsPastTheBudget(t *testing.T) {
 	for _, alg := range []string{"FixedWindow", "SlidingWindowCounter", "TokenBucket"} {
 		t.Run(alg, func(t *testing.T) {
-			lim, _ := newLimiter(t)
+			lim := newLimiter(t)
 			set := budgetSet(t, alg, 5_000, 1_000_000)
 			e := &decide.Engine{Limiter: lim}
 			var spent, admitted, refused atomic.Int64
@@ -132,7 +132,7 @@ func TestReserveNeverAdmitsPastTheBudget(t *testing.T) {
 // The unused part of a hold goes back at its settle; a request refused by another rule keeps
 // no hold; a Shadow-free budget caps what a request may use at its hold.
 func TestReserveSettleGivesBackAndRefusalHoldsNothing(t *testing.T) {
-	lim, _ := newLimiter(t)
+	lim := newLimiter(t)
 	set := budgetSet(t, "FixedWindow", 1_000, 2)
 	e := &decide.Engine{Limiter: lim}
 	ctx := context.Background()

@@ -32,15 +32,15 @@ func newHoldMetrics() holdMetrics {
 		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hold_settles_total",
 			Help: "Settles of token budget holds by policy, rule and result (settled; expired: the hold had gone back at its deadline and the usage was charged in full; failed: Redis was not reached and the hold goes back at its deadline).",
-		}, []string{labelPolicy, "rule", "result"}),
+		}, []string{labelPolicy, labelRule, "result"}),
 		returned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hold_returned_units_total",
 			Help: "Units of token budget holds given back at their settle (held, not used), by policy and rule.",
-		}, []string{labelPolicy, "rule"}),
+		}, []string{labelPolicy, labelRule}),
 		debt: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "debt_units_total",
 			Help: "Units responses used beyond their hold (an upstream that ignored the output cap, or a cost header over it), charged past the limit as debt, by policy and rule: the key is refused until it is repaid.",
-		}, []string{labelPolicy, "rule"}),
+		}, []string{labelPolicy, labelRule}),
 	}
 }
 

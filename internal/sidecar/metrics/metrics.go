@@ -37,6 +37,7 @@ const (
 // Label names: a policy, and a Redis shard.
 const (
 	labelPolicy = "policy"
+	labelRule   = "rule"
 	labelShard  = "shard"
 )
 
@@ -68,11 +69,11 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "decisions_total",
 			Help: "Rule decisions by policy, rule, result (allowed, refused, shadow_refused) and source (redis, precheck, fallback, failopen, failclosed).",
-		}, []string{labelPolicy, "rule", "result", "source"}),
+		}, []string{labelPolicy, labelRule, "result", "source"}),
 		candidates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "candidate_decisions_total",
 			Help: "Decisions of rules' candidate limits (counted beside the rule, never refusing) by policy, rule and result (would_admit, would_refuse).",
-		}, []string{labelPolicy, "rule", "result"}),
+		}, []string{labelPolicy, labelRule, "result"}),
 		redisLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Name: "redis_latency_seconds",
 			Help:    "Latency of Redis round trips (one command or one pipeline), errors included.",

@@ -235,4 +235,3 @@ func TestBudgetSettles(t *testing.T) {
 		}
 	})
 }
-

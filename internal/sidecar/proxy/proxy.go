@@ -132,7 +132,7 @@ func New(opts Options) (*Handler, error) {
 		BufferPool:     bufferPool{},
 		ModifyResponse: meterResponse,
 		ErrorHandler:   h.upstreamError,
-		ErrorLog:     slog.NewLogLogger(opts.Log.Handler(), slog.LevelWarn),
+		ErrorLog:       slog.NewLogLogger(opts.Log.Handler(), slog.LevelWarn),
 	}
 	return h, nil
 }

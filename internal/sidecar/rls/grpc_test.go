@@ -31,8 +31,11 @@ import (
 // blockingLimiter holds every call until release is closed or the call's context ends, and
 // records the deadlines it was given.
 type blockingLimiter struct {
-	entered   chan struct{}
-	release   chan struct{}
+	entered chan struct{}
+	release chan struct{}
+	// outlast keeps a call past its context's end until release: its answer then cannot
+	// reach a client before the client's own deadline, however loaded the machine.
+	outlast   bool
 	mu        sync.Mutex
 	deadlines []time.Time
 }
@@ -51,6 +54,9 @@ func (b *blockingLimiter) Allow(ctx context.Context, _ string, l limiter.Limit, 
 	case <-b.release:
 		return limiter.Result{Allowed: true, Remaining: l.Requests - 1, ResetAfter: l.Window}, nil
 	case <-ctx.Done():
+		if b.outlast {
+			<-b.release
+		}
 		return limiter.Result{}, ctx.Err()
 	}
 }
@@ -165,7 +171,9 @@ func TestGRPCClient(t *testing.T) {
 func TestGRPCDeadline(t *testing.T) {
 	g := NewWithT(t)
 	lim := newBlockingLimiter()
+	lim.outlast = true
 	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.Store(t, 10, time.Minute)})
+	t.Cleanup(func() { close(lim.release) }) // before the server's graceful stop waits for the call
 	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	start := time.Now()
 	_, err := client.ShouldRateLimit(ctxTimeout(t, 300*time.Millisecond), rlsRequest())
