@@ -4,45 +4,21 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
-	"time"
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
-	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
 // budgetHandler serves the decision API with a real limiter on a real Redis, for one policy
 // "p" with a token budget "tokens" of 1000 per minute keyed on X-Key (and on a hit's key part).
 func budgetHandler(t *testing.T) *checkapi.Handler {
 	t.Helper()
-	srv, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	lim, err := limiter.New(c, limiter.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lim.Close)
-	doc := sidecartest.DocumentRules("ns", "p", "web", policydoc.Rule{
-		Name: "tokens", Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: "FixedWindow",
-		Requests: 1_000, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce",
-		Cost: &policydoc.Cost{From: policydoc.CostFromResponse, Usage: policydoc.UsageAuto, Header: "redline-cost",
-			DefaultHold: 100, MinOutput: 10, OnError: policydoc.OnErrorUsed, TimeoutMS: time.Minute.Milliseconds()},
-	})
-	return &checkapi.Handler{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.StoreOf(t, doc), Holds: &decide.Registry{}}
+	doc := sidecartest.DocumentRules("ns", "p", "web", sidecartest.BudgetRule("tokens", "x-key", "FixedWindow", 1_000, 100, 10, policydoc.OnErrorUsed))
+	return &checkapi.Handler{Engine: &decide.Engine{Limiter: sidecartest.Limiter(t)}, Store: sidecartest.StoreOf(t, doc), Holds: &decide.Registry{}}
 }
 
 func answer(g Gomega, h http.Handler, body string, status int) checkapi.Response {

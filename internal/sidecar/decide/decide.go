@@ -235,6 +235,14 @@ func (e *Engine) run(ctx context.Context, calls []call) Decision {
 			}
 		}
 	}
+	d.verdict()
+	return d
+}
+
+// verdict sets Allowed and Refused from the outcomes: refused when some Enforce rule refused,
+// by the one with the longest retry-after.
+func (d *Decision) verdict() {
+	d.Allowed, d.Refused = true, nil
 	for i := range d.Outcomes {
 		o := &d.Outcomes[i]
 		if !o.Refuses() {
@@ -245,7 +253,6 @@ func (e *Engine) run(ctx context.Context, calls []call) Decision {
 			d.Refused = o
 		}
 	}
-	return d
 }
 
 // retryLonger orders retry-afters, -1 (never) being the longest.

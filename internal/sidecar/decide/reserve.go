@@ -272,17 +272,8 @@ func merge(d Decision, held []bool, outs []Outcome) Decision {
 			p++
 		}
 	}
-	d.Outcomes, d.Allowed, d.Refused = all, true, nil
-	for i := range d.Outcomes {
-		o := &d.Outcomes[i]
-		if !o.Refuses() {
-			continue
-		}
-		d.Allowed = false
-		if d.Refused == nil || retryLonger(o.Result.RetryAfter, d.Refused.Result.RetryAfter) {
-			d.Refused = o
-		}
-	}
+	d.Outcomes = all
+	d.verdict()
 	return d
 }
 

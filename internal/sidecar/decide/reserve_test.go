@@ -8,26 +8,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
-	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
 // budgetSet is one policy with a token budget of requests per minute keyed on X-Key
 // (algorithm alg), and a plain rule of plain requests per minute on the same requests.
 func budgetSet(t *testing.T, alg string, requests, plain int64) *ruleset.Set {
 	t.Helper()
-	key := []policydoc.KeyPart{{Header: "x-key"}}
 	_, data, err := policydoc.Build("tok", []policydoc.Policy{{
 		Name: "llm", Generation: 1, FailureMode: "Closed",
 		Rules: []policydoc.Rule{
-			{Name: "tokens", Key: key, Algorithm: alg, Requests: requests, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce",
-				Cost: &policydoc.Cost{From: policydoc.CostFromResponse, Usage: policydoc.UsageAuto, Header: "redline-cost",
-					DefaultHold: 100, MinOutput: 10, OnError: policydoc.OnErrorUsed, TimeoutMS: time.Minute.Milliseconds()}},
-			{Name: "calls", Key: key, Algorithm: alg, Requests: plain, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce"},
+			sidecartest.BudgetRule("tokens", "x-key", alg, requests, 100, 10, policydoc.OnErrorUsed),
+			{Name: "calls", Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: alg, Requests: plain, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce"},
 		},
 	}}, map[string]string{})
 	if err != nil {
@@ -44,26 +39,6 @@ func budgetSet(t *testing.T, alg string, requests, plain int64) *ruleset.Set {
 	return set
 }
 
-func newLimiter(t *testing.T) *limiter.Limiter {
-	t.Helper()
-	srv, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	lim, err := limiter.New(c, limiter.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lim.Close)
-	return lim
-}
-
 func budgetReq(key string) *decide.Request {
 	return &decide.Request{Method: "POST", Path: "/v1/chat/completions", Header: http.Header{"X-Key": {key}}, RemoteAddr: "10.0.0.1:1"}
 }
@@ -74,7 +49,7 @@ func budgetReq(key string) *decide.Request {
 func TestReserveNeverAdmitsPastTheBudget(t *testing.T) {
 	for _, alg := range []string{"FixedWindow", "SlidingWindowCounter", "TokenBucket"} {
 		t.Run(alg, func(t *testing.T) {
-			lim := newLimiter(t)
+			lim := sidecartest.Limiter(t)
 			set := budgetSet(t, alg, 5_000, 1_000_000)
 			e := &decide.Engine{Limiter: lim}
 			var spent, admitted, refused atomic.Int64
@@ -132,7 +107,7 @@ func TestReserveNeverAdmitsPastTheBudget(t *testing.T) {
 // The unused part of a hold goes back at its settle; a request refused by another rule keeps
 // no hold; a Shadow-free budget caps what a request may use at its hold.
 func TestReserveSettleGivesBackAndRefusalHoldsNothing(t *testing.T) {
-	lim := newLimiter(t)
+	lim := sidecartest.Limiter(t)
 	set := budgetSet(t, "FixedWindow", 1_000, 2)
 	e := &decide.Engine{Limiter: lim}
 	ctx := context.Background()

@@ -11,13 +11,11 @@ import (
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/fakemodel"
-	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/tokens"
 )
 
@@ -55,27 +53,8 @@ func (f *front) settled(t *testing.T) limiter.Settled {
 // budgetProxy is the proxy of budgetFront in front of any upstream.
 func budgetProxy(t *testing.T, upstream, onError string) *front {
 	t.Helper()
-	srv, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	lim, err := limiter.New(c, limiter.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lim.Close)
-	doc := sidecartest.DocumentRules("ns", "p", "web", policydoc.Rule{
-		Name: "tokens", Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: "FixedWindow",
-		Requests: budget, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce",
-		Cost: &policydoc.Cost{From: policydoc.CostFromResponse, Usage: policydoc.UsageAuto, Header: "redline-cost",
-			DefaultHold: 100, MinOutput: 10, OnError: onError, TimeoutMS: time.Minute.Milliseconds()},
-	})
+	lim := sidecartest.Limiter(t)
+	doc := sidecartest.DocumentRules("ns", "p", "web", sidecartest.BudgetRule("tokens", "x-key", "FixedWindow", budget, 100, 10, onError))
 	f := &front{settles: make(chan limiter.Settled, 64)}
 	e := &decide.Engine{Limiter: lim, ObserveSettle: func(_ *ruleset.Rule, s limiter.Settled, err error) {
 		if err != nil {

@@ -3,47 +3,23 @@ package rls_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
-	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
 // budgetServer is the service with a real limiter on a real Redis, for a policy "llm" with a
 // token budget "tokens" of 1000 a minute (defaultHold 100) keyed on the descriptor's values.
 func budgetServer(t *testing.T) *rls.Server {
 	t.Helper()
-	srv, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	lim, err := limiter.New(c, limiter.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lim.Close)
-	doc := sidecartest.DocumentRules("ns", "llm", "web", policydoc.Rule{
-		Name: "tokens", Key: []policydoc.KeyPart{{Header: "x-user"}}, Algorithm: "FixedWindow",
-		Requests: 1_000, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce",
-		Cost: &policydoc.Cost{From: policydoc.CostFromResponse, Usage: policydoc.UsageAuto, Header: "redline-cost",
-			DefaultHold: 100, MinOutput: 1, OnError: policydoc.OnErrorUsed, TimeoutMS: time.Minute.Milliseconds()},
-	})
-	return &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.StoreOf(t, doc), Holds: &decide.Registry{}}
+	doc := sidecartest.DocumentRules("ns", "llm", "web", sidecartest.BudgetRule("tokens", "x-user", "FixedWindow", 1_000, 100, 1, policydoc.OnErrorUsed))
+	return &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.Limiter(t)}, Store: sidecartest.StoreOf(t, doc), Holds: &decide.Registry{}}
 }
 
 // call sends one descriptor of user's budget: at the request's start (used 0: no hits_addend)
