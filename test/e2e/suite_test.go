@@ -1,7 +1,8 @@
 // Package e2e runs Redline end to end on one machine with real parts: etcd, kube-apiserver and
 // kube-controller-manager, a redis-server, the manager binary (controller and injection
 // webhook) and three sidecar binaries configured from the Pods the webhook injected (see
-// internal/testutil/stack). It is part of `make test`; `make e2e` runs it alone.
+// internal/testutil/stack). Token budgets run on a workload of their own whose sidecars proxy
+// to a fake model API (budget_test.go). It is part of `make test`; `make e2e` runs it alone.
 package e2e
 
 import (
