@@ -176,7 +176,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 		// Remember a failure to read the client's body, so that a malformed one (a bad chunk)
 		// is answered as the client's fault, not the application's. ReverseProxy hands the
 		// error handler its own wrapper of the body, so the record travels in the context.
-		cb := &clientBody{ReadCloser: r.Body}
+		cb := &clientBody{ReadCloser: r.Body, left: r.ContentLength}
 		r = r.WithContext(context.WithValue(r.Context(), clientBodyKey{}, cb))
 		r.Body = cb
 	}
@@ -194,13 +194,38 @@ type clientBodyKey struct{}
 
 // clientBody records whether reading a request body failed other than at its end. The
 // transport reads it on its own goroutine, which may still run when the error handler asks.
+//
+// It also ends a body of known length itself once that length is read. http.Transport reads
+// a request body once more after its last byte, to see its end; net/http's HTTP/1 server
+// closes the body when the handler's response begins, and an application that answers as soon
+// as it has the whole body (a model API streaming its answer) gets its headers back through
+// the proxy before that read: it failed on the closed body ("invalid Read on closed Body"), and
+// the transport dropped the application's connection, cutting the response (3 streams in 100
+// on loopback, TestProxyStreamsEveryResponseWhole). Full duplex would avoid the close, but a
+// full-duplex handler whose application answers before reading the body makes net/http read
+// the connection twice at once (a panic that resets the client's connection,
+// TestEarlyAnswerKeepsTheConnection). A chunked body can still meet the close before its last
+// chunk is read.
 type clientBody struct {
 	io.ReadCloser
+	left   int64 // bytes of a known length not yet read; -1 for unknown
 	failed atomic.Bool
 }
 
 func (b *clientBody) Read(p []byte) (int, error) {
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	if b.left > 0 && int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
 	n, err := b.ReadCloser.Read(p)
+	if b.left > 0 {
+		b.left -= int64(n)
+		if b.left == 0 && err == nil {
+			err = io.EOF
+		}
+	}
 	if err != nil && err != io.EOF {
 		b.failed.Store(true)
 	}
