@@ -147,11 +147,12 @@ test-e2e: ## Run only the end-to-end suite (make test runs it too).
 ##@ Benchmarks
 BENCH_FLAGS ?=
 .PHONY: bench
-bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json, scriptcost.md, sidecarcost.md, waitcost.md) in about 15 minutes; needs redis-server and redis-benchmark, and wrk for the wrk rows.
+bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json, scriptcost.md, sidecarcost.md, waitcost.md, budgetcost.md) in about 15 minutes; needs redis-server and redis-benchmark, and wrk for the wrk rows.
 	cd hack/bench && go run . -root $(CURDIR) -out $(CURDIR)/results $(BENCH_FLAGS)
 	cd hack/bench && go run ./cmd/scriptcost -root $(CURDIR) > $(CURDIR)/results/scriptcost.md
 	cd hack/bench && go run ./cmd/sidecarcost -root $(CURDIR) > $(CURDIR)/results/sidecarcost.md
 	cd hack/bench && go run ./cmd/waitcost > $(CURDIR)/results/waitcost.md
+	cd hack/bench && go run ./cmd/budgetcost -root $(CURDIR) > $(CURDIR)/results/budgetcost.md
 
 ENVOY_RATELIMIT_BIN ?=
 COMPARE_FLAGS ?=
