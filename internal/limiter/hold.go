@@ -203,8 +203,9 @@ const holdRefusalRepeat = 250 * time.Millisecond
 // debt (the key is refused until repaid). used is clamped to [0, Units + limit.Capacity()].
 // Idempotent: a second call returns the first's answer. A settle that may have reached Redis
 // and failed (a timeout) is final too, and returns its error again: the hold then goes back by
-// itself at its deadline, and a retry could give its units back twice. One that could not be
-// sent (the breaker open, the limiter closed) may be retried.
+// itself at its deadline, and a retry could give its units back twice; until then this
+// replica's share keeps what the request used of it, so a failover meanwhile restores that.
+// One that could not be sent (the breaker open, the limiter closed) may be retried.
 func (l *Limiter) Settle(ctx context.Context, h *Hold, used int64) (Settled, error) {
 	if h == nil {
 		return Settled{}, errors.New("settling a hold: nil hold")
@@ -344,10 +345,10 @@ func (l *Limiter) settleRedis(ctx context.Context, h *Hold, used int64) (Settled
 		err = fmt.Errorf("%w: %v", errBadReply, vals)
 	}
 	if err != nil {
-		// It may have run: the share stops counting the hold now, which at worst leaves its
-		// units to a failover, rather than restoring units Redis gave back.
+		// It may have run or not: Redis counts what the request used of the hold (base - pre:
+		// the rest left the share before the call), or the whole hold until its deadline.
 		if base > 0 {
-			l.addShare(h, h.start, pre-base)
+			l.keepUsed(h, base-pre)
 		}
 		return Settled{}, true, fmt.Errorf("settling hold of %s: %w", h.key, err)
 	}
@@ -356,6 +357,26 @@ func (l *Limiter) settleRedis(ctx context.Context, h *Hold, used int64) (Settled
 		l.settleShare(h, s, base, pre, vals[4], vals[3])
 	}
 	return s, true, nil
+}
+
+// keepUsed keeps held units of h, what its request used of it, in this replica's share until
+// h's deadline, after a settle that may or may not have run: either way Redis counts at least
+// that much of it until then (what the settle left, or the whole hold), so the share never
+// counts more than Redis and restores nothing that Redis did not lose. Dropping them at once
+// instead left them to a failover: a replica promoted before the hold or the settle reached it
+// was restored without them, and the window admitted again what the request had used.
+// An excess beyond the hold keeps no share: Redis counted it only if the settle ran.
+func (l *Limiter) keepUsed(h *Hold, held int64) {
+	if held <= 0 {
+		return
+	}
+	h.entry.units = held
+	if !l.shares.holds.add(h.entry) {
+		// The table is full: nothing would lower the share at the deadline.
+		l.addShare(h, h.start, -held)
+		l.stats.unkept.Add(uint64(held))
+		h.entry = nil
+	}
 }
 
 // addShare adds units (negative: takes them) to this replica's share of h's key in the window
