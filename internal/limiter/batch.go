@@ -24,7 +24,7 @@ type call struct {
 	window time.Duration
 	hold   int64    // ms grants wait in a state where a share was restored (ARGV[10])
 	args   []any    // the whole EVALSHA command
-	dlArg  int      // the index in args of the call's deadline (deadlineArg, one more for a hold)
+	dlArg  int      // the index in args of the call's deadline (deadlineArg, one more per key a hold adds)
 	known  int      // the index in args of the share this replica knows of (0: none), set as it leaves
 	ask    *holdAsk // a Reserve's, or nil
 	res    Result
@@ -65,7 +65,13 @@ func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *share
 		c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 1, stateKey)
 	} else {
 		// A hold names its records' key too (see hold.go), and asks for up to want.
-		c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 2, stateKey, holdKey(stateKey))
+		if limit.Algorithm == SlidingWindowLog {
+			// And the units its holds hold, beside the log.
+			c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 3, stateKey, holdKey(stateKey), heldKey(stateKey))
+			c.dlArg++
+		} else {
+			c.args = append(c.args[:0], "evalsha", shaArgs[limit.Algorithm], 2, stateKey, holdKey(stateKey))
+		}
 		c.dlArg++
 		want = ask.want
 	}
@@ -80,7 +86,7 @@ func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *share
 	case ask != nil && limit.Algorithm.leases():
 		c.args = append(c.args, "", 0, 0, 0, 0, 0, 0) // no share: the hold's ARGV stay at 13 and 14
 	case ask != nil:
-		c.args = append(c.args, want) // TokenBucket's ARGV[6]
+		c.args = append(c.args, want) // TokenBucket's ARGV[6], SlidingWindowLog's ARGV[5]
 	}
 	if ask != nil {
 		c.args = append(c.args, ask.tag, ask.ttlMS)

@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"fmt"
 )
 
 // chargeTag ends the record of a charge, which no hold ever has: the settle scripts find no
@@ -17,9 +16,6 @@ const chargeTag = ":charge"
 func (l *Limiter) Charge(ctx context.Context, key string, limit Limit, units int64) (Settled, error) {
 	if err := limit.Validate(); err != nil {
 		return Settled{}, err
-	}
-	if limit.Algorithm == SlidingWindowLog {
-		return Settled{}, fmt.Errorf("%w: SlidingWindowLog cannot hold units, nor charge them after", ErrInvalidLimit)
 	}
 	units = min(units, limit.Capacity())
 	if units <= 0 {

@@ -36,7 +36,7 @@ type Hold struct {
 	limit      Limit
 	record     string // its member in <key>:h
 	deadlineMS int64  // on Redis's clock
-	start      int64  // the window it was counted in (ms on Redis's clock; 0 for TokenBucket)
+	start      int64  // the window it was counted in (ms on Redis's clock; 0 for TokenBucket and SlidingWindowLog)
 	entry      *openHold
 	local      *localWindow // LocalFallback's window, for a degraded hold
 	localStart time.Time
@@ -63,9 +63,16 @@ type Settled struct {
 //     at once like any grant (in the replica's share too, so a failover restores held units like
 //     granted ones), and records the hold in a zset beside the state (<state key>:h, the same
 //     hash slot), scored by its deadline on Redis's clock: min(now + ttl, the window's end) for
-//     FixedWindow and SlidingWindowCounter, now + ttl (ttl at most the window) for TokenBucket.
-//     SlidingWindowLog cannot hold: its members are named by running totals, so units could not
-//     go back without rewriting every later member.
+//     FixedWindow and SlidingWindowCounter, now + ttl (ttl at most the window) for TokenBucket
+//     and SlidingWindowLog.
+//   - SlidingWindowLog counts a hold beside its log, not in it: its members are named by running
+//     totals, so units of a member could not go back without rewriting every later one. The
+//     units held are a sum of their own (<state key>:held, same hash slot), counted with the
+//     log's window by a reserve; the settle takes the hold off that sum and appends what the
+//     request used to the log at its own time (lua/hold_settle_swl.lua). Usage then counts
+//     from the reserve (held) to a window after the settle (the log): longer than a grant at
+//     the reserve would, which under-admits, never over. The log keeps no shares, so neither do
+//     its holds: a failover loses what the lost writes held, as it loses its admissions.
 //   - Settle ends the hold with what the request used (see lua/hold_settle.lua): the unused part
 //     goes back, an excess counts past the limit as debt, refused until repaid.
 //   - A hold nobody settles goes back by itself: every reserve and settle first sweeps up to 16
@@ -93,16 +100,19 @@ type holdAsk struct {
 }
 
 // holdScripts are the settles, for Exec to load after NOSCRIPT.
-var holdScripts = []scripts.Script{scripts.HoldSettle(), scripts.HoldSettleTokenBucket()}
+var holdScripts = []scripts.Script{scripts.HoldSettle(), scripts.HoldSettleTokenBucket(), scripts.HoldSettleSlidingWindowLog()}
 
 // holdKey is the zset of a state's hold records: the state key's hash tag, so on its slot.
 func holdKey(stateKey string) string { return stateKey + ":h" }
 
+// heldKey is the units SlidingWindowLog's open holds hold, beside its log, on its slot.
+func heldKey(stateKey string) string { return stateKey + ":held" }
+
 // cut takes the hold's deadline off a reply: the algorithms' scripts append it to their own.
 func (a *holdAsk) cut(alg Algorithm, vals []int64) []int64 {
 	n := 7
-	if alg == TokenBucket {
-		n = 6
+	if !alg.leases() {
+		n = 6 // TokenBucket's and SlidingWindowLog's replies carry no restored units
 	}
 	if len(vals) == n+1 {
 		a.deadlineMS = vals[n]
@@ -117,8 +127,8 @@ func (a *holdAsk) granted(c *call, local time.Time) error {
 	if a.deadlineMS <= 0 {
 		return fmt.Errorf("%w: a hold granted without a deadline", errBadReply)
 	}
-	if c.alg != TokenBucket {
-		a.start, _ = c.g.window(c.window)
+	if c.alg.leases() {
+		a.start, _ = c.g.window(c.window) // the others' holds are of no window: start 0
 	}
 	left := time.Duration(a.deadlineMS*1000-c.g.nowUS) * time.Microsecond
 	a.deadline = local.Add(max(left, 0))
@@ -137,7 +147,8 @@ func (l *Limiter) trackHold(a *holdAsk, key string, window time.Duration, units 
 }
 
 // Reserve holds between least and want units of key under limit for one request whose cost is
-// known only after it; ttl bounds how long (the deadline is also bounded by the window's end).
+// known only after it; ttl bounds how long (at most a window; FixedWindow and
+// SlidingWindowCounter also end a hold with its window).
 // Refused (least does not fit): a Result refused with RetryAfter like Allow, and a nil Hold; in
 // shadow mode that Result admits, still without a hold. While Redis cannot be asked, the
 // failure mode decides: Open holds want, Closed refuses, LocalFallback holds what the local
@@ -145,9 +156,6 @@ func (l *Limiter) trackHold(a *holdAsk, key string, window time.Duration, units 
 func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, want int64, ttl time.Duration) (Result, *Hold, error) {
 	if err := limit.Validate(); err != nil {
 		return Result{}, nil, err
-	}
-	if limit.Algorithm == SlidingWindowLog {
-		return Result{}, nil, fmt.Errorf("%w: SlidingWindowLog cannot hold units: its members are named by running totals, so units cannot go back", ErrInvalidLimit)
 	}
 	if least < 1 || want < least {
 		return Result{}, nil, fmt.Errorf("%w: a hold needs 1 <= least <= want, got %d and %d", ErrInvalidLimit, least, want)
@@ -293,10 +301,14 @@ func (l *Limiter) settleRedis(ctx context.Context, h *Hold, used int64) (Settled
 		}
 	}
 	var cmd *redis.Cmd
-	if lim.Algorithm == TokenBucket {
+	switch lim.Algorithm {
+	case TokenBucket:
 		cmd = scripts.EvalSha(ctx, scripts.HoldSettleTokenBucket(), keys,
 			lim.Requests, lim.Window.Milliseconds(), lim.burst(), h.record, used, h.deadlineMS)
-	} else {
+	case SlidingWindowLog:
+		cmd = scripts.EvalSha(ctx, scripts.HoldSettleSlidingWindowLog(), append(keys, heldKey(h.key)),
+			lim.Requests, lim.Window.Milliseconds(), h.record, used, h.deadlineMS)
+	default:
 		fixed := 0
 		if lim.Algorithm == FixedWindow {
 			fixed = 1

@@ -13,7 +13,7 @@ import (
 // two Redis calls, beside BenchmarkLimiter's one decision per op. With shares, as the sidecar
 // runs.
 func BenchmarkReserveSettle(b *testing.B) {
-	for _, alg := range []limiter.Algorithm{limiter.FixedWindow, limiter.TokenBucket} {
+	for _, alg := range []limiter.Algorithm{limiter.FixedWindow, limiter.TokenBucket, limiter.SlidingWindowLog} {
 		for _, n := range []int{1, 16} {
 			b.Run(fmt.Sprintf("%s/callers=%d", alg, n), func(b *testing.B) {
 				c, h := benchClient(b)

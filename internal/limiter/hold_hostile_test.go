@@ -80,8 +80,14 @@ func TestHoldScriptsRefuseBadArguments(t *testing.T) {
 		_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Hour)
 		g.Expect(err).NotTo(HaveOccurred())
 		state, hk := key+":swc", holdsKey(key, lim)
-		if alg == limiter.TokenBucket {
+		keys := []string{state, hk}
+		switch alg {
+		case limiter.TokenBucket:
 			state = key + ":tb"
+			keys[0] = state
+		case limiter.SlidingWindowLog:
+			state = key + ":swl"
+			keys = []string{state, hk, state + ":held"}
 		}
 		recs, err := c.ZRange(ctx, hk, 0, -1).Result()
 		g.Expect(err).NotTo(HaveOccurred())
@@ -90,12 +96,16 @@ func TestHoldScriptsRefuseBadArguments(t *testing.T) {
 		snapshot := func() string {
 			v, _ := c.Dump(ctx, state).Result()
 			z, _ := c.ZRangeWithScores(ctx, hk, 0, -1).Result()
-			return fmt.Sprint(v, z)
+			held, _ := c.Get(ctx, state+":held").Result()
+			return fmt.Sprint(v, z, held)
 		}
 		before := snapshot()
 		bad := []any{"nan", "inf", "-inf", -1, "1e300", 1.5, "x", ""}
 		var calls [][]any
 		sha := scripts.HoldSettle()
+		if alg == limiter.SlidingWindowLog {
+			sha = scripts.HoldSettleSlidingWindowLog()
+		}
 		if alg == limiter.TokenBucket {
 			sha = scripts.HoldSettleTokenBucket()
 			good := []any{100, window, 100, rec, 3, time.Now().Add(time.Hour).UnixMilli()}
@@ -121,21 +131,40 @@ func TestHoldScriptsRefuseBadArguments(t *testing.T) {
 		}
 		calls = append(calls, []any{}, []any{100, window, strings.Repeat("9", 161), 1, 0})
 		for _, a := range calls {
-			err := c.EvalSha(ctx, sha.SHA, []string{state, hk}, a...).Err()
+			err := c.EvalSha(ctx, sha.SHA, keys, a...).Err()
 			g.Expect(err).To(HaveOccurred(), "%s %v", alg, a)
 		}
 		err = c.EvalSha(ctx, sha.SHA, []string{state}, 100, window, rec, 1, 0).Err()
 		g.Expect(err).To(HaveOccurred(), "without the records' key")
+		if alg == limiter.SlidingWindowLog {
+			err = c.EvalSha(ctx, sha.SHA, keys[:2], 100, window, rec, 1, 0).Err()
+			g.Expect(err).To(HaveOccurred(), "without the held units' key")
+		}
 		// The reserve's own hold ARGV.
 		algSHA, _ := scripts.For(string(alg))
 		for _, ttl := range bad {
 			var args []any
-			if alg == limiter.TokenBucket {
+			switch alg {
+			case limiter.TokenBucket:
 				args = []any{100, window, 1, 0, 100, 5, "r:x", ttl}
-			} else {
+			case limiter.SlidingWindowLog:
+				args = []any{100, window, 1, 0, 5, "r:x", ttl}
+			default:
 				args = []any{100, window, 1, 0, 5, "", 0, 0, 0, 0, 0, 0, "r:x", ttl}
 			}
-			g.Expect(c.EvalSha(ctx, algSHA.SHA, []string{state, hk}, args...).Err()).To(HaveOccurred(), "%s ttl %v", alg, ttl)
+			g.Expect(c.EvalSha(ctx, algSHA.SHA, keys, args...).Err()).To(HaveOccurred(), "%s ttl %v", alg, ttl)
+		}
+		if alg == limiter.SlidingWindowLog {
+			// The limit, the cost and the want of a hold (a want below the cost, or none, is
+			// the cost, as for a lease), and a reserve without the held key.
+			for i, bads := range [][]any{bad, bad, {"nan", "inf", "1e300", 1.5}} {
+				for _, b := range bads {
+					a := []any{100, window, 1, 0, 5, "r:x", 1000}
+					a[[]int{0, 2, 4}[i]] = b
+					g.Expect(c.EvalSha(ctx, algSHA.SHA, keys, a...).Err()).To(HaveOccurred(), "%v", a)
+				}
+			}
+			g.Expect(c.EvalSha(ctx, algSHA.SHA, keys[:2], 100, window, 1, 0, 5, "r:x", 1000).Err()).To(HaveOccurred())
 		}
 		g.Expect(snapshot()).To(Equal(before), "%s: nothing written", alg)
 		s, err := l.Settle(ctx, h, 4)

@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"math"
+	"strconv"
 	"testing"
 	"time"
 
@@ -20,14 +21,18 @@ func holdLimit(alg limiter.Algorithm, requests int64) limiter.Limit {
 	return limiter.Limit{Algorithm: alg, Requests: requests, Window: longWindow, FailureMode: limiter.FailureModeClosed}
 }
 
-var holdAlgorithms = []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter, limiter.TokenBucket}
+var holdAlgorithms = []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter, limiter.TokenBucket, limiter.SlidingWindowLog}
 
-// counted is what Redis counts of key now: c of the window state, or the tokens a TokenBucket
+// counted is what Redis counts of key now: c of the window state, the tokens a TokenBucket
 // has taken (how far its TAT runs ahead of now, in intervals: the tests' windows refill
-// nothing in their time).
+// nothing in their time), or a SlidingWindowLog's window cost (its newest running total less
+// the newest one that left the window) plus what its open holds hold.
 func counted(t *testing.T, c redis.UniversalClient, key string, lim limiter.Limit) int64 {
 	t.Helper()
 	ctx := context.Background()
+	if lim.Algorithm == limiter.SlidingWindowLog {
+		return logCost(t, c, key+":swl", lim.Window) + intOrZero(t, c.Get(ctx, key+":swl:held"))
+	}
 	if lim.Algorithm == limiter.TokenBucket {
 		tat, err := c.Get(ctx, key+":tb").Float64()
 		if err == redis.Nil {
@@ -41,6 +46,35 @@ func counted(t *testing.T, c redis.UniversalClient, key string, lim limiter.Limi
 		return int64(math.Round(max(tat-now, 0) / interval))
 	}
 	n, err := c.HGet(ctx, key+":swc", "c").Int64()
+	if err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// logCost is the cost a sliding window log counts in the window ending now on Redis's clock.
+func logCost(t *testing.T, c redis.UniversalClient, log string, window time.Duration) int64 {
+	t.Helper()
+	ctx := context.Background()
+	newest, err := c.ZRange(ctx, log, -1, -1).Result()
+	if err != nil || len(newest) == 0 {
+		return 0
+	}
+	cutoff := strconv.FormatInt(redisNowMS(t, c)-window.Milliseconds(), 10)
+	var base int64
+	if left, err := c.ZRevRangeByScore(ctx, log, &redis.ZRangeBy{Min: "-inf", Max: cutoff, Count: 1}).Result(); err == nil && len(left) == 1 {
+		base, _ = strconv.ParseInt(left[0], 10, 64)
+	}
+	total, err := strconv.ParseInt(newest[0], 10, 64)
+	if err != nil {
+		t.Fatalf("log %s: newest member %q: %v", log, newest[0], err)
+	}
+	return total - base
+}
+
+func intOrZero(t *testing.T, cmd *redis.StringCmd) int64 {
+	t.Helper()
+	n, err := cmd.Int64()
 	if err != nil && err != redis.Nil {
 		t.Fatal(err)
 	}
@@ -103,9 +137,7 @@ func TestHoldInvalid(t *testing.T) {
 	g := NewWithT(t)
 	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
 	ctx, key := context.Background(), uniqueKey(t)
-	_, _, err := l.Reserve(ctx, key, holdLimit(limiter.SlidingWindowLog, 10), 1, 2, time.Second)
-	g.Expect(err).To(MatchError(limiter.ErrInvalidLimit))
-	_, _, err = l.Reserve(ctx, key, holdLimit(limiter.FixedWindow, 10), 0, 2, time.Second)
+	_, _, err := l.Reserve(ctx, key, holdLimit(limiter.FixedWindow, 10), 0, 2, time.Second)
 	g.Expect(err).To(MatchError(limiter.ErrInvalidLimit))
 	_, _, err = l.Reserve(ctx, key, holdLimit(limiter.FixedWindow, 10), 3, 2, time.Second)
 	g.Expect(err).To(MatchError(limiter.ErrInvalidLimit))
@@ -181,6 +213,29 @@ func TestHoldDebtRepaid(t *testing.T) {
 		g.Expect(r.Allowed).To(BeFalse())
 		// Five tokens of debt, then one to take: six intervals of 6 minutes.
 		g.Expect(r.RetryAfter).To(BeNumerically("~", 36*time.Minute, time.Minute))
+	})
+	t.Run("SlidingWindowLog", func(t *testing.T) {
+		// The use is appended to the log at the settle, debt and all: refused until it has
+		// left the window, a window after the settle.
+		g := NewWithT(t)
+		c := newClient(t, shared.URL())
+		l := newLimiter(t, c, limiter.Options{})
+		ctx, key := context.Background(), uniqueKey(t)
+		lim := limiter.Limit{Algorithm: limiter.SlidingWindowLog, Requests: 10, Window: time.Second, FailureMode: limiter.FailureModeClosed}
+		_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)
+		g.Expect(err).NotTo(HaveOccurred())
+		s, err := l.Settle(ctx, h, 14)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s).To(Equal(limiter.Settled{Debt: 4}))
+		settled := redisNowMS(t, c)
+		r, err := l.Allow(ctx, key, lim, 1)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeFalse(), "14 counted of 10")
+		g.Expect(r.RetryAfter).To(BeNumerically("<=", lim.Window))
+		waitRedisMS(t, c, settled+lim.Window.Milliseconds()+1)
+		r, err = l.Allow(ctx, key, lim, 10)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeTrue(), "the settle's member left the window")
 	})
 }
 

@@ -34,8 +34,9 @@ type lab struct {
 	group, cfg, state, doomed, log, tat string
 	// holds are the hold records of state, stuffed: half past their deadline (each reserve or
 	// settle sweeps 16), half open; tatHolds those of heldTat, a TokenBucket key of its own (a
-	// settle writes its TAT anew, and tat stays stuffed for the others).
-	holds, heldTat, tatHolds string
+	// settle writes its TAT anew, and tat stays stuffed for the others); logHolds and logHeld
+	// those of log and the units they hold (a settle appends to log, which stays stuffed).
+	holds, heldTat, tatHolds, logHolds, logHeld string
 	// start is the current hour's window start (ms on Redis's clock).
 	start int64
 }
@@ -78,6 +79,7 @@ func startLab(t testing.TB) *lab {
 	l.tat = limiter.Key(attackerNS, "p", "r", "tat")
 	l.heldTat = limiter.Key(attackerNS, "p", "r", "heldtat")
 	l.holds, l.tatHolds = l.state+":h", l.heldTat+":h"
+	l.logHolds, l.logHeld = l.log+":h", l.log+":held"
 	now, err := l.admin.Time(ctx).Result()
 	if err != nil {
 		t.Fatalf("reading redis time: %v", err)
@@ -95,16 +97,18 @@ func startLab(t testing.TB) *lab {
 	l.stuff(t, stuffed/2, "zadd", l.log, "%017d", ms-2*hour, ms-1000, stuffed/4) // half out of the window, half in it
 	l.stuff(t, stuffed/10, "zadd", l.holds, "%d:999999999999:r1:x", ms-hour, ms+hour, stuffed/20)
 	l.stuff(t, stuffed/10, "zadd", l.tatHolds, "0:%d:r1:x", ms-hour, ms+hour, stuffed/20)
+	l.stuff(t, stuffed/10, "zadd", l.logHolds, "0:%d:r1:x", ms-hour, ms+hour, stuffed/20)
 	for _, err := range []error{
 		l.admin.HSet(ctx, l.state, "s", l.start, "c", 0, "p", 0).Err(),
 		l.admin.HSet(ctx, l.doomed, "s", l.start-10*hour, "c", 5, "p", 5).Err(),
 		l.admin.Set(ctx, l.tat, strings.Repeat("9", 64<<20), 0).Err(),
+		l.admin.Set(ctx, l.logHeld, "1e300", 0).Err(), // not a count any script wrote
 	} {
 		if err != nil {
 			t.Fatalf("stuffing: %v", err)
 		}
 	}
-	t.Logf("stuffed %d members or fields in the keys of %s in %v", stuffed+stuffed/10+stuffed/2+stuffed/4+stuffed/2+stuffed/5, attackerNS, time.Since(began).Round(time.Millisecond))
+	t.Logf("stuffed %d members or fields in the keys of %s in %v", stuffed+stuffed/10+stuffed/2+stuffed/4+stuffed/2+3*stuffed/10, attackerNS, time.Since(began).Round(time.Millisecond))
 	return l
 }
 
@@ -238,6 +242,24 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 	} {
 		add("HoldSettleTokenBucket", tatHeld, a...)
 	}
+	logHeld := []string{l.log, l.logHolds, l.logHeld}
+	add("SlidingWindowLog", logHeld, 100, hour, 1, 0, 50, "r1:a", 60000)              // refused: searches
+	add("SlidingWindowLog", logHeld, "1e15", hour, 1, 0, "1e15", "r1:a", 60000)       // admits, holds
+	add("SlidingWindowLog", logHeld, 100, hour, "nan", 0, "nan", "r1:b", "nan")       // refused at once
+	add("SlidingWindowLog", logHeld, 100, hour, 1, 0, 1, strings.Repeat("t", 101), 1) // a tag too long
+	add("SlidingWindowLog", []string{l.log, l.logHolds}, 100, hour, 1, 0, 1, "r1:c", 1000)
+	for _, a := range [][]any{
+		{100, hour, "0:5:r1:a", 3, l.start + hour},
+		{100, hour, "0:5:r1:a", "1e300", "1e300"},
+		{"nan", "nan", "0:5:r1:a", "nan", "nan"},
+		{"inf", "-inf", "0:1e300:r1:a", "inf", "-inf"},
+		{0, 0, "0:0:r1:a", -1, -1},
+		{100, hour, strings.Repeat("0", 200), 1, 0},
+		{},
+	} {
+		add("HoldSettleSlidingWindowLog", logHeld, a...)
+	}
+	add("HoldSettleSlidingWindowLog", []string{l.log, l.logHolds}, 100, hour, "0:5:r1:a", 3, 0)
 	add("LeaseReturn", []string{l.state}, hour, l.start, "1e300", "r1", l.start, "1e300", 0)
 	add("LeaseReturn", []string{l.state}, hour, l.start, "nan", "r1", "nan", "nan", "nan")
 	add("LeaseReturn", []string{l.state}, hour, l.start, -5, "", 0, 0, 0)

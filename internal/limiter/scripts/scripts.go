@@ -83,13 +83,17 @@ var limiterScripts = sync.OnceValue(func() []Script {
 // on NOSCRIPT like the others, and the manager does not record it.
 var LeaseReturn = sync.OnceValue(func() Script { return New("LeaseReturn", source("lua/lease_return.lua")) })
 
-// HoldSettle settles a hold of FixedWindow or SlidingWindowCounter, and HoldSettleTokenBucket
-// one of TokenBucket (see lua/hold_settle.lua, lua/hold_settle_tb.lua). Holds are reserved by
-// the algorithms' own scripts; like LeaseReturn, these are loaded by Exec on NOSCRIPT and by the
-// manager with every sidecar script, and not recorded.
+// HoldSettle settles a hold of FixedWindow or SlidingWindowCounter, HoldSettleTokenBucket one
+// of TokenBucket and HoldSettleSlidingWindowLog one of SlidingWindowLog (see lua/hold_settle.lua,
+// lua/hold_settle_tb.lua, lua/hold_settle_swl.lua). Holds are reserved by the algorithms' own
+// scripts; like LeaseReturn, these are loaded by Exec on NOSCRIPT and by the manager with every
+// sidecar script, and not recorded.
 var (
-	HoldSettle            = sync.OnceValue(func() Script { return New("HoldSettle", source("lua/hold_settle.lua")) })
-	HoldSettleTokenBucket = sync.OnceValue(func() Script { return New("HoldSettleTokenBucket", source("lua/hold_settle_tb.lua")) })
+	HoldSettle                 = sync.OnceValue(func() Script { return New("HoldSettle", source("lua/hold_settle.lua")) })
+	HoldSettleTokenBucket      = sync.OnceValue(func() Script { return New("HoldSettleTokenBucket", source("lua/hold_settle_tb.lua")) })
+	HoldSettleSlidingWindowLog = sync.OnceValue(func() Script {
+		return New("HoldSettleSlidingWindowLog", source("lua/hold_settle_swl.lua"))
+	})
 )
 
 // All returns the limiter's scripts, one per algorithm, in a stable order.

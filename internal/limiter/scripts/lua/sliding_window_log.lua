@@ -21,12 +21,36 @@
 -- stays O(log^2 n) whatever both say: TRIM is a constant, the search takes at most log2(n) + 1
 -- steps whatever limit and cost are (NaN included: every comparison false moves lo up), and
 -- nothing else walks the log.
+--
+-- A hold (see internal/limiter/hold.go): ARGV[5] the most units wanted (at least cost), ARGV[6]
+-- its tag (<replica id>:<seq>), ARGV[7] how long it may stay open (ms, at most the window),
+-- KEYS[2] the hold records, KEYS[3] held, the units the open holds hold (see
+-- hold_sweep_swl.lua, included below). A hold is not written to the log: a member is named by
+-- the running total, so units of it could not go back without rewriting every later member.
+-- The window then counts the log's cost plus held; a grant is min(want, limit - that) when
+-- cost fits, added to held and recorded in KEYS[2], deadline now + ttl, and the reply carries
+-- that deadline (ms) as a seventh integer; expired holds are swept first. Its settle
+-- (hold_settle_swl.lua) takes its units off held and appends what the request used to the log,
+-- at the settle's time. A plain decision passes none of them, pays for none of it, and does not
+-- see held: a rule whose cost comes from its response only reserves, settles and charges.
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local TRIM = 64
+local htag, httl, hk, heldk = ARGV[6], tonumber(ARGV[7]), KEYS[2], KEYS[3]
+local want = cost
+if htag then
+  -- Only a hold pays for the check (and the closure).
+  want = math.max(tonumber(ARGV[5]) or cost, cost)
+  local function whole(x)
+    return x and x >= 1 and x <= 1e15 and x == math.floor(x)
+  end
+  if not (hk and heldk and #htag <= 100 and whole(httl) and whole(cost) and whole(want) and whole(limit)) then
+    return redis.error_reply('ERR sliding window log: a hold needs KEYS[2] and KEYS[3], a tag of 100 bytes at most, and whole ttl, cost, want and limit from 1 to 1e15')
+  end
+end
 -- The window is checked before anything is written: it sizes the key's TTL, and NaN, inf, 0 or
 -- a negative one (any ARGV a tenant's user sends, see package redisacl) would have PEXPIRE fail
 -- after the writes, leaving a key without a TTL, or delete the key at once, on Redis's thread.
@@ -67,6 +91,18 @@ end
 local used = total - base
 local size = redis.call('ZCARD', key)
 
+-- held: what open holds hold, GETRANGE'd as token_bucket.lua reads its TAT (the key is the
+-- tenant's own: a value that is not a count reads as none, which only admits its own requests).
+local held, swept = 0, false
+if htag then
+  held = tonumber(redis.call('GETRANGE', heldk, 0, 31)) or 0
+  if not (held >= 0 and held <= 1e15) then
+    held = 0
+  end
+  held = math.floor(held)
+--!include hold_sweep_swl.lua
+end
+
 local function reset_after()
   if newest_score == nil or newest_score <= cutoff then
     return 0
@@ -74,28 +110,56 @@ local function reset_after()
   return math.max(newest_score + window - now, 1)
 end
 
+local r, grant = nil, 0
 if cost > limit then
-  return {0, math.max(limit - used, 0), -1, reset_after(), now_us, 0}
-end
-if used + cost > limit then
-  -- Admission needs the running total at the window's start to reach total - (limit - cost):
-  -- find by binary search over ranks (O(log^2 n)) the oldest member whose total is at least
-  -- that; the request fits once it has left the window.
-  local need = total - (limit - cost)
-  local lo, hi = expired, size - 1
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if tonumber(redis.call('ZRANGE', key, mid, mid)[1]) >= need then
-      hi = mid
-    else
-      lo = mid + 1
+  r = {0, math.max(limit - used - held, 0), -1, reset_after(), now_us, 0}
+elseif used + held + cost > limit then
+  local retry
+  if held + cost > limit then
+    -- What the log holds leaving cannot make room: the soonest hold deadline can (a settle
+    -- may come sooner). The record is the tenant's, so its score is bounded to the window.
+    local e = redis.call('ZRANGE', hk, 0, 0, 'WITHSCORES')
+    retry = window
+    if e[2] ~= nil then
+      retry = math.max(math.min(tonumber(e[2]) - now, window), 1)
     end
+  else
+    -- Admission needs the running total at the window's start to reach total - (limit - held
+    -- - cost): find by binary search over ranks (O(log^2 n)) the oldest member whose total is
+    -- at least that; the request fits once it has left the window.
+    local need = total - (limit - held - cost)
+    local lo, hi = expired, size - 1
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if tonumber(redis.call('ZRANGE', key, mid, mid)[1]) >= need then
+        hi = mid
+      else
+        lo = mid + 1
+      end
+    end
+    local e = redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')
+    retry = math.max(tonumber(e[2]) + window - now, 1)
   end
-  local e = redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')
-  local retry = math.max(tonumber(e[2]) + window - now, 1)
-  return {0, math.max(limit - used, 0), retry, reset_after(), now_us, 0}
+  r = {0, math.max(limit - used - held, 0), retry, reset_after(), now_us, 0}
+elseif htag then
+  grant = math.min(want, limit - used - held)
+  held = held + grant
+  r = {1, limit - used - held, 0, window, now_us, grant}
+else
+  redis.call('ZADD', key, now, string.format('%017.0f', total + cost))
+  redis.call('PEXPIRE', key, window)
+  return {1, limit - used - cost, 0, window, now_us, cost}
 end
-
-redis.call('ZADD', key, now, string.format('%017.0f', total + cost))
-redis.call('PEXPIRE', key, window)
-return {1, limit - used - cost, 0, window, now_us, cost}
+if htag then
+  if grant > 0 or swept then
+    redis.call('SET', heldk, string.format('%.0f', held), 'PX', window)
+  end
+  local hdl = 0
+  if grant > 0 then
+    hdl = now + math.min(httl, window)
+    redis.call('ZADD', hk, hdl, string.format('0:%d:%s', grant, htag))
+    redis.call('PEXPIRE', hk, window)
+  end
+  r[7] = hdl
+end
+return r
