@@ -24,9 +24,6 @@ func compileCost(c *v1alpha1.Cost, out *policydoc.Rule) (*policydoc.Cost, error)
 	default:
 		return nil, fmt.Errorf("cost.from %q must be Request or Response", c.From)
 	}
-	if out.Algorithm == string(v1alpha1.SlidingWindowLog) {
-		return nil, errors.New("cost.from: Response needs algorithm FixedWindow, SlidingWindowCounter or TokenBucket: SlidingWindowLog keeps one entry per admitted request, so it cannot give back the unused part of a hold")
-	}
 	if out.Candidate != nil {
 		return nil, errors.New("cost.from: Response cannot have a candidate (not supported yet): remove the candidate")
 	}

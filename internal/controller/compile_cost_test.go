@@ -52,6 +52,10 @@ func TestCompileCostResolvesDefaults(t *testing.T) {
 		From: "Response", Usage: "Header", Header: "x-usage", DefaultHold: 200, MinOutput: 0, OnError: "Zero", TimeoutMS: 90_000,
 	}))
 
+	cp, err = CompilePolicy(costRule(v1alpha1.SlidingWindowLog, 100, &v1alpha1.Cost{From: v1alpha1.CostFromResponse}))
+	g.Expect(err).NotTo(HaveOccurred(), "a SlidingWindowLog holds beside its log")
+	g.Expect(cp.Rules[0].Cost.DefaultHold).To(BeEquivalentTo(100))
+
 	for _, c := range []*v1alpha1.Cost{nil, {}, {From: v1alpha1.CostFromRequest, Usage: v1alpha1.UsageGemini}} {
 		cp, err = CompilePolicy(costRule(v1alpha1.SlidingWindowLog, 100, c))
 		g.Expect(err).NotTo(HaveOccurred())
@@ -72,7 +76,6 @@ func TestCompileCostRefuses(t *testing.T) {
 		p    *v1alpha1.RateLimitPolicy
 		want string
 	}{
-		"sliding window log": {costRule(v1alpha1.SlidingWindowLog, 100, resp(func(*v1alpha1.Cost) {})), "SlidingWindowLog keeps one entry"},
 		"unknown source":     {costRule("", 100, &v1alpha1.Cost{From: "Body"}), `cost.from "Body"`},
 		"unknown usage":      {costRule("", 100, resp(func(c *v1alpha1.Cost) { c.Usage = "Cohere" })), `cost.usage "Cohere"`},
 		"unknown onError":    {costRule("", 100, resp(func(c *v1alpha1.Cost) { c.OnError = "Half" })), `cost.onError "Half"`},

@@ -50,8 +50,6 @@ var _ = Describe("Token budgets in the schema", func() {
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring(message))
 		},
-		Entry("SlidingWindowLog", costRule("SlidingWindowLog", 1000, response()),
-			"SlidingWindowLog keeps one entry per admitted request, so it cannot give back the unused part of a hold"),
 		Entry("a candidate", candidate(costRule("", 10_000, response())),
 			"cost.from: Response cannot have a candidate (not supported yet)"),
 		Entry("a candidate of its own algorithm", candidate(costRule("FixedWindow", 10_000, response())),
@@ -101,6 +99,8 @@ var _ = Describe("Token budgets in the schema", func() {
 			}, timeout, interval).Should(Succeed())
 		},
 		Entry("the algorithm's default, every other default resolved", costRule("", 10_000, response()),
+			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 1000, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000}),
+		Entry("a SlidingWindowLog, which holds beside its log", costRule("SlidingWindowLog", 1000, response()),
 			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 1000, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000}),
 		Entry("a budget under 1000 holds at most itself", costRule("FixedWindow", 300, response()),
 			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 300, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000}),

@@ -58,8 +58,7 @@ const (
 )
 
 const (
-	algSlidingWindowLog = "SlidingWindowLog"
-	algTokenBucket      = "TokenBucket"
+	algTokenBucket = "TokenBucket"
 	// headerTokenPunct are the punctuation characters of an HTTP token the API's header
 	// patterns take (RFC 9110's, less the backquote).
 	headerTokenPunct = "!#$%&'*+-.^_|~"
@@ -115,8 +114,6 @@ func (r *Rule) validCost() error {
 	switch {
 	case c.From != CostFromResponse:
 		return fmt.Errorf("from %q is not %s", c.From, CostFromResponse)
-	case r.Algorithm == algSlidingWindowLog:
-		return fmt.Errorf("algorithm %s cannot give back the unused part of a hold", algSlidingWindowLog)
 	case r.Candidate != nil:
 		return errors.New("a rule whose cost comes from the response has no candidate")
 	case !slices.Contains([]string{UsageAuto, UsageOpenAIChat, UsageOpenAIResponses, UsageAnthropic, UsageGemini, UsageHeader}, c.Usage):
