@@ -47,6 +47,7 @@ if ahead > 3 * tolerance then
   -- refuses.
   ahead = tolerance
 end
+local swept = false
 --!include hold_sweep_tb.lua
 
 local returned, debt, expired = 0, 0, 0
