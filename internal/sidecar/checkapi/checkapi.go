@@ -10,6 +10,7 @@
 package checkapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,10 +53,12 @@ type Request struct {
 	// ignored. The path is as sent on the wire (percent-encoded) and is normalised as the proxy
 	// normalises it (package reqpath); one with an encoded slash is refused. X-Forwarded-For
 	// in Headers is honoured behind the sidecar's trusted hops.
-	Method        string            `json:"method,omitempty"`
-	Path          string            `json:"path,omitempty"`
-	Headers       map[string]string `json:"headers,omitempty"`
-	RemoteAddress string            `json:"remoteAddress,omitempty"`
+	// A header's value is a string, or a list of strings for a field the request carries more
+	// than once; a name given twice (in any case) is a field carried twice.
+	Method        string  `json:"method,omitempty"`
+	Path          string  `json:"path,omitempty"`
+	Headers       Headers `json:"headers,omitempty"`
+	RemoteAddress string  `json:"remoteAddress,omitempty"`
 	// Policy, Rule and Key name one rule and its key parts directly.
 	Policy string   `json:"policy,omitempty"`
 	Rule   string   `json:"rule,omitempty"`
@@ -151,6 +154,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		d, err = h.decide(r, set, req)
 	}
+	if rh, ok := errors.AsType[*decide.RepeatedHeaderError](err); ok {
+		// Refused before anything is counted: the request has no one key.
+		body, _ := json.Marshal(map[string]string{"error": "repeated_key_header", "header": rh.Header})
+		w.Header()["Content-Type"] = []string{contentTypeJSON}
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write(append(body, '\n'))
+		return
+	}
 	if err != nil {
 		status := http.StatusBadRequest
 		if errors.Is(err, errNoHolds) || errors.Is(err, decide.ErrTooManyHolds) {
@@ -197,8 +208,8 @@ func Decode(r io.Reader) (*Request, error) {
 			return nil, fmt.Errorf("hits[%d].key has %d parts: at most %d", i, len(h.Key), MaxKeyParts)
 		}
 	}
-	if len(req.Headers) > MaxHeaders {
-		return nil, fmt.Errorf("%d headers: at most %d", len(req.Headers), MaxHeaders)
+	if n := req.Headers.fields(); n > MaxHeaders {
+		return nil, fmt.Errorf("%d headers: at most %d", n, MaxHeaders)
 	}
 	if err := checkHolds(&req); err != nil {
 		return nil, err
@@ -214,6 +225,9 @@ func (h *Handler) decide(r *http.Request, set *ruleset.Set, req *Request) (decid
 	}
 	if hits != nil {
 		return h.Engine.DecideHits(r.Context(), set, hits, cost)
+	}
+	if err := decide.CheckKeyHeaders(set, dr); err != nil {
+		return decide.Decision{}, err
 	}
 	return h.Engine.Decide(r.Context(), set, dr, cost), nil
 }
@@ -238,7 +252,9 @@ func parse(req *Request) ([]decide.Hit, *decide.Request, error) {
 	}
 	hdr := make(http.Header, len(req.Headers))
 	for k, v := range req.Headers {
-		hdr[textproto.CanonicalMIMEHeaderKey(k)] = []string{v}
+		if len(v) > 0 {
+			hdr[k] = v
+		}
 	}
 	escaped, _, _ := strings.Cut(req.Path, "?")
 	// Matched in the normal form the proxy matches and forwards (reqpath): a gateway asking for
@@ -248,6 +264,74 @@ func parse(req *Request) ([]decide.Hit, *decide.Request, error) {
 		return nil, nil, fmt.Errorf("path %q: %w", req.Path, err)
 	}
 	return nil, &decide.Request{Method: strings.ToUpper(req.Method), Path: path, Header: hdr, RemoteAddr: req.RemoteAddress}, nil
+}
+
+// Headers are the header fields of a described request, by canonical name. In JSON, an object
+// of names to a string, or to a list of strings for a field carried more than once; names are
+// case-insensitive, and a name given twice, in any case, is one field given twice. (A plain
+// map would keep one of two spellings of a name, so a gateway could not say that a field was
+// repeated, nor see it refused.)
+type Headers map[string][]string
+
+// fields is how many header fields there are.
+func (h Headers) fields() int {
+	n := 0
+	for _, v := range h {
+		n += max(len(v), 1)
+	}
+	return n
+}
+
+// UnmarshalJSON reads an object of names to a string or a list of strings, keeping every
+// field. At most MaxHeaders fields are read; more is an error.
+func (h *Headers) UnmarshalJSON(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok == nil {
+		*h = nil
+		return nil
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return errors.New("headers: want an object of names to strings")
+	}
+	out := Headers{}
+	n := 0
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		name, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return err
+		}
+		var vals []string
+		if len(raw) > 0 && raw[0] == '[' {
+			if err := json.Unmarshal(raw, &vals); err != nil {
+				return fmt.Errorf("headers[%q]: want a string or a list of strings", name)
+			}
+		} else {
+			var v string
+			if err := json.Unmarshal(raw, &v); err != nil {
+				return fmt.Errorf("headers[%q]: want a string or a list of strings", name)
+			}
+			vals = []string{v}
+		}
+		if n += max(len(vals), 1); n > MaxHeaders {
+			return fmt.Errorf("over %d headers", MaxHeaders)
+		}
+		k := textproto.CanonicalMIMEHeaderKey(name)
+		out[k] = append(out[k], vals...)
+	}
+	if _, err := dec.Token(); err != nil {
+		return err
+	}
+	*h = out
+	return nil
 }
 
 func render(d *decide.Decision) *Response {

@@ -113,6 +113,9 @@ func (h *Handler) reserve(r *http.Request, set *ruleset.Set, req *Request) (deci
 		}
 		d, hs, err = h.Engine.ReserveHits(r.Context(), set, hits, need)
 	} else {
+		if err := decide.CheckKeyHeaders(set, dr); err != nil {
+			return decide.Decision{}, nil, err
+		}
 		d, hs, err = h.Engine.Reserve(r.Context(), set, dr, need)
 	}
 	if err != nil || hs == nil {

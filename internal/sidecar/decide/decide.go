@@ -315,6 +315,39 @@ func Matches(m *ruleset.Match, req *Request) bool {
 	return m.Matches(req.Method, req.Path, req.Header)
 }
 
+// RepeatedHeaderError is the error of a request that carries more than one field of a header
+// that a rule it matches keys on.
+type RepeatedHeaderError struct {
+	// Header is the header's name, in canonical form.
+	Header string
+}
+
+func (e *RepeatedHeaderError) Error() string {
+	return fmt.Sprintf("header %s is sent more than once, and a rule keys on it: send it once", e.Header)
+}
+
+// CheckKeyHeaders returns a *RepeatedHeaderError when req carries more than one field of a
+// header that a rule of set matching req keys on; nil otherwise, whatever other headers repeat.
+//
+// Such a request has no one key. Applications disagree on which field they read: Go's
+// Header.Get and a servlet's getHeader read the first, others the last or all of them joined.
+// Counting it under any one choice lets a client spend another key's count, or escape its own
+// by varying the field the application does not read (a fresh key per request), so the faces
+// refuse it before deciding: that is right whichever field the application reads.
+func CheckKeyHeaders(set *ruleset.Set, req *Request) error {
+	if set == nil {
+		return nil
+	}
+	for _, r := range set.Rules {
+		for _, k := range r.Key {
+			if k.Header != "" && len(req.Header[k.Header]) > 1 && Matches(r.Match, req) {
+				return &RepeatedHeaderError{Header: k.Header}
+			}
+		}
+	}
+	return nil
+}
+
 // attrs resolves key parts of one request, computing the client IP at most once.
 type attrs struct {
 	req      *Request
@@ -334,7 +367,8 @@ func (a *attrs) parts(key []ruleset.KeyPart) []string {
 			case 1:
 				out[i] = vals[0]
 			default:
-				// All values count, so a second header field cannot be used to pick a new key.
+				// The faces refuse such a request first (CheckKeyHeaders). Should one not, all
+				// values count, so that a second field never picks a key of its own.
 				out[i] = strings.Join(vals, ",")
 			}
 		case k.Attribute == ruleset.AttrRemoteAddress:

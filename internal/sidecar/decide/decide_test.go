@@ -2,6 +2,7 @@ package decide_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"testing"
@@ -241,4 +242,39 @@ func TestHeadersOnRefusalOnly(t *testing.T) {
 	g.Expect(d.Allowed).To(BeFalse())
 	g.Expect(d.Fields().Policy).To(Equal(`"quiet/r";q=1;w=60`))
 	g.Expect(d.Fields().RetryAfter).To(Equal("31"))
+}
+
+// A request with two fields of a header that a rule it matches keys on has no one key: it is
+// refused by name, whichever field an application would read; other repeated headers, and a
+// key header of a rule the request does not match, are no reason to refuse.
+func TestCheckKeyHeaders(t *testing.T) {
+	set := testSet(t, "")
+	cases := []struct {
+		name string
+		req  *decide.Request
+		want string // the header refused, "" for none
+	}{
+		{"one field", req("POST", "/api/x", "10.0.0.1:1", "X-Api-Key", "mine"), ""},
+		{"two fields of the key header", req("POST", "/api/x", "10.0.0.1:1", "X-Api-Key", "mine", "X-Api-Key", "pad-1"), "X-Api-Key"},
+		{"two equal fields", req("POST", "/api/x", "10.0.0.1:1", "X-Api-Key", "mine", "X-Api-Key", "mine"), "X-Api-Key"},
+		{"an empty second field", req("POST", "/api/x", "10.0.0.1:1", "X-Api-Key", "mine", "X-Api-Key", ""), "X-Api-Key"},
+		{"a repeated unrelated header", req("POST", "/api/x", "10.0.0.1:1", "X-Api-Key", "mine", "Accept", "a", "Accept", "b"), ""},
+		{"no rule keyed on it matches", req("GET", "/api/x", "10.0.0.1:1", "X-Api-Key", "mine", "X-Api-Key", "pad-1"), ""},
+		{"no header at all", req("POST", "/api/x", "10.0.0.1:1"), ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := NewWithT(t)
+			err := decide.CheckKeyHeaders(set, c.req)
+			if c.want == "" {
+				g.Expect(err).NotTo(HaveOccurred())
+				return
+			}
+			rh, ok := errors.AsType[*decide.RepeatedHeaderError](err)
+			g.Expect(ok).To(BeTrue(), "error %v", err)
+			g.Expect(rh.Header).To(Equal(c.want))
+			g.Expect(err.Error()).To(ContainSubstring(c.want))
+		})
+	}
+	NewWithT(t).Expect(decide.CheckKeyHeaders(nil, req("POST", "/api/x", "", "X-Api-Key", "a", "X-Api-Key", "b"))).To(Succeed(), "no policies")
 }

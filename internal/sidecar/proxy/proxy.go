@@ -154,6 +154,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	set := h.opts.Store.Current()
 	if set != nil && len(set.Rules) > 0 {
 		req := &decide.Request{Method: r.Method, Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr}
+		if err := decide.CheckKeyHeaders(set, req); err != nil {
+			refuseRepeated(w, err)
+			return
+		}
 		if set.CostFromResponse(r.Method, r.URL.Path, r.Header) {
 			h.serveBudget(w, r, set, req)
 			return
@@ -254,6 +258,23 @@ func refuse(w http.ResponseWriter, d *decide.Decision) {
 	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
 	hdr["Cache-Control"] = []string{"no-store"}
 	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(body)
+}
+
+// refuseRepeated answers a request that sends a key header more than once (decide.CheckKeyHeaders):
+// 400, naming the header. Nothing was counted.
+func refuseRepeated(w http.ResponseWriter, err error) {
+	name := ""
+	if rh, ok := errors.AsType[*decide.RepeatedHeaderError](err); ok {
+		name = rh.Header
+	}
+	body, _ := json.Marshal(map[string]string{"error": "repeated_key_header", "header": name})
+	body = append(body, '\n')
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{contentTypeJSON}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
+	hdr["Cache-Control"] = []string{"no-store"}
+	w.WriteHeader(http.StatusBadRequest)
 	_, _ = w.Write(body)
 }
 
