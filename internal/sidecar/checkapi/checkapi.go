@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+	"strconv"
 	"strings"
 	"time"
 
@@ -162,9 +163,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(append(body, '\n'))
 		return
 	}
+	if re, ok := errors.AsType[*decide.RefusedError](err); ok {
+		// No room to keep the hold (it went back): 429 when the key has its share, which it
+		// frees by settling its own holds; 503 when the registry is full.
+		status := http.StatusServiceUnavailable
+		if errors.Is(re, decide.ErrKeyShareFull) {
+			status = http.StatusTooManyRequests
+		}
+		w.Header()[decide.HeaderRetryAfter] = []string{strconv.FormatInt(max(decide.CeilSeconds(re.RetryAfter), 1), 10)}
+		writeError(w, status, err.Error())
+		return
+	}
 	if err != nil {
 		status := http.StatusBadRequest
-		if errors.Is(err, errNoHolds) || errors.Is(err, decide.ErrTooManyHolds) {
+		if errors.Is(err, errNoHolds) {
 			status = http.StatusServiceUnavailable
 		}
 		writeError(w, status, err.Error())

@@ -6,38 +6,63 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
 
 // Registry keeps the holds of requests settled by a later call rather than by the sidecar
 // itself: /v1/check's reserve and settle (by id), and Envoy's apply_on_stream_done (the oldest
-// open hold of a key). It is bounded: a hold is forgotten Grace after its deadline, and a full
-// registry refuses to keep more, so that a client that reserves and never settles costs at most
-// Max entries. A hold settled after its deadline but before it is forgotten went back by itself
-// in Redis already, and its settle charges what was used in full (limiter.Settled.Expired).
+// open hold of a key).
+//
+// It is bounded so that no key can fill it for others:
+//
+//   - Open holds (before their deadline) are at most Max. While fewer than Max/2 are open any
+//     key may add one; past that, a key (each limiter key a hold is under) that already has
+//     Share open holds is refused (ErrKeyShareFull). A single busy key, such as a constant key
+//     counting everyone together, is not held to a small share while nobody else needs the
+//     room, yet under pressure it can have taken at most half, and every other key still gets
+//     its Share until the whole registry is full (ErrTooManyHolds).
+//   - A hold past its deadline has gone back by itself in Redis: it no longer counts toward
+//     any bound, and is kept apart, at most Late of them and each at most Grace, for a late
+//     settle, which charges what was used in full (limiter.Settled.Expired). The oldest of
+//     them is forgotten first when there is no room.
+//
+// A refused Put leaves the hold with its caller, who must give it back: a request is never
+// admitted without a hold kept here.
 type Registry struct {
-	// Max is the most open holds kept (default 16384).
+	// Max is the most open holds kept (default DefaultMaxHolds).
 	Max int
+	// Share is the most open holds one key keeps once Max/2 are open (default
+	// max(Max/64, MinShare)).
+	Share int
+	// Late is the most holds kept past their deadline for a late settle (default Max).
+	Late int
 	// Grace is how long a hold is kept past its deadline for a late settle (default
 	// DefaultGrace).
 	Grace time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Refused, if set, hears of every Put refused, with its error (metrics).
+	Refused func(error)
 
-	mu    sync.Mutex
-	byID  map[string]*entry
-	byKey map[string]*list.List // of *entry, oldest first
-	order deadlines             // every entry, soonest deadline first
+	mu     sync.Mutex
+	byID   map[string]*entry
+	byKey  map[string]*list.List // of *entry, open and late, oldest first
+	order  deadlines             // open entries, soonest deadline first
+	late   *list.List            // of *entry past their deadline, soonest deadline first
+	shares map[string]int        // open holds per limiter key
 }
 
 type entry struct {
 	id       string
 	key      string
+	shares   []string // the limiter keys of its holds
 	holds    *Holds
 	deadline time.Time
 	inKey    *list.Element
-	at       int // index in order
+	inLate   *list.Element // nil while open
+	at       int           // index in order while open
 }
 
 // deadlines is a heap of entries by deadline.
@@ -66,23 +91,84 @@ func (d *deadlines) Pop() any {
 const (
 	DefaultMaxHolds = 16384
 	DefaultGrace    = time.Minute
+	// MinShare is the least default Share of a key.
+	MinShare = 16
 )
 
-// ErrTooManyHolds is returned by Put when the registry is full of open holds.
-var ErrTooManyHolds = errors.New("too many open holds: settle some first")
+var (
+	// ErrTooManyHolds is wrapped by Put's error when the registry is full of open holds.
+	ErrTooManyHolds = errors.New("too many open holds on this sidecar")
+	// ErrKeyShareFull is wrapped by Put's error when the hold's key has its share of open
+	// holds and the registry is at least half full.
+	ErrKeyShareFull = errors.New("this key has its share of open holds")
+)
+
+// RefusedError is the error of a Put refused: Err is ErrTooManyHolds or ErrKeyShareFull.
+type RefusedError struct {
+	Err error
+	// RetryAfter is when a hold in the way will have passed its deadline at the latest.
+	RetryAfter time.Duration
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("%v: settle some first, or retry in %v", e.Err, e.RetryAfter.Round(time.Second))
+}
+
+func (e *RefusedError) Unwrap() error { return e.Err }
 
 // Put keeps h until deadline under a new id, and as the newest open hold of key ("" for none).
+// Its error is a *RefusedError when there is no room for it (see Registry); h is then not
+// kept.
 func (g *Registry) Put(h *Holds, key string, deadline time.Time) (string, error) {
-	id := newHoldID()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.init()
-	g.sweep()
-	if len(g.byID) >= g.max() {
-		return "", ErrTooManyHolds
+	now := g.now()
+	g.sweep(now)
+	e, err := g.put(h, key, deadline, now)
+	if err != nil {
+		return "", err
 	}
-	e := &entry{id: id, key: key, holds: h, deadline: deadline}
+	return e.id, nil
+}
+
+// PutSplit keeps each of ks (Holds.Split) under its key until its deadline, as the newest open
+// hold of that key: all of them, or none when one does not fit. Its error is then the
+// *RefusedError of the first that did not, and failed that one's index in ks.
+func (g *Registry) PutSplit(ks []Keyed) (failed int, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.init()
+	now := g.now()
+	g.sweep(now)
+	kept := make([]*entry, 0, len(ks))
+	for i, k := range ks {
+		e, err := g.put(k.Holds, k.Key, k.Holds.Deadline(), now)
+		if err != nil {
+			for _, e := range kept {
+				g.remove(e)
+			}
+			return i, err
+		}
+		kept = append(kept, e)
+	}
+	return -1, nil
+}
+
+// put keeps h if it fits; g.mu is held.
+func (g *Registry) put(h *Holds, key string, deadline, now time.Time) (*entry, error) {
+	shares := h.limiterKeys()
+	if err := g.room(shares, deadline, now); err != nil {
+		if g.Refused != nil {
+			g.Refused(err)
+		}
+		return nil, err
+	}
+	e := &entry{id: newHoldID(), key: key, shares: shares, holds: h, deadline: deadline}
 	heap.Push(&g.order, e)
+	for _, s := range shares {
+		g.shares[s]++
+	}
 	if key != "" {
 		l := g.byKey[key]
 		if l == nil {
@@ -91,17 +177,37 @@ func (g *Registry) Put(h *Holds, key string, deadline time.Time) (string, error)
 		}
 		e.inKey = l.PushBack(e)
 	}
-	g.byID[id] = e
-	return id, nil
+	g.byID[e.id] = e
+	return e, nil
 }
 
-// Take removes and returns the hold of id; nil when there is none (never kept, settled
-// already, or forgotten).
+// room says whether a hold under shares fits.
+func (g *Registry) room(shares []string, deadline, now time.Time) error {
+	open, most := len(g.order), g.max()
+	if open >= most {
+		return &RefusedError{Err: ErrTooManyHolds, RetryAfter: max(g.order[0].deadline.Sub(now), time.Second)}
+	}
+	if open < most/2 {
+		return nil
+	}
+	share := g.share()
+	for _, s := range shares {
+		if g.shares[s] >= share {
+			// The key's holds are of the same rule: they have all passed their deadline by the
+			// time this one would.
+			return &RefusedError{Err: ErrKeyShareFull, RetryAfter: max(deadline.Sub(now), time.Second)}
+		}
+	}
+	return nil
+}
+
+// Take removes and returns the hold of id, open or past its deadline; nil when there is none
+// (never kept, settled already, or forgotten).
 func (g *Registry) Take(id string) *Holds {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.init()
-	g.sweep()
+	g.sweep(g.now())
 	e := g.byID[id]
 	if e == nil {
 		return nil
@@ -110,12 +216,13 @@ func (g *Registry) Take(id string) *Holds {
 	return e.holds
 }
 
-// TakeOldest removes and returns the oldest hold of key; nil when there is none.
+// TakeOldest removes and returns the oldest hold of key, open or past its deadline; nil when
+// there is none.
 func (g *Registry) TakeOldest(key string) *Holds {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.init()
-	g.sweep()
+	g.sweep(g.now())
 	l := g.byKey[key]
 	if l == nil {
 		return nil
@@ -125,16 +232,25 @@ func (g *Registry) TakeOldest(key string) *Holds {
 	return e.holds
 }
 
-// Len is how many holds are kept.
+// Len is how many holds are kept, open or past their deadline.
 func (g *Registry) Len() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return len(g.byID)
 }
 
+// Open is how many holds are kept that have not passed their deadline: what the bounds count.
+func (g *Registry) Open() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.init()
+	g.sweep(g.now())
+	return len(g.order)
+}
+
 func (g *Registry) init() {
 	if g.byID == nil {
-		g.byID, g.byKey = map[string]*entry{}, map[string]*list.List{}
+		g.byID, g.byKey, g.shares, g.late = map[string]*entry{}, map[string]*list.List{}, map[string]int{}, list.New()
 	}
 }
 
@@ -145,6 +261,20 @@ func (g *Registry) max() int {
 	return DefaultMaxHolds
 }
 
+func (g *Registry) share() int {
+	if g.Share > 0 {
+		return g.Share
+	}
+	return max(g.max()/64, MinShare)
+}
+
+func (g *Registry) lateMax() int {
+	if g.Late > 0 {
+		return g.Late
+	}
+	return g.max()
+}
+
 func (g *Registry) now() time.Time {
 	if g.Now != nil {
 		return g.Now()
@@ -152,21 +282,44 @@ func (g *Registry) now() time.Time {
 	return time.Now()
 }
 
-// sweep forgets holds Grace past their deadline, soonest first: O(log n) for each one freed.
-func (g *Registry) sweep() {
+// sweep moves the holds past their deadline out of the bounds into the late ones, soonest
+// first, and forgets late holds past their grace or beyond Late, oldest first: O(log n) for
+// each hold moved.
+func (g *Registry) sweep(now time.Time) {
+	for len(g.order) > 0 && !now.Before(g.order[0].deadline) {
+		e := heap.Pop(&g.order).(*entry)
+		g.unshare(e)
+		e.inLate = g.late.PushBack(e)
+	}
 	grace := g.Grace
 	if grace <= 0 {
 		grace = DefaultGrace
 	}
-	now := g.now()
-	for len(g.order) > 0 && !now.Before(g.order[0].deadline.Add(grace)) {
-		g.remove(g.order[0])
+	for g.late.Len() > 0 {
+		e := g.late.Front().Value.(*entry)
+		if g.late.Len() <= g.lateMax() && now.Before(e.deadline.Add(grace)) {
+			break
+		}
+		g.remove(e)
+	}
+}
+
+func (g *Registry) unshare(e *entry) {
+	for _, s := range e.shares {
+		if g.shares[s]--; g.shares[s] <= 0 {
+			delete(g.shares, s)
+		}
 	}
 }
 
 func (g *Registry) remove(e *entry) {
 	delete(g.byID, e.id)
-	heap.Remove(&g.order, e.at)
+	if e.inLate != nil {
+		g.late.Remove(e.inLate)
+	} else {
+		heap.Remove(&g.order, e.at)
+		g.unshare(e)
+	}
 	if e.inKey != nil {
 		l := g.byKey[e.key]
 		l.Remove(e.inKey)
@@ -174,6 +327,24 @@ func (g *Registry) remove(e *entry) {
 			delete(g.byKey, e.key)
 		}
 	}
+}
+
+// limiterKeys are the distinct limiter keys h holds under: the shares it counts toward.
+func (h *Holds) limiterKeys() []string {
+	if h == nil {
+		return nil
+	}
+	keys := make([]string, 0, len(h.holds))
+	for _, x := range h.holds {
+		dup := false
+		for _, k := range keys {
+			dup = dup || k == x.key
+		}
+		if !dup {
+			keys = append(keys, x.key)
+		}
+	}
+	return keys
 }
 
 // newHoldID is 128 random bits: a client cannot settle another's hold by guessing its id.

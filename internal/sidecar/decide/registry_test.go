@@ -1,6 +1,8 @@
 package decide
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -89,7 +91,7 @@ func TestRegistryBounded(t *testing.T) {
 	_, _ = g.Put(&Holds{}, "k", c.t.Add(time.Hour))
 	_, _ = g.Put(&Holds{}, "k", c.t.Add(time.Second))
 	_, _ = g.Put(&Holds{}, "", c.t.Add(time.Second))
-	if _, err := g.Put(&Holds{}, "k", c.t.Add(time.Second)); err != ErrTooManyHolds {
+	if _, err := g.Put(&Holds{}, "k", c.t.Add(time.Second)); !errors.Is(err, ErrTooManyHolds) {
 		t.Fatalf("Put on a full registry: %v, want ErrTooManyHolds", err)
 	}
 	c.t = c.t.Add(2 * time.Second)
@@ -100,5 +102,135 @@ func TestRegistryBounded(t *testing.T) {
 	}
 	if g.Len() != 3 {
 		t.Fatalf("Len %d, want 3", g.Len())
+	}
+}
+
+// keyed is a request's holds under the given limiter keys, for the registry's shares.
+func keyed(keys ...string) *Holds {
+	h := &Holds{}
+	for _, k := range keys {
+		h.holds = append(h.holds, held{key: k})
+	}
+	return h
+}
+
+// fill puts holds of key until one is refused, and returns how many were kept and the refusal.
+func fill(t *testing.T, g *Registry, key string, deadline time.Time) (int, *RefusedError) {
+	t.Helper()
+	for n := 0; ; n++ {
+		_, err := g.Put(keyed(key), key, deadline)
+		if err == nil {
+			continue
+		}
+		var re *RefusedError
+		if !errors.As(err, &re) {
+			t.Fatalf("Put %d of %s: %v, want a *RefusedError", n, key, err)
+		}
+		return n, re
+	}
+}
+
+// No key fills the registry for others: one key alone may take half of it, and past half
+// every key keeps at most its share, so that other keys still find room until it is whole
+// full. Each refusal says why and when to retry, and is heard.
+func TestRegistryShares(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	var refused []error
+	g := &Registry{Max: 64, Share: 8, Now: c.now, Refused: func(err error) { refused = append(refused, err) }}
+	deadline := c.t.Add(30 * time.Second)
+	n, re := fill(t, g, "greedy", deadline)
+	if n != 32 || !errors.Is(re, ErrKeyShareFull) {
+		t.Fatalf("one key alone kept %d (refused: %v), want half of 64 and then ErrKeyShareFull", n, re)
+	}
+	if re.RetryAfter != 30*time.Second {
+		t.Fatalf("RetryAfter %v, want 30s: the key's holds have all passed their deadline by then", re.RetryAfter)
+	}
+	for i := range 4 {
+		key := fmt.Sprintf("other-%d", i)
+		want := ErrKeyShareFull
+		if i == 3 {
+			want = ErrTooManyHolds // 32 + 4*8 = 64
+		}
+		if n, re := fill(t, g, key, deadline); n != 8 || !errors.Is(re, want) {
+			t.Fatalf("%s kept %d (refused: %v), want its share of 8, then %v", key, n, re, want)
+		}
+	}
+	// Now the registry is full, for every key.
+	if _, err := g.Put(keyed("late-comer"), "late-comer", deadline); !errors.Is(err, ErrTooManyHolds) {
+		t.Fatalf("Put on a full registry: %v, want ErrTooManyHolds", err)
+	}
+	if len(refused) != 6 || !errors.Is(refused[5], ErrTooManyHolds) {
+		t.Fatalf("refusals heard: %v, want 6, the last for a full registry", refused)
+	}
+	// A request under two keys counts toward both: a full share of either refuses it.
+	g2 := &Registry{Max: 4, Share: 1, Now: c.now}
+	for _, k := range []string{"a", "b"} {
+		if _, err := g2.Put(keyed(k), "", deadline); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := g2.Put(keyed("c", "a"), "", deadline); !errors.Is(err, ErrKeyShareFull) {
+		t.Fatalf("a request also under a key that has its share: %v, want ErrKeyShareFull", err)
+	}
+	if _, err := g2.Put(keyed("c", "d"), "", deadline); err != nil {
+		t.Fatalf("a request under two keys with room: %v", err)
+	}
+}
+
+// Holds past their deadline have gone back in Redis: they count toward no bound, yet a late
+// settle still finds them (by id, or as the oldest of their key) until their grace ends, and
+// at most Late of them are kept, the oldest forgotten first.
+func TestRegistryExpiredHoldsDoNotCount(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	g := &Registry{Max: 8, Share: 4, Late: 6, Grace: time.Minute, Now: c.now}
+	var ids []string
+	var hs []*Holds
+	for i := range 8 {
+		h := keyed(fmt.Sprintf("k%d", i%2))
+		id, err := g.Put(h, fmt.Sprintf("k%d", i%2), c.t.Add(time.Duration(i+1)*time.Second))
+		if err != nil {
+			t.Fatalf("Put %d: %v", i, err)
+		}
+		ids, hs = append(ids, id), append(hs, h)
+	}
+	if _, err := g.Put(keyed("k0"), "k0", c.t.Add(time.Minute)); !errors.Is(err, ErrTooManyHolds) {
+		t.Fatalf("Put on a full registry: %v, want ErrTooManyHolds", err)
+	}
+	// Every hold is past its deadline: the registry has all its room again, for any key,
+	// k0 included, though the expired holds of k0 are kept.
+	c.t = c.t.Add(8 * time.Second)
+	if g.Open() != 0 {
+		t.Fatalf("Open %d: holds past their deadline still count", g.Open())
+	}
+	for i := range 4 {
+		if _, err := g.Put(keyed("k0"), "k0", c.t.Add(time.Hour)); err != nil {
+			t.Fatalf("Put %d after the holds expired: %v", i, err)
+		}
+	}
+	// Late is 6: the two oldest expired holds were forgotten, the six others wait.
+	if g.Len() != 4+6 {
+		t.Fatalf("Len %d, want 4 open and 6 late", g.Len())
+	}
+	if g.Take(ids[0]) != nil || g.Take(ids[1]) != nil {
+		t.Fatal("holds beyond Late were kept")
+	}
+	if got := g.Take(ids[2]); got != hs[2] {
+		t.Fatal("a late settle by id did not find its expired hold")
+	}
+	// k1's oldest kept hold is ids[3]: Envoy's late stream-done settles it, not a newer one.
+	if got := g.TakeOldest("k1"); got != hs[3] {
+		t.Fatal("TakeOldest did not give the key's oldest hold, past its deadline")
+	}
+	// k0's oldest is ids[4], expired, before the four open ones.
+	if got := g.TakeOldest("k0"); got != hs[4] {
+		t.Fatal("TakeOldest did not give the key's oldest hold, past its deadline, before the open ones")
+	}
+	// Past their grace, late holds are forgotten; open ones stay.
+	c.t = c.t.Add(time.Minute)
+	if g.Take(ids[7]) != nil {
+		t.Fatal("a hold past its grace was kept")
+	}
+	if g.Len() != 4 || g.Open() != 4 {
+		t.Fatalf("Len %d, Open %d: want the 4 open holds only", g.Len(), g.Open())
 	}
 }

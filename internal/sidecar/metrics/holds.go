@@ -1,9 +1,12 @@
 package metrics
 
 import (
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
@@ -20,11 +23,23 @@ const (
 	SettleFailed = "failed"
 )
 
+// Faces that keep holds for a later settle, and why a hold found no room: the values of the
+// labels of hold_registry_refusals_total.
+const (
+	FaceCheck = "check"
+	FaceRLS   = "rls"
+	// RoomKeyShare: the request's key had its share of open holds.
+	RoomKeyShare = "key_share"
+	// RoomFull: the registry was full of open holds.
+	RoomFull = "full"
+)
+
 // holdMetrics are the token budgets' counters, by policy and rule.
 type holdMetrics struct {
 	settles  *prometheus.CounterVec
 	returned *prometheus.CounterVec
 	debt     *prometheus.CounterVec
+	noRoom   *prometheus.CounterVec
 }
 
 func newHoldMetrics() holdMetrics {
@@ -41,11 +56,28 @@ func newHoldMetrics() holdMetrics {
 			Namespace: ns, Name: "debt_units_total",
 			Help: "Units responses used beyond their hold (an upstream that ignored the output cap, or a cost header over it), charged past the limit as debt, by policy and rule: the key is refused until it is repaid.",
 		}, []string{labelPolicy, labelRule}),
+		noRoom: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "hold_registry_refusals_total",
+			Help: "Requests of token budgets refused because their holds found no room to wait for their settle, by face (check: /v1/check's reserve, rls: Envoy's apply_on_stream_done) and reason (key_share: the key had its share of open holds; full: the sidecar had its most open holds). The hold went back; the request was not admitted.",
+		}, []string{"face", "reason"}),
 	}
 }
 
 func (h holdMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{h.settles, h.returned, h.debt}
+	return []prometheus.Collector{h.settles, h.returned, h.debt, h.noRoom}
+}
+
+// RegistryRefused returns what counts the refusals of face's hold registry
+// (decide.Registry.Refused).
+func (m *Metrics) RegistryRefused(face string) func(error) {
+	share, full := m.holds.noRoom.WithLabelValues(face, RoomKeyShare), m.holds.noRoom.WithLabelValues(face, RoomFull)
+	return func(err error) {
+		if errors.Is(err, decide.ErrKeyShareFull) {
+			share.Inc()
+			return
+		}
+		full.Inc()
+	}
 }
 
 // Settled counts one settle of a hold of rule r (decide.Engine.ObserveSettle).

@@ -125,8 +125,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	var d decide.Decision
 	var err error
+	var full *noRoom
 	if holds {
-		d, err = s.reserve(ctx, set, hits)
+		d, full, err = s.reserve(ctx, set, hits)
 	} else {
 		d, err = s.Engine.DecideHits(ctx, set, hits, 1)
 	}
@@ -157,6 +158,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	if f.RetryAfter != "" {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: decide.HeaderRetryAfter, Value: f.RetryAfter})
+	}
+	if full != nil {
+		refuseNoRoom(set, resp, hits, at, full)
 	}
 	return resp, nil
 }
