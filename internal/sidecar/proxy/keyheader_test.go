@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -11,9 +12,11 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/fakemodel"
 )
 
 // servedApp is a Go application behind the proxy that counts the requests it serves per
@@ -100,4 +103,28 @@ func TestRepeatedKeyHeaderRefused(t *testing.T) {
 	status, _ := send("X-API-Key", "other", "Accept", "text/plain", "Accept", "application/json")
 	g.Expect(status).To(Equal(http.StatusOK))
 	g.Expect(app.count("other")).To(Equal(1))
+}
+
+// A token budget's request with its key header twice is refused the same way, before its body
+// is read or anything held: the model serves none of them, and the key's budget is whole.
+func TestRepeatedKeyHeaderRefusedOnATokenBudget(t *testing.T) {
+	g := NewWithT(t)
+	model, f := budgetFront(t, fakemodel.Config{Length: 100}, policydoc.OnErrorUsed)
+	c := fakemodel.Calls(50)[0]
+	for i := range 5 {
+		req, err := c.NewRequest(f.URL)
+		g.Expect(err).NotTo(HaveOccurred())
+		req.Header.Add("X-Key", "mine")
+		req.Header.Add("X-Key", fmt.Sprintf("pad-%d", i))
+		resp, err := http.DefaultClient.Do(req)
+		g.Expect(err).NotTo(HaveOccurred())
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		g.Expect(resp.StatusCode).To(Equal(http.StatusBadRequest))
+		g.Expect(string(body)).To(ContainSubstring(`"header":"X-Key"`))
+	}
+	g.Expect(model.Served().Requests).To(BeZero())
+	status, body, _ := send(t, f.URL, "mine", c, "")
+	g.Expect(status).To(Equal(http.StatusOK), body)
+	g.Expect(model.Served().Requests).To(Equal(int64(1)))
 }
