@@ -6,8 +6,8 @@
 //     done: how many are admitted (its limit is 10); and the same after 8 keys of a larger
 //     budget start 16,384 streams;
 //   - /v1/check: 8 keys reserve 16,384 holds and never settle, then 100 other keys reserve once
-//     each: how many are answered 503, right away and again once the 8 keys' holds have passed
-//     their deadline (2 s).
+//     each: how many are answered 503; and the same with holds of a 2 s timeout, once every one
+//     has passed its deadline.
 //
 // Usage: go run ./cmd/holdregistry (from hack/bench).
 package main
@@ -69,7 +69,8 @@ func run() error {
 	}
 	_, data, err := policydoc.Build("ns", []policydoc.Policy{{
 		Name: "llm", Generation: 1, FailureMode: "Open", Selector: policydoc.Selector{MatchLabels: map[string]string{"app": "web"}},
-		Rules: []policydoc.Rule{rule("tokens", 10_000, 1_000, time.Minute.Milliseconds()), rule("short", 1_000_000, 1, 2_000)},
+		Rules: []policydoc.Rule{rule("tokens", 10_000, 1_000, time.Minute.Milliseconds()),
+			rule("bulk", 100_000_000, 1, time.Minute.Milliseconds()), rule("short", 100_000_000, 1, 2_000)},
 	}}, map[string]string{})
 	if err != nil {
 		return err
@@ -127,7 +128,7 @@ func run() error {
 	s.Holds = &decide.Registry{}
 	var busy atomic.Int64
 	for i := range 16_384 {
-		code, err := startRule(ctx, s, "short", fmt.Sprintf("busy-%d", i%8))
+		code, err := startRule(ctx, s, "bulk", fmt.Sprintf("busy-%d", i%8))
 		if err != nil {
 			return err
 		}
@@ -149,31 +150,36 @@ func run() error {
 
 	// /v1/check.
 	h := &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{}}
-	reserve := func(user string) int {
+	reserve := func(rule, user string) int {
 		rec := httptest.NewRecorder()
-		body := `{"policy":"llm","rule":"short","key":["` + user + `"],"reserve":{}}`
+		body := `{"policy":"llm","rule":"` + rule + `","key":["` + user + `"],"reserve":{}}`
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, checkapi.Path, strings.NewReader(body)))
 		return rec.Code
 	}
-	statuses := map[int]int{}
-	var deadline time.Time
-	for i := range 16_384 {
-		if i == 0 {
-			deadline = time.Now().Add(2 * time.Second)
-		}
-		statuses[reserve(fmt.Sprintf("hog-%d", i%8))]++
-	}
-	fmt.Printf("check: 8 keys reserve 16384 holds, never settled: %v\n", statuses)
-	others := func() map[int]int {
+	others := func(rule string) map[int]int {
 		got := map[int]int{}
 		for i := range 100 {
-			got[reserve(fmt.Sprintf("other-%d", i))]++
+			got[reserve(rule, fmt.Sprintf("other-%d", i))]++
 		}
 		return got
 	}
-	fmt.Printf("check: 100 other keys reserve once each, at once: %v\n", others())
-	time.Sleep(time.Until(deadline.Add(100 * time.Millisecond)))
-	fmt.Printf("check: 100 more other keys once the 8 keys' holds passed their deadline: %v\n", others())
+	statuses := map[int]int{}
+	for i := range 16_384 {
+		statuses[reserve("bulk", fmt.Sprintf("hog-%d", i%8))]++
+	}
+	fmt.Printf("check: 8 keys reserve 16384 holds (a minute's timeout), never settled: %v\n", statuses)
+	fmt.Printf("check: then 100 other keys reserve once each: %v\n", others("bulk"))
+
+	// Holds of a 2 s timeout, past their deadline.
+	h.Holds = &decide.Registry{}
+	statuses = map[int]int{}
+	var last time.Time
+	for i := range 16_384 {
+		statuses[reserve("short", fmt.Sprintf("hog-%d", i%8))]++
+		last = time.Now()
+	}
+	time.Sleep(time.Until(last.Add(2100 * time.Millisecond)))
+	fmt.Printf("check: 8 keys reserve 16384 holds of a 2 s timeout (%v); once all passed their deadline, 100 other keys: %v\n", statuses, others("short"))
 	return nil
 }
 
