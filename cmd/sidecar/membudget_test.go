@@ -59,21 +59,37 @@ type floodOutcome struct {
 // body and withhold its last byte: the sidecar's peak RSS stays under the limit, the requests
 // the memory budget has no room for are answered 503 with Retry-After (and counted), and
 // meanwhile another key is still decided. Without the budget (-flood-flags=--memory-budget=-1)
-// the sidecar buffered every body before any decision: 340 MiB.
+// the sidecar buffered every body before any decision: 335 MiB.
 func TestSlowBodyFloodStaysUnderTheMemoryLimit(t *testing.T) {
+	bodyFlood(t, false)
+}
+
+// The same with whole bodies (an ingress that buffers them) to a slow model: a body's memory
+// goes back once the model has read it, so nothing is held while the model answers.
+func TestWholeBodiesToASlowModelStayUnderTheMemoryLimit(t *testing.T) {
+	bodyFlood(t, true)
+}
+
+func bodyFlood(t *testing.T, whole bool) {
 	g := NewWithT(t)
-	var started atomic.Int64
+	var started, read atomic.Int64
+	answer := make(chan struct{})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		started.Add(1)
 		if _, err := io.Copy(io.Discard, r.Body); err != nil {
 			return
 		}
+		if r.Header.Get("X-Api-Key") == "flood" {
+			read.Add(1)
+			<-answer // a slow model
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":5,"total_tokens":10}}`)
 	}))
 	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(answer) })
 	e := newEnv(t, "web")
-	budget := sidecartest.BudgetRule("tokens", "x-api-key", "FixedWindow", 1_000_000, 1000, 1, policydoc.OnErrorZero)
+	budget := sidecartest.BudgetRule("tokens", "x-api-key", "FixedWindow", 1_000_000_000, 1000, 1, policydoc.OnErrorZero)
 	budget.Match = &policydoc.Match{PathPrefix: "/v1/chat/completions"}
 	calls := policydoc.Rule{Name: "calls", Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: "FixedWindow",
 		Requests: 3, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce", Match: &policydoc.Match{PathPrefix: "/plain"}}
@@ -115,7 +131,11 @@ func TestSlowBodyFloodStaysUnderTheMemoryLimit(t *testing.T) {
 			// A refused request's connection is closed under the rest of its body: a write
 			// error is an answer on its way, read below.
 			if _, err := io.WriteString(c, head); err == nil {
-				_, _ = c.Write(body[:size-1]) // the last byte withheld
+				if whole {
+					_, _ = c.Write(body)
+				} else {
+					_, _ = c.Write(body[:size-1]) // the last byte withheld
+				}
 			}
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
@@ -128,14 +148,22 @@ func TestSlowBodyFloodStaysUnderTheMemoryLimit(t *testing.T) {
 			mu.Unlock()
 		})
 	}
-	// Every request of the flood is either answered or at the application, reading its body.
+	// Every request of the flood is either answered or at the application, waiting for its
+	// last byte, or read whole and waiting for the model.
 	answered := func() int {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(outcomes)
 	}
-	g.Eventually(func() int64 { return int64(answered()) + started.Load() }, 2*time.Minute, 100*time.Millisecond).
+	at := &started
+	if whole {
+		at = &read
+	}
+	g.Eventually(func() int64 { return int64(answered()) + at.Load() }, 2*time.Minute, 100*time.Millisecond).
 		Should(BeEquivalentTo(conns), "every request of the flood answered or forwarded")
+	if whole {
+		g.Expect(s.metric(t, "redline_sidecar_memory_budget_in_use_bytes")).To(BeZero(), "nothing held once the model has the bodies")
+	}
 
 	// Meanwhile other keys are decided: a plain rule counts its requests, and a small token
 	// budget request fits beside the flood.

@@ -26,6 +26,14 @@ func TestLeaseDrawsAndGivesBack(t *testing.T) {
 		t.Errorf("after shrinking to 30: in use %d, lease %d", st.InUse, l.Bytes())
 	}
 	l.ShrinkTo(50) // never grows
+	l.Shrink(10)
+	if l.Bytes() != 20 {
+		t.Errorf("after shrinking by 10: lease %d, want 20", l.Bytes())
+	}
+	l.Shrink(100) // at most all of it
+	if l.Bytes() != 0 || b.Stats().InUse != 0 {
+		t.Errorf("after shrinking past it: lease %d, in use %d", l.Bytes(), b.Stats().InUse)
+	}
 	l.Release()
 	l.Release()
 	if st := b.Stats(); st.InUse != 0 || st.Refused != 2 || st.Size != 100 {
