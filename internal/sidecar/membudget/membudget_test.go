@@ -48,7 +48,7 @@ func TestLeaseDrawsAndGivesBack(t *testing.T) {
 }
 
 func TestNoBudgetGrantsEverything(t *testing.T) {
-	var b *Budget = New(0)
+	b := New(0) // no budget: nil
 	l, ok := b.Take(math.MaxInt64 / 2)
 	if !ok || !l.Grow(math.MaxInt64/4) {
 		t.Fatal("no budget refused a draw")
