@@ -20,6 +20,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/redline-dev/redline/internal/policydoc"
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
@@ -97,6 +98,10 @@ func bodyFlood(t *testing.T, whole bool) {
 	s := startWithEnv(t, "flooded", e, hostPort(up.URL), []string{fmt.Sprintf("REDLINE_MEMORY_LIMIT=%d", memoryLimit)}, strings.Fields(*floodFlags)...)
 	pid := s.cmd.Process.Pid
 	idle := vmHWMMiB(t, pid)
+	if *floodFlags == "" {
+		g.Expect(s.metric(t, "redline_sidecar_memory_budget_bytes")).To(BeNumerically("==", 57042480/100*membudget.DefaultPercent),
+			"the budget is its share of Go's memory limit, 85% of the container's")
+	}
 
 	const conns, size = 300, 1 << 20
 	body := []byte(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"`)
