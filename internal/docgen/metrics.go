@@ -17,6 +17,7 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/redisconn"
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 	sidecarmetrics "github.com/redline-dev/redline/internal/sidecar/metrics"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -88,6 +89,7 @@ func SidecarRegistry() (*prometheus.Registry, error) {
 	// Never dialed: the pool's counters are read, not used.
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	m.WatchPool(client, &redisconn.ConnStats{}, 16)
+	m.WatchMemory(membudget.New(1).Stats)
 	// Serving /metrics registers the handler's own error counter.
 	_ = m.Handler()
 	return m.Registry, nil

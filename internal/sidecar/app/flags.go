@@ -17,6 +17,7 @@ import (
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 )
 
 // Config is the sidecar's configuration, from flags and environment.
@@ -38,7 +39,10 @@ type Config struct {
 	MaxGRPCConnsPerIP  int
 	// MemoryLimit is the container's memory limit in bytes (downward API), 0 when unknown; Run
 	// sets the Go memory limit from it unless GOMEMLIMIT is set.
-	MemoryLimit       int64
+	MemoryLimit int64
+	// MemoryBudget is what the proxy may hold for its clients' requests (bodies read to size
+	// them), in bytes: 0 sizes it from Go's memory limit (membudget.SizeFor), negative is none.
+	MemoryBudget      int64
 	ConfigDir         string
 	PodLabels         string
 	FailureMode       string
@@ -133,6 +137,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.IntVar(&c.MaxAdminConnsPerIP, "max-admin-conns-per-ip", 8, "most admin connections from one IP (the kubelet and Prometheus need one or two each)")
 	fs.IntVar(&c.MaxCheckConnsPerIP, "max-check-conns-per-ip", 64, "most /v1/check connections from one IP when the decision API is not on loopback")
 	fs.IntVar(&c.MaxGRPCConnsPerIP, "max-grpc-conns-per-ip", 8, "most rate limit service connections from one IP when it is not on loopback")
+	fs.Int64Var(&c.MemoryBudget, "memory-budget", 0, fmt.Sprintf("most bytes the proxy holds for its clients' requests at once (the bodies of token budget requests, read to size them); a request that does not fit is answered 503 with Retry-After. 0: %d%% of Go's memory limit (GOMEMLIMIT, or %d%% of the container's), or %d MiB when neither is known; -1: no bound", membudget.DefaultPercent, contract.MemoryLimitPercent, membudget.DefaultSize>>20))
 	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the admin address (for diagnosing a sidecar, not for production traffic)")
 	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
 	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")
@@ -233,6 +238,9 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 	}
 	if min(c.MaxConnsPerIP, c.MaxAdminConnsPerIP, c.MaxCheckConnsPerIP, c.MaxGRPCConnsPerIP) < 0 {
 		errs = append(errs, errors.New("the --max-*-per-ip bounds must not be negative (0: none)"))
+	}
+	if c.MemoryBudget < -1 {
+		errs = append(errs, errors.New("--memory-budget must be -1 (no bound), 0 (from the memory limit) or a number of bytes"))
 	}
 	if c.MaxHeaderBytes < 4096 {
 		errs = append(errs, errors.New("--max-header-bytes must be at least 4096"))

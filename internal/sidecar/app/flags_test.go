@@ -79,6 +79,8 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 		"negative max conns": {"--upstream=127.0.0.1:1", "--max-conns=-1"},
 		"no admin conns":     {"--upstream=127.0.0.1:1", "--max-admin-conns=0"},
 		"negative per ip":    {"--upstream=127.0.0.1:1", "--max-grpc-conns-per-ip=-1"},
+		"memory budget -2":   {"--upstream=127.0.0.1:1", "--memory-budget=-2"},
+		"memory budget 64Mi": {"--upstream=127.0.0.1:1", "--memory-budget=64Mi"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := app.ParseConfig(args, env(map[string]string{"REDLINE_REDIS_URL": "redis://r", "POD_NAMESPACE": "shop"}), io.Discard)

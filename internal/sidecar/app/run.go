@@ -24,6 +24,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/connlimit"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 	"github.com/redline-dev/redline/internal/sidecar/metrics"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
@@ -65,6 +66,18 @@ func setMemoryLimit(cfg *Config, getenv func(string) string, log *slog.Logger) {
 	limit := cfg.MemoryLimit / 100 * contract.MemoryLimitPercent
 	debug.SetMemoryLimit(limit)
 	log.Info("Go memory limit set from the container's", "containerLimitBytes", cfg.MemoryLimit, "goMemoryLimitBytes", limit)
+}
+
+// memoryBudget is the budget of what clients make the sidecar hold: --memory-budget, or a
+// share of Go's memory limit as setMemoryLimit (or GOMEMLIMIT) left it.
+func memoryBudget(cfg *Config, log *slog.Logger) *membudget.Budget {
+	size := cfg.MemoryBudget
+	if size == 0 {
+		size = membudget.SizeFor(debug.SetMemoryLimit(-1), membudget.DefaultPercent)
+	}
+	b := membudget.New(size)
+	log.Info("memory budget for requests", "bytes", b.Stats().Size)
+	return b
 }
 
 type silentRedisLogger struct{}
@@ -135,9 +148,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		log.Warn("starting without valid policies: not ready until a valid document appears", "reason", err.Error())
 	}
 	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled}
+	memory := memoryBudget(cfg, log)
+	m.WatchMemory(memory.Stats)
 	ph, err := proxy.New(proxy.Options{
 		Upstream: cfg.Upstream, Engine: engine, Store: store, Headers: cfg.RateLimitHeaders,
-		ResponseHeaderTimeout: cfg.RequestTimeout, Log: log,
+		ResponseHeaderTimeout: cfg.RequestTimeout, Memory: memory, Log: log,
 	})
 	if err != nil {
 		return err

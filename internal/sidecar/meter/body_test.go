@@ -9,8 +9,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 )
 
 // bodyResult is what a handler saw: ReadBody's answer, then what the upstream would read.
@@ -19,25 +22,49 @@ type bodyResult struct {
 	err       error
 	forwarded []byte
 	fwdErr    error
-	held      int  // bytes ReadBody held
-	ctxAlive  bool // the request's context was not cancelled when it was forwarded
+	held      int64 // bytes ReadBody drew for its buffer
+	ctxAlive  bool  // the request's context was not cancelled when it was forwarded
+	// inUse is what the budget held when ReadBody returned, then once the body was forwarded.
+	inUse, inUseAfter int64
+}
+
+// drawn is a lease that remembers what was drawn from it.
+type drawn struct {
+	*membudget.Lease
+	n atomic.Int64
+}
+
+func (d *drawn) Grow(n int64) bool {
+	if !d.Lease.Grow(n) {
+		return false
+	}
+	d.n.Add(n)
+	return true
 }
 
 // bodyServer serves a handler that calls ReadBody and then reads r.Body as the upstream
 // transport would; slow, when set, is closed as soon as ReadBody returns.
 func bodyServer(t *testing.T, limit int64, timeout time.Duration, slow chan<- struct{}) (string, <-chan bodyResult) {
+	return bodyServerIn(t, limit, timeout, slow, nil)
+}
+
+// bodyServerIn is bodyServer with the buffer drawn from budget (nil: none).
+func bodyServerIn(t *testing.T, limit int64, timeout time.Duration, slow chan<- struct{}, budget *membudget.Budget) (string, <-chan bodyResult) {
 	t.Helper()
 	results := make(chan bodyResult, 1)
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var res bodyResult
-		res.read, res.err = ReadBody(r, limit, timeout)
+		lease, _ := budget.Take(0)
+		mem := &drawn{Lease: lease}
+		res.read, res.err = ReadBodyIn(r, limit, timeout, mem)
+		res.inUse = budget.Stats().InUse
 		if slow != nil {
 			close(slow)
 		}
 		res.forwarded, res.fwdErr = io.ReadAll(r.Body)
-		if rb, ok := r.Body.(*replay); ok {
-			res.held = len(rb.b.buf) // the replay never appends; its loop has ended
-		}
+		_ = r.Body.Close()
+		res.held = mem.n.Load()
+		res.inUseAfter = budget.Stats().InUse
 		res.ctxAlive = r.Context().Err() == nil
 		results <- res
 	}))
@@ -144,5 +171,77 @@ func TestReadBodyNone(t *testing.T) {
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	if b, err := ReadBody(r, 10, time.Second); b != nil || err != nil {
 		t.Errorf("ReadBody of no body = %q, %v", b, err)
+	}
+}
+
+// TestReadBodyDrawsFromTheBudget: the buffer is drawn from the budget before it is allocated,
+// a body the budget has no room for is refused (ErrNoMemory) yet reaches the upstream whole
+// if sent on, and the draw goes back once the body has been handed on.
+func TestReadBodyDrawsFromTheBudget(t *testing.T) {
+	const room = 8 << 10
+	for _, tc := range []struct {
+		name    string
+		size    int
+		chunked bool
+		fits    bool
+	}{{"declared, fits", 4 << 10, false, true}, {"declared, too big", 16 << 10, false, false},
+		{"chunked, fits", 2 << 10, true, true}, {"chunked, too big", 16 << 10, true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			budget := membudget.New(room)
+			url, results := bodyServerIn(t, 64<<10, time.Minute, nil, budget)
+			body := bytes.Repeat([]byte("a"), tc.size)
+			var rd io.Reader = bytes.NewReader(body)
+			if tc.chunked {
+				rd = struct{ io.Reader }{rd}
+			}
+			res, err := http.Post(url, "application/json", rd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = res.Body.Close()
+			r := <-results
+			if !bytes.Equal(r.forwarded, body) || r.fwdErr != nil {
+				t.Errorf("forwarded %d bytes, %v; want all %d", len(r.forwarded), r.fwdErr, tc.size)
+			}
+			switch {
+			case tc.fits && (r.err != nil || !bytes.Equal(r.read, body)):
+				t.Errorf("read %d bytes, %v; want the body", len(r.read), r.err)
+			case !tc.fits && (!errors.Is(r.err, ErrNoMemory) || r.read != nil):
+				t.Errorf("read %d bytes, %v; want ErrNoMemory", len(r.read), r.err)
+			}
+			if r.held > room || r.inUse != r.held || (!tc.fits && !tc.chunked && r.held != 0) {
+				t.Errorf("drew %d bytes (%d in use) from a budget of %d", r.held, r.inUse, room)
+			}
+			if r.inUseAfter != 0 {
+				t.Errorf("%d bytes still drawn after the body was handed on", r.inUseAfter)
+			}
+			if st := budget.Stats(); tc.fits == (st.Refused > 0) {
+				t.Errorf("budget refused %d draws", st.Refused)
+			}
+		})
+	}
+}
+
+// TestHeldBodyGivesItsMemoryBack: a rewritten body gives its draw back once read whole, or
+// closed unread.
+func TestHeldBodyGivesItsMemoryBack(t *testing.T) {
+	budget := membudget.New(1 << 10)
+	for _, read := range []bool{true, false} {
+		lease, ok := budget.Take(100)
+		if !ok {
+			t.Fatal("a budget of 1 KiB refused 100 bytes")
+		}
+		b := HeldBody(bytes.Repeat([]byte("x"), 100), lease)
+		if read {
+			got, err := io.ReadAll(b)
+			if len(got) != 100 || err != nil {
+				t.Fatalf("read %d bytes, %v", len(got), err)
+			}
+		} else {
+			_ = b.Close()
+		}
+		if n := budget.Stats().InUse; n != 0 {
+			t.Errorf("read %v: %d bytes still drawn", read, n)
+		}
 	}
 }

@@ -1,8 +1,8 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -34,6 +34,11 @@ import (
 
 // DefaultBodyReadTimeout bounds the read of a request body for sizing.
 const DefaultBodyReadTimeout = 5 * time.Second
+
+// workFactor is how many times a body's size sizing it and rewriting its cap allocate
+// (measured on 1 MiB bodies: tokens.ScanRequest 2 times, tokens.SetOutputCap, which scans it
+// again, 5 times), drawn from the memory budget beside the body's own buffer.
+const workFactor = 5
 
 // budgetKey is the context key of a request's *budget.
 type budgetKey struct{}
@@ -72,24 +77,61 @@ func firstCost(set *ruleset.Set, req *decide.Request) *ruleset.Cost {
 func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *ruleset.Set, req *decide.Request) {
 	c := firstCost(set, req)
 	kind, pathStream := c.KindFor(r.URL.Path)
+	plain, costed := h.split(set)
+	// Rules of a known cost are decided before the body is read: a request they refuse is
+	// never buffered. They are not decided again with the holds (costed has none of them).
+	pd := h.opts.Engine.Decide(r.Context(), plain, req, 1)
+	if !pd.Allowed {
+		refuse(w, &pd)
+		return
+	}
+	// The body's buffer, and the work of sizing it, draw from the memory budget; what is left
+	// of the draw goes back when the body has gone upstream (or at the latest here).
+	lease, _ := h.opts.Memory.Take(0)
+	defer lease.Release()
 	need := decide.Need{}
 	var body []byte
 	var sized tokens.Request
+	kept := int64(-1) // the bytes of the body left for the upstream, when known
 	if kind != tokens.Unknown {
-		b, err := meter.ReadBody(r, tokens.MaxRequestBytes, h.opts.BodyReadTimeout)
+		// Sizing the body and rewriting its cap allocate up to workFactor times it, for a
+		// moment: drawn before the body is read when its length is declared (a request that
+		// does not fit allocates nothing), else once it is read, and kept until the body
+		// left for the upstream is known.
+		work := int64(0)
+		if cl := r.ContentLength; cl > 0 && cl <= tokens.MaxRequestBytes {
+			work = workFactor * cl
+		}
+		err := meter.ErrNoMemory
+		var b []byte
+		if lease.Grow(work) {
+			b, err = meter.ReadBodyIn(r, tokens.MaxRequestBytes, h.opts.BodyReadTimeout, lease)
+		}
+		if err == nil && !lease.Grow(workFactor*int64(len(b))-work) {
+			err = meter.ErrNoMemory
+		}
+		if errors.Is(err, meter.ErrNoMemory) {
+			noMemory(w)
+			return
+		}
+		if err != nil {
+			lease.Shrink(work) // not sized: only the buffer, if any, is left to hand on
+		}
 		if err == nil {
+			kept = int64(cap(b))
 			if tr, err := tokens.ScanRequest(b, kind, pathStream); err == nil {
 				body, sized = b, tr
 				need = decide.Need{Sized: true, Prompt: tr.PromptTokens, Output: tr.MaxOutput()}
 			}
 		}
 	}
-	d, hs, err := h.opts.Engine.Reserve(r.Context(), set, req, need)
+	d, hs, err := h.opts.Engine.Reserve(r.Context(), costed, req, need)
 	if err != nil {
 		h.opts.Log.Error("holding for a token budget", "error", err)
 		writeJSONError(w, http.StatusServiceUnavailable, "token_budget_unavailable")
 		return
 	}
+	d.Outcomes = inRuleOrder(set, pd.Outcomes, d.Outcomes)
 	if !d.Allowed {
 		refuse(w, &d)
 		return
@@ -99,7 +141,18 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 	}
 	b := &budget{holds: hs, kind: kind, cost: c}
 	if body != nil {
-		b.strip = h.capOutput(r, body, kind, sized, hs)
+		nb, asked := h.capOutput(body, kind, sized, hs)
+		if nb != nil {
+			r.Body = meter.HeldBody(nb, lease)
+			r.ContentLength = int64(len(nb))
+			r.Header["Content-Length"] = []string{strconv.Itoa(len(nb))}
+			r.TransferEncoding = nil
+			kept = int64(cap(nb))
+		}
+		b.strip = asked
+	}
+	if kept >= 0 {
+		lease.ShrinkTo(kept) // the work on the body is done
 	}
 	// A compressed answer cannot be scanned for its usage: ask for none.
 	r.Header.Del("Accept-Encoding")
@@ -111,10 +164,64 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 	b.wg.Wait()
 }
 
+// noMemory answers a request the memory budget has no room for: 503, to be tried again.
+func noMemory(w http.ResponseWriter) {
+	w.Header()[decide.HeaderRetryAfter] = []string{"1"}
+	writeJSONError(w, http.StatusServiceUnavailable, "memory_budget_full")
+}
+
+// ruleSplit is a set's rules of a known cost (plain) and those whose cost comes from the
+// response (costed), each as a set of its own.
+type ruleSplit struct {
+	of            *ruleset.Set
+	plain, costed *ruleset.Set
+}
+
+// split returns set's rules of a known cost and those whose cost comes from the response,
+// made once per set in force.
+func (h *Handler) split(set *ruleset.Set) (plain, costed *ruleset.Set) {
+	if s := h.splits.Load(); s != nil && s.of == set {
+		return s.plain, s.costed
+	}
+	p, c := *set, *set
+	p.Rules, c.Rules = nil, nil
+	for _, r := range set.Rules {
+		if r.Cost != nil {
+			c.Rules = append(c.Rules, r)
+		} else {
+			p.Rules = append(p.Rules, r)
+		}
+	}
+	h.splits.Store(&ruleSplit{of: set, plain: &p, costed: &c})
+	return &p, &c
+}
+
+// inRuleOrder merges the outcomes of the two decisions of one request in the order of their
+// rules in set, as one decision of both would list them (the header fields' order).
+func inRuleOrder(set *ruleset.Set, a, b []decide.Outcome) []decide.Outcome {
+	if len(a) == 0 {
+		return b
+	}
+	all := make([]decide.Outcome, 0, len(a)+len(b))
+	i, j := 0, 0
+	for _, r := range set.Rules {
+		switch {
+		case i < len(a) && a[i].Rule == r:
+			all = append(all, a[i])
+			i++
+		case j < len(b) && b[j].Rule == r:
+			all = append(all, b[j])
+			j++
+		}
+	}
+	return append(append(all, a[i:]...), b[j:]...)
+}
+
 // capOutput lowers the request's output cap to what its holds afford, per choice, and asks an
 // OpenAI chat stream for its usage when the client did not; it reports whether it asked (the
-// usage chunk is then removed from the response). The body is rewritten only when needed.
-func (h *Handler) capOutput(r *http.Request, body []byte, kind tokens.Kind, sized tokens.Request, hs *decide.Holds) (asked bool) {
+// usage chunk is then removed from the response). The body is rewritten only when needed: nb
+// is the new body, nil when the request goes as sent.
+func (h *Handler) capOutput(body []byte, kind tokens.Kind, sized tokens.Request, hs *decide.Holds) (nb []byte, asked bool) {
 	limit, lowered := sized.OutputCap, false // 0: none
 	if units, capped := hs.Afford(); capped {
 		per := max(units-sized.PromptTokens, 0) / max(sized.Choices, 1)
@@ -127,18 +234,14 @@ func (h *Handler) capOutput(r *http.Request, body []byte, kind tokens.Kind, size
 		// Nothing to change; or only the usage to ask for, of a request that no Enforce rule
 		// caps and that set no cap itself, which SetOutputCap cannot leave uncapped: it goes
 		// as sent, and its settle has no usage (the whole hold, of Shadow rules only).
-		return false
+		return nil, false
 	}
 	nb, err := tokens.SetOutputCap(body, kind, limit, ask)
 	if err != nil {
 		h.opts.Log.Warn("setting the output cap of a token budget's request", "error", err)
-		return false
+		return nil, false
 	}
-	r.Body = io.NopCloser(bytes.NewReader(nb))
-	r.ContentLength = int64(len(nb))
-	r.Header["Content-Length"] = []string{strconv.Itoa(len(nb))}
-	r.TransferEncoding = nil
-	return ask
+	return nb, ask
 }
 
 // meterResponse wraps the response of a token budget's request (ReverseProxy.ModifyResponse).

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 	"github.com/redline-dev/redline/internal/sidecar/reqpath"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -50,7 +51,10 @@ type Options struct {
 	// BodyReadTimeout bounds the read of a token budget's request body for sizing (default
 	// DefaultBodyReadTimeout); a body slower than it holds the rule's defaultHold.
 	BodyReadTimeout time.Duration
-	Log             *slog.Logger
+	// Memory is the budget a token budget's request body is read into (nil: none). A request
+	// it has no room for is answered 503 with Retry-After.
+	Memory *membudget.Budget
+	Log    *slog.Logger
 }
 
 // Handler decides and forwards requests.
@@ -58,6 +62,7 @@ type Handler struct {
 	opts      Options
 	rp        *httputil.ReverseProxy
 	transport *http.Transport
+	splits    atomic.Pointer[ruleSplit] // of the set last seen by serveBudget
 }
 
 // New returns a Handler forwarding to opts.Upstream.
