@@ -55,10 +55,10 @@ var promptFields = map[Kind][]string{
 
 // itemFields hold the lists whose items cost a per-message overhead.
 var itemFields = map[Kind]string{
-	OpenAIChat:      messages,
-	OpenAIResponses: "input",
-	Anthropic:       messages,
-	Gemini:          "contents",
+	OpenAIChat:        messages,
+	OpenAIResponses:   "input",
+	Anthropic:         messages,
+	Gemini:            "contents",
 	OpenAICompletions: "prompt",
 	OpenAIEmbeddings:  "input",
 }
