@@ -137,7 +137,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled}
 	ph, err := proxy.New(proxy.Options{
 		Upstream: cfg.Upstream, Engine: engine, Store: store, Headers: cfg.RateLimitHeaders,
-		ResponseHeaderTimeout: cfg.RequestTimeout, Log: log,
+		ResponseHeaderTimeout: cfg.RequestTimeout, OnUnsized: m.UnsizedRefused, Log: log,
 	})
 	if err != nil {
 		return err
@@ -163,7 +163,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var checkSrv *http.Server
 	if cfg.CheckListen != "" {
 		check := http.NewServeMux()
-		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{}})
+		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{}, OnUnsized: m.UnsizedRefused})
 		check.Handle(checkapi.TopKeysPath, &checkapi.TopKeysHandler{Store: store})
 		checkSrv = newServer(check)
 		checkSrv.ConnState = checkIdle.ConnState
@@ -174,7 +174,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var grpcSrv *grpc.Server
 	if cfg.GRPCListen != "" {
 		var hs *health.Server
-		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store, Holds: &decide.Registry{}}, rls.ServerOptions{
+		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store, Holds: &decide.Registry{}, OnUnsized: m.UnsizedRefused}, rls.ServerOptions{
 			IdleTimeout: cfg.IdleTimeout, HandshakeTimeout: cfg.ReadHeaderTimeout,
 			Exposed: !onLoopback(cfg.GRPCListen),
 		})

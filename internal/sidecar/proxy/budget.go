@@ -3,9 +3,12 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,9 +22,11 @@ import (
 // is sized from its body, holds what it may spend before it is sent, has its output cap
 // lowered to what the hold affords, and settles with the usage its response reports.
 //
-//  1. The body is read for sizing within bounds (tokens.MaxRequestBytes, Options.BodyReadTimeout);
-//     a body over them, or one whose shape is not understood, holds the rule's defaultHold and
-//     goes to the application untouched.
+//  1. The body is read for sizing within bounds (tokens.MaxRequestBytes, Options.BodyReadTimeout).
+//     A request that cannot be sized (a path whose API is not read, a compressed body, one over
+//     the bounds, not JSON, not of its API's shape, a count not understood) is refused with a
+//     4xx naming why when an Enforce rule it matches says so (ruleset.Cost.RefuseUnsized);
+//     otherwise it holds the rule's defaultHold and goes to the application untouched.
 //  2. decide.Engine.Reserve holds between the prompt and the rule's minOutput (refused below
 //     it, 429 like any refusal) and the prompt and the client's cap (or all the budget has).
 //  3. The output cap is set to what the smallest hold affords less the prompt, per choice; an
@@ -40,12 +45,13 @@ type budgetKey struct{}
 
 // budget is one request's holds on their way to their settle.
 type budget struct {
-	holds *decide.Holds
-	kind  tokens.Kind
-	strip bool
-	cost  *ruleset.Cost
-	once  sync.Once
-	wg    sync.WaitGroup
+	holds  *decide.Holds
+	kind   tokens.Kind
+	prompt int64 // the prompt's estimate, 0 when unsized
+	strip  bool
+	cost   *ruleset.Cost
+	once   sync.Once
+	wg     sync.WaitGroup
 }
 
 // settle ends the holds once, off the goroutine that calls it: the meter calls it on the
@@ -68,20 +74,128 @@ func firstCost(set *ruleset.Set, req *decide.Request) *ruleset.Cost {
 	return nil
 }
 
+// Why a request cannot be sized: the reason label of the refusals' metric, and the refusal's
+// "reason" field.
+const (
+	UnsizedPath       = "unknown_api_path"
+	UnsizedCompressed = "body_compressed"
+	UnsizedTooLarge   = "body_too_large"
+	UnsizedSlow       = "body_too_slow"
+	UnsizedUnreadable = "body_unreadable"
+	UnsizedNotJSON    = "body_not_json"
+	UnsizedShape      = "body_not_of_api_shape"
+	UnsizedNumber     = "number_not_understood"
+)
+
+// unsizedStatus is the status and message a refusal of each reason answers with.
+var unsizedStatus = map[string]struct {
+	status int
+	msg    string
+}{
+	UnsizedPath:       {http.StatusBadRequest, "the token budget cannot size a request to this path: its API is not one the sidecar reads"},
+	UnsizedCompressed: {http.StatusUnsupportedMediaType, "the token budget cannot size a compressed request body: send it uncompressed"},
+	UnsizedTooLarge:   {http.StatusRequestEntityTooLarge, "the token budget cannot size a request body over 1 MiB"},
+	UnsizedSlow:       {http.StatusRequestTimeout, "the request body did not arrive within the time for sizing it"},
+	UnsizedUnreadable: {http.StatusBadRequest, "the request body could not be read"},
+	UnsizedNotJSON:    {http.StatusBadRequest, "the request body is not JSON (or is nested too deep)"},
+	UnsizedShape:      {http.StatusBadRequest, "the request body is not of the shape of the API its path names"},
+	UnsizedNumber:     {http.StatusBadRequest, "an output cap, choice count or stream flag of the request body is in a form the token budget does not read (a fraction, a negative other than -1, true, or text)"},
+}
+
+// UnsizedRefusal is the body of a refusal of a request that cannot be sized.
+type UnsizedRefusal struct {
+	Error   string `json:"error"` // "unsized_body"
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	Policy  string `json:"policy"`
+	Rule    string `json:"rule"`
+	Detail  string `json:"detail,omitempty"`
+}
+
+// refusesUnsized is the first Enforce rule of set that matches req and refuses a request that
+// cannot be sized; nil when none does (the request then holds its defaultHold).
+func refusesUnsized(set *ruleset.Set, req *decide.Request) *ruleset.Rule {
+	for _, r := range set.Rules {
+		if r.Cost != nil && r.Cost.RefuseUnsized && !r.Shadow && decide.Matches(r.Match, req) {
+			return r
+		}
+	}
+	return nil
+}
+
+// sizeBody reads and sizes a request's body; reason is why it cannot be sized ("" when it
+// was), detail the error behind it.
+func (h *Handler) sizeBody(r *http.Request, c *ruleset.Cost, kind tokens.Kind, pathStream bool) (body []byte, sized tokens.Request, reason string, detail error) {
+	if kind == tokens.Unknown {
+		if c.ReadsBody() {
+			return nil, sized, UnsizedPath, nil
+		}
+		return nil, sized, "", nil // usage Header: sized by design, at defaultHold
+	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return nil, sized, UnsizedCompressed, nil
+	}
+	b, err := meter.ReadBody(r, tokens.MaxRequestBytes, h.opts.BodyReadTimeout)
+	switch {
+	case errors.Is(err, meter.ErrBodyTooLarge):
+		return nil, sized, UnsizedTooLarge, err
+	case errors.Is(err, meter.ErrBodySlow):
+		return nil, sized, UnsizedSlow, err
+	case err != nil:
+		return nil, sized, UnsizedUnreadable, err
+	}
+	tr, err := tokens.ScanRequest(b, kind, pathStream)
+	switch {
+	case err == nil:
+		return b, tr, "", nil
+	case errors.Is(err, tokens.ErrTooLarge):
+		return nil, sized, UnsizedTooLarge, err
+	case errors.Is(err, tokens.ErrNumber):
+		return nil, sized, UnsizedNumber, err
+	case errors.Is(err, tokens.ErrNotJSON), errors.Is(err, tokens.ErrTooDeep):
+		return nil, sized, UnsizedNotJSON, err
+	}
+	return nil, sized, UnsizedShape, err
+}
+
+// refuseUnsized answers a request that cannot be sized under rule, which refuses it.
+func (h *Handler) refuseUnsized(w http.ResponseWriter, rule *ruleset.Rule, reason string, detail error) {
+	if h.opts.OnUnsized != nil {
+		h.opts.OnUnsized(rule, reason)
+	}
+	st := unsizedStatus[reason]
+	ref := UnsizedRefusal{Error: "unsized_body", Reason: reason, Message: st.msg, Policy: rule.Policy.Name, Rule: rule.Name}
+	if detail != nil {
+		ref.Detail = detail.Error()
+	}
+	body, _ := json.Marshal(&ref)
+	body = append(body, '\n')
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{contentTypeJSON}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
+	hdr["Cache-Control"] = []string{"no-store"}
+	// the body may be partly read: the connection is not reused
+	hdr["Connection"] = []string{"close"}
+	w.WriteHeader(st.status)
+	_, _ = w.Write(body)
+}
+
 // serveBudget decides, holds, forwards and settles a request of a token budget.
 func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *ruleset.Set, req *decide.Request) {
 	c := firstCost(set, req)
 	kind, pathStream := c.KindFor(r.URL.Path)
 	need := decide.Need{}
-	var body []byte
-	var sized tokens.Request
-	if kind != tokens.Unknown {
-		b, err := meter.ReadBody(r, tokens.MaxRequestBytes, h.opts.BodyReadTimeout)
-		if err == nil {
-			if tr, err := tokens.ScanRequest(b, kind, pathStream); err == nil {
-				body, sized = b, tr
-				need = decide.Need{Sized: true, Prompt: tr.PromptTokens, Output: tr.MaxOutput()}
-			}
+	body, sized, reason, detail := h.sizeBody(r, c, kind, pathStream)
+	if reason != "" {
+		if rule := refusesUnsized(set, req); rule != nil {
+			h.refuseUnsized(w, rule, reason, detail)
+			return
+		}
+		body = nil
+	} else if body != nil {
+		need = decide.Need{Sized: true, Prompt: sized.PromptTokens, Output: sized.MaxOutput()}
+		if !sized.HasOutput() {
+			need.Output = 1 // embeddings: the prompt is the cost; the least hold is prompt + minOutput
 		}
 	}
 	d, hs, err := h.opts.Engine.Reserve(r.Context(), set, req, need)
@@ -97,8 +211,8 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 	if h.opts.Headers {
 		d.Fields().Write(w.Header())
 	}
-	b := &budget{holds: hs, kind: kind, cost: c}
-	if body != nil {
+	b := &budget{holds: hs, kind: kind, cost: c, prompt: need.Prompt}
+	if body != nil && sized.HasOutput() {
 		b.strip = h.capOutput(r, body, kind, sized, hs)
 	}
 	// A compressed answer cannot be scanned for its usage: ask for none.
@@ -122,7 +236,7 @@ func (h *Handler) capOutput(r *http.Request, body []byte, kind tokens.Kind, size
 			limit, lowered = per, true
 		}
 	}
-	ask := kind == tokens.OpenAIChat && sized.Stream && !sized.IncludeUsage
+	ask := (kind == tokens.OpenAIChat || kind == tokens.OpenAICompletions) && sized.Stream && !sized.IncludeUsage
 	if !lowered && (!ask || limit == 0) {
 		// Nothing to change; or only the usage to ask for, of a request that no Enforce rule
 		// caps and that set no cap itself, which SetOutputCap cannot leave uncapped: it goes
@@ -150,9 +264,32 @@ func meterResponse(res *http.Response) error {
 	ctx := res.Request.Context()
 	status := res.StatusCode
 	meter.Wrap(res, meter.Options{Kind: b.kind, StripUsage: b.strip, CostHeader: b.cost.Header, OnEnd: func(o meter.Outcome) {
-		b.settle(ctx, o.Usage.Cost(), o.Found, !o.Complete || status >= http.StatusBadRequest)
+		used, known := b.charge(o)
+		b.settle(ctx, used, known, !o.Complete || status >= http.StatusBadRequest)
 	}})
 	return nil
+}
+
+// charge is what a response settles with. A usage the application or the upstream reported
+// for a whole response counts as it is. A response that reported none, or was cut after a
+// partial report (an Anthropic stream's message_start), is charged at least what passed
+// through it: the input (reported, else the prompt's estimate) plus the output its text
+// carried (meter.Outcome.Streamed); with no report, never less than its largest hold, as
+// before. known false leaves it to the rule's onError, or the whole hold.
+func (b *budget) charge(o meter.Outcome) (used int64, known bool) {
+	used, known = o.Usage.Cost(), o.Found
+	if o.FromHeader || (o.Found && o.Complete) || o.Streamed == 0 {
+		return used, known
+	}
+	in := b.prompt
+	if o.Found {
+		in = o.Usage.Input
+	}
+	est := min(in, tokens.MaxTokens) + min(o.Streamed, tokens.MaxTokens)
+	if !o.Found {
+		return max(est, b.holds.Most()), true
+	}
+	return max(used, est), true
 }
 
 func writeJSONError(w http.ResponseWriter, status int, code string) {

@@ -48,9 +48,12 @@ type Options struct {
 	// (default 90s).
 	IdleConnTimeout time.Duration
 	// BodyReadTimeout bounds the read of a token budget's request body for sizing (default
-	// DefaultBodyReadTimeout); a body slower than it holds the rule's defaultHold.
+	// DefaultBodyReadTimeout); a body slower than it is unsized.
 	BodyReadTimeout time.Duration
-	Log             *slog.Logger
+	// OnUnsized hears of each request refused because its body could not be sized (metrics),
+	// with the rule that refused it and the reason (Unsized*).
+	OnUnsized func(rule *ruleset.Rule, reason string)
+	Log       *slog.Logger
 }
 
 // Handler decides and forwards requests.
