@@ -155,7 +155,7 @@ func (m *countingModel) serve(w http.ResponseWriter, r *http.Request) {
 		in := (textBytes(top["input"]) + 3) / 4
 		m.count(key, in)
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"usage":{"prompt_tokens":%d,"total_tokens":%d}}`, in, in)
+		_, _ = fmt.Fprintf(w, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"usage":{"prompt_tokens":%d,"total_tokens":%d}}`, in, in)
 		return
 	default:
 		http.NotFound(w, r)
@@ -180,7 +180,7 @@ func (m *countingModel) serve(w http.ResponseWriter, r *http.Request) {
 	usage := fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, prompt, out, prompt+out)
 	if !lenientBool(top["stream"]) {
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"%s"}}],"usage":%s}`, strings.Repeat(" tok", int(out)), usage)
+		_, _ = fmt.Fprintf(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"%s"}}],"usage":%s}`, strings.Repeat(" tok", int(out)), usage)
 		return
 	}
 	opts, _ := top["stream_options"].(map[string]any)
@@ -188,13 +188,13 @@ func (m *countingModel) serve(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	for sent := int64(0); sent < out; sent += 50 {
 		n := min(50, out-sent)
-		fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[%s]}\n\n", choice(strings.Repeat(" tok", int(n))))
+		_, _ = fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[%s]}\n\n", choice(strings.Repeat(" tok", int(n))))
 		_ = rc.Flush()
 	}
 	if opts != nil && lenientBool(opts["include_usage"]) {
-		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":%s}\n\n", usage)
+		_, _ = fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":%s}\n\n", usage)
 	}
-	fmt.Fprint(w, "data: [DONE]\n\n")
+	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
 // unsizedVariant is one body of the issue.

@@ -39,18 +39,19 @@ type Request struct {
 const (
 	messages = "messages"
 	tools    = "tools"
+	input    = "input"
 )
 
 // promptFields are the top-level fields whose strings count toward the
 // prompt, per kind.
 var promptFields = map[Kind][]string{
 	OpenAIChat:      {messages, tools, "functions"},
-	OpenAIResponses: {"input", "instructions", tools},
+	OpenAIResponses: {input, "instructions", tools},
 	Anthropic:       {messages, "system", tools},
 	Gemini:          {"contents", "systemInstruction", "system_instruction", tools},
 	// prompt (and input) may be token ids: each number is a token.
 	OpenAICompletions: {"prompt", "suffix"},
-	OpenAIEmbeddings:  {"input"},
+	OpenAIEmbeddings:  {input},
 }
 
 // itemFields hold the lists whose items cost a per-message overhead.
@@ -60,7 +61,7 @@ var itemFields = map[Kind]string{
 	Anthropic:         messages,
 	Gemini:            "contents",
 	OpenAICompletions: "prompt",
-	OpenAIEmbeddings:  "input",
+	OpenAIEmbeddings:  input,
 }
 
 // ScanRequest sizes a request body of the given kind. stream says the route
@@ -135,6 +136,15 @@ func ScanRequest(body []byte, kind Kind, stream bool) (Request, error) {
 	if kind == OpenAICompletions {
 		r.Choices = min(r.Choices, MaxTokens/prompts) * prompts
 	}
+	if err := readStream(top, kind, stream, &r); err != nil {
+		return Request{}, err
+	}
+	return r, nil
+}
+
+// readStream reads whether the request streams (the route's say for Gemini, the body's for
+// the others; embeddings never do) and whether an OpenAI stream asked for its usage.
+func readStream(top map[string]json.RawMessage, kind Kind, stream bool, r *Request) error {
 	switch kind {
 	case Gemini:
 		r.Stream = stream
@@ -142,7 +152,7 @@ func ScanRequest(body []byte, kind Kind, stream bool) (Request, error) {
 	default:
 		s, err := readFlag(top["stream"])
 		if err != nil {
-			return Request{}, fmt.Errorf("tokens: stream of a %s body: %w", kind, err)
+			return fmt.Errorf("tokens: stream of a %s body: %w", kind, err)
 		}
 		r.Stream = s || stream
 	}
@@ -150,14 +160,16 @@ func ScanRequest(body []byte, kind Kind, stream bool) (Request, error) {
 		if so := top["stream_options"]; firstByte(so) == '{' {
 			var opts map[string]json.RawMessage
 			if err := json.Unmarshal(so, &opts); err != nil {
-				return Request{}, fmt.Errorf("%w: stream_options of a %s body: %v", ErrShape, kind, err)
+				return fmt.Errorf("%w: stream_options of a %s body: %v", ErrShape, kind, err)
 			}
-			if r.IncludeUsage, err = readFlag(opts["include_usage"]); err != nil {
-				return Request{}, fmt.Errorf("tokens: stream_options.include_usage: %w", err)
+			usage, err := readFlag(opts["include_usage"])
+			if err != nil {
+				return fmt.Errorf("tokens: stream_options.include_usage: %w", err)
 			}
+			r.IncludeUsage = usage
 		}
 	}
-	return r, nil
+	return nil
 }
 
 // MaxOutput is the most output the request can ask for: OutputCap on each
@@ -262,7 +274,7 @@ func generationConfig(top map[string]json.RawMessage) (map[string]json.RawMessag
 	var gc map[string]json.RawMessage
 	for _, name := range []string{"generationConfig", "generation_config"} {
 		raw, ok := top[name]
-		if !ok || string(bytes.TrimSpace(raw)) == "null" {
+		if !ok || string(bytes.TrimSpace(raw)) == jsonNull {
 			continue
 		}
 		if firstByte(raw) != '{' {

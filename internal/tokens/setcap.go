@@ -70,38 +70,8 @@ func SetOutputCap(body []byte, kind Kind, limit int64, askUsage bool) ([]byte, e
 	case Anthropic:
 		top["max_tokens"] = capRaw
 	case Gemini:
-		// Set the spellings the body uses, and only those: the upstream's
-		// JSON mapping refuses a field given under both its names.
-		names := []string{}
-		for _, name := range []string{"generationConfig", "generation_config"} {
-			if raw, ok := top[name]; ok && firstByte(raw) == '{' {
-				names = append(names, name)
-			} else if ok {
-				delete(top, name) // null
-			}
-		}
-		if len(names) == 0 {
-			names = []string{"generationConfig"}
-		}
-		for _, name := range names {
-			gc := map[string]json.RawMessage{}
-			if raw, ok := top[name]; ok {
-				if err := json.Unmarshal(raw, &gc); err != nil {
-					return nil, fmt.Errorf("tokens: reading %s: %w", name, err)
-				}
-			}
-			set := false
-			for _, field := range []string{"maxOutputTokens", "max_output_tokens"} {
-				if _, ok := gc[field]; ok {
-					gc[field], set = capRaw, true
-				}
-			}
-			if !set && name == names[0] {
-				gc["maxOutputTokens"] = capRaw
-			}
-			if top[name], err = marshal(gc); err != nil {
-				return nil, err
-			}
+		if err := setGeminiCap(top, capRaw); err != nil {
+			return nil, err
 		}
 	}
 	return marshal(top)
@@ -115,4 +85,43 @@ func marshal(m map[string]json.RawMessage) ([]byte, error) {
 		return nil, fmt.Errorf("tokens: writing the body: %w", err)
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}
+
+// setGeminiCap sets generationConfig's maxOutputTokens to capRaw.
+func setGeminiCap(top map[string]json.RawMessage, capRaw json.RawMessage) error {
+	// Set the spellings the body uses, and only those: the upstream's
+	// JSON mapping refuses a field given under both its names.
+	names := []string{}
+	for _, name := range []string{"generationConfig", "generation_config"} {
+		if raw, ok := top[name]; ok && firstByte(raw) == '{' {
+			names = append(names, name)
+		} else if ok {
+			delete(top, name) // null
+		}
+	}
+	if len(names) == 0 {
+		names = []string{"generationConfig"}
+	}
+	for _, name := range names {
+		gc := map[string]json.RawMessage{}
+		if raw, ok := top[name]; ok {
+			if err := json.Unmarshal(raw, &gc); err != nil {
+				return fmt.Errorf("tokens: reading %s: %w", name, err)
+			}
+		}
+		set := false
+		for _, field := range []string{"maxOutputTokens", "max_output_tokens"} {
+			if _, ok := gc[field]; ok {
+				gc[field], set = capRaw, true
+			}
+		}
+		if !set && name == names[0] {
+			gc["maxOutputTokens"] = capRaw
+		}
+		var err error
+		if top[name], err = marshal(gc); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -158,6 +158,9 @@ func checkDepth(b []byte) error {
 	return nil
 }
 
+// jsonNull is JSON's null, which reads as absent.
+const jsonNull = "null"
+
 // parseCount reads a token count: a JSON integer literal, no sign, no
 // fraction, no exponent. Larger than MaxTokens is clamped (clamped true).
 // null or absent reads as 0.
@@ -194,7 +197,7 @@ func parseCount(raw []byte) (n int64, clamped bool, err error) {
 // known.
 func readNumber(raw []byte) (n int64, present bool, err error) {
 	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
+	if len(raw) == 0 || string(raw) == jsonNull {
 		return 0, false, nil
 	}
 	text := raw
@@ -209,7 +212,7 @@ func readNumber(raw []byte) (n int64, present bool, err error) {
 		return 0, false, fmt.Errorf("%w: %.32q", ErrNumber, raw)
 	}
 	for _, c := range text {
-		if !('0' <= c && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E') {
+		if !strings.ContainsRune("0123456789-+.eE", rune(c)) {
 			return 0, false, fmt.Errorf("%w: %.32q is not a number", ErrNumber, raw)
 		}
 	}
