@@ -151,6 +151,9 @@ func (m *countingModel) serve(w http.ResponseWriter, r *http.Request) {
 		prompt = textBytes(top["messages"])
 	case strings.HasSuffix(path, "/completions"):
 		prompt = textBytes(top["prompt"])
+	case strings.HasSuffix(path, "/messages"):
+		m.anthropicStream(w, r, key, top)
+		return
 	case strings.HasSuffix(path, "/embeddings"):
 		in := (textBytes(top["input"]) + 3) / 4
 		m.count(key, in)
@@ -380,4 +383,90 @@ func startUnsized(t *testing.T, bin, unsized string) (*countingModel, *sidecar) 
 	e.write(t, unsizedDocument(e.namespace, unsized))
 	s := startBinary(t, bin, "unsized", e, shared.URL(), strings.TrimPrefix(m.URL, "http://"), true)
 	return m, s
+}
+
+// anthropicStream streams an Anthropic message of max_tokens (at most naturalLength) tokens,
+// 50 an event, a millisecond apart, counting each event's tokens as it is written, and stops
+// when the client side goes away: the usage is message_start's (input, 1 output) until the
+// closing message_delta.
+func (m *countingModel) anthropicStream(w http.ResponseWriter, r *http.Request, key string, top map[string]any) {
+	prompt := (textBytes(top["messages"]) + 3) / 4
+	out := int64(naturalLength)
+	if n, ok := lenientInt(top["max_tokens"]); ok && n > 0 {
+		out = min(n, naturalLength)
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	rc := http.NewResponseController(w)
+	m.count(key, prompt)
+	_, _ = fmt.Fprintf(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"content\":[],\"usage\":{\"input_tokens\":%d,\"output_tokens\":1}}}\n\n", prompt)
+	for sent := int64(0); sent < out; sent += 50 {
+		if r.Context().Err() != nil {
+			return
+		}
+		n := min(50, out-sent)
+		m.count(key, n)
+		_, _ = fmt.Fprintf(w, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"%s\"}}\n\n", strings.Repeat(" tok", int(n)))
+		if rc.Flush() != nil {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_, _ = fmt.Fprintf(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":%d}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", out)
+}
+
+// cutAnthropicStreams sends attempts Anthropic streams as key, one at a time, each asking for
+// the whole budget and cut by the client after about 2,000 tokens of text; a refused one is
+// tried again 50 ms later, up to 10 times (the settle of the last cut runs after it).
+func cutAnthropicStreams(t *testing.T, proxy, key string) []int {
+	var codes []int
+	for range attempts {
+		for range 10 {
+			req, err := http.NewRequest(http.MethodPost, proxy+"/v1/messages",
+				strings.NewReader(`{"model":"m","max_tokens":10000,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("X-API-Key", key)
+			resp, err := httpClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			code := resp.StatusCode
+			if code == http.StatusOK {
+				// about 2,000 tokens: 40 events of 50
+				_, _ = io.CopyN(io.Discard, resp.Body, 40*330)
+			}
+			resp.Body.Close()
+			if code != http.StatusTooManyRequests {
+				codes = append(codes, code)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return codes
+}
+
+// TestCutAnthropicStreamIsChargedWhatItStreamed: a client that cuts an Anthropic stream after
+// message_start reported input + 1 is charged what passed through the sidecar (its text), not
+// message_start's usage alone, so the upstream serves a key at most the budget plus what was
+// on its way to the sidecar when each stream was cut.
+//
+// REDLINE_UNSIZED_BASELINE=<sidecar binary> logs what an earlier build let through instead.
+func TestCutAnthropicStreamIsChargedWhatItStreamed(t *testing.T) {
+	bin, unsized, label := binary, policydoc.UnsizedRefuse, "after"
+	if base := os.Getenv("REDLINE_UNSIZED_BASELINE"); base != "" {
+		bin, unsized, label = base, "", "baseline"
+	}
+	m, s := startUnsized(t, bin, unsized)
+	codes := cutAnthropicStreams(t, s.proxy, "cut")
+	served := m.maxPerWindow("cut")
+	t.Logf("%s: cut Anthropic streams served %d tokens in a window of %d; statuses %v", label, served, unsizedBudget, codes)
+	if label == "baseline" {
+		return
+	}
+	// what may be on its way at a cut: a few events of 50 tokens
+	if bound := int64(unsizedBudget + 500); served > bound {
+		t.Errorf("cut Anthropic streams: the upstream served %d tokens in a window, over %d", served, bound)
+	}
 }
