@@ -24,7 +24,8 @@ import (
 // sees this request). A hold never settled goes back by itself when it expires; one settled
 // late (up to a minute past) charges what was used in full.
 
-// Reserve sizes a hold. With neither field, every rule holds its defaultHold.
+// Reserve sizes a hold. With neither field the request is unsized: a rule with
+// cost.unsizedBody Refuse refuses it (400), any other holds its defaultHold.
 type Reserve struct {
 	// Prompt is the estimate of the request's input, in the limit's units.
 	Prompt int64 `json:"prompt,omitempty"`

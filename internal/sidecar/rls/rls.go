@@ -24,7 +24,8 @@
 //
 // A rule whose cost comes from the response (a token budget) follows Envoy's
 // apply_on_stream_done: the descriptor sent when the request starts, without hits_addend (or
-// with 0), holds the rule's defaultHold (the service never sees the body to size it); the same
+// with 0), holds the rule's defaultHold (the service never sees the body to size it; a rule
+// with cost.unsizedBody Refuse answers it OVER_LIMIT, holding nothing); the same
 // descriptor sent when the stream is done, with hits_addend the usage (Envoy's
 // RateLimit.hits_addend from the response's metadata), settles the oldest open hold of its key
 // with it. A usage that finds no hold of its key here (its request reached another replica, or
