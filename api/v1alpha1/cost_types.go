@@ -27,8 +27,8 @@ type CostUsage string
 // The usage sources.
 const (
 	// UsageAuto reads the body of the API the request path names (/chat/completions,
-	// /responses, /messages, :generateContent, :streamGenerateContent); on any other path
-	// only the cost header counts, and the hold is defaultHold.
+	// /completions, /embeddings, /responses, /messages, :generateContent,
+	// :streamGenerateContent, in any case); any other path is unsized (unsizedBody).
 	UsageAuto CostUsage = "Auto"
 	// UsageOpenAIChat reads bodies as OpenAI chat completions whatever the path.
 	UsageOpenAIChat CostUsage = "OpenAIChat"
@@ -54,6 +54,22 @@ const (
 	OnErrorUsed CostOnError = "Used"
 	// OnErrorZero gives the whole hold back: for upstreams that do not bill failed requests.
 	OnErrorZero CostOnError = "Zero"
+)
+
+// UnsizedBody says what a request gets whose body cannot be sized.
+// +kubebuilder:validation:Enum=Refuse;Hold
+type UnsizedBody string
+
+// The choices for a body that cannot be sized.
+const (
+	// UnsizedRefuse refuses the request with a 4xx that says why (too large, not JSON,
+	// compressed, too slow, a path whose API the sidecar does not read, a count it does not
+	// understand): the budget cannot be overshot by what the sidecar cannot see.
+	UnsizedRefuse UnsizedBody = "Refuse"
+	// UnsizedHold holds defaultHold and forwards the request as it was sent, with no output
+	// cap written: the upstream may spend past the hold, charged afterwards as debt, and
+	// within the window past the budget.
+	UnsizedHold UnsizedBody = "Hold"
 )
 
 // Bounds and defaults of a Cost. The markers repeat them as literals; the controller checks
@@ -88,6 +104,7 @@ const (
 // (which algorithm, defaultHold and minOutput within the capacity) are on Rule, where an
 // algorithm left to its default is seen.
 // The fields other than from apply with from: Response only.
+// +kubebuilder:validation:XValidation:rule="!(has(self.unsizedBody) && self.unsizedBody == 'Refuse' && has(self.usage) && self.usage == 'Header')",message="cost.unsizedBody: Refuse cannot go with usage: Header, which reads no body: every request would be refused; leave unsizedBody unset"
 type Cost struct {
 	// from is Request (every request costs one unit, as without cost) or Response (the
 	// response says what the request cost).
@@ -115,14 +132,26 @@ type Cost struct {
 	// +optional
 	Header string `json:"header,omitempty"`
 
-	// defaultHold is what a request holds when its body cannot be sized (not of its API's
-	// shape, too large, too slow, or usage Header): 1000, or the limit's capacity when that
+	// defaultHold is what a request holds when its body cannot be sized and unsizedBody is
+	// Hold, and what every request holds under usage Header: 1000, or the limit's capacity when that
 	// is smaller, when not set. Between 1 and 1000000000, and at most the limit's capacity
 	// (limit.requests, or a TokenBucket's burst).
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000000
 	// +optional
 	DefaultHold *int64 `json:"defaultHold,omitempty"`
+
+	// unsizedBody says what a request gets whose body the sidecar cannot size under a usage
+	// that reads bodies: a body over 1 MiB, slower than 5s, compressed, not JSON, not of its
+	// API's shape, with an output cap or stream flag in a form not understood, or on a path
+	// the rule matches whose API the sidecar does not read. Refuse (the default) answers it
+	// with a 4xx naming why (400, 408, 413 or 415), and a decision API reserve without a
+	// size, or an Envoy descriptor (which never carries one), is refused too. Hold holds
+	// defaultHold and forwards it as sent, with no output cap: the upstream may then spend
+	// what the client asked, past the budget within the window. With usage: Header no body is
+	// read, every request holds defaultHold, and this must be left unset or Hold.
+	// +optional
+	UnsizedBody UnsizedBody `json:"unsizedBody,omitempty"`
 
 	// minOutput is the least output (in units) a request is let through with: a request
 	// whose prompt leaves less than this of the budget is refused with 429 and Retry-After,

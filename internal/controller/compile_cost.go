@@ -63,8 +63,26 @@ func compileCost(c *v1alpha1.Cost, out *policydoc.Rule) (*policydoc.Cost, error)
 	if timeout < v1alpha1.MinCostTimeout || timeout > v1alpha1.MaxCostTimeout {
 		return nil, fmt.Errorf("cost.timeout %s must be between 1s and 1h", timeout)
 	}
+	// Refuse unless the rule says Hold; usage Header reads no body, so it holds (an explicit
+	// Refuse with it is an error, not a rule that refuses everything).
+	unsized := policydoc.UnsizedRefuse
+	switch c.UnsizedBody {
+	case "":
+		if usage == v1alpha1.UsageHeader {
+			unsized = ""
+		}
+	case v1alpha1.UnsizedRefuse:
+		if usage == v1alpha1.UsageHeader {
+			return nil, errors.New("cost.unsizedBody: Refuse cannot go with usage: Header, which reads no body: leave unsizedBody unset")
+		}
+	case v1alpha1.UnsizedHold:
+		unsized = ""
+	default:
+		return nil, fmt.Errorf("cost.unsizedBody %q must be Refuse or Hold", c.UnsizedBody)
+	}
 	return &policydoc.Cost{
 		From: policydoc.CostFromResponse, Usage: string(usage), Header: strings.ToLower(header),
 		DefaultHold: hold, MinOutput: minOutput, OnError: string(onError), TimeoutMS: timeout.Milliseconds(),
+		UnsizedBody: unsized,
 	}, nil
 }

@@ -29,6 +29,7 @@ func TestCompileCostResolvesDefaults(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(cp.Rules[0].Cost).To(Equal(&policydoc.Cost{
 		From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 1000, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000,
+		UnsizedBody: "Refuse",
 	}))
 
 	cp, err = CompilePolicy(costRule("", 300, &v1alpha1.Cost{From: v1alpha1.CostFromResponse}))
@@ -51,6 +52,14 @@ func TestCompileCostResolvesDefaults(t *testing.T) {
 	g.Expect(cp.Rules[0].Cost).To(Equal(&policydoc.Cost{
 		From: "Response", Usage: "Header", Header: "x-usage", DefaultHold: 200, MinOutput: 0, OnError: "Zero", TimeoutMS: 90_000,
 	}))
+
+	cp, err = CompilePolicy(costRule("", 300, &v1alpha1.Cost{From: v1alpha1.CostFromResponse, UnsizedBody: v1alpha1.UnsizedHold}))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(cp.Rules[0].Cost.UnsizedBody).To(BeEmpty(), "Hold is the previous release's behaviour, written as it was")
+	_, err = CompilePolicy(costRule("", 300, &v1alpha1.Cost{From: v1alpha1.CostFromResponse, Usage: v1alpha1.UsageHeader, UnsizedBody: v1alpha1.UnsizedRefuse}))
+	g.Expect(err).To(MatchError(ContainSubstring("usage: Header")))
+	_, err = CompilePolicy(costRule("", 300, &v1alpha1.Cost{From: v1alpha1.CostFromResponse, UnsizedBody: "Maybe"}))
+	g.Expect(err).To(MatchError(ContainSubstring(`cost.unsizedBody "Maybe"`)))
 
 	cp, err = CompilePolicy(costRule(v1alpha1.SlidingWindowLog, 100, &v1alpha1.Cost{From: v1alpha1.CostFromResponse}))
 	g.Expect(err).NotTo(HaveOccurred(), "a SlidingWindowLog holds beside its log")

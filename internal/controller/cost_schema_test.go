@@ -73,6 +73,9 @@ var _ = Describe("Token budgets in the schema", func() {
 		Entry("an unknown usage", costRule("", 500, response("usage", "Cohere")), "cost.usage"),
 		Entry("an unknown source", costRule("", 500, map[string]any{"from": "Body"}), "cost.from"),
 		Entry("an unknown onError", costRule("", 500, response("onError", "Half")), "cost.onError"),
+		Entry("an unknown unsizedBody", costRule("", 500, response("unsizedBody", "Maybe")), "cost.unsizedBody"),
+		Entry("unsizedBody Refuse with usage Header", costRule("", 500, response("usage", "Header", "unsizedBody", "Refuse")),
+			"cost.unsizedBody: Refuse cannot go with usage: Header"),
 	)
 
 	It("refuses every header the sidecar may not remove, whatever its case", func() {
@@ -99,16 +102,18 @@ var _ = Describe("Token budgets in the schema", func() {
 			}, timeout, interval).Should(Succeed())
 		},
 		Entry("the algorithm's default, every other default resolved", costRule("", 10_000, response()),
-			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 1000, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000}),
+			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 1000, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000, UnsizedBody: "Refuse"}),
 		Entry("a SlidingWindowLog, which holds beside its log", costRule("SlidingWindowLog", 1000, response()),
-			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 1000, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000}),
+			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 1000, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000, UnsizedBody: "Refuse"}),
 		Entry("a budget under 1000 holds at most itself", costRule("FixedWindow", 300, response()),
-			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 300, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000}),
+			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 300, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000, UnsizedBody: "Refuse"}),
 		Entry("a TokenBucket holds up to its burst, over requests", withBurst(costRule("TokenBucket", 1000, response("defaultHold", int64(4000))), 5000),
-			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 4000, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000}),
+			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 4000, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000, UnsizedBody: "Refuse"}),
 		Entry("every field given", costRule("SlidingWindowCounter", 100_000, response(
 			"usage", "Anthropic", "header", "X-Usage-Tokens", "defaultHold", int64(8000), "minOutput", int64(0), "onError", "Zero", "timeout", "5m")),
-			policydoc.Cost{From: "Response", Usage: "Anthropic", Header: "x-usage-tokens", DefaultHold: 8000, MinOutput: 0, OnError: "Zero", TimeoutMS: 300_000}),
+			policydoc.Cost{From: "Response", Usage: "Anthropic", Header: "x-usage-tokens", DefaultHold: 8000, MinOutput: 0, OnError: "Zero", TimeoutMS: 300_000, UnsizedBody: "Refuse"}),
+		Entry("unsized bodies held, as before", costRule("FixedWindow", 300, response("unsizedBody", "Hold")),
+			policydoc.Cost{From: "Response", Usage: "Auto", Header: "redline-cost", DefaultHold: 300, MinOutput: 1, OnError: "Used", TimeoutMS: 60_000}),
 		Entry("the header only", costRule("FixedWindow", 100, response("usage", "Header", "timeout", "1h")),
 			policydoc.Cost{From: "Response", Usage: "Header", Header: "redline-cost", DefaultHold: 100, MinOutput: 1, OnError: "Used", TimeoutMS: 3_600_000}),
 	)

@@ -86,6 +86,7 @@ func SidecarRegistry() (*prometheus.Registry, error) {
 	m.Observe(set.Rules[0].Candidate, limiter.Result{Allowed: true})
 	m.Settled(set.Rules[0], limiter.Settled{Returned: 1, Debt: 1}, nil)
 	m.RegistryRefused(sidecarmetrics.FaceCheck)
+	m.UnsizedRefused(set.Rules[0], "body_too_large")
 	// Never dialed: the pool's counters are read, not used.
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	m.WatchPool(client, &redisconn.ConnStats{}, 16)

@@ -31,6 +31,11 @@ type Cost struct {
 	// TimeoutMS is how long a hold waits for its settle, MinCostTimeoutMS to
 	// MaxCostTimeoutMS.
 	TimeoutMS int64 `json:"timeoutMs"`
+	// UnsizedBody is UnsizedRefuse, or empty: a request whose body cannot be sized holds
+	// DefaultHold (the previous release's behaviour, which its sidecars keep; they refuse a
+	// document with the field, so a rule that refuses is never enforced as one that holds).
+	// Never UnsizedRefuse with UsageHeader, which sizes no body.
+	UnsizedBody string `json:"unsizedBody,omitempty"`
 }
 
 // Values of Cost's fields: the API's enum values, written as they are.
@@ -46,6 +51,8 @@ const (
 
 	OnErrorUsed = "Used"
 	OnErrorZero = "Zero"
+
+	UnsizedRefuse = "Refuse"
 )
 
 // Bounds of a Cost, the API's (api/v1alpha1 repeats them; the controller's tests hold the two
@@ -126,6 +133,10 @@ func (r *Rule) validCost() error {
 		return fmt.Errorf("minOutput %d is not between 0 and the capacity %d", c.MinOutput, min(MaxCostUnits, r.Capacity()))
 	case c.TimeoutMS < MinCostTimeoutMS || c.TimeoutMS > MaxCostTimeoutMS:
 		return fmt.Errorf("timeoutMs %d is not between %d and %d", c.TimeoutMS, MinCostTimeoutMS, MaxCostTimeoutMS)
+	case c.UnsizedBody != "" && c.UnsizedBody != UnsizedRefuse:
+		return fmt.Errorf("unknown unsizedBody %q", c.UnsizedBody)
+	case c.UnsizedBody == UnsizedRefuse && c.Usage == UsageHeader:
+		return errors.New("unsizedBody Refuse with usage Header would refuse every request")
 	case c.Header != strings.ToLower(c.Header):
 		return fmt.Errorf("header %q is not lowercased", c.Header)
 	}

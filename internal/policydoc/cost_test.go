@@ -1,6 +1,8 @@
 package policydoc
 
 import (
+	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -58,6 +60,8 @@ func TestParseRefusesInvalidCosts(t *testing.T) {
 		"header not a token":   {func(r *Rule) { r.Cost.Header = "redline cost" }, "not an HTTP field name"},
 		"header too long":      {func(r *Rule) { r.Cost.Header = strings.Repeat("x", 65) }, "longer than 64"},
 		"hop-by-hop header":    {func(r *Rule) { r.Cost.Header = "transfer-encoding" }, "hop-by-hop"},
+		"unknown unsized":      {func(r *Rule) { r.Cost.UnsizedBody = "Hold" }, `unknown unsizedBody "Hold"`},
+		"refuse with header":   {func(r *Rule) { r.Cost.Usage, r.Cost.UnsizedBody = UsageHeader, UnsizedRefuse }, "refuse every request"},
 		"sidecar's header":     {func(r *Rule) { r.Cost.Header = "retry-after" }, "hop-by-hop or framing field, or one the sidecar writes"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -114,6 +118,59 @@ func TestPreviousSidecarRefusesTokenBudgets(t *testing.T) {
 	_, err = Parse(data)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(parsePrev(data)).To(MatchError(ContainSubstring(`unknown field "cost"`)))
+}
+
+// TestPreviousSidecarRefusesUnsizedRefuse: a budget that holds an unsized body (the previous
+// release's behaviour) keeps the previous document shape; one that refuses it carries
+// unsizedBody, which round-trips and which the previous sidecar refuses as a whole rather than
+// holding what it cannot size.
+func TestPreviousSidecarRefusesUnsizedRefuse(t *testing.T) {
+	g := NewWithT(t)
+	_, data, err := Build("shop", []Policy{costPolicy()}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(data)).NotTo(ContainSubstring("unsizedBody"))
+	g.Expect(parsePrevCost(data)).To(Succeed())
+
+	p := costPolicy()
+	p.Rules[0].Cost.UnsizedBody = UnsizedRefuse
+	_, data, err = Build("shop", []Policy{p}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	doc, err := Parse(data)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(doc.Policies[0].Rules[0].Cost).To(Equal(p.Rules[0].Cost))
+	g.Expect(parsePrevCost(data)).To(MatchError(ContainSubstring(`unknown field "unsizedBody"`)))
+}
+
+// The release before unsizedBody: its Cost had every field but it.
+type (
+	prevCost struct {
+		From        string `json:"from"`
+		Usage       string `json:"usage"`
+		Header      string `json:"header"`
+		DefaultHold int64  `json:"defaultHold"`
+		MinOutput   int64  `json:"minOutput"`
+		OnError     string `json:"onError"`
+		TimeoutMS   int64  `json:"timeoutMs"`
+	}
+	prevCostRule struct {
+		Rule
+		Cost *prevCost `json:"cost,omitempty"`
+	}
+	prevCostPolicy struct {
+		Policy
+		Rules []prevCostRule `json:"rules"`
+	}
+	prevCostDocument struct {
+		Document
+		Policies []prevCostPolicy `json:"policies"`
+	}
+)
+
+func parsePrevCost(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var doc prevCostDocument
+	return dec.Decode(&doc)
 }
 
 func TestCheckCostHeader(t *testing.T) {

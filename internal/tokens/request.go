@@ -24,9 +24,10 @@ type Request struct {
 	// OutputCap is the output cap the client set (the larger where it set
 	// two), 0 when it set none, at most MaxTokens.
 	OutputCap int64
-	// Choices is how many outputs the cap applies to: OpenAI chat's n,
-	// Gemini's candidateCount; 1 when absent. The upstream may spend
-	// OutputCap on each.
+	// Choices is how many outputs the cap applies to: OpenAI chat's and
+	// completions' n (or best_of where larger, each prompt of a completions
+	// list its own), Gemini's candidateCount; 1 when absent. The upstream
+	// may spend OutputCap on each.
 	Choices int64
 	// Stream: the response is an event stream.
 	Stream bool
@@ -38,31 +39,42 @@ type Request struct {
 const (
 	messages = "messages"
 	tools    = "tools"
+	input    = "input"
 )
 
 // promptFields are the top-level fields whose strings count toward the
 // prompt, per kind.
 var promptFields = map[Kind][]string{
 	OpenAIChat:      {messages, tools, "functions"},
-	OpenAIResponses: {"input", "instructions", tools},
+	OpenAIResponses: {input, "instructions", tools},
 	Anthropic:       {messages, "system", tools},
 	Gemini:          {"contents", "systemInstruction", "system_instruction", tools},
+	// prompt (and input) may be token ids: each number is a token.
+	OpenAICompletions: {"prompt", "suffix"},
+	OpenAIEmbeddings:  {input},
 }
 
 // itemFields hold the lists whose items cost a per-message overhead.
 var itemFields = map[Kind]string{
-	OpenAIChat:      messages,
-	OpenAIResponses: "input",
-	Anthropic:       messages,
-	Gemini:          "contents",
+	OpenAIChat:        messages,
+	OpenAIResponses:   "input",
+	Anthropic:         messages,
+	Gemini:            "contents",
+	OpenAICompletions: "prompt",
+	OpenAIEmbeddings:  input,
 }
 
 // ScanRequest sizes a request body of the given kind. stream says the route
 // asks for a stream (Gemini's streamGenerateContent); for the other kinds the
 // body's stream field decides. Keys are matched exactly, as the upstreams
 // match them, so a client cannot show the scanner a cap the upstream ignores.
-// A body over MaxRequestBytes, deeper than MaxDepth, not JSON, or not of the
-// kind's shape is an error: the caller then holds the rule's default.
+// Counts and flags are read as the upstreams read them (readNumber, readFlag):
+// 1e5, 100000.0 and "100000" are a cap of 100000; -1 and 0 are no cap, as is
+// an absent one. A body over MaxRequestBytes (ErrTooLarge), deeper than
+// MaxDepth (ErrTooDeep), not JSON (ErrNotJSON), not of the kind's shape
+// (ErrShape), or with a count or flag in a form not understood (ErrNumber) is
+// an error: the request cannot be sized, and the caller refuses it or holds
+// the rule's default, as the rule says.
 func ScanRequest(body []byte, kind Kind, stream bool) (Request, error) {
 	top, err := decodeTop(body, kind)
 	if err != nil {
@@ -74,15 +86,24 @@ func ScanRequest(body []byte, kind Kind, stream bool) (Request, error) {
 		textBytes += stringBytes(top[f])
 	}
 	list := top[itemFields[kind]]
+	prompts := int64(1) // completions: one output per prompt of a list
 	switch firstByte(list) {
 	case '[':
 		var elems []json.RawMessage
 		if err := json.Unmarshal(list, &elems); err != nil {
-			return Request{}, fmt.Errorf("tokens: reading %s of a %s body: %w", itemFields[kind], kind, err)
+			return Request{}, fmt.Errorf("%w: reading %s of a %s body: %v", ErrShape, itemFields[kind], kind, err)
 		}
 		items = int64(len(elems))
+		if kind == OpenAICompletions || kind == OpenAIEmbeddings {
+			// a list of token ids is one input; a list of strings or of id lists, one each
+			textBytes += 4 * numbers(list)
+			if len(elems) > 0 && firstByte(elems[0]) != '"' && firstByte(elems[0]) != '[' {
+				items = 1
+			}
+			prompts = max(items, 1)
+		}
 	case '"':
-		if kind != OpenAIResponses {
+		if kind != OpenAIResponses && kind != OpenAICompletions && kind != OpenAIEmbeddings {
 			return Request{}, fmt.Errorf("%w: %s of a %s body is a string", ErrShape, itemFields[kind], kind)
 		}
 		items = 1
@@ -95,42 +116,65 @@ func ScanRequest(body []byte, kind Kind, stream bool) (Request, error) {
 	if err != nil {
 		return Request{}, err
 	}
+	noCap := false
 	for _, c := range caps {
-		n, _, err := parseCount(c)
+		n, none, err := readCap(c)
 		if err != nil {
 			return Request{}, fmt.Errorf("tokens: output cap of a %s body: %w", kind, err)
 		}
+		noCap = noCap || none
 		r.OutputCap = max(r.OutputCap, n)
+	}
+	if noCap {
+		// one field says no cap: an upstream that reads that field generates without one
+		r.OutputCap = 0
 	}
 
 	if r.Choices, err = choices(top, kind); err != nil {
 		return Request{}, err
 	}
-	if kind == Gemini {
-		r.Stream = stream
-	} else {
-		s, err := parseBool(top["stream"])
-		if err != nil {
-			return Request{}, fmt.Errorf("tokens: stream of a %s body: %w", kind, err)
-		}
-		r.Stream = s || stream
+	if kind == OpenAICompletions {
+		r.Choices = min(r.Choices, MaxTokens/prompts) * prompts
 	}
-	if kind == OpenAIChat && r.Stream {
-		if so := top["stream_options"]; firstByte(so) == '{' {
-			var opts map[string]json.RawMessage
-			if err := json.Unmarshal(so, &opts); err != nil {
-				return Request{}, fmt.Errorf("tokens: stream_options of a %s body: %w", kind, err)
-			}
-			if r.IncludeUsage, err = parseBool(opts["include_usage"]); err != nil {
-				return Request{}, fmt.Errorf("tokens: stream_options.include_usage: %w", err)
-			}
-		}
+	if err := readStream(top, kind, stream, &r); err != nil {
+		return Request{}, err
 	}
 	return r, nil
 }
 
+// readStream reads whether the request streams (the route's say for Gemini, the body's for
+// the others; embeddings never do) and whether an OpenAI stream asked for its usage.
+func readStream(top map[string]json.RawMessage, kind Kind, stream bool, r *Request) error {
+	switch kind {
+	case Gemini:
+		r.Stream = stream
+	case OpenAIEmbeddings:
+	default:
+		s, err := readFlag(top["stream"])
+		if err != nil {
+			return fmt.Errorf("tokens: stream of a %s body: %w", kind, err)
+		}
+		r.Stream = s || stream
+	}
+	if (kind == OpenAIChat || kind == OpenAICompletions) && r.Stream {
+		if so := top["stream_options"]; firstByte(so) == '{' {
+			var opts map[string]json.RawMessage
+			if err := json.Unmarshal(so, &opts); err != nil {
+				return fmt.Errorf("%w: stream_options of a %s body: %v", ErrShape, kind, err)
+			}
+			usage, err := readFlag(opts["include_usage"])
+			if err != nil {
+				return fmt.Errorf("tokens: stream_options.include_usage: %w", err)
+			}
+			r.IncludeUsage = usage
+		}
+	}
+	return nil
+}
+
 // MaxOutput is the most output the request can ask for: OutputCap on each
-// of Choices, at most MaxTokens (0 when the client set no cap).
+// of Choices, at most MaxTokens (0 when the client set no cap; 0 for
+// embeddings, which have no output: see HasOutput).
 func (r Request) MaxOutput() int64 {
 	if r.OutputCap > 0 && r.Choices > MaxTokens/r.OutputCap {
 		return MaxTokens
@@ -138,12 +182,17 @@ func (r Request) MaxOutput() int64 {
 	return r.OutputCap * r.Choices
 }
 
-// choices reads n (OpenAI chat) or candidateCount (Gemini).
+// HasOutput is false for the kinds whose responses generate nothing
+// (embeddings): their cost is the input, and they have no cap to write.
+func (r Request) HasOutput() bool { return r.Kind != OpenAIEmbeddings }
+
+// choices reads n (OpenAI chat and completions; best_of where the upstream
+// generates that many and returns n) or candidateCount (Gemini).
 func choices(top map[string]json.RawMessage, kind Kind) (int64, error) {
 	var raw []json.RawMessage
 	switch kind {
-	case OpenAIChat:
-		raw = append(raw, top["n"])
+	case OpenAIChat, OpenAICompletions:
+		raw = append(raw, top["n"], top["best_of"])
 	case Gemini:
 		gc, err := generationConfig(top)
 		if err != nil {
@@ -153,7 +202,10 @@ func choices(top map[string]json.RawMessage, kind Kind) (int64, error) {
 	}
 	c := int64(1)
 	for _, v := range raw {
-		n, _, err := parseCount(v)
+		n, _, err := readNumber(v)
+		if err == nil && n < 0 {
+			err = fmt.Errorf("%w: %d", ErrNumber, n)
+		}
 		if err != nil {
 			return 0, fmt.Errorf("tokens: choice count of a %s body: %w", kind, err)
 		}
@@ -173,12 +225,15 @@ func decodeTop(body []byte, kind Kind) (map[string]json.RawMessage, error) {
 	if err := checkDepth(body); err != nil {
 		return nil, err
 	}
+	if !json.Valid(body) {
+		return nil, fmt.Errorf("%w: a %s body", ErrNotJSON, kind)
+	}
 	if firstByte(body) != '{' {
 		return nil, fmt.Errorf("%w: %s body is not a JSON object", ErrShape, kind)
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, fmt.Errorf("tokens: reading a %s body: %w", kind, err)
+		return nil, fmt.Errorf("%w: reading a %s body: %v", ErrNotJSON, kind, err)
 	}
 	return top, nil
 }
@@ -195,7 +250,10 @@ func capFields(top map[string]json.RawMessage, kind Kind) ([]json.RawMessage, er
 	}
 	switch kind {
 	case OpenAIChat:
-		add(top, "max_tokens", "max_completion_tokens")
+		// n_predict: llama.cpp reads it before max_tokens
+		add(top, "max_tokens", "max_completion_tokens", "n_predict")
+	case OpenAICompletions:
+		add(top, "max_tokens", "n_predict")
 	case OpenAIResponses:
 		add(top, "max_output_tokens")
 	case Anthropic:
@@ -216,7 +274,7 @@ func generationConfig(top map[string]json.RawMessage) (map[string]json.RawMessag
 	var gc map[string]json.RawMessage
 	for _, name := range []string{"generationConfig", "generation_config"} {
 		raw, ok := top[name]
-		if !ok || string(bytes.TrimSpace(raw)) == "null" {
+		if !ok || string(bytes.TrimSpace(raw)) == jsonNull {
 			continue
 		}
 		if firstByte(raw) != '{' {
@@ -235,16 +293,6 @@ func generationConfig(top map[string]json.RawMessage) (map[string]json.RawMessag
 	return gc, nil
 }
 
-func parseBool(raw json.RawMessage) (bool, error) {
-	switch string(bytes.TrimSpace(raw)) {
-	case "", "null", "false":
-		return false, nil
-	case "true":
-		return true, nil
-	}
-	return false, fmt.Errorf("%.32q is not a boolean", raw)
-}
-
 func firstByte(b []byte) byte {
 	b = bytes.TrimLeft(b, " \t\r\n")
 	if len(b) == 0 {
@@ -258,6 +306,35 @@ var skipKeys = map[string]bool{
 	"type": true, "role": true, "url": true, "data": true, "id": true,
 	"mime_type": true, "mimeType": true, "media_type": true, "tool_call_id": true,
 	"call_id": true, "file_id": true, "fileUri": true, "file_uri": true, "detail": true,
+}
+
+// numbers counts the number literals in a valid JSON value outside strings:
+// the token ids of a prompt given as ids.
+func numbers(v []byte) int64 {
+	var n int64
+	inString, escaped, inNumber := false, false, false
+	for _, c := range v {
+		if inString {
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		}
+		isNum := c == '-' || '0' <= c && c <= '9'
+		if isNum && !inNumber {
+			n++
+		}
+		inNumber = isNum || inNumber && (c == '.' || c == 'e' || c == 'E' || c == '+')
+		if c == '"' {
+			inString = true
+		}
+	}
+	return n
 }
 
 // stringBytes sums the lengths of the string values in a valid JSON value,

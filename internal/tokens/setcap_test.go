@@ -151,3 +151,45 @@ func TestSetOutputCapRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestSetOutputCapWritesACapWhereNoneWasUnderstood: a cap the upstream reads as none (-1, 0),
+// or in a form it reads as a number (a string, a float), is replaced by an integer within the
+// limit, in every field the upstream may read.
+func TestSetOutputCapWritesACapWhereNoneWasUnderstood(t *testing.T) {
+	for _, tt := range []struct {
+		kind   Kind
+		body   string
+		fields []string
+	}{
+		{OpenAIChat, `{"messages":[],"max_tokens":-1}`, []string{"max_tokens", "max_completion_tokens"}},
+		{OpenAIChat, `{"messages":[],"max_tokens":0}`, []string{"max_tokens", "max_completion_tokens"}},
+		{OpenAIChat, `{"messages":[],"max_tokens":"100000"}`, []string{"max_tokens", "max_completion_tokens"}},
+		{OpenAIChat, `{"messages":[],"max_tokens":1e5,"n_predict":-1}`, []string{"max_tokens", "max_completion_tokens", "n_predict"}},
+		{OpenAIChat, `{"messages":[]}`, []string{"max_completion_tokens"}},
+		{OpenAICompletions, `{"prompt":"x","max_tokens":100000.0}`, []string{"max_tokens"}},
+		{OpenAICompletions, `{"prompt":"x"}`, []string{"max_tokens"}},
+		{Anthropic, `{"messages":[],"max_tokens":"-1"}`, []string{"max_tokens"}},
+		{OpenAIResponses, `{"input":"x","max_output_tokens":"1e5"}`, []string{"max_output_tokens"}},
+	} {
+		out, err := SetOutputCap([]byte(tt.body), tt.kind, 500, false)
+		if err != nil {
+			t.Fatalf("SetOutputCap(%s): %v", tt.body, err)
+		}
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(out, &top); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range tt.fields {
+			if string(top[f]) != "500" {
+				t.Errorf("SetOutputCap(%s): %s = %s, want 500", tt.body, f, top[f])
+			}
+		}
+		r, err := ScanRequest(out, tt.kind, false)
+		if err != nil || r.OutputCap != 500 {
+			t.Errorf("SetOutputCap(%s) reads back as cap %d, %v", tt.body, r.OutputCap, err)
+		}
+	}
+	if _, err := SetOutputCap([]byte(`{"input":"x"}`), OpenAIEmbeddings, 5, false); err == nil {
+		t.Error("an embeddings body got an output cap")
+	}
+}

@@ -24,6 +24,7 @@ type sseParser struct {
 	afterCR  bool // the last byte was CR: an LF next ends no line
 	skipped  int
 	onEvent  func(typ, data []byte)
+	onSkip   func(size int) // an event over the bound, of size bytes at least
 }
 
 func (p *sseParser) write(b []byte) {
@@ -94,6 +95,9 @@ func (p *sseParser) endLine() {
 func (p *sseParser) dispatch() {
 	if p.overflow {
 		p.skipped++
+		if p.onSkip != nil {
+			p.onSkip(p.size)
+		}
 	} else if p.hasData {
 		p.onEvent(p.event, p.data)
 	}

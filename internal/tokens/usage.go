@@ -56,6 +56,8 @@ type UsageScanner struct {
 	u      Usage
 	seen   bool
 	bad    bool
+	n      int64 // bytes written
+	text   int64 // the output estimate of the events read so far (Streamed)
 }
 
 // NewUsageScanner returns a scanner for a response of the kind; eventStream
@@ -64,11 +66,13 @@ type UsageScanner struct {
 func NewUsageScanner(kind Kind, eventStream bool) *UsageScanner {
 	s := &UsageScanner{kind: kind, stream: eventStream}
 	s.sse.onEvent = s.onEvent
+	s.sse.onSkip = func(size int) { s.text = clampAdd(s.text, int64(size+3)/4) }
 	return s
 }
 
 // Write feeds the next bytes of the body. It never fails.
 func (s *UsageScanner) Write(p []byte) (int, error) {
+	s.n += int64(len(p))
 	if s.stream {
 		s.sse.write(p)
 		return len(p), nil
@@ -102,12 +106,67 @@ func (s *UsageScanner) Usage() (Usage, bool) {
 		} else {
 			s.read(body)
 		}
+		s.text = textTokens(body)
 		s.over = true // parsed once
+	} else if !s.stream && s.body == nil && s.text == 0 {
+		s.text = (s.n + 3) / 4 // over MaxResponseBytes: every byte may be text
 	}
 	if s.bad || !s.seen {
 		return Usage{}, false
 	}
 	return s.u, true
+}
+
+// Streamed estimates the output tokens that passed through the scanner, from
+// above, for a response that reports no usage (or was cut after a partial
+// report): the text of each event (content, text, delta, arguments,
+// partial_json, thinking, refusal, reasoning and reasoning_content strings),
+// four bytes a token as the prompt's estimate, at least one token an event
+// that carries any (most servers stream a token an event); an event over
+// MaxEventBytes, and a plain body over MaxResponseBytes, counts four bytes a
+// token of all its bytes. Call it after Usage.
+func (s *UsageScanner) Streamed() int64 { return s.text }
+
+// textKeys name the string values that are generated text in the responses
+// of the kinds this package reads.
+var textKeys = map[string]bool{
+	"content": true, "text": true, "delta": true, "arguments": true, "partial_json": true,
+	"thinking": true, "refusal": true, "reasoning": true, "reasoning_content": true,
+}
+
+// textTokens estimates the generated text of one JSON document: its textKeys
+// strings at four bytes a token, at least one when there is any.
+func textTokens(v []byte) int64 {
+	var n int64
+	var lastKey []byte
+	for i := 0; i < len(v); i++ {
+		if v[i] != '"' {
+			continue
+		}
+		start := i + 1
+		j := start
+		for j < len(v) && v[j] != '"' {
+			if v[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		end := min(j, len(v))
+		k := j + 1
+		for k < len(v) && (v[k] == ' ' || v[k] == '\t' || v[k] == '\r' || v[k] == '\n') {
+			k++
+		}
+		if k < len(v) && v[k] == ':' {
+			lastKey = v[start:end]
+		} else if textKeys[string(lastKey)] {
+			n += int64(end - start)
+		}
+		i = j
+	}
+	if n == 0 {
+		return 0
+	}
+	return max((n+3)/4, 1)
 }
 
 // Skipped counts the events skipped for being over MaxEventBytes.
@@ -116,6 +175,7 @@ func (s *UsageScanner) Skipped() int { return s.sse.skipped }
 var usageMark = []byte(`"usage`)
 
 func (s *UsageScanner) onEvent(_, data []byte) {
+	s.text = clampAdd(s.text, textTokens(data))
 	if mayHaveUsage(data) {
 		s.read(data)
 	}
@@ -167,7 +227,7 @@ func (s *UsageScanner) read(doc []byte) {
 		return
 	}
 	switch s.kind {
-	case OpenAIChat:
+	case OpenAIChat, OpenAICompletions, OpenAIEmbeddings:
 		s.take(top["usage"], openaiChatCounts, false)
 	case OpenAIResponses:
 		switch typ := stringValue(top["type"]); typ {

@@ -128,3 +128,41 @@ func TestUsageBounds(t *testing.T) {
 		t.Errorf("scanner kept %d bytes of a body over MaxResponseBytes", len(s.body))
 	}
 }
+
+// TestStreamedEstimatesWhatPassed: a stream that reports no usage is estimated from its text,
+// at least one token an event that carries any; a cut Anthropic stream's partial usage is
+// below what its events carried.
+func TestStreamedEstimatesWhatPassed(t *testing.T) {
+	var chat strings.Builder
+	for range 100 {
+		chat.WriteString(`data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":" w1"},"finish_reason":null}]}` + "\n\n")
+	}
+	s := NewUsageScanner(OpenAIChat, true)
+	_, _ = s.Write([]byte(chat.String() + "data: [DONE]\n\n"))
+	if _, ok := s.Usage(); ok {
+		t.Fatal("a stream without usage reported one")
+	}
+	if got := s.Streamed(); got != 100 {
+		t.Errorf("Streamed of 100 one-token chunks = %d, want 100", got)
+	}
+
+	a := NewUsageScanner(Anthropic, true)
+	_, _ = a.Write([]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":1},\"content\":[]}}\n\n"))
+	for range 50 {
+		_, _ = a.Write([]byte("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hello world\"}}\n\n"))
+	}
+	u, ok := a.Usage()
+	if !ok || u.Cost() != 11 {
+		t.Fatalf("cut Anthropic stream usage = %+v, %v; want message_start's 11", u, ok)
+	}
+	if got := a.Streamed(); got != 50*3 {
+		t.Errorf("Streamed of 50 events of 11 bytes = %d, want 150", got)
+	}
+
+	p := NewUsageScanner(OpenAIChat, false)
+	_, _ = p.Write([]byte(`{"choices":[{"message":{"role":"assistant","content":"` + strings.Repeat("x", 400) + `"}}]}`))
+	_, _ = p.Usage()
+	if got := p.Streamed(); got != 100 {
+		t.Errorf("Streamed of a plain body of 400 bytes of text = %d, want 100", got)
+	}
+}

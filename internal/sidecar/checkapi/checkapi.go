@@ -123,6 +123,8 @@ type Handler struct {
 	Store  *ruleset.Store
 	// Holds keeps the holds of reserves until their settle (nil: reserve and settle are refused).
 	Holds *decide.Registry
+	// OnUnsized hears of each reserve refused for want of a size (metrics).
+	OnUnsized func(rule *ruleset.Rule, reason string)
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {

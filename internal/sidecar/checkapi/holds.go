@@ -24,7 +24,8 @@ import (
 // sees this request). A hold never settled goes back by itself when it expires; one settled
 // late (up to a minute past) charges what was used in full.
 
-// Reserve sizes a hold. With neither field, every rule holds its defaultHold.
+// Reserve sizes a hold. With neither field the request is unsized: a rule with
+// cost.unsizedBody Refuse refuses it (400), any other holds its defaultHold.
 type Reserve struct {
 	// Prompt is the estimate of the request's input, in the limit's units.
 	Prompt int64 `json:"prompt,omitempty"`
@@ -105,6 +106,14 @@ func (h *Handler) reserve(r *http.Request, set *ruleset.Set, req *Request) (deci
 	if err != nil {
 		return decide.Decision{}, nil, err
 	}
+	if !need.Sized {
+		if rule := refusesUnsized(set, hits, dr); rule != nil {
+			if h.OnUnsized != nil {
+				h.OnUnsized(rule, ReasonReserveWithoutSize)
+			}
+			return decide.Decision{}, nil, fmt.Errorf("reserve without a size: rule %s/%s refuses requests it cannot size (cost.unsizedBody: Refuse); send reserve.prompt (and reserve.maxOutput, 0 for none), or set unsizedBody: Hold", rule.Policy.Name, rule.Name)
+		}
+	}
 	var d decide.Decision
 	var hs *decide.Holds
 	if hits != nil {
@@ -136,6 +145,28 @@ func (h *Handler) reserve(r *http.Request, set *ruleset.Set, req *Request) (deci
 		return decide.Decision{}, nil, err
 	}
 	return d, hold, nil
+}
+
+// ReasonReserveWithoutSize is the reason a reserve without a size is refused, in the metric.
+const ReasonReserveWithoutSize = "reserve_without_size"
+
+// refusesUnsized is the first Enforce rule the reserve holds for that refuses a request it
+// cannot size; nil when none does.
+func refusesUnsized(set *ruleset.Set, hits []decide.Hit, dr *decide.Request) *ruleset.Rule {
+	refuses := func(r *ruleset.Rule) bool { return r != nil && r.Cost != nil && r.Cost.RefuseUnsized && !r.Shadow }
+	for _, hit := range hits {
+		if r := set.Find(hit.Policy, hit.Rule); refuses(r) {
+			return r
+		}
+	}
+	if dr != nil {
+		for _, r := range set.Rules {
+			if refuses(r) && decide.Matches(r.Match, dr) {
+				return r
+			}
+		}
+	}
+	return nil
 }
 
 func (h *Handler) settle(w http.ResponseWriter, r *http.Request, s *Settle) {

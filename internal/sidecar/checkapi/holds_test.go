@@ -10,6 +10,7 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
@@ -108,4 +109,31 @@ func TestReserveAndSettleRefusals(t *testing.T) {
 	r = answer(g, h, `{"policy":"p","rule":"tokens","key":["b"],"reserve":{"prompt":969}}`, 200)
 	g.Expect(r.Allowed).To(BeTrue(), "the refused reserve's hold did not go back")
 	g.Expect(r.Hold.Units).To(Equal(int64(979)))
+}
+
+// TestReserveWithoutASizeUnderRefuse: a rule that refuses what it cannot size refuses a reserve
+// that gives neither prompt nor maxOutput (400, naming the rule and the way out), by attributes
+// or by hit, holds nothing, and counts it; a sized reserve goes on as before.
+func TestReserveWithoutASizeUnderRefuse(t *testing.T) {
+	g := NewWithT(t)
+	rule := sidecartest.BudgetRule("tokens", "x-key", "FixedWindow", 1_000, 100, 10, policydoc.OnErrorUsed)
+	rule.Cost.UnsizedBody = policydoc.UnsizedRefuse
+	doc := sidecartest.DocumentRules("ns", "p", "web", rule)
+	var reasons []string
+	h := &checkapi.Handler{Engine: &decide.Engine{Limiter: sidecartest.Limiter(t)}, Store: sidecartest.StoreOf(t, doc), Holds: &decide.Registry{},
+		OnUnsized: func(r *ruleset.Rule, reason string) { reasons = append(reasons, r.Name+" "+reason) }}
+
+	for _, body := range []string{
+		`{"method":"POST","path":"/v1/chat/completions","headers":{"X-Key":"a"},"reserve":{}}`,
+		`{"policy":"p","rule":"tokens","key":["a"],"reserve":{}}`,
+	} {
+		rec := do(h, http.MethodPost, body)
+		g.Expect(rec.Code).To(Equal(http.StatusBadRequest), body)
+		g.Expect(rec.Body.String()).To(And(ContainSubstring("reserve without a size"), ContainSubstring("p/tokens"), ContainSubstring("unsizedBody: Hold")))
+	}
+	g.Expect(reasons).To(Equal([]string{"tokens reserve_without_size", "tokens reserve_without_size"}))
+	// nothing was held: the whole budget is there for a sized reserve
+	r := answer(g, h, `{"policy":"p","rule":"tokens","key":["a"],"reserve":{"prompt":100,"maxOutput":900}}`, 200)
+	g.Expect(r.Allowed).To(BeTrue())
+	g.Expect(r.Hold.Units).To(Equal(int64(1000)))
 }

@@ -54,6 +54,10 @@ type Outcome struct {
 	// valid, win over the body: the application states its cost deliberately; the trailer
 	// over the header, being the later word).
 	FromHeader bool
+	// Streamed estimates, from above, the output tokens the body carried
+	// (tokens.UsageScanner.Streamed): what a response that reported no usage, or was cut
+	// after a partial report, is charged at least. 0 for a body that was not scanned.
+	Streamed int64
 	// Complete: the body was read to its end with no error. An error event the upstream sent
 	// in its stream is still a complete body; its usage is what the events said before it.
 	Complete bool
@@ -114,7 +118,7 @@ func Wrap(res *http.Response, opts Options) {
 	// Accept-Encoding) and settles a compressed answer as one with no count.
 	if ce := res.Header.Get("Content-Encoding"); ce == "" || ce == "identity" {
 		m.scan = tokens.NewUsageScanner(opts.Kind, eventStream)
-		if opts.StripUsage && opts.Kind == tokens.OpenAIChat && eventStream {
+		if opts.StripUsage && (opts.Kind == tokens.OpenAIChat || opts.Kind == tokens.OpenAICompletions) && eventStream {
 			m.filter = tokens.NewUsageChunkFilter(&m.pending)
 			// the body gets shorter: its length is no longer known, and the server chunks it
 			res.Header.Del("Content-Length")
@@ -209,6 +213,12 @@ func (m *meter) finish(err error) {
 		o.Usage, o.Found, o.FromHeader = m.header.usage(), true, true
 	case m.scan != nil:
 		o.Usage, o.Found = m.scan.Usage()
+	}
+	if m.scan != nil {
+		if o.FromHeader {
+			_, _ = m.scan.Usage() // a plain body is parsed there
+		}
+		o.Streamed = m.scan.Streamed()
 	}
 	m.scan = nil // its buffers go now, not when the response does
 	m.mu.Unlock()

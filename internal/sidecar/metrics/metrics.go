@@ -57,6 +57,7 @@ type Metrics struct {
 	restoredUnit *prometheus.CounterVec
 	lossSignals  prometheus.Counter
 	holds        holdMetrics
+	unsized      *prometheus.CounterVec
 	policyMu     sync.Mutex
 	policies     map[string]bool // the policies whose restoration counters show
 }
@@ -115,6 +116,8 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 	}
 	m.holds = newHoldMetrics()
 	m.Registry.MustRegister(m.holds.collectors()...)
+	m.unsized = newUnsizedRefusals()
+	m.Registry.MustRegister(m.unsized)
 	m.Registry.MustRegister(m.regressions, m.restoredUnit, m.lossSignals)
 	m.Registry.MustRegister(m.decisions, m.candidates, m.redisLatency, m.reloads, m.reloadErrors, m.configInfo, m.heartbeatErr, m.redisErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

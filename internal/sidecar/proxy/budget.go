@@ -2,14 +2,17 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 	"github.com/redline-dev/redline/internal/sidecar/meter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 	"github.com/redline-dev/redline/internal/tokens"
@@ -19,9 +22,11 @@ import (
 // is sized from its body, holds what it may spend before it is sent, has its output cap
 // lowered to what the hold affords, and settles with the usage its response reports.
 //
-//  1. The body is read for sizing within bounds (tokens.MaxRequestBytes, Options.BodyReadTimeout);
-//     a body over them, or one whose shape is not understood, holds the rule's defaultHold and
-//     goes to the application untouched.
+//  1. The body is read for sizing within bounds (tokens.MaxRequestBytes, Options.BodyReadTimeout).
+//     A request that cannot be sized (a path whose API is not read, a compressed body, one over
+//     the bounds, not JSON, not of its API's shape, a count not understood) is refused with a
+//     4xx naming why when an Enforce rule it matches says so (ruleset.Cost.RefuseUnsized);
+//     otherwise it holds the rule's defaultHold and goes to the application untouched.
 //  2. decide.Engine.Reserve holds between the prompt and the rule's minOutput (refused below
 //     it, 429 like any refusal) and the prompt and the client's cap (or all the budget has).
 //  3. The output cap is set to what the smallest hold affords less the prompt, per choice; an
@@ -45,12 +50,13 @@ type budgetKey struct{}
 
 // budget is one request's holds on their way to their settle.
 type budget struct {
-	holds *decide.Holds
-	kind  tokens.Kind
-	strip bool
-	cost  *ruleset.Cost
-	once  sync.Once
-	wg    sync.WaitGroup
+	holds  *decide.Holds
+	kind   tokens.Kind
+	prompt int64 // the prompt's estimate, 0 when unsized
+	strip  bool
+	cost   *ruleset.Cost
+	once   sync.Once
+	wg     sync.WaitGroup
 }
 
 // settle ends the holds once, off the goroutine that calls it: the meter calls it on the
@@ -73,6 +79,134 @@ func firstCost(set *ruleset.Set, req *decide.Request) *ruleset.Cost {
 	return nil
 }
 
+// Why a request cannot be sized: the reason label of the refusals' metric, and the refusal's
+// "reason" field.
+const (
+	UnsizedPath       = "unknown_api_path"
+	UnsizedCompressed = "body_compressed"
+	UnsizedTooLarge   = "body_too_large"
+	UnsizedSlow       = "body_too_slow"
+	UnsizedUnreadable = "body_unreadable"
+	UnsizedNotJSON    = "body_not_json"
+	UnsizedShape      = "body_not_of_api_shape"
+	UnsizedNumber     = "number_not_understood"
+)
+
+// unsizedStatus is the status and message a refusal of each reason answers with.
+var unsizedStatus = map[string]struct {
+	status int
+	msg    string
+}{
+	UnsizedPath:       {http.StatusBadRequest, "the token budget cannot size a request to this path: its API is not one the sidecar reads"},
+	UnsizedCompressed: {http.StatusUnsupportedMediaType, "the token budget cannot size a compressed request body: send it uncompressed"},
+	UnsizedTooLarge:   {http.StatusRequestEntityTooLarge, "the token budget cannot size a request body over 1 MiB"},
+	UnsizedSlow:       {http.StatusRequestTimeout, "the request body did not arrive within the time for sizing it"},
+	UnsizedUnreadable: {http.StatusBadRequest, "the request body could not be read"},
+	UnsizedNotJSON:    {http.StatusBadRequest, "the request body is not JSON (or is nested too deep)"},
+	UnsizedShape:      {http.StatusBadRequest, "the request body is not of the shape of the API its path names"},
+	UnsizedNumber:     {http.StatusBadRequest, "an output cap, choice count or stream flag of the request body is in a form the token budget does not read (a fraction, a negative other than -1, true, or text)"},
+}
+
+// UnsizedRefusal is the body of a refusal of a request that cannot be sized.
+type UnsizedRefusal struct {
+	Error   string `json:"error"` // "unsized_body"
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	Policy  string `json:"policy"`
+	Rule    string `json:"rule"`
+	Detail  string `json:"detail,omitempty"`
+}
+
+// refusesUnsized is the first Enforce rule of set that matches req and refuses a request that
+// cannot be sized; nil when none does (the request then holds its defaultHold).
+func refusesUnsized(set *ruleset.Set, req *decide.Request) *ruleset.Rule {
+	for _, r := range set.Rules {
+		if r.Cost != nil && r.Cost.RefuseUnsized && !r.Shadow && decide.Matches(r.Match, req) {
+			return r
+		}
+	}
+	return nil
+}
+
+// sizeBody reads and sizes a request's body, drawing the buffer and the work of sizing it
+// from lease; reason is why it cannot be sized ("" when it was), detail the error behind it
+// (meter.ErrNoMemory, with no reason, when the memory budget has no room). A body read but
+// not understood is returned too, with its reason: it is what goes upstream under Hold.
+func (h *Handler) sizeBody(r *http.Request, c *ruleset.Cost, kind tokens.Kind, pathStream bool, lease *membudget.Lease) (body []byte, sized tokens.Request, reason string, detail error) {
+	if kind == tokens.Unknown {
+		if c.ReadsBody() {
+			return nil, sized, UnsizedPath, nil
+		}
+		return nil, sized, "", nil // usage Header: sized by design, at defaultHold
+	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return nil, sized, UnsizedCompressed, nil
+	}
+	// Sizing the body and rewriting its cap allocate up to workFactor times it, for a moment:
+	// drawn before the body is read when its length is declared (a request that does not fit
+	// allocates nothing), else once it is read, and kept until the body left for the upstream
+	// is known (serveBudget shrinks the draw then).
+	work := int64(0)
+	if cl := r.ContentLength; cl > 0 && cl <= tokens.MaxRequestBytes {
+		work = workFactor * cl
+	}
+	if !lease.Grow(work) {
+		return nil, sized, "", meter.ErrNoMemory
+	}
+	b, err := meter.ReadBodyIn(r, tokens.MaxRequestBytes, h.opts.BodyReadTimeout, lease)
+	if err == nil && !lease.Grow(workFactor*int64(len(b))-work) {
+		err = meter.ErrNoMemory
+	}
+	if errors.Is(err, meter.ErrNoMemory) {
+		return nil, sized, "", err
+	}
+	if err != nil {
+		lease.Shrink(work) // not sized: only the buffer, if any, is left to hand on
+	}
+	switch {
+	case errors.Is(err, meter.ErrBodyTooLarge):
+		return nil, sized, UnsizedTooLarge, err
+	case errors.Is(err, meter.ErrBodySlow):
+		return nil, sized, UnsizedSlow, err
+	case err != nil:
+		return nil, sized, UnsizedUnreadable, err
+	}
+	tr, err := tokens.ScanRequest(b, kind, pathStream)
+	switch {
+	case err == nil:
+		return b, tr, "", nil
+	case errors.Is(err, tokens.ErrTooLarge):
+		return b, sized, UnsizedTooLarge, err
+	case errors.Is(err, tokens.ErrNumber):
+		return b, sized, UnsizedNumber, err
+	case errors.Is(err, tokens.ErrNotJSON), errors.Is(err, tokens.ErrTooDeep):
+		return b, sized, UnsizedNotJSON, err
+	}
+	return b, sized, UnsizedShape, err
+}
+
+// refuseUnsized answers a request that cannot be sized under rule, which refuses it.
+func (h *Handler) refuseUnsized(w http.ResponseWriter, rule *ruleset.Rule, reason string, detail error) {
+	if h.opts.OnUnsized != nil {
+		h.opts.OnUnsized(rule, reason)
+	}
+	st := unsizedStatus[reason]
+	ref := UnsizedRefusal{Error: "unsized_body", Reason: reason, Message: st.msg, Policy: rule.Policy.Name, Rule: rule.Name}
+	if detail != nil {
+		ref.Detail = detail.Error()
+	}
+	body, _ := json.Marshal(&ref)
+	body = append(body, '\n')
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{contentTypeJSON}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
+	hdr["Cache-Control"] = []string{"no-store"}
+	// the body may be partly read: the connection is not reused
+	hdr["Connection"] = []string{"close"}
+	w.WriteHeader(st.status)
+	_, _ = w.Write(body)
+}
+
 // serveBudget decides, holds, forwards and settles a request of a token budget.
 func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *ruleset.Set, req *decide.Request) {
 	c := firstCost(set, req)
@@ -90,39 +224,25 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 	lease, _ := h.opts.Memory.Take(0)
 	defer lease.Release()
 	need := decide.Need{}
-	var body []byte
-	var sized tokens.Request
 	kept := int64(-1) // the bytes of the body left for the upstream, when known
-	if kind != tokens.Unknown {
-		// Sizing the body and rewriting its cap allocate up to workFactor times it, for a
-		// moment: drawn before the body is read when its length is declared (a request that
-		// does not fit allocates nothing), else once it is read, and kept until the body
-		// left for the upstream is known.
-		work := int64(0)
-		if cl := r.ContentLength; cl > 0 && cl <= tokens.MaxRequestBytes {
-			work = workFactor * cl
-		}
-		err := meter.ErrNoMemory
-		var b []byte
-		if lease.Grow(work) {
-			b, err = meter.ReadBodyIn(r, tokens.MaxRequestBytes, h.opts.BodyReadTimeout, lease)
-		}
-		if err == nil && !lease.Grow(workFactor*int64(len(b))-work) {
-			err = meter.ErrNoMemory
-		}
-		if errors.Is(err, meter.ErrNoMemory) {
-			noMemory(w)
+	body, sized, reason, detail := h.sizeBody(r, c, kind, pathStream, lease)
+	if errors.Is(detail, meter.ErrNoMemory) {
+		noMemory(w)
+		return
+	}
+	if body != nil {
+		kept = int64(cap(body))
+	}
+	if reason != "" {
+		if rule := refusesUnsized(set, req); rule != nil {
+			h.refuseUnsized(w, rule, reason, detail)
 			return
 		}
-		if err != nil {
-			lease.Shrink(work) // not sized: only the buffer, if any, is left to hand on
-		}
-		if err == nil {
-			kept = int64(cap(b))
-			if tr, err := tokens.ScanRequest(b, kind, pathStream); err == nil {
-				body, sized = b, tr
-				need = decide.Need{Sized: true, Prompt: tr.PromptTokens, Output: tr.MaxOutput()}
-			}
+		body = nil
+	} else if body != nil {
+		need = decide.Need{Sized: true, Prompt: sized.PromptTokens, Output: sized.MaxOutput()}
+		if !sized.HasOutput() {
+			need.Output = 1 // embeddings: the prompt is the cost; the least hold is prompt + minOutput
 		}
 	}
 	d, hs, err := h.opts.Engine.Reserve(r.Context(), costed, req, need)
@@ -139,8 +259,8 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 	if h.opts.Headers {
 		d.Fields().Write(w.Header())
 	}
-	b := &budget{holds: hs, kind: kind, cost: c}
-	if body != nil {
+	b := &budget{holds: hs, kind: kind, cost: c, prompt: need.Prompt}
+	if body != nil && sized.HasOutput() {
 		nb, asked := h.capOutput(body, kind, sized, hs)
 		if nb != nil {
 			r.Body = meter.HeldBody(nb, lease)
@@ -229,7 +349,7 @@ func (h *Handler) capOutput(body []byte, kind tokens.Kind, sized tokens.Request,
 			limit, lowered = per, true
 		}
 	}
-	ask := kind == tokens.OpenAIChat && sized.Stream && !sized.IncludeUsage
+	ask := (kind == tokens.OpenAIChat || kind == tokens.OpenAICompletions) && sized.Stream && !sized.IncludeUsage
 	if !lowered && (!ask || limit == 0) {
 		// Nothing to change; or only the usage to ask for, of a request that no Enforce rule
 		// caps and that set no cap itself, which SetOutputCap cannot leave uncapped: it goes
@@ -253,9 +373,32 @@ func meterResponse(res *http.Response) error {
 	ctx := res.Request.Context()
 	status := res.StatusCode
 	meter.Wrap(res, meter.Options{Kind: b.kind, StripUsage: b.strip, CostHeader: b.cost.Header, OnEnd: func(o meter.Outcome) {
-		b.settle(ctx, o.Usage.Cost(), o.Found, !o.Complete || status >= http.StatusBadRequest)
+		used, known := b.charge(o)
+		b.settle(ctx, used, known, !o.Complete || status >= http.StatusBadRequest)
 	}})
 	return nil
+}
+
+// charge is what a response settles with. A usage the application or the upstream reported
+// for a whole response counts as it is. A response that reported none, or was cut after a
+// partial report (an Anthropic stream's message_start), is charged at least what passed
+// through it: the input (reported, else the prompt's estimate) plus the output its text
+// carried (meter.Outcome.Streamed); with no report, never less than its largest hold, as
+// before. known false leaves it to the rule's onError, or the whole hold.
+func (b *budget) charge(o meter.Outcome) (used int64, known bool) {
+	used, known = o.Usage.Cost(), o.Found
+	if o.FromHeader || (o.Found && o.Complete) || o.Streamed == 0 {
+		return used, known
+	}
+	in := b.prompt
+	if o.Found {
+		in = o.Usage.Input
+	}
+	est := min(in, tokens.MaxTokens) + min(o.Streamed, tokens.MaxTokens)
+	if !o.Found {
+		return max(est, b.holds.Most()), true
+	}
+	return max(used, est), true
 }
 
 func writeJSONError(w http.ResponseWriter, status int, code string) {

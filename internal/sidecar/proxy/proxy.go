@@ -49,12 +49,15 @@ type Options struct {
 	// (default 90s).
 	IdleConnTimeout time.Duration
 	// BodyReadTimeout bounds the read of a token budget's request body for sizing (default
-	// DefaultBodyReadTimeout); a body slower than it holds the rule's defaultHold.
+	// DefaultBodyReadTimeout); a body slower than it is unsized.
 	BodyReadTimeout time.Duration
 	// Memory is the budget a token budget's request body is read into (nil: none). A request
 	// it has no room for is answered 503 with Retry-After.
 	Memory *membudget.Budget
-	Log    *slog.Logger
+	// OnUnsized hears of each request refused because its body could not be sized (metrics),
+	// with the rule that refused it and the reason (Unsized*).
+	OnUnsized func(rule *ruleset.Rule, reason string)
+	Log       *slog.Logger
 }
 
 // Handler decides and forwards requests.

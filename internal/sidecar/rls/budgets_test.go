@@ -11,6 +11,7 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
@@ -74,5 +75,29 @@ func TestStreamDoneSettlesTheOldestHold(t *testing.T) {
 	}
 	if got := call(t, s, "b", 0); got != over {
 		t.Fatalf("a request after 950 of 1000 were charged, holding 100: %v, want OVER_LIMIT", got)
+	}
+}
+
+// TestDescriptorUnderRefuseIsOverLimit: Envoy's filter never sends a request's size, so a
+// budget that refuses what it cannot size answers its descriptor OVER_LIMIT, holding nothing
+// and counting the refusal; a stream's done descriptor still settles (charges) as before.
+func TestDescriptorUnderRefuseIsOverLimit(t *testing.T) {
+	rule := sidecartest.BudgetRule("tokens", "x-user", "FixedWindow", 1_000, 100, 1, policydoc.OnErrorUsed)
+	rule.Cost.UnsizedBody = policydoc.UnsizedRefuse
+	doc := sidecartest.DocumentRules("ns", "llm", "web", rule)
+	var reasons []string
+	s := &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.Limiter(t)}, Store: sidecartest.StoreOf(t, doc), Holds: &decide.Registry{},
+		OnUnsized: func(r *ruleset.Rule, reason string) { reasons = append(reasons, r.Name+" "+reason) }}
+	if got := call(t, s, "a", 0); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("a descriptor without a size under Refuse: %v, want OVER_LIMIT", got)
+	}
+	if n := s.Holds.Len(); n != 0 {
+		t.Fatalf("%d holds open after a refusal", n)
+	}
+	if len(reasons) != 1 || reasons[0] != "tokens "+rls.ReasonDescriptorWithoutSize {
+		t.Fatalf("refusals counted: %v", reasons)
+	}
+	if got := call(t, s, "a", 10); got != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("a stream done: %v; it is never refused", got)
 	}
 }

@@ -24,7 +24,8 @@
 //
 // A rule whose cost comes from the response (a token budget) follows Envoy's
 // apply_on_stream_done: the descriptor sent when the request starts, without hits_addend (or
-// with 0), holds the rule's defaultHold (the service never sees the body to size it); the same
+// with 0), holds the rule's defaultHold (the service never sees the body to size it; a rule
+// with cost.unsizedBody Refuse answers it OVER_LIMIT, holding nothing); the same
 // descriptor sent when the stream is done, with hits_addend the usage (Envoy's
 // RateLimit.hits_addend from the response's metadata), settles the oldest open hold of its key
 // with it. A usage that finds no hold of its key here (its request reached another replica, or
@@ -79,7 +80,13 @@ type Server struct {
 	// Holds keeps the holds of token budgets' descriptors until their stream is done (nil:
 	// such descriptors are decided as plain ones, one unit each).
 	Holds *decide.Registry
+	// OnUnsized hears of each descriptor refused for want of a size (metrics).
+	OnUnsized func(rule *ruleset.Rule, reason string)
 }
+
+// ReasonDescriptorWithoutSize is the reason a token budget's descriptor is refused under
+// cost.unsizedBody: Refuse, in the metric: Envoy's filter never sends a request's size.
+const ReasonDescriptorWithoutSize = "descriptor_without_size"
 
 // ShouldRateLimit decides every descriptor in one batch; the request is over limit when any
 // Enforce rule refuses. Its errors are gRPC statuses: Unavailable without policies,
@@ -98,7 +105,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	hits := make([]decide.Hit, 0, len(req.Descriptors))
 	at := make([]int, 0, len(req.Descriptors)) // at[i] is the descriptor of hits[i]
-	holds := false
+	holds, unsized := false, false
 	for i, desc := range req.Descriptors {
 		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		hit, ok := HitFor(desc)
@@ -115,10 +122,25 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				s.settle(ctx, set, resp.Statuses[i], r, hit, used)
 				continue
 			}
+			if r.Cost.RefuseUnsized && !r.Shadow {
+				// the filter never sends the body: the rule cannot size this request
+				resp.Statuses[i].Code = rlsv3.RateLimitResponse_OVER_LIMIT
+				resp.Statuses[i].CurrentLimit = currentLimit(r)
+				unsized = true
+				if s.OnUnsized != nil {
+					s.OnUnsized(r, ReasonDescriptorWithoutSize)
+				}
+				continue
+			}
 			holds = true
 		}
 		hits = append(hits, hit)
 		at = append(at, i)
+	}
+	if unsized {
+		// refused as a whole before anything is held or counted
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		return resp, nil
 	}
 	if len(hits) == 0 {
 		return resp, nil

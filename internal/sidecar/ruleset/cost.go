@@ -35,7 +35,16 @@ type Cost struct {
 	// Timeout is how long the hold waits for its settle (the limiter ends it at the window's
 	// end too).
 	Timeout time.Duration
+	// RefuseUnsized refuses a request whose body cannot be sized (on a path whose API is not
+	// read, too large, too slow, compressed, not of its API's shape, a count not understood)
+	// rather than holding DefaultHold with no cap written; a decision API reserve without a
+	// size and an Envoy descriptor are refused too. Never with usage Header (Kind Unknown
+	// and not ByPath), which reads no body.
+	RefuseUnsized bool
 }
+
+// ReadsBody says whether the rule sizes requests from their bodies (any usage but Header).
+func (c *Cost) ReadsBody() bool { return c.ByPath || c.Kind != tokens.Unknown }
 
 // usageKinds are the document's usages that read a body of one API whatever the path.
 var usageKinds = map[string]tokens.Kind{
@@ -47,8 +56,9 @@ var usageKinds = map[string]tokens.Kind{
 
 // KindFor names the API whose bodies size and settle a request to path (the path without its
 // query is enough), and whether the path itself asks for a stream (Gemini's
-// streamGenerateContent). tokens.Unknown: read no body, hold DefaultHold and settle by the
-// header only; so it is with usage Auto on a path that names no API this release reads.
+// streamGenerateContent). tokens.Unknown: read no body; the request is unsized (refused, or
+// holds DefaultHold and settles by the header only, as RefuseUnsized says); so it is with
+// usage Auto on a path that names no API this release reads. Paths are read without case.
 func (c *Cost) KindFor(path string) (kind tokens.Kind, stream bool) {
 	k, s := tokens.KindFromPath(path)
 	if c.ByPath {
@@ -67,11 +77,12 @@ func newCost(c *policydoc.Cost) (*Cost, error) {
 		return nil, fmt.Errorf("unknown cost source %q", c.From)
 	}
 	out := &Cost{
-		Header:      textproto.CanonicalMIMEHeaderKey(c.Header),
-		DefaultHold: c.DefaultHold,
-		MinOutput:   c.MinOutput,
-		ZeroOnError: c.OnError == policydoc.OnErrorZero,
-		Timeout:     time.Duration(c.TimeoutMS) * time.Millisecond,
+		Header:        textproto.CanonicalMIMEHeaderKey(c.Header),
+		DefaultHold:   c.DefaultHold,
+		MinOutput:     c.MinOutput,
+		ZeroOnError:   c.OnError == policydoc.OnErrorZero,
+		Timeout:       time.Duration(c.TimeoutMS) * time.Millisecond,
+		RefuseUnsized: c.UnsizedBody == policydoc.UnsizedRefuse,
 	}
 	switch c.Usage {
 	case policydoc.UsageAuto:
@@ -86,6 +97,9 @@ func newCost(c *policydoc.Cost) (*Cost, error) {
 	}
 	if err := policydoc.CheckCostHeader(c.Header); err != nil {
 		return nil, fmt.Errorf("cost %w", err)
+	}
+	if out.RefuseUnsized && !out.ReadsBody() {
+		return nil, fmt.Errorf("cost unsizedBody %s with usage %s would refuse every request", c.UnsizedBody, c.Usage)
 	}
 	if out.DefaultHold < 1 || out.MinOutput < 0 || out.Timeout < time.Second {
 		return nil, fmt.Errorf("cost defaultHold %d, minOutput %d, timeout %s out of bounds", out.DefaultHold, out.MinOutput, out.Timeout)

@@ -72,8 +72,10 @@ func TestCostKindFor(t *testing.T) {
 		"/v1/responses":        tokens.OpenAIResponses,
 		"/v1/messages":         tokens.Anthropic,
 		"/v1beta/models/gemini-2.0-flash:generateContent": tokens.Gemini,
-		"/v1/embeddings": tokens.Unknown,
-		"/api/report":    tokens.Unknown,
+		"/v1/embeddings":       tokens.OpenAIEmbeddings,
+		"/v1/completions":      tokens.OpenAICompletions,
+		"/v1/Chat/Completions": tokens.OpenAIChat,
+		"/api/report":          tokens.Unknown,
 	} {
 		k, _ := auto.KindFor(path)
 		g.Expect(k).To(Equal(want), path)
