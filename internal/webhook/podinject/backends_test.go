@@ -2,6 +2,7 @@ package podinject_test
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -9,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/redline-dev/redline/internal/sidecar/app"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
@@ -68,6 +70,25 @@ var _ = Describe("The namespace's Redis backend", func() {
 			"--"+contract.FlagRedisTLSServerName+"=payments.internal",
 			"--"+contract.FlagRedisTLSMinVersion+"=1.3"), "the sidecars' minimum version where the backend sets none")
 		Expect(k8s.Create(ctx, out)).To(Succeed(), "the API server accepts it")
+	})
+
+	It("gives a TLS backend that names no server name nor minimum version the sidecar's defaults, which it accepts", func(ctx SpecContext) {
+		const bare = "backends-tls-defaults"
+		createNamespace(bare)
+		cfg := testConfig(podinject.NativeSidecarsTrue)
+		cfg.SidecarRedisTLS = podinject.SidecarTLS{Secret: "redline-redis-tls"}
+		cfg.Backends = backendOf{URL: "rediss://payments.redis:6380", Backend: true}
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(bare, "tls-defaults"))
+		Expect(err).NotTo(HaveOccurred())
+		reconcileRedisConfigMap(ctx, cfg, bare)
+		env, args := kubeletView(ctx, out)
+		env[contract.EnvPodNamespace] = bare
+		sc, err := app.ParseConfig(args, func(k string) string { return env[k] }, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sc.RedisURL).To(Equal("rediss://payments.redis:6380"))
+		Expect(sc.RedisTLS.ServerName).To(BeEmpty(), "the host dialed")
+		Expect(sc.RedisTLS.MinVersion).To(BeEmpty(), "TLS 1.2")
+		Expect(sc.RedisTLS.CAFile).To(Equal(filepath.Join(contract.RedisTLSDir, contract.RedisTLSCAKey)))
 	})
 
 	It("gives a backend without TLS no TLS flags or Secret, though the manager's Redis has them", func(ctx SpecContext) {
