@@ -47,6 +47,10 @@ func TestManagerRefusesBadSidecarDefaults(t *testing.T) {
 				"--sidecar-redis-timeout=1m0s: want 1ms-10s", "--sidecar-memory-request=1Gi is more than --sidecar-memory-limit=64Mi"}},
 		{"trusted hops beyond the bound", []string{"--sidecar-trusted-hops=17"},
 			[]string{"--sidecar-trusted-hops=17: want 0-16 proxies"}},
+		{"a webhook client CA that is not there", []string{"--webhook-client-ca-file=/nonexistent/ca.crt"},
+			[]string{"--webhook-client-ca-file: reading the webhook's client CA"}},
+		{"webhook client names without a CA", []string{"--webhook-client-names=kube-apiserver"},
+			[]string{"--webhook-client-names needs --webhook-client-ca-file"}},
 		{"a value that does not parse", []string{"--sidecar-memory-limit=lots"},
 			[]string{`invalid value "lots" for flag -sidecar-memory-limit: want a resource quantity`}},
 	} {

@@ -156,8 +156,7 @@ var _ = Describe("Pools sized from the Redis connection budget", func() {
 			pool, warns := admitPod(g, ctx, pinnedRS)
 			g.Expect(pool).To(Equal("8"), "the annotation wins")
 			g.Expect(warns).To(ConsistOf(fmt.Sprintf("redline: redline.dev/redis-pool-size=8 x maxReplicas 30 = 240 connections per Redis node, "+
-				"more than Deployment %s/pinned's even share of Redis's connection budget, 93 (maxclients 200 - reserve 14, over 1 namespace(s), "+
-				"then 2 workload(s) of namespace %s); without the annotation its pods would get 3", ns, ns)))
+				"more than Deployment %s/pinned's even share of Redis's connection budget, 93; without the annotation its pods would get 3", ns)))
 			pool, warns = admitPod(g, ctx, checkoutRS)
 			g.Expect(pool).To(Equal("16"), "93 / 5, capped at the default")
 			g.Expect(warns).To(BeEmpty())

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
@@ -74,7 +75,7 @@ var _ = Describe("Namespaces on Redis backends of their own", func() {
 				if t.srv != nil {
 					want = t.srv.URL()
 				}
-				Expect(podRedisURL(&pod)).To(Equal(want), "the injector gives %s's pods its backend's URL", t.ns)
+				Expect(podRedisURL(ctx, &pod)).To(Equal(want), "the injector gives %s's pods its backend's URL", t.ns)
 			}
 			// Each namespace's Redis user is on its backend before its sidecars start.
 			waitIsolated(ctx, t.ns)
@@ -181,12 +182,27 @@ func degradedDecisions(ctx context.Context, cars []*stack.Sidecar) float64 {
 }
 
 // podRedisURL is the Redis URL the injector gave the pod's sidecar.
-func podRedisURL(pod *corev1.Pod) string {
+func podRedisURL(ctx context.Context, pod *corev1.Pod) string {
+	GinkgoHelper()
 	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
 		for _, e := range c.Env {
-			if e.Name == "REDLINE_REDIS_URL" {
+			if e.Name != "REDLINE_REDIS_URL" {
+				continue
+			}
+			if e.ValueFrom == nil || e.ValueFrom.ConfigMapKeyRef == nil {
 				return e.Value
 			}
+			// A key of a ConfigMap of the pod's namespace, which the manager writes (kubelet
+			// waits for it as this does).
+			ref := e.ValueFrom.ConfigMapKeyRef
+			var url string
+			Eventually(func(g Gomega) {
+				var cm corev1.ConfigMap
+				g.Expect(st.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &cm)).To(Succeed())
+				g.Expect(cm.Data).To(HaveKey(ref.Key))
+				url = cm.Data[ref.Key]
+			}).WithTimeout(time.Minute).WithPolling(100 * time.Millisecond).Should(Succeed())
+			return url
 		}
 	}
 	return ""

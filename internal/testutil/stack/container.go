@@ -54,6 +54,26 @@ type ContainerOptions struct {
 // envRef is kubelet's $(VAR) reference in command and args.
 var envRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 
+// expandEnvRefs is args with their $(VAR) references expanded from env (NAME=value), as
+// kubelet expands them.
+func expandEnvRefs(args, env []string) []string {
+	values := map[string]string{}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		values[k] = v
+	}
+	out := make([]string, 0, len(args))
+	for _, a := range args {
+		out = append(out, envRef.ReplaceAllStringFunc(a, func(ref string) string {
+			if v, ok := values[envRef.FindStringSubmatch(ref)[1]]; ok {
+				return v
+			}
+			return ref // kubelet leaves an undefined reference as written
+		}))
+	}
+	return out
+}
+
 // RunContainer starts the container named name of pod as a process of opts.Binary: its args
 // with $(VAR) references expanded from its environment, container ports moved to free
 // loopback ports and mount paths to local directories; its environment and its ConfigMap,
@@ -97,18 +117,7 @@ func RunContainer(ctx context.Context, c client.Client, pod *corev1.Pod, name st
 		return nil, fmt.Errorf("pod %s container %s: %w", pod.Name, name, err)
 	}
 	rc.Env = append(append([]string{"HOSTNAME=" + pod.Name}, env...), opts.ExtraEnv...)
-	values := map[string]string{}
-	for _, e := range env {
-		k, v, _ := strings.Cut(e, "=")
-		values[k] = v
-	}
-	for _, a := range ctr.Args {
-		a = envRef.ReplaceAllStringFunc(a, func(ref string) string {
-			if v, ok := values[envRef.FindStringSubmatch(ref)[1]]; ok {
-				return v
-			}
-			return ref // kubelet leaves an undefined reference as written
-		})
+	for _, a := range expandEnvRefs(ctr.Args, env) {
 		rc.Args = append(rc.Args, rc.rewriteArg(a))
 	}
 

@@ -33,3 +33,19 @@ func TestEnvRefExpandsKubeletStyle(t *testing.T) {
 	}))
 	g.Expect(envRef.MatchString("$REDLINE_REDIS_URL")).To(BeFalse(), "kubelet expands only $(VAR)")
 }
+
+func TestExpandEnvRefsAsKubelet(t *testing.T) {
+	g := NewWithT(t)
+	env := []string{"REDLINE_REDIS_TLS_SERVER_NAME=orders.internal", "EMPTY=", "WITH_EQ=a=b"}
+	g.Expect(expandEnvRefs([]string{
+		"--redis-tls-server-name=$(REDLINE_REDIS_TLS_SERVER_NAME)",
+		"--empty=$(EMPTY)",
+		"--eq=$(WITH_EQ)",
+		"--undefined=$(NOT_SET)",
+	}, env)).To(Equal([]string{
+		"--redis-tls-server-name=orders.internal",
+		"--empty=",
+		"--eq=a=b",
+		"--undefined=$(NOT_SET)",
+	}), "an undefined reference stays as written")
+}

@@ -9,10 +9,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -137,6 +139,28 @@ func secretFiles(ctx context.Context, c client.Client, namespace string, src *co
 	return files, sec.ResourceVersion, nil
 }
 
+// errNotYet marks an environment source that does not exist yet (a ConfigMap or Secret, or
+// one of its keys): kubelet retries the container until it does.
+var errNotYet = errors.New("not there yet")
+
+// resolveEnvWhenReady is resolveEnv, retried while a source it reads does not exist yet (as
+// kubelet retries a container in CreateContainerConfigError), until ctx ends.
+func resolveEnvWhenReady(ctx context.Context, c client.Client, pod *corev1.Pod, ctr *corev1.Container) ([]string, error) {
+	var env []string
+	var last error
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		env, last = resolveEnv(ctx, c, pod, ctr)
+		if errors.Is(last, errNotYet) {
+			return false, nil
+		}
+		return true, last
+	})
+	if err != nil && last != nil {
+		return nil, last
+	}
+	return env, err
+}
+
 // resolveEnv computes a container's environment as kubelet would: literal values, downward-API
 // fields, and keys of Secrets and ConfigMaps (optional ones may be absent).
 func resolveEnv(ctx context.Context, c client.Client, pod *corev1.Pod, ctr *corev1.Container) ([]string, error) {
@@ -178,8 +202,8 @@ func resolveEnvSource(ctx context.Context, c client.Client, pod *corev1.Pod, src
 		if (err == nil || apierrors.IsNotFound(err)) && ref.Optional != nil && *ref.Optional {
 			return "", false, nil
 		}
-		if err == nil {
-			err = fmt.Errorf("secret %s has no key %s", ref.Name, ref.Key)
+		if err == nil || apierrors.IsNotFound(err) {
+			err = fmt.Errorf("secret %s, key %s: %w", ref.Name, ref.Key, errNotYet)
 		}
 		return "", false, err
 	case src.ConfigMapKeyRef != nil:
@@ -194,8 +218,8 @@ func resolveEnvSource(ctx context.Context, c client.Client, pod *corev1.Pod, src
 		if (err == nil || apierrors.IsNotFound(err)) && ref.Optional != nil && *ref.Optional {
 			return "", false, nil
 		}
-		if err == nil {
-			err = fmt.Errorf("ConfigMap %s has no key %s", ref.Name, ref.Key)
+		if err == nil || apierrors.IsNotFound(err) {
+			err = fmt.Errorf("ConfigMap %s, key %s: %w", ref.Name, ref.Key, errNotYet)
 		}
 		return "", false, err
 	}

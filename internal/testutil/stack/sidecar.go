@@ -130,13 +130,13 @@ func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr st
 	}()
 	s.addCleanup(func() error { sc.stopSyncing(); return nil })
 
-	for _, a := range append(append([]string{}, ctr.Command...), ctr.Args...) {
-		sc.Args = append(sc.Args, sc.rewriteArg(a, ports, upstreamPort, upstreamAddr))
-	}
-	env, err := resolveEnv(ctx, s.Client, pod, ctr)
+	env, err := resolveEnvWhenReady(ctx, s.Client, pod, ctr)
 	if err != nil {
 		sc.stopSyncing()
 		return nil, fmt.Errorf("pod %s: %w", pod.Name, err)
+	}
+	for _, a := range expandEnvRefs(append(append([]string{}, ctr.Command...), ctr.Args...), env) {
+		sc.Args = append(sc.Args, sc.rewriteArg(a, ports, upstreamPort, upstreamAddr))
 	}
 	// kubelet sets HOSTNAME to the pod's name; nothing of this machine's environment leaks in.
 	sc.Env = append([]string{"HOSTNAME=" + pod.Name}, env...)

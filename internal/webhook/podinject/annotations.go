@@ -18,10 +18,14 @@ import (
 type params struct {
 	// redisURL is what the sidecar is given: the namespace's Redis's, or Config.RedisURL; and
 	// redisTLS how it reaches it (nothing for a Redis without TLS).
-	redisURL     string
-	redisTLS     SidecarTLS
-	upstreamPort int32
-	listenPort   int32
+	redisURL string
+	redisTLS SidecarTLS
+	// redisFromConfigMap: the namespace is a RedisBackend's, whose URL and TLS names reach
+	// the sidecar from the namespace's RedisConfigMapName, never as values in the pod spec
+	// (redisURL and redisTLS's names are then only what the injector decides with).
+	redisFromConfigMap bool
+	upstreamPort       int32
+	listenPort         int32
 	// failureMode is empty unless the pod or the manager overrides the policies'.
 	failureMode string
 	// maxProcs is 0 unless the pod or the manager sets it.

@@ -2,6 +2,7 @@ package podinject_test
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -9,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/redline-dev/redline/internal/sidecar/app"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
@@ -51,28 +53,57 @@ var _ = Describe("The namespace's Redis backend", func() {
 		return cfg
 	}
 
-	It("gives a backend's pods its URL and its TLS names, never the manager's", func(ctx SpecContext) {
+	It("gives a backend's pods its URL and its TLS names, never the manager's, from the namespace's ConfigMap", func(ctx SpecContext) {
 		cfg := tlsConfig()
 		cfg.Backends = backendOf{URL: "rediss://payments.redis:6380", Backend: true, TLSServerName: "payments.internal"}
 		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(ns, "tls-backend"))
 		Expect(err).NotTo(HaveOccurred())
-		sc := sidecarOf(out)
-		Expect(envValue(sc, contract.EnvRedisURL)).To(Equal("rediss://payments.redis:6380"))
-		Expect(flagValues(sc, contract.FlagRedisTLSServerName)).To(Equal([]string{"--" + contract.FlagRedisTLSServerName + "=payments.internal"}))
-		Expect(flagValues(sc, contract.FlagRedisTLSMinVersion)).To(Equal([]string{"--" + contract.FlagRedisTLSMinVersion + "=1.3"}), "the sidecars' minimum version where the backend sets none")
+		Expect(podJSON(out)).NotTo(Or(ContainSubstring("payments"), ContainSubstring("redis.internal"), ContainSubstring("1.3")),
+			"the pod spec names the ConfigMap, not what is in it")
 		Expect(slices.ContainsFunc(out.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == contract.RedisTLSVolume })).To(BeTrue())
+
+		By("the manager writing the namespace's ConfigMap: the sidecar's environment and flags, as kubelet resolves them")
+		reconcileRedisConfigMap(ctx, cfg, ns)
+		env, args := kubeletView(ctx, out)
+		Expect(env).To(HaveKeyWithValue(contract.EnvRedisURL, "rediss://payments.redis:6380"))
+		Expect(args).To(ContainElements(
+			"--"+contract.FlagRedisTLSServerName+"=payments.internal",
+			"--"+contract.FlagRedisTLSMinVersion+"=1.3"), "the sidecars' minimum version where the backend sets none")
 		Expect(k8s.Create(ctx, out)).To(Succeed(), "the API server accepts it")
 	})
 
+	It("gives a TLS backend that names no server name nor minimum version the sidecar's defaults, which it accepts", func(ctx SpecContext) {
+		const bare = "backends-tls-defaults"
+		createNamespace(bare)
+		cfg := testConfig(podinject.NativeSidecarsTrue)
+		cfg.SidecarRedisTLS = podinject.SidecarTLS{Secret: "redline-redis-tls"}
+		cfg.Backends = backendOf{URL: "rediss://payments.redis:6380", Backend: true}
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(bare, "tls-defaults"))
+		Expect(err).NotTo(HaveOccurred())
+		reconcileRedisConfigMap(ctx, cfg, bare)
+		env, args := kubeletView(ctx, out)
+		env[contract.EnvPodNamespace] = bare
+		sc, err := app.ParseConfig(args, func(k string) string { return env[k] }, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sc.RedisURL).To(Equal("rediss://payments.redis:6380"))
+		Expect(sc.RedisTLS.ServerName).To(BeEmpty(), "the host dialed")
+		Expect(sc.RedisTLS.MinVersion).To(BeEmpty(), "TLS 1.2")
+		Expect(sc.RedisTLS.CAFile).To(Equal(filepath.Join(contract.RedisTLSDir, contract.RedisTLSCAKey)))
+	})
+
 	It("gives a backend without TLS no TLS flags or Secret, though the manager's Redis has them", func(ctx SpecContext) {
+		const plain = "backends-plain"
+		createNamespace(plain)
 		cfg := tlsConfig()
 		cfg.Backends = backendOf{URL: "redis://payments.redis:6379", Backend: true}
-		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(ns, "plain-backend"))
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(plain, "plain-backend"))
 		Expect(err).NotTo(HaveOccurred())
 		sc := sidecarOf(out)
-		Expect(envValue(sc, contract.EnvRedisURL)).To(Equal("redis://payments.redis:6379"))
 		Expect(flagValues(sc, "redis-tls-")).To(BeEmpty())
 		Expect(out.Spec.Volumes).NotTo(ContainElement(HaveField("Name", contract.RedisTLSVolume)))
+		reconcileRedisConfigMap(ctx, cfg, plain)
+		env, _ := kubeletView(ctx, out)
+		Expect(env).To(HaveKeyWithValue(contract.EnvRedisURL, "redis://payments.redis:6379"))
 	})
 
 	It("gives the manager's Redis's pods its URL and TLS names", func(ctx SpecContext) {

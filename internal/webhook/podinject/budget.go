@@ -81,12 +81,14 @@ func (s *poolSizer) size(ctx context.Context, pod *corev1.Pod, p *params, budget
 		return nil
 	}
 	// The annotation wins; a person is told when it spends more than the workload's share.
+	// The warning goes to whoever sent the review, which need not be the API server: it says
+	// nothing of the Redis beyond the share (not its maxclients, nor how many namespaces and
+	// workloads share it).
 	share := snap.Share(w)
 	if spend := int64(p.redisPoolSize) * maxReplicas; spend > share {
-		return []string{fmt.Sprintf("%s%s=%d x maxReplicas %d = %d connections per Redis node, more than %s's even share of Redis's connection budget, %d "+
-			"(maxclients %d - reserve %d, over %d namespace(s), then %d workload(s) of namespace %s); without the annotation its pods would get %d",
-			BudgetWarningPrefix, contract.AnnotationRedisPoolSize, p.redisPoolSize, maxReplicas, spend, w, share,
-			snap.MaxClients, snap.Reserve, snap.Namespaces(w), snap.Count(w), w.Namespace, sized)}
+		return []string{fmt.Sprintf("%s%s=%d x maxReplicas %d = %d connections per Redis node, more than %s's even share of Redis's connection budget, %d; "+
+			"without the annotation its pods would get %d",
+			BudgetWarningPrefix, contract.AnnotationRedisPoolSize, p.redisPoolSize, maxReplicas, spend, w, share, sized)}
 	}
 	return nil
 }

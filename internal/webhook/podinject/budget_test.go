@@ -121,7 +121,7 @@ func TestPoolFromBudget(t *testing.T) {
 			pod:      budgetPod("ReplicaSet", "checkout-5d8f", contract.AnnotationRedisPoolSize, "8"),
 			wantPool: "8",
 			warn: []string{"redline: redline.dev/redis-pool-size=8 x maxReplicas 30 = 240 connections per Redis node, more than Deployment shop/checkout's " +
-				"even share of Redis's connection budget, 93 (maxclients 200 - reserve 14, over 1 namespace(s), then 2 workload(s) of namespace shop); without the annotation its pods would get 3"},
+				"even share of Redis's connection budget, 93; without the annotation its pods would get 3"},
 		},
 		{name: "a bare pod: the default", pod: budgetPod("", "solo")},
 		{name: "a Job's pod: the default", pod: func() *corev1.Pod {

@@ -78,6 +78,11 @@ type Config struct {
 	// WebhookConfigName names the MutatingWebhookConfiguration whose caBundle is patched in
 	// self-signed mode.
 	WebhookConfigName string
+	// ClientCAFile, when set, makes the webhook server answer only clients presenting a
+	// certificate this CA signed (the API server, where its admission configuration gives it
+	// one); ClientNames, when set, only those whose common name or a DNS name is listed.
+	ClientCAFile string
+	ClientNames  []string
 
 	// Budget is the connection budget the controller publishes in the same manager (not a
 	// flag). With it, a pod without redline.dev/redis-pool-size gets the pool the budget gives
@@ -204,6 +209,16 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ServiceName, "webhook-service-name", c.ServiceName, "Service in front of the webhook (the certificate's DNS names).")
 	fs.StringVar(&c.Namespace, "webhook-namespace", c.Namespace, "Namespace of the webhook Service and of the self-signed certificate Secret (env POD_NAMESPACE when set).")
 	fs.StringVar(&c.CertSecret, "webhook-cert-secret", c.CertSecret, "Secret holding the self-signed CA and serving certificate (self-signed mode).")
+	fs.StringVar(&c.ClientCAFile, "webhook-client-ca-file", c.ClientCAFile, "PEM CA file: the webhook answers only clients with a certificate it signed, for clusters whose API server presents a client certificate to admission webhooks (read again when it changes; empty: any client, see the security guide).")
+	fs.Func("webhook-client-names", "Comma-separated names the webhook's client certificate must have as its common name or a DNS name, with --webhook-client-ca-file (empty: any certificate the CA signed).", func(v string) error {
+		c.ClientNames = nil
+		for n := range strings.SplitSeq(v, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				c.ClientNames = append(c.ClientNames, n)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&c.WebhookConfigName, "webhook-config-name", c.WebhookConfigName, "MutatingWebhookConfiguration whose caBundle is patched (self-signed mode).")
 }
 
@@ -228,6 +243,13 @@ func (c *Config) Validate() error {
 	case "", "Always", "IfNotPresent", "Never":
 	default:
 		errs = append(errs, fmt.Errorf("--sidecar-image-pull-policy=%q: want Always, IfNotPresent or Never", c.SidecarImagePullPolicy))
+	}
+	if c.ClientCAFile != "" {
+		if _, err := newClientVerifier(c.ClientCAFile, c.ClientNames); err != nil {
+			errs = append(errs, fmt.Errorf("--webhook-client-ca-file: %w", err))
+		}
+	} else if len(c.ClientNames) > 0 {
+		errs = append(errs, errors.New("--webhook-client-names needs --webhook-client-ca-file, the CA that signs the clients' certificates"))
 	}
 	if c.Port < 1 || c.Port > 65535 {
 		errs = append(errs, fmt.Errorf("--webhook-port=%d: want 1-65535", c.Port))

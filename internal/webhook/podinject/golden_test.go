@@ -84,6 +84,7 @@ var _ = Describe("Injected spec", func() {
 			contract.AnnotationTrustedHops, "2"),
 		Entry("every manager default set", "defaults", true, defaultsConfig()),
 		Entry("Redis over TLS with a client certificate", "tls", true, tlsConfig()),
+		Entry("a RedisBackend's namespace, over TLS: its settings from the namespace's ConfigMap", "backend", true, backendConfig()),
 		Entry("annotations over the manager's defaults", "defaults-overridden", true, defaultsConfig(),
 			contract.AnnotationFailureMode, contract.FailureModeOpen,
 			contract.AnnotationSidecarCPU, "200m",
@@ -117,6 +118,13 @@ func tlsConfig() podinject.Config {
 	cfg := testConfig(podinject.NativeSidecarsAuto)
 	cfg.RedisURL = "rediss://redis.redline-system.svc:6380"
 	cfg.SidecarRedisTLS = podinject.SidecarTLS{Secret: "redline-redis-tls", ClientCertificate: true, ServerName: "redis.redline-system.svc", MinVersion: "1.3"}
+	return cfg
+}
+
+// backendConfig is tlsConfig for pods of a namespace a RedisBackend over TLS serves.
+func backendConfig() podinject.Config {
+	cfg := tlsConfig()
+	cfg.Backends = backendOf{URL: "rediss://orders.redis:6380", Backend: true, TLSServerName: "orders.internal"}
 	return cfg
 }
 

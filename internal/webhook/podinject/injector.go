@@ -66,7 +66,12 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 		}
 		p.redisURL, budget = nr.URL, nr.Budget
 		if nr.Backend {
-			tls.ServerName, tls.MinVersion = nr.TLSServerName, cmp.Or(nr.TLSMinVersion, tls.MinVersion)
+			// Anyone who reaches the webhook can send it a review of a pod in any namespace:
+			// a RedisBackend's URL and TLS names reach the sidecar through the ConfigMap the
+			// manager writes in the pod's own namespace, so that the patch names nothing but
+			// that ConfigMap (see NamespaceRedisReconciler).
+			p.redisFromConfigMap = true
+			tls.ServerName, tls.MinVersion = envRef(envRedisTLSServerName), envRef(envRedisTLSMinVersion)
 		}
 	}
 	if redisconn.URLUsesTLS(cmp.Or(p.redisURL, in.cfg.RedisURL)) {

@@ -29,9 +29,16 @@ type Server struct {
 	certReady chan struct{} // nil in cert-manager mode
 }
 
-// NewServer returns the webhook server for cfg, for ctrl.Options.WebhookServer.
+// NewServer returns the webhook server for cfg, for ctrl.Options.WebhookServer. With
+// cfg.ClientCAFile it answers only clients with a certificate that CA signed; an unreadable
+// file fails every handshake (cfg.Validate reports it first).
 func NewServer(cfg Config) *Server {
-	s := &Server{Server: webhook.NewServer(webhook.Options{Port: cfg.Port, CertDir: cfg.CertDir})}
+	opts := webhook.Options{Port: cfg.Port, CertDir: cfg.CertDir}
+	if cfg.ClientCAFile != "" {
+		v := &clientVerifier{file: cfg.ClientCAFile, names: cfg.ClientNames}
+		opts.TLSOpts = append(opts.TLSOpts, v.apply)
+	}
+	s := &Server{Server: webhook.NewServer(opts)}
 	if cfg.CertMode == CertModeSelfSigned {
 		s.certReady = make(chan struct{})
 	}
@@ -92,13 +99,19 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 			timeout: cfg.BudgetLookupTimeout, log: log.WithName("budget"),
 		}
 	}
+	if cfg.Backends != nil {
+		r := &NamespaceRedisReconciler{Client: mgr.GetClient(), Config: &cfg}
+		if err := r.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("adding the sidecar redis settings reconciler: %w", err)
+		}
+	}
 	srv.Register(Path, &webhook.Admission{Handler: NewHandler(in, mgr.GetScheme(), log)})
 	srv.Register(NamespacePath, &webhook.Admission{Handler: NewNamespaceHandler(in, mgr.GetScheme(), log)})
 	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
 		return fmt.Errorf("adding the webhook readiness check: %w", err)
 	}
 	log.Info("pod injection webhook registered", "paths", []string{Path, NamespacePath}, "nativeSidecars", native,
-		"certMode", cfg.CertMode, "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Budget != nil || cfg.Backends != nil)
+		"certMode", cfg.CertMode, "clientCertificates", cfg.ClientCAFile != "", "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Budget != nil || cfg.Backends != nil)
 	return nil
 }
 

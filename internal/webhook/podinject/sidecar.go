@@ -56,7 +56,16 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	args = append(args, p.redisTLS.args()...)
 
 	var env []corev1.EnvVar
-	if url := cmp.Or(p.redisURL, cfg.RedisURL); url != "" {
+	switch url := cmp.Or(p.redisURL, cfg.RedisURL); {
+	case p.redisFromConfigMap:
+		env = append(env, configMapEnv(contract.EnvRedisURL, RedisConfigMapURLKey))
+		if p.redisTLS != (SidecarTLS{}) {
+			// What the TLS flags' $(VAR) references expand to (kubelet expands them in args).
+			env = append(env,
+				configMapEnv(envRedisTLSServerName, RedisConfigMapTLSServerNameKey),
+				configMapEnv(envRedisTLSMinVersion, RedisConfigMapTLSMinVersionKey))
+		}
+	case url != "":
 		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: url})
 	}
 	env = append(env,
@@ -114,6 +123,18 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	}
 	return c
 }
+
+// configMapEnv is the variable name set from key of the namespace's RedisConfigMapName. Not
+// optional: a pod that starts before the manager has written it waits for it (kubelet retries,
+// with an event naming it), rather than run a sidecar with no Redis.
+func configMapEnv(name, key string) corev1.EnvVar {
+	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: RedisConfigMapName}, Key: key, Optional: new(false),
+	}}}
+}
+
+// envRef is kubelet's reference to the container's variable name in an argument.
+func envRef(name string) string { return "$(" + name + ")" }
 
 func fieldEnv(name, path string) corev1.EnvVar {
 	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{

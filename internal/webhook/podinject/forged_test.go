@@ -1,0 +1,201 @@
+package podinject_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/redline-dev/redline/internal/webhook/podinject"
+)
+
+// serveWebhook runs the webhook server of cfg on a free port, with the envtest serving
+// certificate, until the spec ends, and returns its pod injection URL.
+func serveWebhook(cfg podinject.Config) string {
+	GinkgoHelper()
+	cfg.Port = freePort()
+	cfg.CertDir = testEnv.WebhookInstallOptions.LocalServingCertDir
+	srv := podinject.NewServer(cfg)
+	srv.Register(podinject.Path, &webhook.Admission{Handler: podinject.NewHandler(podinject.NewInjector(cfg, true), scheme, logr.Discard())})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	DeferCleanup(func() {
+		cancel()
+		Expect(<-done).To(Succeed())
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.Port))
+	Eventually(func() error {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	}).WithTimeout(10 * time.Second).WithPolling(20 * time.Millisecond).Should(Succeed())
+	return "https://" + addr + podinject.Path
+}
+
+// review is an AdmissionReview of the creation of the annotated pod name in namespace ns.
+func review(ns, name string) []byte {
+	GinkgoHelper()
+	pod, err := json.Marshal(annotatedPod(ns, name))
+	Expect(err).NotTo(HaveOccurred())
+	raw, err := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{
+			UID: types.UID("forged-" + name), Operation: admissionv1.Create, Namespace: ns, Name: name,
+			Kind:     metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			Object:   runtime.RawExtension{Raw: pod},
+		},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	return raw
+}
+
+// send posts body to url with client and returns the review's response, or the error of the
+// request (a refused handshake).
+func send(client *http.Client, url string, body []byte) (*admissionv1.AdmissionResponse, error) {
+	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	var out admissionv1.AdmissionReview
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, err
+	}
+	return out.Response, nil
+}
+
+// anyClient trusts any server and presents certs (none: no client certificate).
+func anyClient(certs ...tls.Certificate) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, Certificates: certs}, //nolint:gosec // any client, as an attacker's
+	}}
+}
+
+var _ = Describe("A review anyone can send", func() {
+	const victim = "forged-victim"
+	backend := podinject.NamespaceRedis{URL: "rediss://victim-orders.redis.example:6380", Backend: true, TLSServerName: "victim-orders.internal", TLSMinVersion: "1.3"}
+
+	It("of another namespace's pod gets a patch that names nothing of that namespace's Redis", func(ctx SpecContext) {
+		createNamespace(victim)
+		cfg := tlsConfig()
+		cfg.SidecarRedisTLS.MinVersion = "1.2"
+		cfg.Backends = nsBackends{victim: backend}
+		url := serveWebhook(cfg)
+
+		resp, err := send(anyClient(), url, review(victim, "forged"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(resp.Allowed).To(BeTrue())
+		Expect(resp.Patch).NotTo(BeEmpty(), "the pod is injected")
+		said := append([]string{string(resp.Patch)}, resp.Warnings...)
+		if resp.Result != nil {
+			said = append(said, resp.Result.Message)
+		}
+		for _, secret := range []string{"victim-orders", "rediss://", "1.3"} {
+			Expect(said).NotTo(ContainElement(ContainSubstring(secret)), "the response reveals the backend's %s", secret)
+		}
+		Expect(string(resp.Patch)).To(ContainSubstring(podinject.RedisConfigMapName), "it names the ConfigMap of the pod's namespace")
+
+		By("a real pod of that namespace: its sidecar gets the backend's settings")
+		reconcileRedisConfigMap(ctx, cfg, victim)
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(victim, "real"))
+		Expect(err).NotTo(HaveOccurred())
+		env, args := kubeletView(ctx, out)
+		Expect(env).To(HaveKeyWithValue("REDLINE_REDIS_URL", backend.URL))
+		Expect(args).To(ContainElements("--redis-tls-server-name=victim-orders.internal", "--redis-tls-min-version=1.3"))
+	})
+
+	It("is answered only with a client certificate the configured CA signed, under a configured name", func(ctx SpecContext) {
+		createNamespace(victim)
+		ca, caKey := newCA("cluster client CA")
+		other, otherKey := newCA("some other CA")
+		apiserver := clientCert("kube-apiserver-admission", ca, caKey)
+		dir := GinkgoT().TempDir()
+		caFile := filepath.Join(dir, "ca.crt")
+		Expect(os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw}), 0o600)).To(Succeed())
+
+		cfg := testConfig(podinject.NativeSidecarsTrue)
+		cfg.ClientCAFile, cfg.ClientNames = caFile, []string{"kube-apiserver-admission"}
+		Expect(cfg.Validate()).To(Succeed())
+		url := serveWebhook(cfg)
+
+		resp, err := send(anyClient(apiserver), url, review(victim, "from-apiserver"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(resp.Allowed).To(BeTrue())
+		Expect(resp.Patch).NotTo(BeEmpty())
+
+		for what, client := range map[string]*http.Client{
+			"no certificate":                   anyClient(),
+			"a certificate of another CA":      anyClient(clientCert("kube-apiserver-admission", other, otherKey)),
+			"the CA's certificate of any name": anyClient(clientCert("alice", ca, caKey)),
+		} {
+			_, err := send(client, url, review(victim, "forged"))
+			Expect(err).To(HaveOccurred(), "a client with %s is answered", what)
+		}
+
+		By("a CA file that is not one: the manager does not start")
+		Expect(os.WriteFile(caFile, []byte("not a certificate"), 0o600)).To(Succeed())
+		Expect(cfg.Validate()).To(MatchError(ContainSubstring("--webhook-client-ca-file")))
+		cfg.ClientCAFile = ""
+		Expect(cfg.Validate()).To(MatchError(ContainSubstring("--webhook-client-names needs --webhook-client-ca-file")))
+	})
+})
+
+func newCA(name string) (*x509.Certificate, *ecdsa.PrivateKey) {
+	GinkgoHelper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	Expect(err).NotTo(HaveOccurred())
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	Expect(err).NotTo(HaveOccurred())
+	cert, err := x509.ParseCertificate(der)
+	Expect(err).NotTo(HaveOccurred())
+	return cert, key
+}
+
+func clientCert(name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey) tls.Certificate {
+	GinkgoHelper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	Expect(err).NotTo(HaveOccurred())
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	Expect(err).NotTo(HaveOccurred())
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}

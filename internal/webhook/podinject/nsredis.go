@@ -1,0 +1,196 @@
+package podinject
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+)
+
+// RedisConfigMapName names the ConfigMap the manager writes in each namespace a RedisBackend
+// serves: the backend's URL and TLS names, which the sidecars of the namespace's pods read
+// through environment variables (valueFrom) rather than from their pod spec. The webhook
+// answers whoever reaches it, and a review it is sent can name a pod of any namespace: its
+// patch then names this ConfigMap, of that namespace, and tells nothing of what is in it.
+const RedisConfigMapName = "redline-sidecar-redis"
+
+// Keys of RedisConfigMapName.
+const (
+	// RedisConfigMapURLKey is the Redis URL (contract.EnvRedisURL).
+	RedisConfigMapURLKey = "url"
+	// RedisConfigMapTLSServerNameKey and RedisConfigMapTLSMinVersionKey are the sidecar's
+	// --redis-tls-server-name and --redis-tls-min-version; empty: the sidecar's defaults.
+	RedisConfigMapTLSServerNameKey = "tls-server-name"
+	RedisConfigMapTLSMinVersionKey = "tls-min-version"
+)
+
+// The variables the TLS flags of a RedisBackend's sidecar are expanded from.
+const (
+	envRedisTLSServerName = "REDLINE_REDIS_TLS_SERVER_NAME"
+	envRedisTLSMinVersion = "REDLINE_REDIS_TLS_MIN_VERSION"
+)
+
+// Labels of RedisConfigMapName.
+const (
+	managedByLabel = "app.kubernetes.io/managed-by"
+	managedByValue = "redline"
+)
+
+// redisConfigMapData is what RedisConfigMapName holds for a namespace served by nr. A
+// namespace the manager's Redis serves (one a RedisBackend served before) gets the manager's
+// Redis, so that its sidecars injected then still find their settings when they restart.
+func redisConfigMapData(cfg *Config, nr NamespaceRedis) map[string]string {
+	if !nr.Backend {
+		return map[string]string{
+			RedisConfigMapURLKey:           cmp.Or(nr.URL, cfg.RedisURL),
+			RedisConfigMapTLSServerNameKey: cfg.SidecarRedisTLS.ServerName,
+			RedisConfigMapTLSMinVersionKey: cfg.SidecarRedisTLS.MinVersion,
+		}
+	}
+	return map[string]string{
+		RedisConfigMapURLKey:           nr.URL,
+		RedisConfigMapTLSServerNameKey: nr.TLSServerName,
+		RedisConfigMapTLSMinVersionKey: cmp.Or(nr.TLSMinVersion, cfg.SidecarRedisTLS.MinVersion),
+	}
+}
+
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=list;watch;create
+// +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=redline-sidecar-redis,verbs=get;update;patch;delete
+// +kubebuilder:rbac:groups=redline.dev,resources=redisbackends,verbs=get;list;watch
+
+// NamespaceRedisReconciler writes RedisConfigMapName in every namespace a RedisBackend
+// serves, and keeps it true: what a tenant changes in it, or a deletion, is undone; a
+// namespace that leaves its backend keeps it, with the manager's Redis in it. It writes
+// nothing in the namespaces the manager's Redis has always served: their pods are given the
+// cluster-wide settings, which every namespace's pods get alike.
+type NamespaceRedisReconciler struct {
+	// Client writes the ConfigMaps.
+	Client client.Client
+	// Reader reads them: a cache of those ConfigMaps only (SetupWithManager), or the API server.
+	Reader client.Reader
+	// Config is the webhook's: Backends tells which Redis serves a namespace, RedisURL and
+	// SidecarRedisTLS are the manager's Redis's.
+	Config *Config
+}
+
+// Reconcile makes the ConfigMap of namespace req.Name hold its Redis's settings.
+func (r *NamespaceRedisReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	ns := req.Name
+	nr, err := r.Config.Backends.Redis(ctx, ns)
+	if apierrors.IsNotFound(err) {
+		return ctrl.Result{}, nil // the namespace is gone
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var cur corev1.ConfigMap
+	err = r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: RedisConfigMapName}, &cur)
+	exists := err == nil
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return ctrl.Result{}, fmt.Errorf("reading configmap %s/%s: %w", ns, RedisConfigMapName, err)
+	}
+	if !exists && !nr.Backend {
+		return ctrl.Result{}, nil
+	}
+	want := corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: RedisConfigMapName, Labels: map[string]string{managedByLabel: managedByValue}},
+		Data:       redisConfigMapData(r.Config, nr),
+	}
+	if !exists {
+		err := r.Client.Create(ctx, &want)
+		switch {
+		case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+			return ctrl.Result{}, nil
+		case apierrors.IsAlreadyExists(err):
+			return ctrl.Result{}, nil // not in the cache yet, whose event brings it back
+		case err != nil:
+			return ctrl.Result{}, fmt.Errorf("creating configmap %s/%s: %w", ns, RedisConfigMapName, err)
+		}
+		log.FromContext(ctx).Info("wrote the sidecars' redis settings", "namespace", ns, "redisBackend", nr.Backend)
+		return ctrl.Result{}, nil
+	}
+	if maps.Equal(cur.Data, want.Data) && len(cur.BinaryData) == 0 && cur.Labels[managedByLabel] == managedByValue &&
+		(cur.Immutable == nil || !*cur.Immutable) {
+		return ctrl.Result{}, nil
+	}
+	want.ResourceVersion = cur.ResourceVersion
+	err = r.Client.Update(ctx, &want)
+	if apierrors.IsInvalid(err) {
+		// Made immutable: replace it.
+		if err := r.Client.Delete(ctx, &cur, client.Preconditions{UID: &cur.UID}); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, fmt.Errorf("replacing configmap %s/%s: %w", ns, RedisConfigMapName, err)
+		}
+		want.ResourceVersion = ""
+		err = r.Client.Create(ctx, &want)
+	}
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("writing configmap %s/%s: %w", ns, RedisConfigMapName, err)
+	}
+	return ctrl.Result{}, nil
+}
+
+// SetupWithManager registers the reconciler: namespaces (their labels choose their backend),
+// RedisBackends, the ConfigMaps themselves, and the Backends' own change notices when they
+// have any. The ConfigMaps are watched through a cache of their own that holds the ones of
+// that name only.
+func (r *NamespaceRedisReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	cms, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		ByObject: map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {
+			Field: fields.OneTermEqualSelector("metadata.name", RedisConfigMapName),
+		}},
+	})
+	if err != nil {
+		return fmt.Errorf("creating the sidecar redis configmaps cache: %w", err)
+	}
+	if err := mgr.Add(cms); err != nil {
+		return fmt.Errorf("adding the sidecar redis configmaps cache: %w", err)
+	}
+	r.Reader = cms
+	b := ctrl.NewControllerManagedBy(mgr).
+		Named("sidecarredis").
+		For(&corev1.Namespace{}).
+		Watches(&v1alpha1.RedisBackend{}, handler.EnqueueRequestsFromMapFunc(r.allNamespaces)).
+		WatchesRawSource(source.Kind(cms, client.Object(&corev1.ConfigMap{}), handler.EnqueueRequestsFromMapFunc(
+			func(_ context.Context, o client.Object) []reconcile.Request {
+				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+			})))
+	if s, ok := r.Config.Backends.(interface {
+		Subscribe() <-chan event.GenericEvent
+	}); ok {
+		b = b.WatchesRawSource(source.Channel(s.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
+	}
+	return b.Complete(r)
+}
+
+// allNamespaces is a request for every namespace.
+func (r *NamespaceRedisReconciler) allNamespaces(ctx context.Context, _ client.Object) []reconcile.Request {
+	var list corev1.NamespaceList
+	if err := r.Client.List(ctx, &list); err != nil {
+		log.FromContext(ctx).Error(err, "listing namespaces to write their sidecars' redis settings")
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}})
+	}
+	return out
+}

@@ -1,0 +1,125 @@
+package podinject_test
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/redline-dev/redline/internal/webhook/podinject"
+)
+
+// nsBackends is a BackendResolver with a RedisBackend for the namespaces listed, the manager's
+// Redis for the others.
+type nsBackends map[string]podinject.NamespaceRedis
+
+func (b nsBackends) Redis(_ context.Context, ns string) (podinject.NamespaceRedis, error) {
+	return b[ns], nil
+}
+
+func podJSON(pod *corev1.Pod) string {
+	GinkgoHelper()
+	raw, err := json.Marshal(pod)
+	Expect(err).NotTo(HaveOccurred())
+	return string(raw)
+}
+
+// reconcileRedisConfigMap runs the manager's reconciler of the sidecars' Redis settings for ns.
+func reconcileRedisConfigMap(ctx context.Context, cfg podinject.Config, ns string) {
+	GinkgoHelper()
+	r := &podinject.NamespaceRedisReconciler{Client: k8s, Reader: k8s, Config: &cfg}
+	_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Name: ns}})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+func redisConfigMap(ctx context.Context, ns string) (*corev1.ConfigMap, error) {
+	var cm corev1.ConfigMap
+	err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: podinject.RedisConfigMapName}, &cm)
+	return &cm, err
+}
+
+var envReference = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
+// kubeletView is the sidecar's environment (literal values and ConfigMap keys; no other
+// sources) and its args with $(VAR) references expanded, as kubelet gives them.
+func kubeletView(ctx context.Context, pod *corev1.Pod) (map[string]string, []string) {
+	GinkgoHelper()
+	sc := sidecarOf(pod)
+	env := map[string]string{}
+	for _, e := range sc.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.ConfigMapKeyRef != nil:
+			ref := e.ValueFrom.ConfigMapKeyRef
+			var cm corev1.ConfigMap
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &cm)).To(Succeed())
+			Expect(cm.Data).To(HaveKey(ref.Key))
+			env[e.Name] = cm.Data[ref.Key]
+		}
+	}
+	args := make([]string, 0, len(sc.Args))
+	for _, a := range sc.Args {
+		args = append(args, envReference.ReplaceAllStringFunc(a, func(ref string) string {
+			name := envReference.FindStringSubmatch(ref)[1]
+			Expect(env).To(HaveKey(name), "the argument %s refers to an undefined variable", a)
+			return env[name]
+		}))
+	}
+	return env, args
+}
+
+var _ = Describe("The sidecars' Redis settings in each namespace", func() {
+	const onBackend, onDefault = "redis-settings-backend", "redis-settings-default"
+	BeforeEach(func() {
+		createNamespace(onBackend)
+		createNamespace(onDefault)
+	})
+
+	config := func(backend podinject.NamespaceRedis) podinject.Config {
+		cfg := tlsConfig()
+		cfg.Backends = nsBackends{onBackend: backend}
+		return cfg
+	}
+
+	It("are written where a RedisBackend serves the namespace only, and kept true", func(ctx SpecContext) {
+		cfg := config(podinject.NamespaceRedis{URL: "rediss://orders.redis:6380", Backend: true, TLSServerName: "orders.internal", TLSMinVersion: "1.2"})
+		reconcileRedisConfigMap(ctx, cfg, onBackend)
+		reconcileRedisConfigMap(ctx, cfg, onDefault)
+		cm, err := redisConfigMap(ctx, onBackend)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cm.Data).To(Equal(map[string]string{
+			podinject.RedisConfigMapURLKey: "rediss://orders.redis:6380", podinject.RedisConfigMapTLSServerNameKey: "orders.internal",
+			podinject.RedisConfigMapTLSMinVersionKey: "1.2",
+		}))
+		Expect(cm.Labels).To(HaveKeyWithValue("app.kubernetes.io/managed-by", "redline"))
+		_, err = redisConfigMap(ctx, onDefault)
+		Expect(err).To(Satisfy(func(err error) bool { return client.IgnoreNotFound(err) == nil && err != nil }),
+			"nothing is written where the manager's Redis has always served")
+
+		By("a tenant pointing its sidecars elsewhere and making the ConfigMap immutable: undone")
+		cm.Data[podinject.RedisConfigMapURLKey] = "redis://mine:6379"
+		cm.Immutable = new(true)
+		Expect(k8s.Update(ctx, cm)).To(Succeed())
+		reconcileRedisConfigMap(ctx, cfg, onBackend)
+		cm, err = redisConfigMap(ctx, onBackend)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cm.Data).To(HaveKeyWithValue(podinject.RedisConfigMapURLKey, "rediss://orders.redis:6380"))
+		Expect(cm.Immutable == nil || !*cm.Immutable).To(BeTrue(), "the ConfigMap is mutable again")
+
+		By("the namespace leaving its backend: its ConfigMap stays, with the manager's Redis, for the sidecars injected before")
+		reconcileRedisConfigMap(ctx, config(podinject.NamespaceRedis{}), onBackend)
+		cm, err = redisConfigMap(ctx, onBackend)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cm.Data).To(Equal(map[string]string{
+			podinject.RedisConfigMapURLKey: cfg.RedisURL, podinject.RedisConfigMapTLSServerNameKey: cfg.SidecarRedisTLS.ServerName,
+			podinject.RedisConfigMapTLSMinVersionKey: cfg.SidecarRedisTLS.MinVersion,
+		}))
+	})
+})
