@@ -1,0 +1,229 @@
+package proxy_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redline-dev/redline/internal/policydoc"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/proxy"
+	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+)
+
+// The route matrix: request targets against four guarded routes, an Exact /login, a prefix
+// /api/v1/orders, a GET-only /search and a POST-only /admin, each guarded by a rule of its
+// own. Every target that reaches a guarded route through the proxy must be counted by that
+// route's rule, whatever spelling of the method or path the application's router accepts.
+
+// routeTarget is one request of the matrix, as sent on the wire.
+type routeTarget struct{ method, target string }
+
+var routeTargets = []routeTarget{
+	{"GET", "/login"}, {"HEAD", "/login"}, {"get", "/login"}, {"POST", "/login"}, {"PUT", "/login"},
+	{"GET", "/login/"}, {"GET", "/LOGIN"}, {"GET", "/Login/"}, {"GET", "/login;jsessionid=1"},
+	{"GET", "//login"}, {"GET", "/./login"}, {"GET", "/x/../login"}, {"GET", "/x/%2e%2e/login"},
+	{"GET", "/%6Cogin"}, {"GET", "http://shop/login"}, {"GET", "/login%2F"}, {"GET", "/login?next=/"},
+	{"GET", "/api/v1/orders"}, {"GET", "/api/v1/orders/"}, {"GET", "/api/v1/orders/7"}, {"DELETE", "/api/v1/orders/7"},
+	{"GET", "/API/V1/Orders/7"}, {"GET", "/api/v1/orders;v=1/7"}, {"GET", "/api//v1/orders/7"},
+	{"GET", "/api/v1/x/../orders/7"}, {"GET", "/api/v1/%6Frders/7"}, {"GET", "/api/v1/ordersx"},
+	{"GET", "/search"}, {"HEAD", "/search"}, {"get", "/search"}, {"GET", "/search/"}, {"GET", "/SEARCH"},
+	{"GET", "/search;a=b"}, {"POST", "/search"},
+	{"POST", "/admin"}, {"post", "/admin"}, {"POST", "/admin/"}, {"POST", "/Admin"}, {"POST", "/admin;x=1"},
+	{"GET", "/admin"}, {"OPTIONS", "/admin"},
+}
+
+// routePrimers are a request each guarded route's rule counts, named by route.
+var routePrimers = map[string]routeTarget{
+	"login": {"GET", "/login"}, "orders": {"GET", "/api/v1/orders/1"}, "search": {"GET", "/search"}, "admin": {"POST", "/admin"},
+}
+
+// routeRules are the four rules, one unit a minute per X-Req value; routerOptions sets the
+// path options the guide gives for the router.
+func routeRules(ignoreCase, ignoreTrailingSlash bool) []policydoc.Rule {
+	rule := func(name string, m policydoc.Match) policydoc.Rule {
+		m.IgnoreCase = ignoreCase
+		if m.ExactPath != "" {
+			m.IgnoreTrailingSlash = ignoreTrailingSlash
+		}
+		return policydoc.Rule{
+			Name: name, Match: &m, Key: []policydoc.KeyPart{{Header: "x-req"}}, Algorithm: "FixedWindow",
+			Requests: 1, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce",
+		}
+	}
+	return []policydoc.Rule{
+		rule("login", policydoc.Match{ExactPath: "/login"}),
+		rule("orders", policydoc.Match{PathPrefix: "/api/v1/orders"}),
+		rule("search", policydoc.Match{ExactPath: "/search", Methods: []string{"GET"}}),
+		rule("admin", policydoc.Match{ExactPath: "/admin", Methods: []string{"POST"}}),
+	}
+}
+
+// sendRaw sends one request as written, through a connection of its own, and returns the
+// status and the route (X-Route) that served it.
+func sendRaw(t *testing.T, addr string, tg routeTarget, id string) (int, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: shop\r\nX-Req: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", tg.method, tg.target, id); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: strings.ToUpper(tg.method)})
+	if err != nil {
+		t.Fatalf("%s %s: %v", tg.method, tg.target, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("X-Route")
+}
+
+// runRouteMatrix sends every target through a proxy to upstream in two passes, each with a
+// fresh key: the first learns which route (if any) serves it, the second spends that route's
+// rule first and expects the target refused. It returns the targets that reached a guarded
+// route uncounted, and how many reached one.
+func runRouteMatrix(t *testing.T, upstream string, rules []policydoc.Rule) (uncounted []string, served int) {
+	t.Helper()
+	front, _ := startProxy(t, upstream, func(o *proxy.Options) {
+		o.Engine = &decide.Engine{Limiter: sidecartest.Limiter(t)}
+		o.Store = sidecartest.StoreOf(t, sidecartest.DocumentRules("ns", "p", "web", rules...))
+		o.Headers = false
+	})
+	addr := front.Listener.Addr().String()
+	for i, tg := range routeTargets {
+		status, route := sendRaw(t, addr, tg, fmt.Sprintf("learn-%d", i))
+		if status == http.StatusTooManyRequests {
+			t.Fatalf("%s %s refused with a fresh key", tg.method, tg.target)
+		}
+		if route == "" || status/100 != 2 {
+			continue
+		}
+		served++
+		id := fmt.Sprintf("spent-%d", i)
+		primer := routePrimers[route]
+		if st, r := sendRaw(t, addr, primer, id); st/100 != 2 || r != route {
+			t.Fatalf("%s %s, which the %s rule counts: status %d, route %q", primer.method, primer.target, route, st, r)
+		}
+		if st, _ := sendRaw(t, addr, tg, id); st != http.StatusTooManyRequests {
+			uncounted = append(uncounted, fmt.Sprintf("%s %s (route %s, status %d)", tg.method, tg.target, route, st))
+		}
+	}
+	return uncounted, served
+}
+
+// A Go ServeMux (case-sensitive, strict about a trailing slash, method patterns compared
+// exactly) needs no path option.
+func TestRouteMatrixServeMux(t *testing.T) {
+	mux := http.NewServeMux()
+	var mu sync.Mutex
+	counts := map[string]int{}
+	route := func(name string) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			mu.Lock()
+			counts[name]++
+			mu.Unlock()
+			w.Header().Set("X-Route", name)
+			_, _ = io.WriteString(w, "served "+name+"\n")
+		}
+	}
+	mux.HandleFunc("/login", route("login"))
+	mux.HandleFunc("/api/v1/orders/", route("orders"))
+	mux.HandleFunc("GET /search", route("search"))
+	mux.HandleFunc("POST /admin", route("admin"))
+	up := httptest.NewServer(mux)
+	t.Cleanup(up.Close)
+
+	uncounted, served := runRouteMatrix(t, up.Listener.Addr().String(), routeRules(false, false))
+	t.Logf("ServeMux: %d of %d targets reached a guarded route, %d of them uncounted", served, len(routeTargets), len(uncounted))
+	if len(uncounted) > 0 {
+		t.Errorf("reached a guarded route uncounted:\n%s", strings.Join(uncounted, "\n"))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if counts["login"] == 0 || counts["orders"] == 0 || counts["search"] == 0 || counts["admin"] == 0 {
+		t.Errorf("a route served nothing: %v", counts)
+	}
+}
+
+// A real Express 5 with its default router settings (case-insensitive, not strict about a
+// trailing slash) needs ignoreCase on every path and trailingSlash: Ignore on exact ones;
+// without them, spellings it routes pass uncounted.
+func TestRouteMatrixExpress(t *testing.T) {
+	addr := startExpress(t)
+	t.Run("with the options the guide gives", func(t *testing.T) {
+		uncounted, served := runRouteMatrix(t, addr, routeRules(true, true))
+		t.Logf("Express 5, ignoreCase and trailingSlash Ignore: %d of %d targets reached a guarded route, %d of them uncounted", served, len(routeTargets), len(uncounted))
+		if len(uncounted) > 0 {
+			t.Errorf("reached a guarded route uncounted:\n%s", strings.Join(uncounted, "\n"))
+		}
+	})
+	t.Run("without them", func(t *testing.T) {
+		uncounted, served := runRouteMatrix(t, addr, routeRules(false, false))
+		t.Logf("Express 5, no path options: %d of %d targets reached a guarded route, %d of them uncounted:\n%s", served, len(routeTargets), len(uncounted), strings.Join(uncounted, "\n"))
+		if len(uncounted) == 0 {
+			t.Error("every target was counted without the options: the options the guide gives are not needed")
+		}
+	})
+}
+
+// startExpress installs the locked Express 5 of testdata/express into a directory of the
+// test's (npm ci: the registry, or npm's cache) and runs the application with Node; it
+// returns the address it listens on. A missing Node or npm, or an unreachable registry,
+// fails the test.
+func startExpress(t *testing.T) string {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("the Express upstream needs Node.js (apt-get install nodejs npm): %v", err)
+	}
+	npm, err := exec.LookPath("npm")
+	if err != nil {
+		t.Fatalf("the Express upstream needs npm (apt-get install npm): %v", err)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"package.json", "package-lock.json", "app.js"} {
+		data, err := os.ReadFile(filepath.Join("testdata", "express", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	install := exec.Command(npm, "ci", "--no-audit", "--no-fund", "--loglevel=error")
+	install.Dir = dir
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("installing Express 5 with npm ci (is the npm registry reachable?): %v\n%s", err, out)
+	}
+	cmd := exec.Command(node, "app.js")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PORT=0")
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		t.Fatalf("the Express application did not start: %q, %v", line, err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	return net.JoinHostPort("127.0.0.1", port)
+}
