@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,9 +22,9 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 )
 
-// The route matrix: request targets against four guarded routes, an Exact /login, a prefix
-// /api/v1/orders, a GET-only /search and a POST-only /admin, each guarded by a rule of its
-// own. Every target that reaches a guarded route through the proxy must be counted by that
+// The route matrix: request targets against five guarded routes, an Exact /login, a prefix
+// /api/v1/orders, a GET-only /search, a POST-only /admin and a /report that the application
+// serves on any method but the rule counts for GET, each guarded by a rule of its own. Every target that reaches a guarded route through the proxy must be counted by that
 // route's rule, whatever spelling of the method or path the application's router accepts.
 
 // routeTarget is one request of the matrix, as sent on the wire.
@@ -41,11 +42,13 @@ var routeTargets = []routeTarget{
 	{"GET", "/search;a=b"}, {"POST", "/search"},
 	{"POST", "/admin"}, {"post", "/admin"}, {"POST", "/admin/"}, {"POST", "/Admin"}, {"POST", "/admin;x=1"},
 	{"GET", "/admin"}, {"OPTIONS", "/admin"},
+	{"GET", "/report"}, {"get", "/report"}, {"Get", "/report"}, {"HEAD", "/report"},
 }
 
 // routePrimers are a request each guarded route's rule counts, named by route.
 var routePrimers = map[string]routeTarget{
 	"login": {"GET", "/login"}, "orders": {"GET", "/api/v1/orders/1"}, "search": {"GET", "/search"}, "admin": {"POST", "/admin"},
+	"report": {"GET", "/report"},
 }
 
 // routeRules are the four rules, one unit a minute per X-Req value; routerOptions sets the
@@ -66,6 +69,7 @@ func routeRules(ignoreCase, ignoreTrailingSlash bool) []policydoc.Rule {
 		rule("orders", policydoc.Match{PathPrefix: "/api/v1/orders"}),
 		rule("search", policydoc.Match{ExactPath: "/search", Methods: []string{"GET"}}),
 		rule("admin", policydoc.Match{ExactPath: "/admin", Methods: []string{"POST"}}),
+		rule("report", policydoc.Match{ExactPath: "/report", Methods: []string{"GET"}}),
 	}
 }
 
@@ -123,9 +127,10 @@ func runRouteMatrix(t *testing.T, upstream string, rules []policydoc.Rule) (unco
 	return uncounted, served
 }
 
-// A Go ServeMux (case-sensitive, strict about a trailing slash, method patterns compared
-// exactly) needs no path option.
-func TestRouteMatrixServeMux(t *testing.T) {
+// goRouter is a Go ServeMux with the matrix's routes; with pathParameters, it first strips
+// each segment's ";" path parameters, as Tomcat, Jetty and Spring do. Every route names
+// itself in X-Route and counts what it served.
+func goRouter(pathParameters bool) (http.Handler, func() map[string]int) {
 	mux := http.NewServeMux()
 	var mu sync.Mutex
 	counts := map[string]int{}
@@ -142,18 +147,48 @@ func TestRouteMatrixServeMux(t *testing.T) {
 	mux.HandleFunc("/api/v1/orders/", route("orders"))
 	mux.HandleFunc("GET /search", route("search"))
 	mux.HandleFunc("POST /admin", route("admin"))
-	up := httptest.NewServer(mux)
-	t.Cleanup(up.Close)
-
-	uncounted, served := runRouteMatrix(t, up.Listener.Addr().String(), routeRules(false, false))
-	t.Logf("ServeMux: %d of %d targets reached a guarded route, %d of them uncounted", served, len(routeTargets), len(uncounted))
-	if len(uncounted) > 0 {
-		t.Errorf("reached a guarded route uncounted:\n%s", strings.Join(uncounted, "\n"))
+	mux.HandleFunc("/report", route("report"))
+	served := func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(counts)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if counts["login"] == 0 || counts["orders"] == 0 || counts["search"] == 0 || counts["admin"] == 0 {
-		t.Errorf("a route served nothing: %v", counts)
+	if !pathParameters {
+		return mux, served
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		segs := strings.Split(r.URL.Path, "/")
+		for i, s := range segs {
+			segs[i], _, _ = strings.Cut(s, ";")
+		}
+		r.URL.Path, r.URL.RawPath = strings.Join(segs, "/"), ""
+		mux.ServeHTTP(w, r)
+	}), served
+}
+
+// A Go ServeMux (case-sensitive, strict about a trailing slash) and a router that strips
+// path parameters as Tomcat does need no path option: the sidecar counts HEAD with GET,
+// methods in any case, and refuses a path with a ";".
+func TestRouteMatrixGoRouters(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		pathParameters bool
+	}{{"ServeMux", false}, {"Tomcat-style, path parameters stripped", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, served := goRouter(tc.pathParameters)
+			up := httptest.NewServer(h)
+			t.Cleanup(up.Close)
+			uncounted, reached := runRouteMatrix(t, up.Listener.Addr().String(), routeRules(false, false))
+			t.Logf("%s: %d of %d targets reached a guarded route, %d of them uncounted", tc.name, reached, len(routeTargets), len(uncounted))
+			if len(uncounted) > 0 {
+				t.Errorf("reached a guarded route uncounted:\n%s", strings.Join(uncounted, "\n"))
+			}
+			for r := range routePrimers {
+				if served()[r] == 0 {
+					t.Errorf("route %s served nothing: %v", r, served())
+				}
+			}
+		})
 	}
 }
 

@@ -15,6 +15,7 @@ app.all('/login', route('login'));
 app.use('/api/v1/orders', route('orders'));
 app.get('/search', route('search'));
 app.post('/admin', route('admin'));
+app.all('/report', route('report'));
 
 const server = app.listen(Number(process.env.PORT || 0), '127.0.0.1', () => {
   console.log('listening ' + server.address().port);
