@@ -262,3 +262,40 @@ func startExpress(t *testing.T) string {
 	go func() { _, _ = io.Copy(io.Discard, stdout) }()
 	return net.JoinHostPort("127.0.0.1", port)
 }
+
+// A key on the Path or Method attribute takes the request's path and method as the rule's
+// match compares them: spellings the rule counts as one path (another case, a trailing slash)
+// or one method (HEAD for GET, a lower-case method) share one key, not a key each.
+func TestPathAndMethodKeysFollowTheMatch(t *testing.T) {
+	byPath := policydoc.Rule{
+		Name: "by-path", Match: &policydoc.Match{ExactPath: "/login", IgnoreCase: true, IgnoreTrailingSlash: true},
+		Key: []policydoc.KeyPart{{Attribute: "Path"}}, Algorithm: "FixedWindow", Requests: 1, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce",
+	}
+	byMethod := policydoc.Rule{
+		Name: "by-method", Match: &policydoc.Match{ExactPath: "/search", Methods: []string{"GET"}},
+		Key: []policydoc.KeyPart{{Attribute: "Method"}}, Algorithm: "FixedWindow", Requests: 1, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce",
+	}
+	h, _ := goRouter(false)
+	up := httptest.NewServer(h)
+	t.Cleanup(up.Close)
+	front, _ := startProxy(t, up.Listener.Addr().String(), func(o *proxy.Options) {
+		o.Engine = &decide.Engine{Limiter: sidecartest.Limiter(t)}
+		o.Store = sidecartest.StoreOf(t, sidecartest.DocumentRules("ns", "p", "web", byPath, byMethod))
+	})
+	addr := front.Listener.Addr().String()
+	for _, step := range []struct {
+		tg      routeTarget
+		refused bool
+	}{
+		{routeTarget{"GET", "/Login/"}, false},
+		{routeTarget{"GET", "/login"}, true},
+		{routeTarget{"GET", "/LOGIN"}, true},
+		{routeTarget{"HEAD", "/search"}, false},
+		{routeTarget{"GET", "/search"}, true},
+		{routeTarget{"get", "/search"}, true},
+	} {
+		if st, _ := sendRaw(t, addr, step.tg, "k"); (st == http.StatusTooManyRequests) != step.refused {
+			t.Errorf("%s %s: status %d, refused should be %v", step.tg.method, step.tg.target, st, step.refused)
+		}
+	}
+}

@@ -6,7 +6,9 @@ package ruleset
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -206,6 +208,35 @@ type KeyPart struct {
 	Header    string
 	Attribute string
 	Constant  string
+	// foldCase and trimSlash key a Path the way the rule's path match compares it (ignoring
+	// case, one trailing slash), headAsGet keys a HEAD Method as the GET its match counts it
+	// as: spellings the rule counts as one request never get keys of their own.
+	foldCase, trimSlash, headAsGet bool
+}
+
+// AttributeValue returns the key value of the request attribute v (the request's Path or
+// Method, as the part's Attribute says), in the form the rule's match compares it.
+func (k KeyPart) AttributeValue(v string) string {
+	if k.trimSlash && len(v) > 1 {
+		v = strings.TrimSuffix(v, "/")
+	}
+	if k.foldCase {
+		v = strings.Map(foldRune, v)
+	}
+	if k.headAsGet && strings.EqualFold(v, "HEAD") {
+		v = "GET"
+	}
+	return v
+}
+
+// foldRune is the smallest rune that r is equal to under simple case folding: one spelling
+// for every rune that equalFoldRune says is equal to r.
+func foldRune(r rune) rune {
+	least := r
+	for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+		least = min(least, f)
+	}
+	return least
 }
 
 // Builder builds Sets and keeps the per-policy state that must survive reloads.
@@ -347,7 +378,14 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 			default:
 				return nil, fmt.Errorf("unknown key attribute %q", k.Attribute)
 			}
-			r.Key = append(r.Key, KeyPart{Attribute: k.Attribute})
+			part := KeyPart{Attribute: k.Attribute}
+			if m := r.Match; m != nil && m.Path != nil && k.Attribute == AttrPath {
+				part.foldCase, part.trimSlash = m.Path.IgnoreCase, m.Path.IgnoreTrailingSlash
+			}
+			if m := r.Match; m != nil && k.Attribute == AttrMethod {
+				part.headAsGet = slices.Contains(m.Methods, http.MethodGet) && !slices.Contains(m.Methods, http.MethodHead)
+			}
+			r.Key = append(r.Key, part)
 		default:
 			r.Key = append(r.Key, KeyPart{Constant: k.Constant})
 		}
