@@ -53,7 +53,7 @@ func TestPathRulesMatchByElementAndExactly(t *testing.T) {
 		{"/x/../login", http.StatusTooManyRequests},
 		{"/login%2F..", http.StatusBadRequest},
 		{"/login;jsessionid=1", http.StatusBadRequest}, // a path parameter: refused, as Tomcat strips it
-		{"/health/", http.StatusOK}, // not Exact /health
+		{"/health/", http.StatusOK},                    // not Exact /health
 		{"/health/x", http.StatusOK},
 		{"/health", http.StatusOK},
 		{"/./health", http.StatusTooManyRequests},
