@@ -48,6 +48,8 @@ func TestPathMatchOptions(t *testing.T) {
 			[]string{"/API/V1/Orders", "/api/v1/ORDERS/7", "/api/v1/orders"}, []string{"/API/v1/ordersx", "/api/v2/orders"}},
 		{"prefix ignoring case, beyond ASCII", policydoc.Match{PathPrefix: "/café", IgnoreCase: true},
 			[]string{"/CAFÉ/x", "/Café"}, []string{"/cafe", "/caf"}},
+		{"prefix ignoring case, a fold of another length", policydoc.Match{PathPrefix: "/k", IgnoreCase: true},
+			[]string{"/\u212a/x", "/K"}, []string{"/\u212ax"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := matchOf(t, &tc.match)
@@ -85,4 +87,49 @@ func TestMethodMatch(t *testing.T) {
 			t.Errorf("methods %v, request %s: matched %v, want %v", tc.m.Methods, tc.method, got, tc.want)
 		}
 	}
+}
+
+// A Path key part of a rule that ignores case or a trailing slash gives every path the rule
+// matches as one spelling the same key value, and one a Method key part of a GET rule gives
+// HEAD and GET.
+func TestKeyAttributeValuesFollowTheMatch(t *testing.T) {
+	build := func(m *policydoc.Match, attr string) ruleset.KeyPart {
+		doc := &policydoc.Document{Namespace: "ns", Policies: []policydoc.Policy{{
+			Name: "p", FailureMode: "Open",
+			Rules: []policydoc.Rule{{
+				Name: "r", Match: m, Key: []policydoc.KeyPart{{Attribute: attr}},
+				Algorithm: "FixedWindow", Requests: 1, WindowMS: 60000, Mode: "Enforce",
+			}},
+		}}}
+		s, err := ruleset.NewBuilder("").Build(doc, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Rules[0].Key[0]
+	}
+	same := func(k ruleset.KeyPart, vals ...string) {
+		t.Helper()
+		for _, v := range vals {
+			if k.AttributeValue(v) != k.AttributeValue(vals[0]) {
+				t.Errorf("%q keyed %q, %q keyed %q", v, k.AttributeValue(v), vals[0], k.AttributeValue(vals[0]))
+			}
+		}
+	}
+	differ := func(k ruleset.KeyPart, a, b string) {
+		t.Helper()
+		if k.AttributeValue(a) == k.AttributeValue(b) {
+			t.Errorf("%q and %q share a key", a, b)
+		}
+	}
+	exact := build(&policydoc.Match{ExactPath: "/login", IgnoreCase: true, IgnoreTrailingSlash: true}, "Path")
+	same(exact, "/login", "/LOGIN", "/Login/", "/login/")
+	prefix := build(&policydoc.Match{PathPrefix: "/k", IgnoreCase: true}, "Path")
+	same(prefix, "/k/a", "/K/A", "/\u212a/a") // KELVIN SIGN folds to k, as the match compares it
+	differ(prefix, "/k/a", "/k/a/")
+	strict := build(&policydoc.Match{ExactPath: "/login"}, "Path")
+	differ(strict, "/login", "/LOGIN")
+	get := build(&policydoc.Match{Methods: []string{"GET"}}, "Method")
+	same(get, "GET", "HEAD")
+	both := build(&policydoc.Match{Methods: []string{"GET", "HEAD"}}, "Method")
+	differ(both, "GET", "HEAD")
 }
