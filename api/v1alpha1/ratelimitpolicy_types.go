@@ -188,6 +188,20 @@ const (
 	PathMatchExact PathMatchType = "Exact"
 )
 
+// TrailingSlash says whether an Exact path match also matches the path with one / appended.
+// +kubebuilder:validation:Enum=Strict;Ignore
+type TrailingSlash string
+
+// The trailing slash modes.
+const (
+	// TrailingSlashStrict matches the path as written: /abc matches /abc, not /abc/.
+	TrailingSlashStrict TrailingSlash = "Strict"
+	// TrailingSlashIgnore matches the path with or without one trailing /: /abc matches /abc
+	// and /abc/, as routers that are not strict about a trailing slash (Express, ASP.NET
+	// Core) route them.
+	TrailingSlashIgnore TrailingSlash = "Ignore"
+)
+
 // MaxPathLength bounds match.path.value and match.pathPrefix, as Gateway API bounds
 // HTTPPathMatch's value.
 const MaxPathLength = 1024
@@ -203,6 +217,7 @@ const MaxPathLength = 1024
 // +kubebuilder:validation:XValidation:rule="!self.value.contains('%2f') && !self.value.contains('%2F')",message="match.path.value must not contain an encoded slash ('%2f' or '%2F'): the sidecar refuses such requests, so the rule could never match"
 // +kubebuilder:validation:XValidation:rule="!self.value.contains('#')",message="match.path.value must not contain '#': a fragment is never part of a request path"
 // +kubebuilder:validation:XValidation:rule="self.value.matches('^(?:[-A-Za-z0-9/._~!$&\\'()*+,;=:@]|%[0-9a-fA-F]{2})+$')",message="match.path.value may contain only letters, digits, /, the characters -._~!$&'()*+,;=:@ and percent-escapes of two hex digits (write a space as %20)"
+// +kubebuilder:validation:XValidation:rule="!has(self.trailingSlash) || self.trailingSlash == 'Strict' || (has(self.type) && self.type == 'Exact')",message="match.path.trailingSlash: Ignore needs type: Exact (a PathPrefix match always ignores a trailing slash)"
 type PathMatch struct {
 	// type is PathPrefix (the default: match by path element, a trailing / ignored) or Exact
 	// (the whole path).
@@ -210,12 +225,25 @@ type PathMatch struct {
 	// +optional
 	Type PathMatchType `json:"type,omitempty"`
 
-	// value is the path or path prefix, starting with /. Case-sensitive; percent-escapes are
-	// decoded before comparison.
+	// value is the path or path prefix, starting with /. Case-sensitive unless ignoreCase;
+	// percent-escapes are decoded before comparison.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024
 	// +required
 	Value string `json:"value"`
+
+	// ignoreCase compares the path case-insensitively: /login also matches /Login and /LOGIN.
+	// Set it when the application's router matches paths case-insensitively (Express and
+	// ASP.NET Core by default), or requests spelled in another case reach the route
+	// uncounted. Like Envoy's ignore_case.
+	// +optional
+	IgnoreCase bool `json:"ignoreCase,omitempty"`
+
+	// trailingSlash, for type Exact, is Strict (when not set: /login matches /login only) or
+	// Ignore (/login also matches /login/). Set Ignore when the application's router is not
+	// strict about a trailing slash (Express and ASP.NET Core by default).
+	// +optional
+	TrailingSlash TrailingSlash `json:"trailingSlash,omitempty"`
 }
 
 // RuleMatch selects requests. Every field given must match.
@@ -235,7 +263,8 @@ type RuleMatch struct {
 	// +optional
 	PathPrefix string `json:"pathPrefix,omitempty"`
 
-	// methods matches requests with any of these HTTP methods.
+	// methods matches requests with any of these HTTP methods, compared case-insensitively.
+	// GET also matches HEAD, which routers serve with the GET handler.
 	// +kubebuilder:validation:MaxItems=9
 	// +listType=set
 	// +optional

@@ -52,7 +52,8 @@ func TestPathRulesMatchByElementAndExactly(t *testing.T) {
 		{"/LOGIN/reset", http.StatusOK}, // case-sensitive, as Gateway API
 		{"/x/../login", http.StatusTooManyRequests},
 		{"/login%2F..", http.StatusBadRequest},
-		{"/health/", http.StatusOK}, // not Exact /health
+		{"/login;jsessionid=1", http.StatusBadRequest}, // a path parameter: refused, as Tomcat strips it
+		{"/health/", http.StatusOK},                    // not Exact /health
 		{"/health/x", http.StatusOK},
 		{"/health", http.StatusOK},
 		{"/./health", http.StatusTooManyRequests},

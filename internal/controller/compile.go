@@ -194,11 +194,22 @@ func compilePath(m *v1alpha1.RuleMatch) (*policydoc.Match, error) {
 	if strings.Contains(decoded, "//") {
 		return nil, fmt.Errorf("match.path.value %q must not contain '//': request paths are matched with runs of slashes merged", v)
 	}
-	switch orDefault(m.Path.Type, v1alpha1.PathMatchPathPrefix) {
+	typ := orDefault(m.Path.Type, v1alpha1.PathMatchPathPrefix)
+	switch orDefault(m.Path.TrailingSlash, v1alpha1.TrailingSlashStrict) {
+	case v1alpha1.TrailingSlashStrict:
+	case v1alpha1.TrailingSlashIgnore:
+		if typ != v1alpha1.PathMatchExact {
+			return nil, errors.New("match.path.trailingSlash: Ignore needs type: Exact (a PathPrefix match always ignores a trailing slash)")
+		}
+	default:
+		return nil, fmt.Errorf("match.path.trailingSlash %q must be Strict or Ignore", m.Path.TrailingSlash)
+	}
+	switch typ {
 	case v1alpha1.PathMatchPathPrefix:
-		return &policydoc.Match{PathPrefix: decoded}, nil
+		return &policydoc.Match{PathPrefix: decoded, IgnoreCase: m.Path.IgnoreCase}, nil
 	case v1alpha1.PathMatchExact:
-		return &policydoc.Match{ExactPath: decoded}, nil
+		return &policydoc.Match{ExactPath: decoded, IgnoreCase: m.Path.IgnoreCase,
+			IgnoreTrailingSlash: m.Path.TrailingSlash == v1alpha1.TrailingSlashIgnore}, nil
 	default:
 		return nil, fmt.Errorf("match.path.type %q must be PathPrefix or Exact", m.Path.Type)
 	}

@@ -162,6 +162,12 @@ func TestCompilePaths(t *testing.T) {
 		"path Exact":               {path(v1alpha1.PathMatchExact, "/login"), policydoc.Match{ExactPath: "/login"}},
 		"escapes decoded":          {path(v1alpha1.PathMatchExact, "/a%20b/caf%C3%A9"), policydoc.Match{ExactPath: "/a b/caf\u00e9"}},
 		"an encoded '#' is a char": {path("", "/a%23b"), policydoc.Match{PathPrefix: "/a#b"}},
+		"prefix ignoring case": {&v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Value: "/api", IgnoreCase: true}},
+			policydoc.Match{PathPrefix: "/api", IgnoreCase: true}},
+		"exact ignoring case and a trailing slash": {&v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Type: v1alpha1.PathMatchExact, Value: "/login",
+			IgnoreCase: true, TrailingSlash: v1alpha1.TrailingSlashIgnore}}, policydoc.Match{ExactPath: "/login", IgnoreCase: true, IgnoreTrailingSlash: true}},
+		"exact, trailing slash strict": {&v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Type: v1alpha1.PathMatchExact, Value: "/login",
+			TrailingSlash: v1alpha1.TrailingSlashStrict}}, policydoc.Match{ExactPath: "/login"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -185,6 +191,10 @@ func TestCompilePaths(t *testing.T) {
 		"encoded dot":         {path(v1alpha1.PathMatchExact, "/a/%2E"), "'.' or '..' segment"},
 		"double slash":        {path("", "/a//b"), "'//'"},
 		"unknown type":        {path("RegularExpression", "/a"), "PathPrefix or Exact"},
+		"trailing slash on a prefix": {&v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Value: "/a", TrailingSlash: v1alpha1.TrailingSlashIgnore}},
+			"trailingSlash: Ignore needs type: Exact"},
+		"unknown trailing slash": {&v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Type: v1alpha1.PathMatchExact, Value: "/a", TrailingSlash: "Sometimes"}},
+			"Strict or Ignore"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := compile(tc.m)

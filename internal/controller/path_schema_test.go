@@ -95,6 +95,10 @@ var _ = Describe("match.path", func() {
 		Entry("no value", map[string]any{"path": map[string]any{"type": "Exact"}}, "spec.rules[0].match.path.value: Required value"),
 		Entry("path and pathPrefix", map[string]any{"path": map[string]any{"value": "/a"}, "pathPrefix": "/a"},
 			"match.path and match.pathPrefix are mutually exclusive"),
+		Entry("trailingSlash Ignore on a prefix", map[string]any{"path": map[string]any{"value": "/a", "trailingSlash": "Ignore"}},
+			"match.path.trailingSlash: Ignore needs type: Exact"),
+		Entry("an unknown trailingSlash", map[string]any{"path": map[string]any{"type": "Exact", "value": "/a", "trailingSlash": "Maybe"}},
+			`supported values: "Strict", "Ignore"`),
 	)
 
 	DescribeTable("stores what it accepts, defaulting type to PathPrefix, and the controller compiles it",
@@ -119,6 +123,11 @@ var _ = Describe("match.path", func() {
 		Entry("escapes, decoded", pathValue("Exact", "/a%20b/caf%C3%A9"), policydoc.Match{ExactPath: "/a b/caf\u00e9"}),
 		Entry("sub-delims and dots inside segments", pathValue("", "/~u/a.b/..c/x;v=1/@me"), policydoc.Match{PathPrefix: "/~u/a.b/..c/x;v=1/@me"}),
 		Entry("the deprecated pathPrefix", map[string]any{"pathPrefix": "/api/"}, policydoc.Match{PathPrefix: "/api/"}),
+		Entry("an exact path ignoring case and a trailing slash",
+			map[string]any{"path": map[string]any{"type": "Exact", "value": "/login", "ignoreCase": true, "trailingSlash": "Ignore"}},
+			policydoc.Match{ExactPath: "/login", IgnoreCase: true, IgnoreTrailingSlash: true}),
+		Entry("a prefix ignoring case", map[string]any{"path": map[string]any{"value": "/api", "ignoreCase": true, "trailingSlash": "Strict"}},
+			policydoc.Match{PathPrefix: "/api", IgnoreCase: true}),
 	)
 
 	It("refuses encoded dot segments the schema cannot see, as Accepted=False with the reason", func() {

@@ -111,9 +111,16 @@ type Match struct {
 	// PathPrefix matches by path element; a trailing "/" is ignored.
 	PathPrefix string `json:"pathPrefix,omitempty"`
 	// ExactPath matches one path.
-	ExactPath string        `json:"exactPath,omitempty"`
-	Methods   []string      `json:"methods,omitempty"`
-	Headers   []HeaderMatch `json:"headers,omitempty"`
+	ExactPath string `json:"exactPath,omitempty"`
+	// IgnoreCase compares the path case-insensitively. IgnoreTrailingSlash lets ExactPath
+	// match with one "/" appended. Both are omitted when false, so a document without them
+	// stays readable by sidecars that do not know them; one of those refuses a document
+	// with them and keeps its last good one, rather than let the requests it would count
+	// through uncounted.
+	IgnoreCase          bool          `json:"ignoreCase,omitempty"`
+	IgnoreTrailingSlash bool          `json:"ignoreTrailingSlash,omitempty"`
+	Methods             []string      `json:"methods,omitempty"`
+	Headers             []HeaderMatch `json:"headers,omitempty"`
 }
 
 // HeaderMatch matches a header (name lowercased) by presence or exact value.
@@ -258,6 +265,10 @@ func (m *Match) validPath() error {
 		return fmt.Errorf("match.pathPrefix %q does not start with /", m.PathPrefix)
 	case m.ExactPath != "" && !strings.HasPrefix(m.ExactPath, "/"):
 		return fmt.Errorf("match.exactPath %q does not start with /", m.ExactPath)
+	case m.IgnoreCase && m.PathPrefix == "" && m.ExactPath == "":
+		return errors.New("match.ignoreCase without a path")
+	case m.IgnoreTrailingSlash && m.ExactPath == "":
+		return errors.New("match.ignoreTrailingSlash without an exactPath")
 	}
 	return nil
 }

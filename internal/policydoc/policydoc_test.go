@@ -159,11 +159,34 @@ func TestPreviousSidecarReadsPrefixRulesAndRefusesExactOnes(t *testing.T) {
 	g.Expect(parsePrev(data)).To(MatchError(ContainSubstring(`unknown field "exactPath"`)))
 }
 
+// A match that ignores case or a trailing slash round-trips, and the previous release's
+// sidecar refuses the document rather than count fewer requests than the rule means.
+func TestPreviousSidecarRefusesCaseAndTrailingSlashOptions(t *testing.T) {
+	for _, m := range []*Match{
+		{PathPrefix: "/api", IgnoreCase: true},
+		{ExactPath: "/login", IgnoreTrailingSlash: true},
+		{ExactPath: "/login", IgnoreCase: true, IgnoreTrailingSlash: true},
+	} {
+		g := NewWithT(t)
+		p := samplePolicy()
+		p.Rules[0].Match = m
+		_, data, err := Build("shop", []Policy{p}, map[string]string{})
+		g.Expect(err).NotTo(HaveOccurred())
+		doc, err := Parse(data)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(doc.Policies[0].Rules[0].Match).To(Equal(m))
+		g.Expect(parsePrev(data)).To(MatchError(Or(ContainSubstring(`unknown field "ignoreCase"`), ContainSubstring(`unknown field "ignoreTrailingSlash"`), ContainSubstring(`unknown field "exactPath"`))))
+	}
+}
+
 func TestParseRefusesInvalidPathMatches(t *testing.T) {
 	for name, m := range map[string]*Match{
-		"both":            {PathPrefix: "/a", ExactPath: "/a"},
-		"relative prefix": {PathPrefix: "a"},
-		"relative exact":  {ExactPath: "a/b"},
+		"ignoreCase without a path":        {IgnoreCase: true, Methods: []string{"GET"}},
+		"ignoreTrailingSlash on a prefix":  {PathPrefix: "/a", IgnoreTrailingSlash: true},
+		"ignoreTrailingSlash without path": {IgnoreTrailingSlash: true},
+		"both":                             {PathPrefix: "/a", ExactPath: "/a"},
+		"relative prefix":                  {PathPrefix: "a"},
+		"relative exact":                   {ExactPath: "a/b"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)

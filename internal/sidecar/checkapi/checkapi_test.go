@@ -147,6 +147,7 @@ func TestCheckNormalisesThePath(t *testing.T) {
 		{"/login-help", 200, false},
 		{"/LOGIN", 200, false},
 		{"/x%2F../login", 400, false},
+		{"/login;jsessionid=1", 400, false},
 		{"/bad%zz", 400, false},
 	} {
 		rec := do(h, http.MethodPost, `{"method":"POST","path":"`+c.path+`"}`)

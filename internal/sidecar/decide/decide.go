@@ -379,9 +379,9 @@ func (a *attrs) parts(key []ruleset.KeyPart) []string {
 			}
 			out[i] = a.clientIP
 		case k.Attribute == ruleset.AttrPath:
-			out[i] = a.req.Path
+			out[i] = k.AttributeValue(a.req.Path)
 		case k.Attribute == ruleset.AttrMethod:
-			out[i] = a.req.Method
+			out[i] = k.AttributeValue(a.req.Method)
 		default:
 			out[i] = k.Constant
 		}

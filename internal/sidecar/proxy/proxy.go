@@ -16,6 +16,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -161,7 +162,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.URL.Path, r.URL.RawPath = decoded, norm
 	set := h.opts.Store.Current()
 	if set != nil && len(set.Rules) > 0 {
-		req := &decide.Request{Method: r.Method, Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr}
+		// Upper-cased as /v1/check does: a Method key part counts "get" with "GET".
+		req := &decide.Request{Method: strings.ToUpper(r.Method), Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr}
 		if err := decide.CheckKeyHeaders(set, req); err != nil {
 			refuseRepeated(w, err)
 			return

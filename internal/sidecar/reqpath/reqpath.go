@@ -16,6 +16,11 @@
 // path_with_escaped_slashes_action REJECT_REQUEST): whether an application decodes them into
 // separators is the application's choice, so no single normalisation can agree with every
 // application about which segments such a path has.
+//
+// A raw ";" is refused too: Tomcat, Jetty, Spring, Undertow and others strip a segment's path
+// parameters (`/login;jsessionid=1` is routed as `/login`), most other routers keep them as
+// part of the segment, so no single normal form agrees with every application about which
+// path such a request names. An encoded ";" (%3B) is data in every router and is kept.
 package reqpath
 
 import (
@@ -26,6 +31,9 @@ import (
 
 // ErrAmbiguous is wrapped by the error for a path with an encoded slash or a backslash.
 var ErrAmbiguous = errors.New("path has an encoded slash or a backslash, which applications route differently")
+
+// ErrPathParameter is wrapped by the error for a path with a raw ";" (a path parameter).
+var ErrPathParameter = errors.New("path has a ';' (a path parameter), which applications route differently")
 
 // ErrMalformed is wrapped by the error for a path that is not a valid escaped path.
 var ErrMalformed = errors.New("malformed path")
@@ -69,6 +77,8 @@ func Normalize(escaped string) (norm, decoded string, err error) {
 			trailing = true
 		case '\\':
 			return "", "", ErrAmbiguous
+		case ';':
+			return "", "", ErrPathParameter
 		case '%':
 			if i+2 >= len(escaped) || !isHex(escaped[i+1]) || !isHex(escaped[i+2]) {
 				return "", "", errors.Join(ErrMalformed, errors.New("a % not followed by two hex digits"))

@@ -39,6 +39,9 @@ func TestNormalize(t *testing.T) {
 		{in: "/api%2flogin", err: ErrAmbiguous},
 		{in: "/api%5Clogin", err: ErrAmbiguous},
 		{in: "/api\\login", err: ErrAmbiguous},
+		{in: "/login;jsessionid=1", err: ErrPathParameter},
+		{in: "/login;", err: ErrPathParameter},
+		{in: "/api;v=1/orders", err: ErrPathParameter},
 		{in: "/bad%zz", err: ErrMalformed},
 		{in: "/bad%4", err: ErrMalformed},
 	} {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redline-dev/redline/internal/policydoc"
@@ -116,6 +117,14 @@ func (s *Set) CostFromResponse(method, path string, header http.Header) bool {
 	return slices.ContainsFunc(s.costed, func(r *Rule) bool { return r.Match.Matches(method, path, header) })
 }
 
+// methodMatches reports whether a rule's method want (upper-case, as the API writes it) counts
+// a request's method: compared case-insensitively, since some servers route a "get" as a GET
+// (and a rule must not be dodged by spelling a method in lower case), and GET counts HEAD,
+// which every common router serves with the GET handler.
+func methodMatches(want, method string) bool {
+	return strings.EqualFold(want, method) || want == http.MethodGet && strings.EqualFold(method, http.MethodHead)
+}
+
 // Matches reports whether a request (its method, normalised path and header fields, canonical
 // names) is one the rule counts. A nil Match matches every request.
 func (m *Match) Matches(method, path string, header http.Header) bool {
@@ -125,7 +134,7 @@ func (m *Match) Matches(method, path string, header http.Header) bool {
 	if m.Path != nil && !m.Path.Matches(path) {
 		return false
 	}
-	if len(m.Methods) > 0 && !slices.Contains(m.Methods, method) {
+	if len(m.Methods) > 0 && !slices.ContainsFunc(m.Methods, func(want string) bool { return methodMatches(want, method) }) {
 		return false
 	}
 	for _, h := range m.Headers {

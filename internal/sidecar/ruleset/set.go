@@ -6,10 +6,14 @@ package ruleset
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
@@ -113,35 +117,81 @@ type Match struct {
 }
 
 // PathMatch is Gateway API's HTTPPathMatch, on the decoded normal form of the request path
-// (internal/sidecar/reqpath): an exact path, or a prefix of whole path elements.
+// (internal/sidecar/reqpath): an exact path, or a prefix of whole path elements; optionally
+// ignoring case, and for an exact path one trailing slash, as some application routers do.
 type PathMatch struct {
 	// Exact compares the whole path with Value.
 	Exact bool
 	// Value is the path; for a prefix, without its trailing slashes ("" for "/", which
 	// matches every path).
 	Value string
+	// IgnoreCase compares letters case-insensitively (Unicode simple case folding).
+	IgnoreCase bool
+	// IgnoreTrailingSlash lets an exact path match with one "/" appended: /abc matches
+	// /abc and /abc/.
+	IgnoreTrailingSlash bool
 }
 
-// Matches reports whether path, normalised, is matched. Both kinds are case-sensitive. A
-// prefix matches the path equal to it and the paths that continue it with a "/": /abc
-// matches /abc, /abc/ and /abc/def, not /abcd.
+// Matches reports whether path, normalised, is matched. A prefix matches the path equal to
+// it and the paths that continue it with a "/": /abc matches /abc, /abc/ and /abc/def, not
+// /abcd.
 func (m *PathMatch) Matches(path string) bool {
-	if m.Exact {
-		return path == m.Value
+	rest, ok := m.cutPrefix(path)
+	switch {
+	case !ok:
+		return false
+	case rest == "":
+		return true
+	case m.Exact:
+		return m.IgnoreTrailingSlash && rest == "/" && m.Value != "/"
+	default:
+		return rest[0] == '/'
 	}
-	rest, ok := strings.CutPrefix(path, m.Value)
-	return ok && (rest == "" || rest[0] == '/')
+}
+
+// cutPrefix is strings.CutPrefix(path, m.Value), folding case when IgnoreCase.
+func (m *PathMatch) cutPrefix(path string) (string, bool) {
+	if !m.IgnoreCase {
+		return strings.CutPrefix(path, m.Value)
+	}
+	v := m.Value
+	for v != "" {
+		if path == "" {
+			return "", false
+		}
+		a, na := utf8.DecodeRuneInString(v)
+		b, nb := utf8.DecodeRuneInString(path)
+		if !equalFoldRune(a, b) {
+			return "", false
+		}
+		v, path = v[na:], path[nb:]
+	}
+	return path, true
+}
+
+// equalFoldRune reports whether a and b are equal under Unicode simple case folding, as
+// strings.EqualFold compares runes.
+func equalFoldRune(a, b rune) bool {
+	if a == b {
+		return true
+	}
+	for r := unicode.SimpleFold(a); r != a; r = unicode.SimpleFold(r) {
+		if r == b {
+			return true
+		}
+	}
+	return false
 }
 
 // newPathMatch compiles the document's path fields; nil when neither is set.
 func newPathMatch(m *policydoc.Match) *PathMatch {
 	switch {
 	case m.ExactPath != "":
-		return &PathMatch{Exact: true, Value: m.ExactPath}
+		return &PathMatch{Exact: true, Value: m.ExactPath, IgnoreCase: m.IgnoreCase, IgnoreTrailingSlash: m.IgnoreTrailingSlash}
 	case m.PathPrefix != "":
 		// Every trailing slash: the schema lets the deprecated pathPrefix end in several, and
 		// /api// means the elements of /api all the same.
-		return &PathMatch{Value: strings.TrimRight(m.PathPrefix, "/")}
+		return &PathMatch{Value: strings.TrimRight(m.PathPrefix, "/"), IgnoreCase: m.IgnoreCase}
 	}
 	return nil
 }
@@ -158,6 +208,35 @@ type KeyPart struct {
 	Header    string
 	Attribute string
 	Constant  string
+	// foldCase and trimSlash key a Path the way the rule's path match compares it (ignoring
+	// case, one trailing slash), headAsGet keys a HEAD Method as the GET its match counts it
+	// as: spellings the rule counts as one request never get keys of their own.
+	foldCase, trimSlash, headAsGet bool
+}
+
+// AttributeValue returns the key value of the request attribute v (the request's Path or
+// Method, as the part's Attribute says), in the form the rule's match compares it.
+func (k KeyPart) AttributeValue(v string) string {
+	if k.trimSlash && len(v) > 1 {
+		v = strings.TrimSuffix(v, "/")
+	}
+	if k.foldCase {
+		v = strings.Map(foldRune, v)
+	}
+	if k.headAsGet && strings.EqualFold(v, "HEAD") {
+		v = "GET"
+	}
+	return v
+}
+
+// foldRune is the smallest rune that r is equal to under simple case folding: one spelling
+// for every rune that equalFoldRune says is equal to r.
+func foldRune(r rune) rune {
+	least := r
+	for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+		least = min(least, f)
+	}
+	return least
 }
 
 // Builder builds Sets and keeps the per-policy state that must survive reloads.
@@ -299,7 +378,14 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 			default:
 				return nil, fmt.Errorf("unknown key attribute %q", k.Attribute)
 			}
-			r.Key = append(r.Key, KeyPart{Attribute: k.Attribute})
+			part := KeyPart{Attribute: k.Attribute}
+			if m := r.Match; m != nil && m.Path != nil && k.Attribute == AttrPath {
+				part.foldCase, part.trimSlash = m.Path.IgnoreCase, m.Path.IgnoreTrailingSlash
+			}
+			if m := r.Match; m != nil && k.Attribute == AttrMethod {
+				part.headAsGet = slices.Contains(m.Methods, http.MethodGet) && !slices.Contains(m.Methods, http.MethodHead)
+			}
+			r.Key = append(r.Key, part)
 		default:
 			r.Key = append(r.Key, KeyPart{Constant: k.Constant})
 		}
