@@ -81,9 +81,8 @@ const MaxUsed = 1 << 50
 //     the most it may use: the script grants min(want, what fits) when the least fits, counts it
 //     at once like any grant (in the replica's share too, so a failover restores held units like
 //     granted ones), and records the hold in a zset beside the state (<state key>:h, the same
-//     hash slot), scored by its deadline on Redis's clock: min(now + ttl, the window's end) for
-//     FixedWindow and SlidingWindowCounter, now + ttl (ttl at most the window) for TokenBucket
-//     and SlidingWindowLog.
+//     hash slot), scored by its deadline on Redis's clock: now + ttl, ttl at most the window
+//     (FixedWindow's and SlidingWindowCounter's units end with their window all the same).
 //   - SlidingWindowLog counts a hold beside its log, not in it: its members are named by running
 //     totals, so units of a member could not go back without rewriting every later one. The
 //     units held are a sum of their own (<state key>:held, same hash slot), counted with the
@@ -185,8 +184,8 @@ func (l *Limiter) trackHold(a *holdAsk, key string, window time.Duration, units 
 }
 
 // Reserve holds between least and want units of key under limit for one request whose cost is
-// known only after it; ttl bounds how long (at most a window; FixedWindow and
-// SlidingWindowCounter also end a hold with its window).
+// known only after it; ttl bounds how long it waits for its settle (at most a window; the
+// units of a FixedWindow or SlidingWindowCounter hold end with their window all the same).
 // Refused (least does not fit): a Result refused with RetryAfter like Allow, and a nil Hold; in
 // shadow mode that Result admits, still without a hold. While Redis cannot be asked, the
 // failure mode decides: Open holds want, Closed refuses, LocalFallback holds what the local

@@ -283,3 +283,39 @@ func TestHoldRefusedWhileHeldRetriesSoon(t *testing.T) {
 		g.Expect(h.Units).To(Equal(int64(9_300)))
 	})
 }
+
+// A window's end does not end its holds' places in the bound: a hold reserved in one window
+// counts among its key's open holds in the next until its deadline (its units end with their
+// window all the same).
+func TestHoldOpenBoundAcrossAWindow(t *testing.T) {
+	for _, alg := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
+		t.Run(string(alg), func(t *testing.T) {
+			g := NewWithT(t)
+			c := newClient(t, shared.URL())
+			l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), MaxOpenHolds: 2, PrecheckSize: -1})
+			ctx, key := context.Background(), uniqueKey(t)
+			lim := limiter.Limit{Algorithm: alg, Requests: 1000, Window: time.Second, FailureMode: limiter.FailureModeClosed}
+			start := freshWindow(t, c, lim.Window)
+			waitRedisMS(t, c, start+300) // deadlines 300 ms at least into the next window
+			for range 2 {
+				_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Second)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(h).NotTo(BeNil())
+			}
+			recs, err := c.ZRangeWithScores(ctx, holdsKey(key, lim), 0, 0).Result()
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(int64(recs[0].Score)).To(BeNumerically(">=", start+1300), "the deadline is a second after the reserve")
+			waitRedisMS(t, c, start+lim.Window.Milliseconds())
+			r, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Second)
+			g.Expect(err).NotTo(HaveOccurred())
+			if redisNowMS(t, c) < int64(recs[0].Score) {
+				g.Expect(h).To(BeNil(), "the last window's holds are still open")
+				g.Expect(r.Allowed).To(BeFalse())
+			}
+			waitRedisMS(t, c, int64(recs[0].Score)+1)
+			_, h, err = l.Reserve(ctx, key, lim, 1, 10, time.Second)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(h).NotTo(BeNil(), "past their deadline they no longer count")
+		})
+	}
+}

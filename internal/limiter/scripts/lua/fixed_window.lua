@@ -29,7 +29,8 @@
 -- A hold (see internal/limiter/hold.go): ARGV[13] its tag (<replica id>:<seq>), ARGV[14] how
 -- long it may stay open (ms), ARGV[15] the most holds of the key open at once (64 when absent),
 -- KEYS[2] the state's hold records (see hold_sweep.lua, included below). A grant then records
--- itself there, deadline min(now + ttl, the window's end), and the reply carries that deadline
+-- itself there, deadline now + ttl (at most a window: its units end with their window, but it
+-- counts among the key's open holds until then), and the reply carries that deadline
 -- (ms) as an eighth integer; expired records are swept first. A key with ARGV[15] holds open
 -- (records before their deadline) is refused, retry after the soonest of their deadlines or a
 -- second, whichever is sooner (a settle frees one at any time): what its requests may spend
@@ -115,7 +116,7 @@ end
 if htag then
   local hdl = 0
   if add > 0 then
-    hdl = math.min(now + httl, start + window)
+    hdl = now + math.min(httl, window)
     redis.call('ZADD', hk, hdl, string.format('%d:%d:%s', start, add, htag))
     redis.call('PEXPIRE', hk, 2 * window - elapsed)
   end

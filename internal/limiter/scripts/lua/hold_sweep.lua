@@ -5,7 +5,7 @@
 -- A hold is a grant with a deadline: its units are counted in c and in its replica's share like
 -- any grant, and a record in the zset hk (the state key's own, in its hash slot) names it, as
 -- <window start>:<units>:<replica id>:<seq>, scored by its deadline (ms on Redis's clock, at
--- most the end of its window). A hold whose deadline passed unsettled is taken to be its
+-- most a window after its reserve). A hold whose deadline passed unsettled is taken to be its
 -- holder's last word: its holder died (or lost the settle), and its request may have been
 -- served in full, so its units stay counted, spent, until its window ends. Nothing goes back;
 -- the record only stops counting among the key's open holds (see the reserve's bound), and is

@@ -29,7 +29,7 @@
 -- A hold (see internal/limiter/hold.go): ARGV[13] its tag (<replica id>:<seq>), ARGV[14] how
 -- long it may stay open (ms), ARGV[15] the most holds of the key open at once (64 when absent),
 -- KEYS[2] the state's hold records (see hold_sweep.lua, included below). A grant then records
--- itself there, deadline min(now + ttl, the current window's end), and the reply carries that
+-- itself there, deadline now + ttl (at most a window; as fixed_window.lua), and the reply carries that
 -- deadline (ms) as an eighth integer; expired records are swept first, and a key with ARGV[15]
 -- holds open is refused (as fixed_window.lua). A plain decision passes none of them and pays for
 -- none of it. A debt (a settle past its hold) counts past the limit in c, and the weighted
@@ -123,7 +123,7 @@ end
 if htag then
   local hdl = 0
   if add > 0 then
-    hdl = math.min(now + httl, start + window)
+    hdl = now + math.min(httl, window)
     redis.call('ZADD', hk, hdl, string.format('%d:%d:%s', start, add, htag))
     redis.call('PEXPIRE', hk, 2 * window - elapsed)
   end
