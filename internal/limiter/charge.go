@@ -10,7 +10,8 @@ const chargeTag = ":charge"
 
 // Charge counts units used on key under limit that no hold of this limiter was taken for: a
 // usage reported after its hold was forgotten, or to another replica than the one holding it
-// (the hold goes back by itself at its deadline; until then both count, which under-admits).
+// (the hold stays spent past its deadline: both count until its window ends, which
+// under-admits).
 // Like a settle's excess, they count past the limit when they do not fit (debt), in this
 // replica's share. units is clamped to [0, MaxUsed]; Settled.Debt is what was charged, in full
 // (the algorithm carries it as a settle's debt: see Settled.Debt).

@@ -17,14 +17,15 @@ import (
 // Hold is units reserved for one request whose cost is known only after it (a rule whose cost
 // comes from its response): counted in the key's window state like any grant when Reserve
 // answers, and ended by Settle with what the request really used. A hold not settled by its
-// deadline goes back by itself, in Redis, so a crashed replica or a lost settle cannot leak
-// budget. See holdAsk for how.
+// deadline counts as spent, in Redis: its holder is taken for dead, and what its request may
+// have been served is never given back to the budget. See holdAsk for how.
 type Hold struct {
 	// Units is what the hold reserved, between the least and the most asked for.
 	Units int64
 	// Degraded says the failure mode decided the hold: nothing is held in Redis.
 	Degraded bool
-	// Deadline is when the hold goes back by itself (local clock, a little before Redis's).
+	// Deadline is when its holder is taken for dead and the hold counts as spent (local clock,
+	// a little before Redis's).
 	Deadline time.Time
 
 	mu      sync.Mutex
@@ -93,9 +94,8 @@ const MaxUsed = 1 << 50
 //     its holds: a failover loses what the lost writes held, as it loses its admissions.
 //   - Settle ends the hold with what the request used (see lua/hold_settle.lua): the unused part
 //     goes back, an excess counts past the limit as debt, refused until repaid.
-//   - A hold nobody settles goes back by itself: every reserve and settle first sweeps up to 16
-//     expired records of the key (lua/hold_sweep.lua), and this replica stops counting it in
-//     its shares at its deadline (holdtable.go), so that no later call restores it.
+//   - Every reserve and settle first sweeps up to 16 expired records of the key
+//     (lua/hold_sweep.lua): a hold nobody settled, whose units stay spent (below).
 //
 // A hold nobody settles by its deadline counts as spent: its holder died (or lost the settle),
 // and its request may have been served in full, so no unit of it goes back to the budget. Its
@@ -248,9 +248,10 @@ const holdRefusalRepeat = 250 * time.Millisecond
 // Settle ends h with what its request used: the unused part goes back, an excess is charged as
 // debt (the key is refused until repaid). used is clamped to [0, MaxUsed].
 // Idempotent: a second call returns the first's answer. A settle that may have reached Redis
-// and failed (a timeout) is final too, and returns its error again: the hold then goes back by
-// itself at its deadline, and a retry could give its units back twice; until then this
-// replica's share keeps what the request used of it, so a failover meanwhile restores that.
+// and failed (a timeout) is final too, and returns its error again: the hold then stays
+// counted until its window ends (whole, or what the settle left), and a retry could give its
+// units back twice; this replica's share keeps what the request used of it, so a failover
+// restores that.
 // One that could not be sent (the breaker open, the limiter closed) may be retried.
 func (l *Limiter) Settle(ctx context.Context, h *Hold, used int64) (Settled, error) {
 	if h == nil {
