@@ -100,7 +100,7 @@ const (
 // body (the prompt's size plus its output cap, the cap lowered to what the budget has left),
 // atomically in the same script as the counter, and after the response settles the hold with
 // the usage the response reports; what was not used goes back. A hold not settled within
-// timeout goes back by itself. The rules that depend on the rule's algorithm and limit
+// timeout stays spent (its holder is taken for dead, and its stream may have been served). The rules that depend on the rule's algorithm and limit
 // (which algorithm, defaultHold and minOutput within the capacity) are on Rule, where an
 // algorithm left to its default is seen.
 // The fields other than from apply with from: Response only.
@@ -169,10 +169,11 @@ type Cost struct {
 	// +optional
 	OnError CostOnError `json:"onError,omitempty"`
 
-	// timeout is how long a hold waits for its settle before it goes back by itself, between
-	// 1s and 1h (60s when not set), in Go's duration syntax; the limiter ends it at the
-	// window's end too. Set it above the longest response the upstream streams: a response
-	// that outlives its hold is charged in full when it settles.
+	// timeout is how long a hold waits for its settle before it is taken as spent in full
+	// (its holder dead), between 1s and 1h (60s when not set), in Go's duration syntax. A
+	// settle after it still gives back what was not used. Set it above the longest response
+	// the upstream streams: past it a hold no longer counts toward the key's bound of open
+	// holds.
 	// +kubebuilder:default="60s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=20

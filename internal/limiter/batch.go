@@ -89,7 +89,7 @@ func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *share
 		c.args = append(c.args, want) // TokenBucket's ARGV[6], SlidingWindowLog's ARGV[5]
 	}
 	if ask != nil {
-		c.args = append(c.args, ask.tag, ask.ttlMS)
+		c.args = append(c.args, ask.tag, ask.ttlMS, ask.maxOpen)
 	}
 }
 

@@ -4,29 +4,30 @@ import (
 	"context"
 )
 
-// chargeTag ends the record of a charge, which no hold ever has: the settle scripts find no
-// such record, of a window long ended, and count what was used in full.
+// chargeTag ends the record of a charge, which no hold ever has: a record of 0 units, which the
+// settle scripts count what was used of in full.
 const chargeTag = ":charge"
 
 // Charge counts units used on key under limit that no hold of this limiter was taken for: a
 // usage reported after its hold was forgotten, or to another replica than the one holding it
-// (the hold goes back by itself at its deadline; until then both count, which under-admits).
+// (the hold stays spent past its deadline: both count until its window ends, which
+// under-admits).
 // Like a settle's excess, they count past the limit when they do not fit (debt), in this
-// replica's share. units is clamped to [0, limit.Capacity()]; Settled.Debt is what was counted.
+// replica's share. units is clamped to [0, MaxUsed]; Settled.Debt is what was charged, in full
+// (the algorithm carries it as a settle's debt: see Settled.Debt).
 func (l *Limiter) Charge(ctx context.Context, key string, limit Limit, units int64) (Settled, error) {
 	if err := limit.Validate(); err != nil {
 		return Settled{}, err
 	}
-	units = min(units, limit.Capacity())
+	units = min(units, MaxUsed)
 	if units <= 0 {
 		return Settled{}, nil
 	}
 	if l.closed.Load() {
 		return Settled{}, ErrClosed
 	}
-	// A hold of one unit counted in window 0, past its deadline and gone: the settle charges
-	// what was used in full, now (clamped to its units and the capacity, which units is within).
-	h := &Hold{Units: 1, key: stateKey(key, limit.Algorithm), limit: limit, record: "0:1:" + l.opts.ReplicaID + chargeTag}
+	// A hold of no units counted in window 0: the settle charges what was used in full, now.
+	h := &Hold{key: stateKey(key, limit.Algorithm), limit: limit, record: "0:0:" + l.opts.ReplicaID + chargeTag}
 	s, _, err := l.settleRedis(ctx, h, units)
 	if err != nil {
 		return Settled{}, err

@@ -10,8 +10,9 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 )
 
-// A usage charged without a hold counts in full, past the limit if need be, at most one
-// capacity at a time; the key is then refused until it is repaid.
+// A usage charged without a hold counts in full, past the limit if need be (the TokenBucket and
+// the log carry at most what refuses the key as long as more would, see TestHoldDebt); the key
+// is then refused until it is repaid.
 func TestCharge(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
@@ -26,8 +27,12 @@ func TestCharge(t *testing.T) {
 
 		s, err = l.Charge(ctx, key, lim, 1e12)
 		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(s.Debt).To(Equal(int64(100)), "a claim of any size counts one capacity at most")
-		g.Expect(counted(t, c, key, lim)).To(Equal(int64(130)))
+		g.Expect(s.Debt).To(Equal(int64(1e12)), "a claim counts in full")
+		want := map[limiter.Algorithm]int64{limiter.FixedWindow: 1e12 + 30, limiter.SlidingWindowCounter: 1e12 + 30, limiter.TokenBucket: 200, limiter.SlidingWindowLog: 130}
+		g.Expect(counted(t, c, key, lim)).To(Equal(want[alg]))
+		s, err = l.Charge(ctx, key, lim, 1<<62)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s.Debt).To(Equal(int64(limiter.MaxUsed)), "past 2^50 a claim is a lie, counted as 2^50")
 
 		r, h, err := l.Reserve(ctx, key, lim, 1, 1, time.Minute)
 		g.Expect(err).NotTo(HaveOccurred())

@@ -17,14 +17,15 @@ import (
 // Hold is units reserved for one request whose cost is known only after it (a rule whose cost
 // comes from its response): counted in the key's window state like any grant when Reserve
 // answers, and ended by Settle with what the request really used. A hold not settled by its
-// deadline goes back by itself, in Redis, so a crashed replica or a lost settle cannot leak
-// budget. See holdAsk for how.
+// deadline counts as spent, in Redis: its holder is taken for dead, and what its request may
+// have been served is never given back to the budget. See holdAsk for how.
 type Hold struct {
 	// Units is what the hold reserved, between the least and the most asked for.
 	Units int64
 	// Degraded says the failure mode decided the hold: nothing is held in Redis.
 	Degraded bool
-	// Deadline is when the hold goes back by itself (local clock, a little before Redis's).
+	// Deadline is when its holder is taken for dead and the hold counts as spent (local clock,
+	// a little before Redis's).
 	Deadline time.Time
 
 	mu      sync.Mutex
@@ -41,19 +42,38 @@ type Hold struct {
 	local      *localWindow // LocalFallback's window, for a degraded hold
 	localStart time.Time
 	lease      *lease // the lease it was taken from (see hold_lease.go), or nil
+	leaseFreed bool   // its lease no longer counts it among its open holds
 }
 
 // Settled is what a Settle did.
 type Settled struct {
 	// Returned is how many of the hold's units went back (it used fewer).
 	Returned int64
-	// Debt is how many units were charged beyond the hold (it used more): counted past the
-	// limit, so its key is refused until they are repaid. For an expired hold, all it used.
+	// Debt is how many units were used beyond the hold, in full (up to MaxUsed): counted past
+	// the limit, so its key is refused for as long as its algorithm carries a debt (see
+	// holdAsk). The algorithm may count less of it than Debt says; never less than refuses the
+	// key as long as the whole would.
 	Debt int64
-	// Expired says the hold had gone back by itself before the settle, which charged what was
-	// used in full.
+	// Expired says the hold's deadline had passed before the settle: its holder was taken for
+	// dead and its units stayed spent, so the settle charged the same as before its deadline
+	// (SlidingWindowLog gave nothing back: the unused units were in its log already).
 	Expired bool
 }
+
+// DefaultMaxOpenHolds is Options.MaxOpenHolds when not set: a key holds at most 64 holds at
+// once. Enough for a key's streams where each holds a sixty-fourth of the budget or more (a
+// budget's worth of requests at once), and what its requests may spend beyond their holds before
+// the first settle refuses the key is at most 64 requests' worth.
+const DefaultMaxOpenHolds = 64
+
+// maxOpenHoldsBound is the most Options.MaxOpenHolds can say, as the scripts check it.
+const maxOpenHoldsBound = 1_000_000
+
+// MaxUsed is the most a settle or a charge counts, 2^50 (about 1.1e15) units: Redis's Lua
+// numbers are doubles, exact for whole numbers below 2^53, and a count adds a debt to what it
+// holds (at most 2^40 a window state, 1e15 a limit), so every sum in the scripts stays exact.
+// No response uses that many tokens: a larger usage is a lie, counted as this.
+const MaxUsed = 1 << 50
 
 // Holds are grants for requests whose cost is known only after them (a rule whose cost comes
 // from its response): one mechanism with leases and shares.
@@ -62,9 +82,8 @@ type Settled struct {
 //     the most it may use: the script grants min(want, what fits) when the least fits, counts it
 //     at once like any grant (in the replica's share too, so a failover restores held units like
 //     granted ones), and records the hold in a zset beside the state (<state key>:h, the same
-//     hash slot), scored by its deadline on Redis's clock: min(now + ttl, the window's end) for
-//     FixedWindow and SlidingWindowCounter, now + ttl (ttl at most the window) for TokenBucket
-//     and SlidingWindowLog.
+//     hash slot), scored by its deadline on Redis's clock: now + ttl, ttl at most the window
+//     (FixedWindow's and SlidingWindowCounter's units end with their window all the same).
 //   - SlidingWindowLog counts a hold beside its log, not in it: its members are named by running
 //     totals, so units of a member could not go back without rewriting every later one. The
 //     units held are a sum of their own (<state key>:held, same hash slot), counted with the
@@ -75,20 +94,38 @@ type Settled struct {
 //     its holds: a failover loses what the lost writes held, as it loses its admissions.
 //   - Settle ends the hold with what the request used (see lua/hold_settle.lua): the unused part
 //     goes back, an excess counts past the limit as debt, refused until repaid.
-//   - A hold nobody settles goes back by itself: every reserve and settle first sweeps up to 16
-//     expired records of the key (lua/hold_sweep.lua), and this replica stops counting it in
-//     its shares at its deadline (holdtable.go), so that no later call restores it.
+//   - Every reserve and settle first sweeps up to 16 expired records of the key
+//     (lua/hold_sweep.lua): a hold nobody settled, whose units stay spent (below).
+//
+// A hold nobody settles by its deadline counts as spent: its holder died (or lost the settle),
+// and its request may have been served in full, so no unit of it goes back to the budget. Its
+// record is swept and stops counting among the key's open holds; its units stay counted until
+// the window ends (FixedWindow, SlidingWindowCounter), stay taken from the bucket (TokenBucket),
+// or move from held into the log for a window (SlidingWindowLog). A late settle finds them
+// counted and settles as a timely one would (SlidingWindowLog gives nothing back then).
+//
+// A key has at most Options.MaxOpenHolds holds open at once (refused beyond, atomically in the
+// reserve's script, see lua/hold_bound.lua), so that what its requests spend beyond their holds
+// before their settles refuse it is bounded by that many requests.
+//
+// Debt is counted in full in Settled.Debt (up to MaxUsed); each algorithm carries it for as
+// long as its state lives: FixedWindow counts it in its window and carries at most one limit
+// into the next (refused for the rest of the window and at most the whole next one);
+// SlidingWindowCounter counts it in its window, which the next one weighs; TokenBucket runs the
+// TAT at most one window past its tolerance; SlidingWindowLog appends at most the hold plus one
+// limit, which refuses the key until it leaves the window. None keeps a key longer than that.
 //
 // Bounds: a hold's units are at most the limit's capacity, its deadline at most a window away,
-// a settle's used at most units + capacity; an open hold costs Redis about 140 bytes (its record
+// a settle's used at most MaxUsed; an open hold costs Redis about 140 bytes (its record
 // in the zset: 134 a hold at 1,000 open holds of a key, 145 at 10,000, TestHoldMemory), and
 // its record lives no longer than the state.
 
 // holdAsk is what a Reserve asks of a call beyond a decision, and what comes back.
 type holdAsk struct {
-	tag   string // <replica id>:<seq>, the tail of its record
-	ttlMS int64
-	want  int64
+	tag     string // <replica id>:<seq>, the tail of its record
+	ttlMS   int64
+	want    int64
+	maxOpen int64 // the most holds its key has open at once
 	// A grant's, set by the flusher that decoded it.
 	deadlineMS int64
 	deadline   time.Time
@@ -147,8 +184,8 @@ func (l *Limiter) trackHold(a *holdAsk, key string, window time.Duration, units 
 }
 
 // Reserve holds between least and want units of key under limit for one request whose cost is
-// known only after it; ttl bounds how long (at most a window; FixedWindow and
-// SlidingWindowCounter also end a hold with its window).
+// known only after it; ttl bounds how long it waits for its settle (at most a window; the
+// units of a FixedWindow or SlidingWindowCounter hold end with their window all the same).
 // Refused (least does not fit): a Result refused with RetryAfter like Allow, and a nil Hold; in
 // shadow mode that Result admits, still without a hold. While Redis cannot be asked, the
 // failure mode decides: Open holds want, Closed refuses, LocalFallback holds what the local
@@ -178,9 +215,10 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 		return finish(r, limit), h, nil
 	}
 	a := &holdAsk{
-		tag:   l.opts.ReplicaID + ":" + l.holdTag + strconv.FormatUint(l.holdSeq.Add(1), 36),
-		ttlMS: ttl.Milliseconds(),
-		want:  want,
+		tag:     l.opts.ReplicaID + ":" + l.holdTag + strconv.FormatUint(l.holdSeq.Add(1), 36),
+		ttlMS:   ttl.Milliseconds(),
+		want:    want,
+		maxOpen: int64(l.opts.MaxOpenHolds),
 	}
 	res, g, answered, err := l.ask(ctx, sk, limit, least, want, now, nil, a)
 	if err != nil {
@@ -208,11 +246,12 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 const holdRefusalRepeat = 250 * time.Millisecond
 
 // Settle ends h with what its request used: the unused part goes back, an excess is charged as
-// debt (the key is refused until repaid). used is clamped to [0, Units + limit.Capacity()].
+// debt (the key is refused until repaid). used is clamped to [0, MaxUsed].
 // Idempotent: a second call returns the first's answer. A settle that may have reached Redis
-// and failed (a timeout) is final too, and returns its error again: the hold then goes back by
-// itself at its deadline, and a retry could give its units back twice; until then this
-// replica's share keeps what the request used of it, so a failover meanwhile restores that.
+// and failed (a timeout) is final too, and returns its error again: the hold then stays
+// counted until its window ends (whole, or what the settle left), and a retry could give its
+// units back twice; this replica's share keeps what the request used of it, so a failover
+// restores that.
 // One that could not be sent (the breaker open, the limiter closed) may be retried.
 func (l *Limiter) Settle(ctx context.Context, h *Hold, used int64) (Settled, error) {
 	if h == nil {
@@ -223,7 +262,7 @@ func (l *Limiter) Settle(ctx context.Context, h *Hold, used int64) (Settled, err
 	if h.done {
 		return h.settled, h.err
 	}
-	used = max(min(used, h.Units+h.limit.Capacity()), 0)
+	used = max(min(used, MaxUsed), 0)
 	if h.Degraded {
 		s := h.settleLocal(l.opts.Now(), used)
 		h.done, h.settled = true, s
@@ -247,10 +286,9 @@ func (l *Limiter) Settle(ctx context.Context, h *Hold, used int64) (Settled, err
 	h.done, h.settled, h.err = true, s, err
 	if err == nil {
 		l.countSettle(s)
-		if s.Returned > 0 {
-			// What was refused may fit now: ask Redis again rather than repeat the refusal.
-			l.precheck.forget(h.key)
-		}
+		// What was refused may fit now (units went back, or a hold of the key's bound ended):
+		// ask Redis again rather than repeat the refusal.
+		l.precheck.forget(h.key)
 	}
 	return s, err
 }
@@ -276,7 +314,8 @@ func (h *Hold) settleLocal(now time.Time, used int64) Settled {
 	} else {
 		s.Debt = used - h.Units
 	}
-	h.local.adjust(now, h.localStart, s.Debt-s.Returned)
+	// The local window counts at most a capacity of debt, which refuses it as long as more.
+	h.local.adjust(now, h.localStart, min(s.Debt, h.limit.Capacity())-s.Returned)
 	return s
 }
 
@@ -294,7 +333,10 @@ func (l *Limiter) settleRedis(ctx context.Context, h *Hold, used int64) (Settled
 	if withShare {
 		l.shares.lapse() // a hold past its deadline here is no longer in the share
 	}
-	if withShare && h.entry != nil && l.shares.holds.remove(h.entry) {
+	if withShare && h.entry != nil {
+		// Tracked: the share counts the hold, in the table or lapsed (a hold past its deadline
+		// stays spent in Redis, and in the share).
+		l.shares.holds.remove(h.entry)
 		base, pre = h.Units, max(h.Units-used, 0)
 		if pre > 0 {
 			l.shares.lower(h.key, lim.Window, h.start, pre)
@@ -342,10 +384,7 @@ func (l *Limiter) settleRedis(ctx context.Context, h *Hold, used int64) (Settled
 		// Nothing ran: the hold is open as before, for a retry or its deadline.
 		if base > 0 {
 			l.addShare(h, h.start, pre)
-			if !l.shares.holds.add(h.entry) {
-				l.addShare(h, h.start, -base)
-				h.entry = nil
-			}
+			l.shares.holds.add(h.entry) // a full table only stops counting it in HoldsOpen
 		}
 		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
 			err = ErrCircuitOpen
@@ -353,42 +392,23 @@ func (l *Limiter) settleRedis(ctx context.Context, h *Hold, used int64) (Settled
 		return Settled{}, false, fmt.Errorf("settling hold of %s: %w", h.key, err)
 	}
 	vals, err := cmd.Int64Slice()
-	if err == nil && (len(vals) != 5 || vals[0] < 0 || vals[1] < 0 || vals[3] < 0 || vals[4] <= 0) {
+	if err == nil && (len(vals) != 6 || vals[0] < 0 || vals[1] < 0 || vals[3] < 0 || vals[4] <= 0 || vals[5] < 0 || vals[5] > vals[1]) {
 		err = fmt.Errorf("%w: %v", errBadReply, vals)
 	}
 	if err != nil {
-		// It may have run or not: Redis counts what the request used of the hold (base - pre:
-		// the rest left the share before the call), or the whole hold until its deadline.
-		if base > 0 {
-			l.keepUsed(h, base-pre)
-		}
+		// It may have run or not: Redis counts what the request used of the hold (base - pre,
+		// which the share keeps: the rest left it before the call), or the whole hold, until
+		// its window ends either way. An excess beyond the hold keeps no share: Redis counted
+		// it only if the settle ran. Dropping the used part at once instead left it to a
+		// failover: a replica promoted before the hold or the settle reached it was restored
+		// without it, and the window admitted again what the request had used.
 		return Settled{}, true, fmt.Errorf("settling hold of %s: %w", h.key, err)
 	}
 	s := Settled{Returned: vals[0], Debt: vals[1], Expired: vals[2] == 1}
 	if withShare {
-		l.settleShare(h, s, base, pre, vals[4], vals[3])
+		l.settleShare(h, s, vals[5], base, pre, vals[4], vals[3])
 	}
 	return s, true, nil
-}
-
-// keepUsed keeps held units of h, what its request used of it, in this replica's share until
-// h's deadline, after a settle that may or may not have run: either way Redis counts at least
-// that much of it until then (what the settle left, or the whole hold), so the share never
-// counts more than Redis and restores nothing that Redis did not lose. Dropping them at once
-// instead left them to a failover: a replica promoted before the hold or the settle reached it
-// was restored without them, and the window admitted again what the request had used.
-// An excess beyond the hold keeps no share: Redis counted it only if the settle ran.
-func (l *Limiter) keepUsed(h *Hold, held int64) {
-	if held <= 0 {
-		return
-	}
-	h.entry.units = held
-	if !l.shares.holds.add(h.entry) {
-		// The table is full: nothing would lower the share at the deadline.
-		l.addShare(h, h.start, -held)
-		l.stats.unkept.Add(uint64(held))
-		h.entry = nil
-	}
 }
 
 // addShare adds units (negative: takes them) to this replica's share of h's key in the window
@@ -402,29 +422,24 @@ func (l *Limiter) addShare(h *Hold, start, units int64) {
 }
 
 // settleShare makes this replica's share of h's key what the settle left in Redis (see the
-// cases of lua/hold_settle.lua): base is what the share counted of h when the settle began,
-// less pre, which left it before the call.
-func (l *Limiter) settleShare(h *Hold, s Settled, base, pre, nowUS, restored int64) {
+// cases of lua/hold_settle.lua): counted is what the window counted of the debt, base is what
+// the share counted of h when the settle began, less pre, which left it before the call.
+func (l *Limiter) settleShare(h *Hold, s Settled, counted, base, pre, nowUS, restored int64) {
 	ms := h.limit.Window.Milliseconds()
 	now := nowUS / 1000
 	nowStart := now - now%ms
 	held := base - pre
-	switch {
-	case s.Expired:
-		// Redis gave it back at its deadline, and charged the use in full now.
-		l.addShare(h, h.start, -held)
-		l.addShare(h, nowStart, s.Debt)
-	case nowStart == h.start:
-		target := s.Debt
+	if nowStart == h.start {
+		target := counted
 		if h.entry != nil {
-			// Tracked, in the table or lapsed before Redis's deadline: Redis counts it still.
+			// Tracked: Redis counts it still, deadline or not (a hold past it stays spent).
 			target += h.Units - s.Returned
 		}
 		l.addShare(h, h.start, target-held)
-	default:
+	} else {
 		// Its window ended with its units counted: only the excess counts, in this one.
 		l.addShare(h, h.start, base-held)
-		l.addShare(h, nowStart, s.Debt)
+		l.addShare(h, nowStart, counted)
 	}
 	if restored > 0 {
 		l.restored(h.key, restored)

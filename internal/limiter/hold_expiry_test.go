@@ -34,10 +34,11 @@ func waitHoldsDue(t *testing.T, c redis.UniversalClient, key string, lim limiter
 	}
 }
 
-// A hold nobody settles goes back by itself: another replica's reserve sweeps it after its
-// deadline, the replica that held it stops counting it in its share (so it restores nothing
-// when Redis no longer counts it), and a settle after that charges the use in full. A replica
-// closed with a hold open leaks nothing either.
+// A hold nobody settles by its deadline counts as spent: its holder is taken for dead (its
+// request may have been served in full), so no unit of it goes back. Another replica's reserve
+// sweeps its record and still finds its units counted; the replica that held it keeps them in
+// its share, so it restores nothing Redis lacks; a late settle finds them counted and settles
+// as a timely one would (the log gives nothing back: the sweep put the hold in it, spent).
 func TestHoldExpiry(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
@@ -60,22 +61,30 @@ func TestHoldExpiry(t *testing.T) {
 		r, hb, err := b.Reserve(ctx, key, lim, 1, 1, time.Minute)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(r.Allowed).To(BeTrue())
-		g.Expect(counted(t, c, key, lim)).To(Equal(int64(1)), "both expired holds went back")
+		g.Expect(c.ZCard(ctx, holdsKey(key, lim)).Val()).To(Equal(int64(1)), "the expired records were swept")
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(51)), "both expired holds stay spent")
+		r, _, err = b.Reserve(ctx, key, lim, 50, 50, time.Minute)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(r.Allowed).To(BeFalse(), "49 are left, not 99")
 
-		// The replica that held it asks again: its share no longer counts the hold.
+		// The replica that held it asks again: its share counts the hold, as Redis does.
 		r, err = a.Allow(ctx, key, lim, 1)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(r.Allowed).To(BeTrue())
 		g.Expect(a.Stats().RestoredUnits).To(BeZero())
-		g.Expect(counted(t, c, key, lim)).To(Equal(int64(2)))
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(52)))
 
 		s, err := a.Settle(ctx, h, 10)
 		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(s).To(Equal(limiter.Settled{Debt: 10, Expired: true}))
-		g.Expect(counted(t, c, key, lim)).To(Equal(int64(12)))
+		if alg == limiter.SlidingWindowLog {
+			g.Expect(s).To(Equal(limiter.Settled{Expired: true}))
+			g.Expect(counted(t, c, key, lim)).To(Equal(int64(52)))
+		} else {
+			g.Expect(s).To(Equal(limiter.Settled{Returned: 20, Expired: true}), "a late settle gives back what was not used")
+			g.Expect(counted(t, c, key, lim)).To(Equal(int64(32)))
+		}
 		_, err = b.Settle(ctx, hb, 1)
 		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(counted(t, c, key, lim)).To(Equal(int64(12)))
 		st := a.Stats()
 		g.Expect(st.HoldsExpired).To(Equal(uint64(1)))
 		if alg == limiter.FixedWindow || alg == limiter.SlidingWindowCounter {
@@ -85,8 +94,27 @@ func TestHoldExpiry(t *testing.T) {
 	})
 }
 
-// Beyond MaxHolds a hold keeps no share: nothing of it is restored after a failover, and
-// nothing re-asserts it after it went back.
+// A late settle past its hold charges the excess as debt, the hold's units being spent already.
+func TestHoldExpiredDebt(t *testing.T) {
+	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
+		g := NewWithT(t)
+		c := newClient(t, shared.URL())
+		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
+		_, h, err := l.Reserve(ctx, key, lim, 1, 30, 200*time.Millisecond)
+		g.Expect(err).NotTo(HaveOccurred())
+		waitHoldsDue(t, c, key, lim)
+		_, _, err = l.Reserve(ctx, key, lim, 1, 1, time.Minute) // sweeps it
+		g.Expect(err).NotTo(HaveOccurred())
+		s, err := l.Settle(ctx, h, 45)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s).To(Equal(limiter.Settled{Debt: 15, Expired: true}))
+		g.Expect(counted(t, c, key, lim)).To(Equal(int64(46)))
+	})
+}
+
+// Beyond MaxHolds a hold keeps no share: nothing of it is restored after a failover. Past
+// their deadlines both stay spent, until their settles give back what was not used.
 func TestHoldBeyondMaxHolds(t *testing.T) {
 	g := NewWithT(t)
 	c := newClient(t, shared.URL())
@@ -105,22 +133,27 @@ func TestHoldBeyondMaxHolds(t *testing.T) {
 	waitHoldsDue(t, c, key, lim)
 	_, _, err = b.Reserve(ctx, key, lim, 1, 1, time.Minute)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(counted(t, c, key, lim)).To(Equal(int64(1)))
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(18)))
 	_, err = a.Allow(ctx, key, lim, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(a.Stats().RestoredUnits).To(BeZero())
-	g.Expect(counted(t, c, key, lim)).To(Equal(int64(2)))
+	g.Expect(counted(t, c, key, lim)).To(Equal(int64(19)))
+	var back int64
 	for _, h := range []*limiter.Hold{h1, h2} {
 		s, err := a.Settle(ctx, h, 1)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(s.Expired).To(BeTrue())
+		back += s.Returned
 	}
+	// Both give back what they did not use: Redis's field of the replica counts h2 (Redis
+	// counted its grant), only this replica's own share did not.
+	g.Expect(back).To(Equal(int64(15)))
 	g.Expect(counted(t, c, key, lim)).To(Equal(int64(4)))
 }
 
 // Redis loses everything between a reserve and its settle (FLUSHALL: a failover to a replica
 // that lagged, a restart): the replica's share restores the held units, and the settle gives
-// back what was not used of them; once past its deadline, it charges what was used.
+// back what was not used of them; past its deadline too (the hold stayed spent, in the share).
 func TestHoldFailover(t *testing.T) {
 	for _, alg := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
 		t.Run(string(alg), func(t *testing.T) {
@@ -145,8 +178,9 @@ func TestHoldFailover(t *testing.T) {
 			g.Expect(c.FlushAll(ctx).Err()).To(Succeed())
 			s, err = l.Settle(ctx, h, 5)
 			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(s).To(Equal(limiter.Settled{Debt: 5, Expired: true}))
-			// The share restored the 20 used before; the lapsed hold restored nothing.
+			g.Expect(s).To(Equal(limiter.Settled{Returned: 35, Expired: true}))
+			// The share restored the 20 used before and the expired hold's 40, of which the
+			// settle gave back the 35 not used.
 			g.Expect(counted(t, c, key, lim)).To(Equal(int64(25)))
 		})
 	}

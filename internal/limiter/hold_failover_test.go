@@ -128,7 +128,7 @@ type holdFleet struct {
 }
 
 // holdTTLs alternate: a hold of the window's length (its deadline is its window's end, so it is
-// counted for the whole test), and one that goes back by itself within the test.
+// counted for the whole test), and one whose deadline passes within the test.
 var holdTTLs = [2]time.Duration{24 * time.Hour, 2 * time.Second}
 
 func startHoldFleet(t *testing.T, ls []*limiter.Limiter, key string, lim limiter.Limit, perLimiter int) *holdFleet {
@@ -278,7 +278,7 @@ func (f *holdFleet) stop() {
 // them. The held units are counts like any grant: the shares restore what the promoted replica
 // lacked, held units included, so no count lost in the failover is admitted again. While no
 // master answers, the failure mode (Closed) refuses every reserve; a settle that failed says so,
-// is final, and leaves its hold to its deadline, when it goes back by itself.
+// is final, and leaves its hold counted (spent past its deadline).
 func TestHoldsSurviveASentinelFailover(t *testing.T) {
 	for _, alg := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
 		t.Run(string(alg), func(t *testing.T) {
@@ -356,8 +356,8 @@ func TestHoldsSurviveASentinelFailover(t *testing.T) {
 			// room for three timeouts on a loaded machine, each costing at most one hold.
 			g.Expect(f.settledUsed + f.keptUsed).To(BeNumerically(">=", limit*80/100))
 
-			// A settle that failed leaves its hold to its deadline, when it goes back by itself.
-			// Each reserve sweeps at most 16 records past their deadline.
+			// A settle that failed leaves its hold to its deadline, when it is swept and stays
+			// spent. Each reserve sweeps at most 16 records past their deadline.
 			var last time.Time
 			for _, h := range f.short {
 				if h.Deadline.After(last) {

@@ -46,7 +46,7 @@ func TestHoldFailureModes(t *testing.T) {
 	g.Expect(srv.Stop()).To(Succeed())
 
 	_, err = l.Settle(ctx, h, 1)
-	g.Expect(err).To(HaveOccurred(), "a settle Redis cannot answer fails; the hold goes back by itself")
+	g.Expect(err).To(HaveOccurred(), "a settle Redis cannot answer fails; the hold stays counted")
 
 	r, h, err := l.Reserve(ctx, key, lim(limiter.FailureModeOpen), 1, 60, time.Minute)
 	g.Expect(err).NotTo(HaveOccurred())

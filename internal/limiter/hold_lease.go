@@ -14,10 +14,15 @@ import (
 // excess goes to Redis as debt. A leased hold nobody settles stays spent: its units were the
 // lease's, admitted, and count as used (never more than the limit), which costs under-admission
 // only until the window ends.
+//
+// A lease gives at most maxOpen holds of its window that are not settled; beyond, Reserve asks
+// Redis, whose script bounds the key's open holds there. Holds from leases are local, so a key
+// that plain decisions lease as well may have that many more open per replica leasing it (the
+// sidecar's token budgets never lease: their keys only reserve, settle and charge).
 
 // takeHold takes want units of key's lease for a hold, or says the lease cannot give them. It
 // never asks Redis, nor makes other callers wait.
-func (ls *leases) takeHold(key string, limit Limit, want int64, now time.Time) (e *lease, start int64, deadline time.Time, remaining int64, ok bool) {
+func (ls *leases) takeHold(key string, limit Limit, want, maxOpen int64, now time.Time) (e *lease, start int64, deadline time.Time, remaining int64, ok bool) {
 	e, found := ls.cache.Get(key)
 	if !found {
 		return nil, 0, time.Time{}, 0, false
@@ -27,6 +32,13 @@ func (ls *leases) takeHold(key string, limit Limit, want int64, now time.Time) (
 	if e.gone || !sameLimit(e.limit, limit) || !now.Before(e.deadline) || e.units < want {
 		return nil, 0, time.Time{}, 0, false
 	}
+	if e.holdsStart != e.windowStart {
+		e.holds, e.holdsStart = 0, e.windowStart // the holds of a window that ended are over
+	}
+	if e.holds >= maxOpen {
+		return nil, 0, time.Time{}, 0, false
+	}
+	e.holds++
 	e.units -= want
 	e.served += want
 	e.lastUse = now
@@ -57,7 +69,7 @@ func (l *Limiter) reserveLeased(sk string, limit Limit, want int64, ttl time.Dur
 	if l.leases == nil || !limit.Algorithm.leases() {
 		return Result{}, nil, false
 	}
-	e, start, deadline, remaining, ok := l.leases.takeHold(sk, limit, want, now)
+	e, start, deadline, remaining, ok := l.leases.takeHold(sk, limit, want, int64(l.opts.MaxOpenHolds), now)
 	if !ok {
 		return Result{}, nil, false
 	}
@@ -66,15 +78,23 @@ func (l *Limiter) reserveLeased(sk string, limit Limit, want int64, ttl time.Dur
 	if deadline.Before(h.Deadline) {
 		h.Deadline = deadline
 	}
-	// A record no zset holds, past its deadline: should its use pass the hold, the settle
-	// script charges the excess in full (the "expired" case), which is what a debt is.
-	h.record = strconv.FormatInt(start, 10) + ":1:" + l.opts.ReplicaID + ":lease"
+	// A record of no units, which no zset holds: should its use pass the hold, the settle
+	// script charges the excess in full, which is what a debt is.
+	h.record = strconv.FormatInt(start, 10) + ":0:" + l.opts.ReplicaID + ":lease"
 	return Result{Allowed: true, Remaining: remaining, ResetAfter: deadline.Sub(now), Source: SourceLease}, h, true
 }
 
 // settleLeased settles a hold taken from a lease: unused units back into it, an excess to Redis
 // as debt.
 func (l *Limiter) settleLeased(ctx context.Context, h *Hold, used int64) (Settled, bool, error) {
+	if !h.leaseFreed {
+		h.leaseFreed = true
+		h.lease.mu.Lock()
+		if h.lease.holdsStart == h.start && h.lease.holds > 0 {
+			h.lease.holds--
+		}
+		h.lease.mu.Unlock()
+	}
 	if used <= h.Units {
 		l.leases.putBack(h.key, h.lease, h.limit, h.start, h.Units-used, l.opts.Now())
 		return Settled{Returned: h.Units - used}, true, nil

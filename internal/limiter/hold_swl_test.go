@@ -68,11 +68,13 @@ func TestHoldLogLostReserve(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(h).To(BeNil())
 	g.Expect(r.Allowed).To(BeFalse())
-	g.Expect(r.RetryAfter).To(BeNumerically("~", time.Minute, 5*time.Second), "the held units' deadline")
+	g.Expect(r.RetryAfter).To(BeNumerically(">", 0))
+	g.Expect(r.RetryAfter).To(BeNumerically("<=", time.Second), "a second at most while holds are open: their settles give back at any time")
 }
 
 // The log is the tenant's: a newest member that is no running total has the settle refuse
-// before it writes anything, and the hold goes back by itself at its deadline.
+// before it writes anything, and the hold stays counted (moved into the log as spent at its
+// deadline).
 func TestHoldLogNotATotal(t *testing.T) {
 	g := NewWithT(t)
 	c := newClient(t, shared.URL())

@@ -8,15 +8,14 @@ import (
 	"time"
 )
 
-// holdTable is this replica's open holds whose units its share counts (see shares.go), so that
-// a hold nobody settled stops counting in the share at its deadline, when Redis's sweep gives
-// it back: a share that still counted them would restore them (shares_open.lua) on the next
-// call, and a lost settle would leak its hold until the window ends.
+// holdTable is this replica's open holds whose units its share counts (see shares.go), until
+// their deadline: Stats.HoldsOpen and HoldsLapsed (a hold that reached its deadline unsettled:
+// its holder is taken for dead in Redis, and its units stay spent there and in the share).
 //
 // Bounded: at most max holds. A hold beyond the bound keeps no share at all (its units are
-// Stats.UnkeptShareUnits, as a grant beyond ShareKeys): a failover cannot restore them, and
-// nothing is left to re-assert them after they went back. A heap by deadline, so that the
-// check every call makes (lapse) is one atomic load while no hold is due.
+// Stats.UnkeptShareUnits, as a grant beyond ShareKeys): a failover cannot restore them. A heap
+// by deadline, so that the check every call makes (lapse) is one atomic load while no hold is
+// due.
 type holdTable struct {
 	mu   sync.Mutex
 	max  int
@@ -54,16 +53,15 @@ func (t *holdTable) add(e *openHold) bool {
 	return true
 }
 
-// remove takes e out of the table, and says whether it was still in it (not yet lapsed).
-func (t *holdTable) remove(e *openHold) bool {
+// remove takes e out of the table, if it is still in it (not yet lapsed).
+func (t *holdTable) remove(e *openHold) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e.idx < 0 || e.idx >= len(t.h) || t.h[e.idx] != e {
-		return false
+		return
 	}
 	heap.Remove(&t.h, e.idx)
 	t.updateNext()
-	return true
 }
 
 // due takes out every hold whose deadline is not after now.

@@ -77,6 +77,9 @@ type lease struct {
 	fetching    chan struct{} // closed when the caller asking Redis for this key has its answer
 	gone        bool          // evicted: units granted to it from now on go straight back
 	leased      bool          // was granted more than one decision's cost at least once
+	// holds are the holds taken from it in the window starting at holdsStart and not settled
+	// yet: at most Options.MaxOpenHolds (see hold_lease.go).
+	holds, holdsStart int64
 }
 
 // leaseReturn is units to give back to one window.

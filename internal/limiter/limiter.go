@@ -70,6 +70,12 @@ type Options struct {
 	// restore its units (Stats.UnkeptShareUnits), which nothing then re-asserts after it went
 	// back either. See holdtable.go.
 	MaxHolds int
+	// MaxOpenHolds bounds the holds (Reserve) one key has open at once, in Redis, across every
+	// replica (default DefaultMaxOpenHolds): a reserve beyond it is refused like a limit's
+	// refusal, with a RetryAfter. What a key's requests spend past their holds, known only at
+	// their settles, is then at most that many requests' worth at once. A hold past its
+	// deadline no longer counts toward it.
+	MaxOpenHolds int
 	// OnRestore, when set, is told each time this replica's shares restored units of key (its
 	// state key: Key plus the algorithm's suffix) that Redis had lost.
 	OnRestore func(key string, units int64)
@@ -115,6 +121,10 @@ func (o Options) withDefaults() Options {
 	if o.MaxHolds <= 0 {
 		o.MaxHolds = 65536
 	}
+	if o.MaxOpenHolds <= 0 {
+		o.MaxOpenHolds = DefaultMaxOpenHolds
+	}
+	o.MaxOpenHolds = min(o.MaxOpenHolds, maxOpenHoldsBound)
 	if o.Now == nil {
 		o.Now = time.Now
 	}

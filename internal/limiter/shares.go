@@ -38,8 +38,8 @@ type shares struct {
 	n                      atomic.Int64
 	seed                   maphash.Seed
 	shards                 [shareShards]shareShard
-	// holds are the open holds the shares count, lowered at their deadlines (see holdtable.go);
-	// now is the local clock they are due by.
+	// holds are the open holds the shares count (see holdtable.go); now is the local clock
+	// they are due by.
 	holds *holdTable
 	now   func() time.Time
 	// lowerings counts the lowerings of any share that Redis is told of (a settle giving units
@@ -212,11 +212,9 @@ func (s *shares) live(nowMS int64) []liveShare {
 	return out
 }
 
-// lapse stops counting in the shares the holds whose deadline has passed: Redis gives them back
-// by then (see holdtable.go). Every read of the shares for Redis lapses first, so that none
-// carries a hold that Redis no longer counts.
+// lapse takes the holds whose deadline has passed out of the table of open holds. Their units
+// stay in the shares: Redis keeps them counted, spent, until their window ends (a hold nobody
+// settled counts as spent, see hold.go), and a failover restores them like any grant.
 func (s *shares) lapse() {
-	for _, e := range s.holds.due(s.now()) {
-		s.add(e.key, "", e.window, 0, e.start, -e.units)
-	}
+	s.holds.due(s.now())
 }

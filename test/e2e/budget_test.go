@@ -29,8 +29,8 @@ const (
 	budgetTokens    = 10_000
 	budgetWindow    = time.Minute
 	budgetPolicy    = "tokens-per-key"
-	// The short-hold budget: held units go back 5 s after their reserve when nobody settles
-	// (the spec's streams and probes before the kill take well under a second of it).
+	// The short-hold budget: holds nobody settles pass their deadline 5 s after their reserve,
+	// and stay spent (the spec's streams and probes before the kill take well under a second).
 	teamHeader      = "X-Team"
 	shortPolicy     = "short-holds"
 	shortTokens     = 1000
@@ -207,11 +207,11 @@ var _ = Describe("Token budgets", Ordered, func() {
 		Expect(ctc.served.Total()).To(BeNumerically(">", budgetTokens), "check-then-charge overshoots: the contrast")
 	}, SpecTimeout(3*time.Minute))
 
-	It("gives the holds of a killed sidecar back at their timeout, so the other sidecars admit again", func(ctx SpecContext) {
+	It("keeps the holds of a killed sidecar spent past their timeout, so no other sidecar admits what its streams were served", func(ctx SpecContext) {
 		rdb := redisClient()
 		defer func() { _ = rdb.Close() }()
-		// Room for the holds' timeout and the sweep, many times over: the budget must come back
-		// from the holds, not from a new window.
+		// Room for the holds' timeout and the sweep, many times over: the refusal after it must
+		// come from the holds, not from a window that ended.
 		w := awaitWindowRoom(ctx, rdb, 15*time.Second)
 		team := freshKey("team")
 		// Streams of 400 tokens at 30 ms each: 12 s, longer than their holds' 5 s.
@@ -258,14 +258,21 @@ var _ = Describe("Token budgets", Ordered, func() {
 		Expect(started).To(BeNumerically(">=", 2), "streams held before the budget was all held")
 		Expect(probe(Default, other.ProxyURL)).To(Equal(http.StatusTooManyRequests), "another sidecar refuses while the holds stand")
 
+		killed, err := rdb.Time(ctx).Result()
+		Expect(err).NotTo(HaveOccurred())
 		Expect(victim.Proc.Kill()).To(Succeed())
-		// Nobody will settle the holds now; they go back at their deadline, swept by the next
-		// reserve of the key on any sidecar.
+		// Nobody will settle the holds now. Their deadlines pass (5 s after their reserves,
+		// which came before the kill): the next reserve of the key sweeps them, and their units
+		// stay spent, since the killed sidecar's streams may have been served in full.
+		past := killed.Add(shortHoldExpiry + time.Second)
 		Eventually(func(g Gomega) {
-			g.Expect(probe(g, other.ProxyURL)).To(Equal(http.StatusOK))
+			now, err := rdb.Time(ctx).Result()
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(now).To(BeTemporally(">=", past))
 		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(250 * time.Millisecond).Should(Succeed())
+		Expect(probe(Default, other.ProxyURL)).To(Equal(http.StatusTooManyRequests), "the dead holds stay spent past their timeout")
 		expectSameWindow(ctx, rdb, w, "the killed sidecar's spec")
-		GinkgoWriter.Printf("%d streams held the %d-token budget through %s; after its SIGKILL, %s admitted again once the holds' %v timeout passed\n",
+		GinkgoWriter.Printf("%d streams held the %d-token budget through %s; after its SIGKILL, %s still refused once the holds' %v timeout passed\n",
 			started, shortTokens, victim.Pod.Name, other.Pod.Name, shortHoldExpiry)
 	}, SpecTimeout(2*time.Minute))
 })

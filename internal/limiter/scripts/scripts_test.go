@@ -158,4 +158,16 @@ func TestScriptsIncludeTheirFragments(t *testing.T) {
 		s, _ := scripts.For(name)
 		g.Expect(s.Source).NotTo(ContainSubstring("TAGS"), "%s keeps no shares", name)
 	}
+	// Every reserving script bounds its key's open holds once, and every settle and reserve
+	// sweeps once.
+	for _, s := range scripts.All() {
+		g.Expect(s.Source).NotTo(ContainSubstring("--!include"), s.Name)
+		g.Expect(strings.Count(s.Source, "local hb_retry, hb_open = 0, 0")).To(Equal(1), "%s bounds its open holds once", s.Name)
+		g.Expect(strings.Count(s.Source, "local hs_recs = ")).To(Equal(1), "%s sweeps once", s.Name)
+	}
+	for _, s := range []scripts.Script{scripts.HoldSettle(), scripts.HoldSettleTokenBucket(), scripts.HoldSettleSlidingWindowLog()} {
+		g.Expect(s.Source).NotTo(ContainSubstring("--!include"), s.Name)
+		g.Expect(strings.Count(s.Source, "local hs_recs = ")).To(Equal(1), "%s sweeps once", s.Name)
+		g.Expect(s.Source).NotTo(ContainSubstring("hb_retry"), "%s grants nothing to bound", s.Name)
+	}
 }

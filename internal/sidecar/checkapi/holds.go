@@ -21,8 +21,8 @@ import (
 //	→ {"allowed":true,"results":[],"settled":{"returned":276,"debt":0,"expired":false}}
 //
 // The gateway caps the request's output at the hold's maxOutput (the sidecar cannot: it never
-// sees this request). A hold never settled goes back by itself when it expires; one settled
-// late (up to a minute past) charges what was used in full.
+// sees this request). A hold never settled stays spent when it expires; one settled late (up to
+// a minute past) settles as a timely one would.
 
 // Reserve sizes a hold. With neither field the request is unsized: a rule with
 // cost.unsizedBody Refuse refuses it (400), any other holds its defaultHold.
@@ -65,7 +65,7 @@ type Settled struct {
 	Returned int64 `json:"returned"`
 	// Debt is what was charged beyond the hold: the key is refused until it is repaid.
 	Debt int64 `json:"debt"`
-	// Expired says a hold had gone back by itself before the settle, which charged in full.
+	// Expired says the hold's deadline had passed before the settle.
 	Expired bool `json:"expired"`
 }
 
@@ -185,7 +185,7 @@ func (h *Handler) settle(w http.ResponseWriter, r *http.Request, s *Settle) {
 	}
 	got, err := hs.Settle(r.Context(), used, s.Used != nil, s.Failed)
 	if err != nil {
-		// The hold goes back by itself at its deadline; what was used beyond it is lost.
+		// The hold stays spent past its deadline; what was used beyond it is lost.
 		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("settling: %v", err))
 		return
 	}

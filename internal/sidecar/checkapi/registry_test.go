@@ -49,7 +49,10 @@ func TestOneKeyCannotFillTheRegistryForOthers(t *testing.T) {
 		g.Expect(code).To(Equal(http.StatusTooManyRequests))
 		secs, err := strconv.Atoi(hdr.Get("Retry-After"))
 		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(secs).To(Equal(60), "the rule's holds wait a minute")
+		// The oldest of the key's holds ends a minute after it was taken, which may have
+		// been a second or more ago on a busy machine.
+		g.Expect(secs).To(BeNumerically("<=", 60), "the rule's holds wait a minute")
+		g.Expect(secs).To(BeNumerically(">", 0), "the key may try again once its oldest hold ends")
 		break
 	}
 	g.Expect(n).To(Equal(32), "one key alone takes half of the registry")

@@ -23,10 +23,10 @@ import (
 //     counting everyone together, is not held to a small share while nobody else needs the
 //     room, yet under pressure it can have taken at most half, and every other key still gets
 //     its Share until the whole registry is full (ErrTooManyHolds).
-//   - A hold past its deadline has gone back by itself in Redis: it no longer counts toward
-//     any bound, and is kept apart, at most Late of them and each at most Grace, for a late
-//     settle, which charges what was used in full (limiter.Settled.Expired). The oldest of
-//     them is forgotten first when there is no room.
+//   - A hold past its deadline stays spent in Redis and no longer counts toward any bound
+//     here; it is kept apart, at most Late of them and each at most Grace, for a late settle,
+//     which settles it as a timely one would (limiter.Settled.Expired). The oldest of them is
+//     forgotten first when there is no room.
 //
 // A refused Put leaves the hold with its caller, who must give it back: a request is never
 // admitted without a hold kept here.

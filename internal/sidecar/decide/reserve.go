@@ -44,8 +44,8 @@ type held struct {
 }
 
 // Holds are the holds one admitted request took, one per matching rule whose cost comes from
-// its response. Settle ends them once; a request that is never settled has its holds go back
-// by themselves at their deadline.
+// its response. Settle ends them once; the holds of a request that is never settled stay spent
+// (its holder is taken for dead at their deadline: its stream may have been served).
 type Holds struct {
 	r     Reserver
 	holds []held
@@ -85,7 +85,7 @@ func (h *Holds) Len() int {
 // OnError when the request failed (upstream error, timeout, client abort), else the whole
 // hold (a response that ended without saying its cost costs what was held). Only the first
 // call settles; later ones return what it did. The sum is over the holds; the error
-// joins the settles that failed (each of their holds goes back by itself at its deadline).
+// joins the settles that failed (each of their holds stays counted until its window ends).
 func (h *Holds) Settle(ctx context.Context, used int64, known, failed bool) (limiter.Settled, error) {
 	if h == nil {
 		return limiter.Settled{}, nil
@@ -315,7 +315,7 @@ func HitKey(set *ruleset.Set, h Hit) (key string, r *ruleset.Rule, ok bool) {
 
 // Charge counts units used on the key of hit, whose hold (if it had one) is not at hand: a
 // settle that reached another sidecar than its reserve, or came after its hold was forgotten.
-// The hold, if any, goes back by itself at its deadline; until then both count.
+// The hold, if any, stays spent past its deadline: both count until its window ends.
 func (e *Engine) Charge(ctx context.Context, set *ruleset.Set, hit Hit, units int64) (limiter.Settled, error) {
 	ch, ok := e.Limiter.(Charger)
 	if !ok {

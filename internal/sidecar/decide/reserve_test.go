@@ -146,11 +146,10 @@ func TestReserveSettleGivesBackAndRefusalHoldsNothing(t *testing.T) {
 	if units, _ := hs.Afford(); !d.Allowed || units != 100 {
 		t.Fatalf("an unsized request: allowed %v, afford %d, want the default hold of 100", d.Allowed, units)
 	}
-	// More than it held: debt, counted past the limit, and at most one capacity of it (a
-	// response claiming any more is read as that).
+	// More than it held: debt, all of it, counted past the limit.
 	s, _ = hs.Settle(ctx, 5_000, true, false)
-	if s.Debt != 1_000 {
-		t.Fatalf("settle of 5000 against a hold of 100: %+v, want a debt of 1000 (the capacity)", s)
+	if s.Debt != 4_900 {
+		t.Fatalf("settle of 5000 against a hold of 100: %+v, want a debt of 4900 (all it used past the hold)", s)
 	}
 	d, _, _ = e.Reserve(ctx, set, budgetReq("b"), decide.Need{Sized: true, Prompt: 1, Output: 1})
 	if d.Allowed {

@@ -15,11 +15,11 @@ const (
 	// SettleSettled: the request's usage settled its hold (the unused part went back, an
 	// excess became debt).
 	SettleSettled = "settled"
-	// SettleExpired: the hold had gone back by itself at its deadline before the settle,
-	// which charged the usage in full.
+	// SettleExpired: the hold's deadline had passed before the settle (its units stayed
+	// spent); the settle charged as a timely one would.
 	SettleExpired = "expired"
-	// SettleFailed: the settle did not reach Redis; the hold goes back by itself at its
-	// deadline, and what the request used beyond it is not counted.
+	// SettleFailed: the settle did not reach Redis; the hold stays counted until its window
+	// ends, and what the request used beyond it is not counted.
 	SettleFailed = "failed"
 )
 
@@ -46,7 +46,7 @@ func newHoldMetrics() holdMetrics {
 	return holdMetrics{
 		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hold_settles_total",
-			Help: "Settles of token budget holds by policy, rule and result (settled; expired: the hold had gone back at its deadline and the usage was charged in full; failed: Redis was not reached and the hold goes back at its deadline).",
+			Help: "Settles of token budget holds by policy, rule and result (settled; expired: the settle came after the hold's deadline, when its units stayed spent, and charged as a timely one; failed: Redis was not reached and the hold stays counted until its window ends).",
 		}, []string{labelPolicy, labelRule, "result"}),
 		returned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hold_returned_units_total",
@@ -54,7 +54,7 @@ func newHoldMetrics() holdMetrics {
 		}, []string{labelPolicy, labelRule}),
 		debt: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "debt_units_total",
-			Help: "Units responses used beyond their hold (an upstream that ignored the output cap, or a cost header over it), charged past the limit as debt, by policy and rule: the key is refused until it is repaid.",
+			Help: "Units responses used beyond their hold (an upstream that ignored the output cap, an input the estimate did not see, or a cost header over it), in full, charged past the limit as debt, by policy and rule: the key is refused until it is repaid.",
 		}, []string{labelPolicy, labelRule}),
 		noRoom: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hold_registry_refusals_total",

@@ -27,13 +27,20 @@
 -- and the window can never admit more than its limit. The lease ends with this window.
 --
 -- A hold (see internal/limiter/hold.go): ARGV[13] its tag (<replica id>:<seq>), ARGV[14] how
--- long it may stay open (ms), KEYS[2] the state's hold records (see hold_sweep.lua, included
--- below). A grant then records itself there, deadline min(now + ttl, the window's end), and the
--- reply carries that deadline (ms) as an eighth integer; expired holds are swept first. A plain
--- decision passes neither and pays for none of it.
+-- long it may stay open (ms), ARGV[15] the most holds of the key open at once (64 when absent),
+-- KEYS[2] the state's hold records (see hold_sweep.lua, included below). A grant then records
+-- itself there, deadline now + ttl (at most a window: its units end with their window, but it
+-- counts among the key's open holds until then), and the reply carries that deadline
+-- (ms) as an eighth integer; expired records are swept first. A key with ARGV[15] holds open
+-- (records before their deadline) is refused, retry after the soonest of their deadlines or a
+-- second, whichever is sooner (a settle frees one at any time): what its requests may spend
+-- beyond their holds is then bounded by that many requests. A plain decision passes none of
+-- them and pays for none of it.
 --
 -- Debt: a settle that used more than its hold counts the excess past the limit; the next window
--- starts with what c held beyond the limit (carry), so the excess is repaid, not forgotten.
+-- starts with what c held beyond the limit (carry), at most one limit: a debt refuses the key
+-- for the rest of its window and at most the whole next one, which is as long as the state
+-- lives (the window's end and the next). More is counted in the metrics, not in the window.
 --
 -- The deadline: a call that reaches Redis after the caller stopped waiting for it (Redis paused,
 -- a slow network) would count units nobody admits; it counts nothing instead.
@@ -43,7 +50,7 @@ local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local want = math.max(tonumber(ARGV[5]) or cost, cost)
-local htag, httl, hk = ARGV[13], tonumber(ARGV[14]), KEYS[2]
+local htag, httl, hk, hmax = ARGV[13], tonumber(ARGV[14]), KEYS[2], tonumber(ARGV[15]) or 64
 -- The window is checked before anything is written: it sizes the key's TTL, and NaN, inf, 0 or
 -- a negative one (any ARGV a tenant's user sends, see package redisacl) would have PEXPIRE fail
 -- after the writes, leaving a key without a TTL, or delete the key at once, on Redis's thread.
@@ -51,8 +58,9 @@ if not window or window < 1 or window > 1e15 or window ~= math.floor(window) the
   return redis.error_reply('ERR fixed window: window must be a whole number of ms from 1 to 1e15')
 end
 if htag and (not hk or #htag > 100 or not httl or not (httl >= 1 and httl <= 1e15) or httl ~= math.floor(httl)
-    or not (cost >= 1 and cost <= 1e15) or cost ~= math.floor(cost) or not (want <= 1e15) or want ~= math.floor(want)) then
-  return redis.error_reply('ERR fixed window: a hold needs KEYS[2], a tag of 100 bytes at most, and whole ttl, cost and want from 1 to 1e15')
+    or not (cost >= 1 and cost <= 1e15) or cost ~= math.floor(cost) or not (want <= 1e15) or want ~= math.floor(want)
+    or not (hmax >= 1 and hmax <= 1e6) or hmax ~= math.floor(hmax)) then
+  return redis.error_reply('ERR fixed window: a hold needs KEYS[2], a tag of 100 bytes at most, whole ttl, cost and want from 1 to 1e15, and a whole bound of open holds from 1 to 1e6')
 end
 
 local t = redis.call('TIME')
@@ -74,8 +82,9 @@ if htag then
 end
 --!include shares_open.lua
 if kind == 2 and prev > limit then
-  -- A debt: the new window starts with what the last one counted past the limit.
-  carry = prev - limit
+  -- A debt: the new window starts with what the last one counted past the limit, at most one
+  -- limit (refused through this window; the state lives no longer).
+  carry = math.min(prev - limit, limit)
   cur = cur + carry
 end
 
@@ -83,6 +92,8 @@ local add = 0
 if not held and cost > 0 and cost <= limit and cur + cost <= limit then
   add = math.min(want, limit - cur)
 end
+local hb_now = now
+--!include hold_bound.lua
 --!include shares_close.lua
 local r
 if held and cost <= limit then
@@ -91,15 +102,21 @@ elseif cost == 0 then
   r = {1, math.max(limit - cur, 0), 0, reset, now_us, 0, restored}
 elseif cost > limit then
   r = {0, math.max(limit - cur, 0), -1, reset, now_us, 0, restored}
+elseif hb_retry > 0 then
+  r = {0, math.max(limit - cur, 0), hb_retry, reset, now_us, 0, restored}
 elseif add == 0 then
-  r = {0, math.max(limit - cur, 0), reset, reset, now_us, 0, restored}
+  local retry = reset
+  if hb_open > 0 then
+    retry = math.min(retry, 1000) -- a settle may give units back (hold_bound.lua)
+  end
+  r = {0, math.max(limit - cur, 0), retry, reset, now_us, 0, restored}
 else
   r = {1, limit - cur - add, 0, reset, now_us, add, restored}
 end
 if htag then
   local hdl = 0
   if add > 0 then
-    hdl = math.min(now + httl, start + window)
+    hdl = now + math.min(httl, window)
     redis.call('ZADD', hk, hdl, string.format('%d:%d:%s', start, add, htag))
     redis.call('PEXPIRE', hk, 2 * window - elapsed)
   end

@@ -27,18 +27,21 @@
 -- would weigh only as that window's decaying share.
 --
 -- A hold (see internal/limiter/hold.go): ARGV[13] its tag (<replica id>:<seq>), ARGV[14] how
--- long it may stay open (ms), KEYS[2] the state's hold records (see hold_sweep.lua, included
--- below). A grant then records itself there, deadline min(now + ttl, the current window's end),
--- and the reply carries that deadline (ms) as an eighth integer; expired holds are swept first.
--- A plain decision passes neither and pays for none of it. A debt (a settle past its hold)
--- counts past the limit in c, and the weighted previous window repays it.
+-- long it may stay open (ms), ARGV[15] the most holds of the key open at once (64 when absent),
+-- KEYS[2] the state's hold records (see hold_sweep.lua, included below). A grant then records
+-- itself there, deadline now + ttl (at most a window; as fixed_window.lua), and the reply carries that
+-- deadline (ms) as an eighth integer; expired records are swept first, and a key with ARGV[15]
+-- holds open is refused (as fixed_window.lua). A plain decision passes none of them and pays for
+-- none of it. A debt (a settle past its hold) counts past the limit in c, and the weighted
+-- previous window repays it: a debt refuses the key for the rest of its window and, weighted,
+-- for the next one (nearly all of it for a debt of many limits); the state lives no longer.
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local want = math.max(tonumber(ARGV[5]) or cost, cost)
-local htag, httl, hk = ARGV[13], tonumber(ARGV[14]), KEYS[2]
+local htag, httl, hk, hmax = ARGV[13], tonumber(ARGV[14]), KEYS[2], tonumber(ARGV[15]) or 64
 -- The window is checked before anything is written: it sizes the key's TTL, and NaN, inf, 0 or
 -- a negative one (any ARGV a tenant's user sends, see package redisacl) would have PEXPIRE fail
 -- after the writes, leaving a key without a TTL, or delete the key at once, on Redis's thread.
@@ -46,8 +49,9 @@ if not window or window < 1 or window > 1e15 or window ~= math.floor(window) the
   return redis.error_reply('ERR sliding window counter: window must be a whole number of ms from 1 to 1e15')
 end
 if htag and (not hk or #htag > 100 or not httl or not (httl >= 1 and httl <= 1e15) or httl ~= math.floor(httl)
-    or not (cost >= 1 and cost <= 1e15) or cost ~= math.floor(cost) or not (want <= 1e15) or want ~= math.floor(want)) then
-  return redis.error_reply('ERR sliding window counter: a hold needs KEYS[2], a tag of 100 bytes at most, and whole ttl, cost and want from 1 to 1e15')
+    or not (cost >= 1 and cost <= 1e15) or cost ~= math.floor(cost) or not (want <= 1e15) or want ~= math.floor(want)
+    or not (hmax >= 1 and hmax <= 1e6) or hmax ~= math.floor(hmax)) then
+  return redis.error_reply('ERR sliding window counter: a hold needs KEYS[2], a tag of 100 bytes at most, whole ttl, cost and want from 1 to 1e15, and a whole bound of open holds from 1 to 1e6')
 end
 
 local t = redis.call('TIME')
@@ -76,6 +80,8 @@ local add = 0
 if not held and cost > 0 and cost <= limit and estimate + cost <= limit then
   add = math.min(want, math.floor(limit - estimate))
 end
+local hb_now = now
+--!include hold_bound.lua
 --!include shares_close.lua
 
 -- Until the end of the next window while this one counted anything (the next inherits it).
@@ -91,6 +97,8 @@ elseif cost == 0 then
   r = {1, remaining, 0, reset, now_us, 0, restored}
 elseif cost > limit then
   r = {0, remaining, -1, reset, now_us, 0, restored}
+elseif hb_retry > 0 then
+  r = {0, remaining, hb_retry, reset, now_us, 0, restored}
 elseif add == 0 then
   local retry
   local room = limit - cost - cur
@@ -105,6 +113,9 @@ elseif add == 0 then
     end
     retry = (window - elapsed) + math.max(need, 0)
   end
+  if hb_open > 0 then
+    retry = math.min(retry, 1000) -- a settle may give units back (hold_bound.lua)
+  end
   r = {0, remaining, math.max(retry, 1), reset, now_us, 0, restored}
 else
   r = {1, remaining, 0, reset, now_us, add, restored}
@@ -112,7 +123,7 @@ end
 if htag then
   local hdl = 0
   if add > 0 then
-    hdl = math.min(now + httl, start + window)
+    hdl = now + math.min(httl, window)
     redis.call('ZADD', hk, hdl, string.format('%d:%d:%s', start, add, htag))
     redis.call('PEXPIRE', hk, 2 * window - elapsed)
   end

@@ -24,8 +24,9 @@
 --
 -- A hold (see internal/limiter/hold.go): ARGV[5] the most units wanted (at least cost), ARGV[6]
 -- its tag (<replica id>:<seq>), ARGV[7] how long it may stay open (ms, at most the window),
--- KEYS[2] the hold records, KEYS[3] held, the units the open holds hold (see
--- hold_sweep_swl.lua, included below). A hold is not written to the log: a member is named by
+-- ARGV[8] the most holds of the key open at once (64 when absent; see hold_bound.lua), KEYS[2]
+-- the hold records, KEYS[3] held, the units the open holds hold (see hold_sweep_swl.lua,
+-- included below: a hold past its deadline moves from held into the log, spent). A hold is not written to the log: a member is named by
 -- the running total, so units of it could not go back without rewriting every later member.
 -- The window then counts the log's cost plus held; a grant is min(want, limit - that) when
 -- cost fits, added to held and recorded in KEYS[2], deadline now + ttl, and the reply carries
@@ -39,7 +40,7 @@ local window = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local TRIM = 64
-local htag, httl, hk, heldk = ARGV[6], tonumber(ARGV[7]), KEYS[2], KEYS[3]
+local htag, httl, hk, heldk, hmax = ARGV[6], tonumber(ARGV[7]), KEYS[2], KEYS[3], tonumber(ARGV[8]) or 64
 local want = cost
 if htag then
   -- Only a hold pays for the check (and the closure).
@@ -47,8 +48,9 @@ if htag then
   local function whole(x)
     return x and x >= 1 and x <= 1e15 and x == math.floor(x)
   end
-  if not (hk and heldk and #htag <= 100 and whole(httl) and whole(cost) and whole(want) and whole(limit)) then
-    return redis.error_reply('ERR sliding window log: a hold needs KEYS[2] and KEYS[3], a tag of 100 bytes at most, and whole ttl, cost, want and limit from 1 to 1e15')
+  if not (hk and heldk and #htag <= 100 and whole(httl) and whole(cost) and whole(want) and whole(limit)
+      and whole(hmax) and hmax <= 1e6) then
+    return redis.error_reply('ERR sliding window log: a hold needs KEYS[2] and KEYS[3], a tag of 100 bytes at most, whole ttl, cost, want and limit from 1 to 1e15, and a whole bound of open holds from 1 to 1e6')
   end
 end
 -- The window is checked before anything is written: it sizes the key's TTL, and NaN, inf, 0 or
@@ -93,7 +95,7 @@ local size = redis.call('ZCARD', key)
 
 -- held: what open holds hold, GETRANGE'd as token_bucket.lua reads its TAT (the key is the
 -- tenant's own: a value that is not a count reads as none, which only admits its own requests).
-local held, swept = 0, false
+local held, swept, spent = 0, false, 0
 if htag then
   held = tonumber(redis.call('GETRANGE', heldk, 0, 31)) or 0
   if not (held >= 0 and held <= 1e15) then
@@ -102,6 +104,18 @@ if htag then
   held = math.floor(held)
 --!include hold_sweep_swl.lua
 end
+if spent > 0 and total + spent <= 9e15 then
+  -- Holds whose holders died: spent, appended to the log as one member at now, as a settle.
+  total, used, newest_score = total + spent, used + spent, now
+  redis.call('ZADD', key, now, string.format('%017.0f', total))
+  redis.call('PEXPIRE', key, window)
+  size = size + 1
+end
+local add, hb_now = 0, now
+if htag and cost <= limit and used + held + cost <= limit then
+  add = 1
+end
+--!include hold_bound.lua
 
 local function reset_after()
   if newest_score == nil or newest_score <= cutoff then
@@ -140,7 +154,12 @@ elseif used + held + cost > limit then
     local e = redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')
     retry = math.max(tonumber(e[2]) + window - now, 1)
   end
+  if hb_open > 0 then
+    retry = math.min(retry, 1000) -- a settle may give units back (hold_bound.lua)
+  end
   r = {0, math.max(limit - used - held, 0), retry, reset_after(), now_us, 0}
+elseif hb_retry > 0 then
+  r = {0, math.max(limit - used - held, 0), hb_retry, reset_after(), now_us, 0}
 elseif htag then
   grant = math.min(want, limit - used - held)
   held = held + grant

@@ -13,10 +13,12 @@
 -- A hold (see internal/limiter/hold.go): ARGV[6] the most tokens wanted (at least cost; the
 -- grant is as many as the bucket holds, cost at least), ARGV[7] its tag (<replica id>:<seq>),
 -- ARGV[8] how long it may stay open (ms, at most the window), KEYS[2] the hold records (see
--- hold_sweep_tb.lua, included below). A grant then records itself there, deadline now + ttl,
--- and the reply carries it (ms) as a seventh integer; expired holds are swept first. A plain
--- decision passes none of them and pays for none of it. A debt (a settle past its hold) pushes
--- the TAT past the tolerance: refused until the bucket has refilled it.
+-- hold_sweep_tb.lua, included below), ARGV[9] the most holds of the key open at once (64 when
+-- absent). A grant then records itself there, deadline now + ttl, and the reply carries it (ms)
+-- as a seventh integer; expired records are swept first, and a key with ARGV[9] holds open is
+-- refused (see hold_bound.lua). A plain decision passes none of them and pays for none of it. A
+-- debt (a settle past its hold) pushes the TAT past the tolerance, at most one window past it:
+-- refused until the bucket has refilled it (hold_settle_tb.lua).
 local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
@@ -24,14 +26,15 @@ local cost = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local burst = tonumber(ARGV[5])
 local want = math.max(tonumber(ARGV[6]) or cost, cost)
-local htag, httl, hk = ARGV[7], tonumber(ARGV[8]), KEYS[2]
+local htag, httl, hk, hmax = ARGV[7], tonumber(ARGV[8]), KEYS[2], tonumber(ARGV[9]) or 64
 if htag then
   -- Only a hold pays for the check (and the closure).
   local function whole(x)
     return x and x >= 1 and x <= 1e15 and x == math.floor(x)
   end
-  if not (hk and #htag <= 100 and whole(httl) and whole(cost) and whole(want) and whole(limit) and whole(window) and whole(burst)) then
-    return redis.error_reply('ERR token bucket: a hold needs KEYS[2], a tag of 100 bytes at most, and whole ttl, cost, want, limit, window and burst from 1 to 1e15')
+  if not (hk and #htag <= 100 and whole(httl) and whole(cost) and whole(want) and whole(limit) and whole(window) and whole(burst)
+      and whole(hmax) and hmax <= 1e6) then
+    return redis.error_reply('ERR token bucket: a hold needs KEYS[2], a tag of 100 bytes at most, whole ttl, cost, want, limit, window and burst from 1 to 1e15, and a whole bound of open holds from 1 to 1e6')
   end
 end
 
@@ -54,9 +57,9 @@ local stored = tonumber(redis.call('GETRANGE', key, 0, 31))
 if stored ~= nil and stored > now then
   ahead = stored - now
 end
-local now_ms, swept = math.floor(now / 1000), false
+local now_ms = math.floor(now / 1000)
 if htag then
-  if ahead > 3 * tolerance then
+  if ahead > tolerance + window * 1000 + 1 then
     ahead = tolerance -- not a TAT this wrote (see hold_settle_tb.lua)
   end
 --!include hold_sweep_tb.lua
@@ -70,11 +73,24 @@ local function tokens(a)
   return math.max(math.floor((tolerance - a) / interval + eps), 0)
 end
 
+-- The bound of open holds needs to know whether a grant is coming: add is 1 when it is.
+local add, hb_now = 0, now_ms
+if cost <= burst and ahead + interval * cost <= tolerance + eps then
+  add = 1
+end
+--!include hold_bound.lua
+
 local r, grant, new_ahead = nil, 0, ahead
 if cost > burst then
   r = {0, tokens(ahead), -1, ms(ahead), now, 0}
 elseif ahead + interval * cost > tolerance + eps then
-  r = {0, tokens(ahead), math.max(ms(ahead + interval * cost - tolerance), 1), ms(ahead), now, 0}
+  local retry = math.max(ms(ahead + interval * cost - tolerance), 1)
+  if hb_open > 0 then
+    retry = math.min(retry, 1000) -- a settle may give tokens back (hold_bound.lua)
+  end
+  r = {0, tokens(ahead), retry, ms(ahead), now, 0}
+elseif hb_retry > 0 then
+  r = {0, tokens(ahead), hb_retry, ms(ahead), now, 0}
 else
   grant = cost
   if want > cost then
@@ -83,7 +99,7 @@ else
   new_ahead = ahead + interval * grant
   r = {1, tokens(new_ahead), 0, math.max(ms(new_ahead), 1), now, grant}
 end
-if grant > 0 or swept then
+if grant > 0 then
   redis.call('SET', key, string.format('%.0f', now + math.ceil(new_ahead)), 'PX', math.max(ms(new_ahead), 1))
 end
 if htag then
