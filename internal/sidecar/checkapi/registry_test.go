@@ -71,8 +71,8 @@ func TestOneKeyCannotFillTheRegistryForOthers(t *testing.T) {
 	g.Expect(hdr.Get("Retry-After")).NotTo(BeEmpty())
 }
 
-// Holds past their deadline count toward no bound, and a late settle still charges what was
-// used in full.
+// Holds past their deadline count toward no bound of the registry, stay spent in the budget,
+// and a late settle still charges what was used.
 func TestExpiredHoldsLeaveRoomAndSettleLate(t *testing.T) {
 	g := NewWithT(t)
 	h := bulkHandler(t, time.Second)
@@ -88,13 +88,13 @@ func TestExpiredHoldsLeaveRoomAndSettleLate(t *testing.T) {
 	code, _ = reserveOnce(h, "a")
 	g.Expect(code).To(Equal(http.StatusOK), "holds past their deadline still count")
 
-	// A late settle of 500 charges them in full, though the hold had gone back.
+	// A late settle of 500 charges the hold what it used, and the other 31 holds, never
+	// settled, stay spent: 1000 less 500, 31 and the one open hold of 1 leaves 468. A request
+	// needing 468 (458 and the minimum output of 10) fits, one needing 469 does not.
 	r := answer(g, h, `{"settle":{"hold":"`+ids[0]+`","used":500}}`, http.StatusOK)
 	g.Expect(r.Settled.Expired).To(BeTrue())
-	// 1000 less the 500 and the one open hold of 1: a request needing 499 (489 and the
-	// minimum output of 10) fits, one needing 500 does not.
-	r = answer(g, h, `{"policy":"p","rule":"tokens","key":["a"],"reserve":{"prompt":490}}`, http.StatusOK)
-	g.Expect(r.Allowed).To(BeFalse(), "the late settle did not charge")
-	r = answer(g, h, `{"policy":"p","rule":"tokens","key":["a"],"reserve":{"prompt":489}}`, http.StatusOK)
+	r = answer(g, h, `{"policy":"p","rule":"tokens","key":["a"],"reserve":{"prompt":459}}`, http.StatusOK)
+	g.Expect(r.Allowed).To(BeFalse(), "the late settle or the unsettled holds did not charge")
+	r = answer(g, h, `{"policy":"p","rule":"tokens","key":["a"],"reserve":{"prompt":458}}`, http.StatusOK)
 	g.Expect(r.Allowed).To(BeTrue())
 }
