@@ -109,6 +109,7 @@ type TenantACLReconciler struct {
 	// the last time: a tenant that edits its Secret in a loop gets the Secret written back, not
 	// an ACL SETUSER and an ACL LIST on every node per edit.
 	restartGen atomic.Uint64
+	watcher    *redisRestartWatcher
 	appliedMu  sync.Mutex
 	applied    map[string]appliedUser
 
@@ -157,17 +158,31 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	cur, prev := derivePassword(key, ns, period), derivePassword(key, ns, period-1)
 	gen := r.restartGen.Load()
 	done, fresh := r.appliedUser(ns, target.id, period, gen, now)
-	var leftBehind error
+	// A node the restart watcher reads that the last ACL SETUSER did not reach has no user
+	// yet (see redisRestartWatcher.listed): set it again, whatever the generation.
+	fresh = fresh && len(unlisted(r.watcher.listed(target.id), done.addrs)) == 0
+	var (
+		leftBehind error
+		missing    []string
+	)
 	if !fresh {
+		// Misses in a row are at most maxBackoff apart (relistDelay); an older one is over.
+		missed := done.missed
+		if now.Sub(done.at) > 2*r.maxBackoff() {
+			missed = 0
+		}
 		done = appliedUser{backend: target.id, period: period, gen: gen, at: now}
 		var nodes []redisacl.Node
 		nodes, err = collectNodes(rctx, target.nodes)
 		if err == nil {
 			err = redisacl.Ensure(rctx, nodes, ns, []string{prev, cur})
 		}
-		done.nodes = len(nodes)
+		done.nodes, done.addrs = len(nodes), nodeAddrs(nodes)
 		if err == nil {
 			done.open, _ = redisacl.OpenUsers(rctx, nodes)
+			if missing = unlisted(r.watcher.listed(target.id), done.addrs); len(missing) > 0 {
+				done.missed = missed + 1
+			}
 		}
 		// The user on any other backend goes (the namespace moved, or this process does not
 		// know where it was): its credentials reach its own Redis only. Each backend gets a
@@ -203,6 +218,12 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	next := time.Unix(0, (period+1)*int64(r.rotation()))
 	requeue := ctrl.Result{RequeueAfter: next.Sub(now) + time.Second}
+	if len(missing) > 0 {
+		// No event would come for those nodes: the watcher has reported them already.
+		requeue = ctrl.Result{RequeueAfter: r.relistDelay(done.missed)}
+		log.FromContext(ctx).Info("the redis nodes listed for the namespace's user leave out nodes the restart watcher reads; setting it again",
+			"namespace", ns, "missing", missing, "listed", done.addrs, "after", requeue.RequeueAfter)
+	}
 	if ok, reason, msg := sentinelIsolation(sentinelOpen); !ok {
 		log.FromContext(ctx).Info("the sentinels are unprotected: tenants are not isolated", "namespace", ns, "reason", sentinelOpen)
 		return ctrl.Result{RequeueAfter: r.maxBackoff()}, r.setCondition(ctx, ns, metav1.ConditionFalse, reason, truncate(msg))
@@ -307,7 +328,8 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.secrets = secrets
 	restarts := make(chan event.GenericEvent, 1)
-	if err := mgr.Add(&redisRestartWatcher{targets: r.allTargets, interval: r.checkInterval(), timeout: r.redisTimeout(), events: restarts, gen: &r.restartGen}); err != nil {
+	r.watcher = &redisRestartWatcher{targets: r.allTargets, interval: r.checkInterval(), timeout: r.redisTimeout(), events: restarts, gen: &r.restartGen}
+	if err := mgr.Add(r.watcher); err != nil {
 		return fmt.Errorf("adding the redis restart watcher: %w", err)
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -345,6 +367,18 @@ func (r *TenantACLReconciler) allNamespaces(ctx context.Context, _ client.Object
 		}
 	}
 	return out
+}
+
+// relistDelay is how long after the missed-th listing in a row that left out nodes the
+// watcher reads the user is set again: a check interval, doubling up to the longest retry
+// delay. A cluster's nodes agree on its replicas within seconds; one whose views stay apart
+// costs an ACL SETUSER on every node per namespace every maxBackoff, no more.
+func (r *TenantACLReconciler) relistDelay(missed int) time.Duration {
+	d := r.checkInterval()
+	for i := 1; i < missed && d < r.maxBackoff(); i++ {
+		d *= 2
+	}
+	return min(d, r.maxBackoff())
 }
 
 func (r *TenantACLReconciler) checkInterval() time.Duration {

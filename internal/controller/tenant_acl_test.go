@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
@@ -215,6 +216,20 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		Expect(setusers.count(user)).To(And(BeNumerically(">=", 1), BeNumerically("<=", most)))
 	})
 
+	// A Redis Cluster's nodes learn of a new replica one after the other: CLUSTER SLOTS leaves
+	// a replica out until its replication offset is not 0 (a new cluster's for up to 10 s),
+	// and each node learns that offset by gossip at its own time, so listings taken from
+	// different nodes differ for a while. The restart watcher reports a node the first time
+	// it lists it; the namespace's user must reach the replica however the listings that
+	// follow (the reconcile's, the watcher's) leave it out.
+	It("gives a replica the namespace's user though the listings after the one that first showed it leave it out", func(ctx SpecContext) {
+		replicaGetsTheUser(&laggingView{lag: 2 * time.Second})
+	})
+
+	It("gives a replica the namespace's user though the reconcile's listing leaves out one the watcher's shows", func(ctx SpecContext) {
+		replicaGetsTheUser(&laggingView{lag: 2 * time.Second, reconcilesOnly: true})
+	})
+
 	It("falls back to the admin's shared credential, and says so, where Redis refuses ACL commands", func(ctx SpecContext) {
 		refusing, err := redistest.Start("--requirepass", aclAdminPassword, "--rename-command", "ACL", "")
 		Expect(err).NotTo(HaveOccurred())
@@ -301,4 +316,102 @@ func (c *setuserCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (c *setuserCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// replicaGetsTheUser runs the tenant ACL reconciler on two nodes, a master and a replica the
+// listings show as view says (none before view.join), and expects the namespace's user on the
+// replica after it joined.
+func replicaGetsTheUser(view *laggingView) {
+	GinkgoHelper()
+	master, err := redistest.Start("--requirepass", aclAdminPassword)
+	Expect(err).NotTo(HaveOccurred())
+	defer master.Close()
+	replica, err := redistest.Start("--requirepass", aclAdminPassword)
+	Expect(err).NotTo(HaveOccurred())
+	defer replica.Close()
+	admin := func(s *redistest.Server) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr(), Password: aclAdminPassword, MaxRetries: -1})
+		DeferCleanup(func() { _ = c.Close() })
+		return c
+	}
+	ma, ra := admin(master), admin(replica)
+	nodes := func(ctx context.Context, fn func(context.Context, *redis.Client) error) error {
+		if err := fn(ctx, ma); err != nil {
+			return err
+		}
+		if view.lists(ctx) {
+			return fn(ctx, ra)
+		}
+		return nil
+	}
+	stop := startTenantACLManager(controller.TenantACLConfig{
+		Mode: controller.TenantACLAuto, SecretName: "redline-redis", Nodes: nodes,
+		KeySecret: types.NamespacedName{Namespace: tenantNamespace("redline-acl-key"), Name: "redline-redis-acl"},
+		Rotation:  time.Hour, RedisTimeout: 2 * time.Second, MaxBackoff: 5 * time.Second,
+		CheckInterval: 100 * time.Millisecond,
+	})
+	defer stop()
+	ns := tenantNamespace("tenant-replica")
+	tenantPolicy(ns)
+	var user, pw string
+	Eventually(func(g Gomega) {
+		user, pw = tenantSecret(g, ns)
+		g.Expect(pingAs(master, user, pw)).To(Succeed())
+	}).WithTimeout(20 * time.Second).Should(Succeed())
+	Expect(pingAs(replica, user, pw)).To(MatchError(ContainSubstring("WRONGPASS")), "the replica is not listed yet")
+
+	view.join()
+	Eventually(view.hidden).WithTimeout(20*time.Second).Should(BeTrue(), "no listing left the replica out")
+	Eventually(func() error { return pingAs(replica, user, pw) }).WithTimeout(20*time.Second).
+		Should(Succeed(), "the replica never got the namespace's user")
+}
+
+// laggingView is a node listing as a Redis Cluster's nodes give it while they learn of a new
+// replica. After join, the first listing that shows the replica is the watcher's read from a
+// node that knows of it; for lag after that, the listings come from nodes that do not: every
+// listing, or with reconcilesOnly the reconciles' only (the watcher's reads keep showing it).
+// After lag, every listing shows it.
+type laggingView struct {
+	lag            time.Duration
+	reconcilesOnly bool
+
+	mu     sync.Mutex
+	joined bool
+	first  time.Time // when a listing first showed the replica
+	hid    bool      // a listing left it out after join
+}
+
+func (v *laggingView) join() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.joined = true
+}
+
+// lists says whether the listing of ctx (a reconcile's, or the watcher's) shows the replica.
+func (v *laggingView) lists(ctx context.Context) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.joined {
+		return false
+	}
+	reconcile := crcontroller.ReconcileIDFromContext(ctx) != ""
+	hide := false
+	switch {
+	case v.first.IsZero():
+		hide = reconcile
+		if !hide {
+			v.first = time.Now()
+		}
+	case time.Since(v.first) < v.lag:
+		hide = reconcile || !v.reconcilesOnly
+	}
+	v.hid = v.hid || hide
+	return !hide
+}
+
+// hidden says whether a listing left the replica out after it joined.
+func (v *laggingView) hidden() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.hid
 }

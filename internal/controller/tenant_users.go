@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,7 +67,35 @@ type appliedUser struct {
 	gen     uint64
 	at      time.Time
 	nodes   int
+	addrs   []string // the nodes' addresses, sorted
 	open    []string // redisacl.OpenUsers then
+	// missed counts the reconciles in a row whose listing left out nodes the restart
+	// watcher reads (TenantACLReconciler.relistDelay).
+	missed int
+}
+
+// nodeAddrs are the addresses of nodes (collectNodes's), sorted, as the restart watcher
+// reports them.
+func nodeAddrs(nodes []redisacl.Node) []string {
+	out := make([]string, 0, len(nodes))
+	for _, n := range nodes {
+		if c, ok := n.(*redis.Client); ok {
+			out = append(out, c.Options().Addr)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// unlisted are the addresses of seen that are not in set (both sorted).
+func unlisted(seen, set []string) []string {
+	var out []string
+	for _, a := range seen {
+		if _, ok := slices.BinarySearch(set, a); !ok {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // appliedUser returns the namespace's last ACL SETUSER, and whether it still holds: the same
