@@ -82,7 +82,8 @@ func priceInputs(top map[string]json.RawMessage, kind Kind) (int64, error) {
 }
 
 // scanMedia prices the non-text inputs of the prompt fields: one pass over
-// their bytes, no allocation but the stack (at most MaxDepth frames).
+// their bytes, allocating the stack (at most MaxDepth frames) and a copy of
+// each escaped key or type.
 func scanMedia(top map[string]json.RawMessage, kind Kind) media {
 	var m media
 	stack := make([]frame, 0, MaxDepth+2)
@@ -133,16 +134,16 @@ func scanMedia(top map[string]json.RawMessage, kind Kind) media {
 				}
 				f := &stack[n-1]
 				if k < len(v) && v[k] == ':' {
-					f.key = v[start:end]
+					f.key = unquote(v, start, end)
 					continue
 				}
 				switch string(f.key) {
 				case "type":
-					f.typ = v[start:end]
+					f.typ = unquote(v, start, end)
 				case "detail":
-					f.detail = v[start:end]
+					f.detail = unquote(v, start, end)
 				case "mimeType", "mime_type":
-					f.mime = v[start:end]
+					f.mime = unquote(v, start, end)
 				}
 			}
 		}
@@ -163,14 +164,17 @@ func (m *media) classify(f, parent *frame, kind Kind) {
 			parent.detail = f.detail // chat: {"type":"image_url","image_url":{"detail":...}}
 		}
 		switch typ {
-		case "image_url", "input_image", "computer_screenshot":
+		// image and image_pil: vLLM's chat parts of an image
+		case "image_url", "input_image", "computer_screenshot", "image", "image_pil":
 			if string(f.detail) == "low" {
 				m.add(OpenAIImageLow)
 			} else {
 				m.add(OpenAIImageHigh)
 			}
-		case "input_audio", "file", "input_file", "item_reference":
-			m.unpriced = fmt.Sprintf("an %q part", typ)
+		// audio_url, video_url, image_embeds and the rest: vLLM's other media parts
+		case "input_audio", "file", "input_file", "item_reference",
+			"audio_url", "video_url", "audio", "video", "image_embeds":
+			m.unpriced = fmt.Sprintf("a %q part", typ)
 		}
 	case Anthropic:
 		switch typ {
@@ -192,3 +196,19 @@ func (m *media) classify(f, parent *frame, kind Kind) {
 }
 
 func (m *media) add(n int64) { m.tokens = min(m.tokens+n, MaxTokens) }
+
+// unquote is the string v[start:end] as the upstream reads it: escapes
+// ("typ\u0065") decoded, so that a part is seen under any spelling. Only a
+// string with an escape is copied; each string is read once, so the copies
+// add up to at most the body.
+func unquote(v []byte, start, end int) []byte {
+	raw := v[start:end]
+	if bytes.IndexByte(raw, '\\') < 0 || start == 0 || end >= len(v) {
+		return raw
+	}
+	var s string
+	if err := json.Unmarshal(v[start-1:end+1], &s); err != nil {
+		return raw
+	}
+	return []byte(s)
+}

@@ -43,6 +43,9 @@ func TestScanRequestPricesImages(t *testing.T) {
 		{"anthropic image in a tool result", Anthropic,
 			`{"max_tokens":1,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":` + parts(n, `{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}}`) + `}]}]}`,
 			AnthropicImage},
+		{"chat escaped type and detail", OpenAIChat,
+			`{"max_tokens":1,"messages":[{"role":"user","content":` + parts(n, `{"type":"image\u005furl","image_url":{"url":"u","det\u0061il":"high"}}`) + `}]}`,
+			OpenAIImageHigh},
 		{"gemini inlineData", Gemini,
 			`{"generationConfig":{"maxOutputTokens":1},"contents":[{"role":"user","parts":` + parts(n, `{"inlineData":{"mimeType":"image/png","data":"AAAA"}}`) + `}]}`,
 			GeminiImage},
@@ -81,6 +84,9 @@ func TestScanRequestRefusesWhatItCannotPrice(t *testing.T) {
 		{"gemini pdf", Gemini, `{"contents":[{"parts":[{"inlineData":{"mimeType":"application/pdf","data":"AAAA"}}]}]}`},
 		{"gemini video file", Gemini, `{"contents":[{"parts":[{"fileData":{"mimeType":"video/mp4","fileUri":"gs://b/a.mp4"}}]}]}`},
 		{"gemini file without a type", Gemini, `{"contents":[{"parts":[{"file_data":{"file_uri":"gs://b/a"}}]}]}`},
+		{"chat escaped type", OpenAIChat, `{"messages":[{"role":"user","content":[{"ty\u0070e":"inp\u0075t_audio","input_audio":{"data":"AAAA","format":"wav"}}]}]}`},
+		{"vllm video_url", OpenAIChat, `{"messages":[{"role":"user","content":[{"type":"video_url","video_url":{"url":"https://x.invalid/a.mp4"}}]}]}`},
+		{"gemini escaped key", Gemini, `{"contents":[{"parts":[{"inline\u0044ata":{"mimeType":"audio/wav","data":"AAAA"}}]}]}`},
 		{"gemini cachedContent", Gemini, `{"contents":[{"parts":[{"text":"hi"}]}],"cachedContent":"cachedContents/abc"}`},
 	}
 	for _, tt := range tests {
