@@ -157,13 +157,12 @@ func (m *media) classify(f, parent *frame, kind Kind) {
 	if m.unpriced != "" {
 		return
 	}
-	typ := string(f.typ)
 	switch kind {
 	case OpenAIChat, OpenAIResponses:
 		if string(f.parentKey) == "image_url" && parent != nil && f.detail != nil {
 			parent.detail = f.detail // chat: {"type":"image_url","image_url":{"detail":...}}
 		}
-		switch typ {
+		switch string(f.typ) {
 		// image and image_pil: vLLM's chat parts of an image
 		case "image_url", "input_image", "computer_screenshot", "image", "image_pil":
 			if string(f.detail) == "low" {
@@ -174,14 +173,14 @@ func (m *media) classify(f, parent *frame, kind Kind) {
 		// audio_url, video_url, image_embeds and the rest: vLLM's other media parts
 		case "input_audio", "file", "input_file", "item_reference",
 			"audio_url", "video_url", "audio", "video", "image_embeds":
-			m.unpriced = fmt.Sprintf("a %q part", typ)
+			m.unpriced = fmt.Sprintf("a %q part", f.typ)
 		}
 	case Anthropic:
-		switch typ {
+		switch string(f.typ) {
 		case "image":
 			m.add(AnthropicImage)
 		case "document", "container_upload":
-			m.unpriced = fmt.Sprintf("a %q block", typ)
+			m.unpriced = fmt.Sprintf("a %q block", f.typ)
 		}
 	case Gemini:
 		switch string(f.parentKey) {
