@@ -14,6 +14,8 @@ func addRequestSeeds(f *testing.F) {
 	f.Add([]byte(`{"messages":[],"max_tokens":1e3,"stream":true}`), uint8(0))
 	f.Add([]byte("{\"messages\":[{\"content\":\"<a&b> \xff \xe2\x80\xa8\"}],\"stream\":true,\"x\":\"\\u003c\"}"), uint8(4))
 	f.Add([]byte(`{"contents":[],"generation_config":{"max_output_tokens":7},"generationConfig":null}`), uint8(3))
+	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"image\u005furl","image_url":{"url":"u","detail":"low"}},{"type":"image","source":{}}]}]}`), uint8(0))
+	f.Add([]byte(`{"contents":[{"parts":[{"inlineData":{"mimeType":"image/png","data":""}}]}],"cachedContent":null}`), uint8(3))
 }
 
 // FuzzScanRequest: any body is sized or refused, never a panic, and a sized
@@ -26,7 +28,9 @@ func FuzzScanRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if r.Kind != kind || r.PromptTokens < 3 || r.PromptTokens > 2*int64(len(body))+3 || r.OutputCap < 0 || r.OutputCap > MaxTokens || r.Choices < 1 || r.Choices > MaxTokens || r.MaxOutput() > MaxTokens {
+		// text at most 2 a byte, and an image (an object) at most the dearest image price
+		images := int64(bytes.Count(body, []byte("{"))) * max(OpenAIImageHigh, AnthropicImage, GeminiImage)
+		if r.Kind != kind || r.PromptTokens < 3 || r.PromptTokens > 2*int64(len(body))+3+images || r.OutputCap < 0 || r.OutputCap > MaxTokens || r.Choices < 1 || r.Choices > MaxTokens || r.MaxOutput() > MaxTokens {
 			t.Fatalf("ScanRequest(%q) = %+v", body, r)
 		}
 	})

@@ -16,7 +16,8 @@ type Request struct {
 	// prompt fields (messages, system, tools, input, instructions,
 	// contents, systemInstruction), escapes counted as written, and values
 	// of keys that name rather than say (type, role, url, data, mime type,
-	// ids) left out. Four bytes a token is the usual rate for English
+	// ids) left out, plus each image at the most its API bills for one
+	// (see OpenAIImageHigh and the others). Four bytes a token is the usual rate for English
 	// text; escaped and non-Latin text is counted at its byte length,
 	// which errs high for escapes and can err low for scripts whose
 	// tokens are shorter than four bytes: the settle corrects either way.
@@ -111,6 +112,11 @@ func ScanRequest(body []byte, kind Kind, stream bool) (Request, error) {
 		return Request{}, fmt.Errorf("%w: %s body without a %s list", ErrShape, kind, itemFields[kind])
 	}
 	r.PromptTokens = clampAdd((textBytes+3)/4, 4*items+3)
+	inputs, err := priceInputs(top, kind)
+	if err != nil {
+		return Request{}, err
+	}
+	r.PromptTokens = clampAdd(r.PromptTokens, inputs)
 
 	caps, err := capFields(top, kind)
 	if err != nil {
@@ -306,6 +312,7 @@ var skipKeys = map[string]bool{
 	"type": true, "role": true, "url": true, "data": true, "id": true,
 	"mime_type": true, "mimeType": true, "media_type": true, "tool_call_id": true,
 	"call_id": true, "file_id": true, "fileUri": true, "file_uri": true, "detail": true,
+	"image_url": true, // responses: an image's URL or data, priced as an image (priceInputs)
 }
 
 // numbers counts the number literals in a valid JSON value outside strings:

@@ -29,8 +29,8 @@ func TestScanRequestDocumentedBodies(t *testing.T) {
 		{"gemini-request.json", Gemini, true, Request{Kind: Gemini, Choices: 1, OutputCap: 800, Stream: true}},
 	}
 	prompts := map[string]int64{
-		// (28+22+3)/4 + 4*2 + 3: the image URL and detail are not text
-		"openai-chat-request.json": (28+22+3)/4 + 4*2 + 3,
+		// (28+22+3)/4 + 4*2 + 3, and a low-detail image
+		"openai-chat-request.json": (28+22+3)/4 + 4*2 + 3 + OpenAIImageLow,
 		// instructions 19 + text 55
 		"openai-responses-request.json": (19+55+3)/4 + 4*1 + 3,
 		// system 26 + 13 + 6 + 28

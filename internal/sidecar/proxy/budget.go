@@ -90,6 +90,7 @@ const (
 	UnsizedNotJSON    = "body_not_json"
 	UnsizedShape      = "body_not_of_api_shape"
 	UnsizedNumber     = "number_not_understood"
+	UnsizedNotPriced  = "input_not_priced"
 )
 
 // unsizedStatus is the status and message a refusal of each reason answers with.
@@ -104,6 +105,7 @@ var unsizedStatus = map[string]struct {
 	UnsizedUnreadable: {http.StatusBadRequest, "the request body could not be read"},
 	UnsizedNotJSON:    {http.StatusBadRequest, "the request body is not JSON (or is nested too deep)"},
 	UnsizedShape:      {http.StatusBadRequest, "the request body is not of the shape of the API its path names"},
+	UnsizedNotPriced:  {http.StatusBadRequest, "the request has an input the token budget cannot price from the request (a file, a document, audio or video, or context the upstream keeps): send its content as text or images"},
 	UnsizedNumber:     {http.StatusBadRequest, "an output cap, choice count or stream flag of the request body is in a form the token budget does not read (a fraction, a negative other than -1, true, or text)"},
 }
 
@@ -179,6 +181,8 @@ func (h *Handler) sizeBody(r *http.Request, c *ruleset.Cost, kind tokens.Kind, p
 		return b, sized, UnsizedTooLarge, err
 	case errors.Is(err, tokens.ErrNumber):
 		return b, sized, UnsizedNumber, err
+	case errors.Is(err, tokens.ErrNotPriced):
+		return b, sized, UnsizedNotPriced, err
 	case errors.Is(err, tokens.ErrNotJSON), errors.Is(err, tokens.ErrTooDeep):
 		return b, sized, UnsizedNotJSON, err
 	}
