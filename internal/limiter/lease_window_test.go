@@ -54,21 +54,30 @@ func densest(adm []admission, w time.Duration) int {
 	return best
 }
 
+// saturated is what saturate saw: every admission, and, by window start (windows aligned to
+// the limit's), the latest time a call began that was refused certainly inside that window.
+type saturated struct {
+	adm     []admission
+	refused map[int64]time.Time
+}
+
 // saturate runs callers goroutines per limiter on key until the given end, far above any
-// limit, and returns every admission.
-func saturate(t *testing.T, ls []*limiter.Limiter, key string, lim func() limiter.Limit, callers int, end time.Time) []admission {
+// limit, and returns every admission and the last refusal of each window.
+func saturate(t *testing.T, ls []*limiter.Limiter, key string, lim func() limiter.Limit, callers int, end time.Time) saturated {
 	t.Helper()
 	var mu sync.Mutex
-	out := []admission{}
+	out := saturated{refused: map[int64]time.Time{}}
 	var bad atomic.Value
 	var wg sync.WaitGroup
 	for _, l := range ls {
 		for range callers {
 			wg.Go(func() {
 				var mine []admission
+				refused := map[int64]time.Time{}
 				for time.Now().Before(end) {
 					before := time.Now()
-					r, err := l.Allow(context.Background(), key, lim(), 1)
+					lm := lim()
+					r, err := l.Allow(context.Background(), key, lm, 1)
 					if err != nil {
 						bad.Store(err.Error())
 						return
@@ -77,12 +86,20 @@ func saturate(t *testing.T, ls []*limiter.Limiter, key string, lim func() limite
 						bad.Store(fmt.Sprintf("decision from %s: %v", r.Source, r.Err))
 						return
 					}
+					after := time.Now()
 					if r.Allowed {
-						mine = append(mine, admission{before, time.Now()})
+						mine = append(mine, admission{before, after})
+					} else if s := windowStart(before, lm.Window); s == windowStart(after, lm.Window) && before.After(refused[s]) {
+						refused[s] = before
 					}
 				}
 				mu.Lock()
-				out = append(out, mine...)
+				out.adm = append(out.adm, mine...)
+				for s, b := range refused {
+					if b.After(out.refused[s]) {
+						out.refused[s] = b
+					}
+				}
 				mu.Unlock()
 			})
 		}
@@ -92,6 +109,65 @@ func saturate(t *testing.T, ls []*limiter.Limiter, key string, lim func() limite
 		t.Fatalf("a decision failed: %s", b)
 	}
 	return out
+}
+
+// windowStart is the start (Unix ms) of the window aligned to w that t falls in.
+func windowStart(t time.Time, w time.Duration) int64 {
+	return t.UnixMilli() - t.UnixMilli()%w.Milliseconds()
+}
+
+// overlapping counts the admissions whose call overlaps the window starting at s: every
+// admission the limiter decided inside it is one of them, however long the call took.
+func overlapping(adm []admission, s int64, w time.Duration) int64 {
+	var n int64
+	for _, a := range adm {
+		if a.before.UnixMilli() < s+w.Milliseconds() && a.after.UnixMilli() >= s {
+			n++
+		}
+	}
+	return n
+}
+
+// admittedFloor is the least the calls overlapping a window must have admitted, of cost 1
+// each, when a call that began at the fraction f of the window was refused inside it.
+//
+// A refusal says the window's count stood at the limit less the cost then: for a
+// SlidingWindowCounter, less the previous window's count weighted by what is left of the
+// window (1-f at most, the call having reached Redis after it began). A refusal from the
+// pre-check repeats one Redis made, until the retry-after Redis gave, rounded up to the
+// millisecond: at most one unit more for these limits. Every unit of the count was admitted by
+// a call overlapping the window, or is held unspent in a lease (at most held units, every
+// replica together). prev bounds the previous window's count: what overlapped it plus what
+// leases held of it, the limit at most.
+//
+// It asks nothing of a window whose callers were too slow to fill it (no refusal), so it holds
+// whatever the scheduler does; a limiter that refuses while units it counted are neither
+// admitted nor held (stranded) fails it.
+func admittedFloor(lim limiter.Limit, held, prev int64, f float64) float64 {
+	floor := float64(lim.Requests - held - 2) // the cost, and one for the pre-check's rounding
+	if lim.Algorithm == limiter.SlidingWindowCounter {
+		floor -= float64(min(prev+held, lim.Requests)) * (1 - f)
+	}
+	return floor
+}
+
+// checkNoStrandedRefusal checks admittedFloor for every window from first to last (their
+// starts), and returns the windows it had a refusal to check.
+func checkNoStrandedRefusal(g Gomega, run saturated, lim limiter.Limit, held int64, first, last int64) (checked int) {
+	w := lim.Window
+	for s := first; s <= last; s += w.Milliseconds() {
+		r, ok := run.refused[s]
+		if !ok {
+			continue
+		}
+		checked++
+		f := float64(r.UnixMilli()-s) / float64(w.Milliseconds())
+		floor := admittedFloor(lim, held, overlapping(run.adm, s-w.Milliseconds(), w), f)
+		g.Expect(float64(overlapping(run.adm, s, w))).To(BeNumerically(">=", floor),
+			"window at %dms: a call was refused at %.0f%% of it, so the count was near the limit; nothing stranded (held by leases: %d at most)",
+			s-first, 100*f, held)
+	}
+	return checked
 }
 
 // untilWindowStart sleeps until just after the next start of a window aligned to w.
@@ -104,7 +180,9 @@ func untilWindowStart(w time.Duration) time.Time {
 
 // Leases across many short windows (1s and 2s), demand far above the limit, 1 and 3 replicas,
 // leases on and off side by side: no window admits more than its limit (a lease ends with the
-// window its units were counted in), and the full windows admit at least 95% of it.
+// window its units were counted in), and no window refuses a call while units it counted are
+// neither admitted nor held in a lease (see admittedFloor): whatever the callers manage to send
+// on a busy machine, a window the limiter refused in admitted all but what leases hold.
 func TestLeasesExactAcrossWindowBoundaries(t *testing.T) {
 	for _, w := range []time.Duration{time.Second, 2 * time.Second} {
 		for _, n := range []int{1, 3} {
@@ -113,44 +191,46 @@ func TestLeasesExactAcrossWindowBoundaries(t *testing.T) {
 					g := NewWithT(t)
 					lim := limiter.Limit{Algorithm: alg, Requests: 400 * int64(w/time.Second), Window: w, Replicas: int64(n)}
 					const windows = 5
-					run := func(o limiter.Options) (counts []int64, full int64, dense int, leased uint64) {
+					for _, leases := range []bool{true, false} {
+						o := leaseOpts()
+						// held: the units all the replicas' leases hold at once, at most (a
+						// twentieth of the limit, see lease.go).
+						held := int64(n) * (lim.Requests / (20 * int64(n)))
+						if !leases {
+							o.LeaseHorizon, held = -1, 0
+						}
 						ls := instances(t, shared.URL(), n, o)
 						key := uniqueKey(t)
 						first := untilWindowStart(w)
-						adm := saturate(t, ls, key, func() limiter.Limit { return lim }, 16, first.Add(windows*w-10*time.Millisecond))
-						certain, middle := windowCounts(adm, w)
+						run := saturate(t, ls, key, func() limiter.Limit { return lim }, 16, first.Add(windows*w-10*time.Millisecond))
+						certain, middle := windowCounts(run.adm, w)
+						var counts, mids []int64
 						for i := range int64(windows) {
-							s := first.Add(time.Duration(i) * w).UnixMilli()
-							s -= s % w.Milliseconds()
+							s := windowStart(first.Add(time.Duration(i)*w), w)
 							counts = append(counts, certain[s])
-							if i > 0 && i < windows-1 { // the first starts empty, the last is cut short
-								full += middle[s]
-							}
+							mids = append(mids, middle[s])
 						}
+						var leased uint64
 						for _, l := range ls {
 							leased += l.Stats().LeaseDecisions
 						}
-						return counts, full, densest(adm, w), leased
-					}
-					for _, leases := range []bool{true, false} {
-						o := leaseOpts()
-						if !leases {
-							o.LeaseHorizon = -1
-						}
-						counts, full, dense, leased := run(o)
 						// densest is for the record: a SlidingWindowCounter weighs the previous
 						// window as if its units were admitted evenly, so the algorithm itself
 						// can pass its limit in an interval that straddles two windows, and on a
-						// loaded machine the call times that bound an admission blur it.
-						t.Logf("%s, window %s, %d replicas, limit %d, leases %v: admitted per window %v, %d of %d in the full windows, densest %s: %d",
-							alg, w, n, lim.Requests, leases, counts, full, (windows-2)*lim.Requests, w, dense)
+						// loaded machine the call times that bound an admission blur it. So are
+						// the admissions by the middle of their call: how many the callers got
+						// depends on how fast this machine let them call.
+						t.Logf("%s, window %s, %d replicas, limit %d, leases %v: admitted per window %v (by mid-call %v), densest %s: %d",
+							alg, w, n, lim.Requests, leases, counts, mids, w, densest(run.adm, w))
 						if leases {
 							g.Expect(leased).To(BeNumerically(">", 0), "leases were used")
 						}
 						for i, c := range counts {
 							g.Expect(c).To(BeNumerically("<=", lim.Requests), "window %d admits no more than the limit", i)
 						}
-						g.Expect(full).To(BeNumerically(">=", (windows-2)*lim.Requests*95/100), "the full windows admit at least 95%% of the limit")
+						s0 := windowStart(first, w)
+						checked := checkNoStrandedRefusal(g, run, lim, held, s0, s0+(windows-1)*w.Milliseconds())
+						t.Logf("%d of %d windows refused a call: each admitted all but what leases hold", checked, windows)
 					}
 				})
 			}
@@ -312,7 +392,8 @@ func TestMixedAlgorithmsCountOneWindow(t *testing.T) {
 }
 
 // More hot keys than the lease table holds, in short windows: the table never evicts a key in
-// use, the keys beyond it ask Redis per decision, and every key admits its limit each window.
+// use, the keys beyond it ask Redis per decision, no key-window admits more than its limit, and
+// every key-window that refused a call admitted all but what leases hold (see admittedFloor).
 func TestMoreHotKeysThanTheLeaseTable(t *testing.T) {
 	g := NewWithT(t)
 	opts := leaseOpts()
@@ -325,36 +406,39 @@ func TestMoreHotKeysThanTheLeaseTable(t *testing.T) {
 		keys[i] = uniqueKey(t)
 	}
 	first := untilWindowStart(w)
-	certain := make([]map[int64]int64, len(keys))
-	middle := make([]map[int64]int64, len(keys))
+	runs := make([]saturated, len(keys))
 	var wg sync.WaitGroup
 	for i, k := range keys {
 		wg.Go(func() {
-			adm := saturate(t, ls, k, func() limiter.Limit { return lim }, 2, first.Add(3*w-10*time.Millisecond))
-			certain[i], middle[i] = windowCounts(adm, w)
+			runs[i] = saturate(t, ls, k, func() limiter.Limit { return lim }, 2, first.Add(3*w-10*time.Millisecond))
 		})
 	}
 	wg.Wait()
-	var worst, total, windows int64 = lim.Requests, 0, 0
+	// held: the units the three replicas' leases of a key hold at once, at most (a twentieth
+	// of the limit, see lease.go); a key beyond the table holds none.
+	held := 3 * (lim.Requests / (20 * 3))
+	var total, checked int64
+	s0 := windowStart(first, w)
 	for i := range keys {
-		for _, c := range certain[i] {
+		certain, middle := windowCounts(runs[i].adm, w)
+		for _, c := range certain {
 			g.Expect(c).To(BeNumerically("<=", lim.Requests))
 		}
-		for _, s := range []int64{first.UnixMilli(), first.Add(w).UnixMilli()} { // the last window is cut short
-			s -= s % w.Milliseconds()
-			worst = min(worst, middle[i][s])
-			total += middle[i][s]
-			windows++
-		}
+		total += middle[s0] + middle[s0+w.Milliseconds()]
+		checked += int64(checkNoStrandedRefusal(g, runs[i], lim, held, s0, s0+2*w.Milliseconds()))
 	}
-	t.Logf("12 hot keys over a lease table of 8, limit 200 per %s: %d of %d admitted over %d key-windows, worst %d",
-		w, total, windows*lim.Requests, windows, worst)
-	g.Expect(total).To(BeNumerically(">=", windows*lim.Requests*95/100))
+	// How many the callers got depends on how fast this machine let them call; what the
+	// limiter must do with what it was asked does not: a key-window it refused a call in
+	// admitted all but what leases hold (see admittedFloor).
+	t.Logf("12 hot keys over a lease table of 8, limit 200 per %s: %d of %d admitted over the 24 key-windows before the last, %d of 36 key-windows refused a call",
+		w, total, 24*lim.Requests, checked)
 }
 
 // Redis paused while grants are in flight, with the sidecar's timeouts: calls the limiter gave
 // up on reach Redis when it resumes after their deadline and count nothing, so the window still
-// admits its whole limit.
+// admits its whole limit: once it refuses a call, it has admitted all but what the lease in
+// hand holds. Leases are kept to 1% of the limit, so that what a lease holds cannot hide
+// units stranded by the pause.
 func TestGrantsTimedOutWhileRedisIsPausedCountNothing(t *testing.T) {
 	for _, alg := range leasing {
 		t.Run(string(alg), func(t *testing.T) {
@@ -367,22 +451,42 @@ func TestGrantsTimedOutWhileRedisIsPausedCountNothing(t *testing.T) {
 			c, err := redisconn.NewClient(srv.URL(), o)
 			g.Expect(err).NotTo(HaveOccurred())
 			t.Cleanup(func() { _ = c.Close() })
-			l := newLimiter(t, c, limiter.Options{LeaseHorizon: 2 * time.Second, CallDeadline: 37 * time.Millisecond})
+			const maxLease = 20
+			l := newLimiter(t, c, limiter.Options{LeaseHorizon: 2 * time.Second, CallDeadline: 37 * time.Millisecond, MaxLease: maxLease})
 			const w = 8 * time.Second
 			lim := limiter.Limit{Algorithm: alg, Requests: 2000, Window: w, Replicas: 1, FailureMode: limiter.FailureModeClosed}
 			key := uniqueKey(t)
-			start := untilWindowStart(w)
-			var admitted atomic.Int64
-			var stop atomic.Bool
+			start := untilWindowStart(w) // 5ms into the window
+			s0 := windowStart(start, w)
+			end := time.UnixMilli(s0 + w.Milliseconds())
+			var mu sync.Mutex
+			run := saturated{refused: map[int64]time.Time{}}
+			var outside, failed atomic.Int64
+			var stop, paced atomic.Bool
+			paced.Store(true)
 			var wg sync.WaitGroup
 			for range 16 {
 				wg.Go(func() {
 					for !stop.Load() {
+						before := time.Now()
 						r, err := l.Allow(context.Background(), key, lim, 1)
-						if err == nil && r.Allowed {
-							admitted.Add(1)
+						after := time.Now()
+						degraded := err != nil || r.Source == limiter.SourceFailClosed
+						mu.Lock()
+						switch {
+						case degraded:
+							failed.Add(1) // Redis paused: the failure mode refused it
+						case !before.Before(end) || !after.Before(end):
+							outside.Add(1) // may have been decided in the next window
+						case r.Allowed:
+							run.adm = append(run.adm, admission{before, after})
+						case before.After(run.refused[s0]):
+							run.refused[s0] = before
 						}
-						time.Sleep(32 * time.Millisecond) // 16 callers: about 2x the limit over the window
+						mu.Unlock()
+						if paced.Load() || degraded {
+							time.Sleep(32 * time.Millisecond) // 16 callers: about 2x the limit over the window
+						}
 					}
 				})
 			}
@@ -390,12 +494,21 @@ func TestGrantsTimedOutWhileRedisIsPausedCountNothing(t *testing.T) {
 			g.Expect(srv.Pause()).To(Succeed())
 			time.Sleep(2 * time.Second)
 			g.Expect(srv.Resume()).To(Succeed())
+			// Then demand far above what is left (paced only while the failure mode answers), so
+			// that the window fills however slowly this machine runs the callers; a window they
+			// did not fill is checked for exactness only.
+			paced.Store(false)
 			time.Sleep(time.Until(start.Add(w - 300*time.Millisecond)))
 			stop.Store(true)
 			wg.Wait()
-			t.Logf("%s, limit 2000 per 8s, Redis paused 2s: %d admitted", alg, admitted.Load())
-			g.Expect(admitted.Load()).To(BeNumerically("<=", lim.Requests))
-			g.Expect(admitted.Load()).To(BeNumerically(">=", lim.Requests*99/100), "nothing stranded by the pause")
+			admitted := int64(len(run.adm))
+			_, refused := run.refused[s0]
+			t.Logf("%s, limit 2000 per 8s, Redis paused 2s: %d admitted, a call refused by the limit: %v, %d refused by the failure mode, %d ended past the window, %d stale calls",
+				alg, admitted, refused, failed.Load(), outside.Load(), l.Stats().StaleCalls)
+			g.Expect(admitted).To(BeNumerically("<=", lim.Requests))
+			// Every call began in the window, and those counted here ended in it. The lease in
+			// hand holds a grant's units less the cost of the call it answered.
+			checkNoStrandedRefusal(g, run, lim, maxLease-1, s0, s0)
 		})
 	}
 }
