@@ -109,9 +109,11 @@ func TestHoldSettleFailedOnADeadMasterKeepsItsUse(t *testing.T) {
 type holdFleet struct {
 	key string
 	lim limiter.Limit
-	// target pauses the callers once served reaches it; promoted says the new master
-	// answers, after which redisRefused[i] records that limiter i was refused by Redis.
+	// target pauses the callers once served reaches it; cut and killed say the replica was
+	// cut off and the master killed; promoted says the new master answers, after which
+	// redisRefused[i] records that limiter i was refused by Redis.
 	target       atomic.Int64
+	cut, killed  atomic.Bool
 	promoted     atomic.Bool
 	redisRefused []atomic.Bool
 	quit         chan struct{}
@@ -120,8 +122,10 @@ type holdFleet struct {
 	mu sync.Mutex
 	// served is what every request that got a hold used, settled or not; settledUsed and debt
 	// are of the settles that answered; keptUsed is what the requests used, within their holds,
-	// of those whose settle failed and whose hold lasts the window (it never goes back in it).
-	served, settledUsed, debt, keptUsed                         int64
+	// of those whose settle failed and whose hold lasts the window (it never goes back in it);
+	// lagged is what the old master alone counted: the use of the holds reserved after the cut
+	// and settled before the kill, which the promoted replica never saw.
+	served, settledUsed, debt, keptUsed, lagged                 int64
 	holds, expired, failedSent, failedOpen, failClosed, refused int64
 	// short are the holds of short deadline whose settle failed: they go back by themselves.
 	short []*limiter.Hold
@@ -158,6 +162,7 @@ func (f *holdFleet) call(t *testing.T, i int, l *limiter.Limiter, rng *rand.Rand
 			continue
 		}
 		long := n%2 == 0
+		afterCut := f.cut.Load()
 		r, h, err := l.Reserve(ctx, f.key, f.lim, 10, 100, holdTTLs[n%2])
 		if err != nil {
 			t.Errorf("reserve: %v", err)
@@ -183,7 +188,7 @@ func (f *holdFleet) call(t *testing.T, i int, l *limiter.Limiter, rng *rand.Rand
 				t.Errorf("a settle that failed with %v answered %v the second time", err, again)
 			}
 		}
-		f.settled(h, used, long, s, err)
+		f.settled(h, used, long, afterCut && !f.killed.Load(), s, err)
 	}
 }
 
@@ -205,7 +210,9 @@ func (f *holdFleet) refusal(t *testing.T, i int, r limiter.Result) {
 	}
 }
 
-func (f *holdFleet) settled(h *limiter.Hold, used int64, long bool, s limiter.Settled, err error) {
+// settled records a settle; onlyOld says its hold was reserved after the cut and the settle
+// answered before the kill, so only the old master counted it.
+func (f *holdFleet) settled(h *limiter.Hold, used int64, long, onlyOld bool, s limiter.Settled, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.holds++
@@ -214,6 +221,9 @@ func (f *holdFleet) settled(h *limiter.Hold, used int64, long bool, s limiter.Se
 	case err == nil:
 		f.settledUsed += used
 		f.debt += s.Debt
+		if onlyOld {
+			f.lagged += used
+		}
 		if s.Expired {
 			f.expired++
 		}
@@ -230,22 +240,27 @@ func (f *holdFleet) settled(h *limiter.Hold, used int64, long bool, s limiter.Se
 	}
 }
 
-// until lets the callers serve up to pauseAt, and returns once they served n (< pauseAt), the
-// callers still going: what comes next (a cut, a kill) happens under demand, and a slow
-// return cannot let them spend the budget before it.
-func (f *holdFleet) until(t *testing.T, n, pauseAt int64) {
+// until lets the callers serve pauseAt more than they have, and returns once they served n
+// more (n < pauseAt), the callers still going: what comes next (a cut, a kill) happens under
+// demand, and a slow return cannot let them spend the budget before it. It returns what they
+// had served when it was called. Relative, not absolute: the callers may have reached the last
+// pause point while the step before (a cut) was under way, and they serve n more all the same.
+func (f *holdFleet) until(t *testing.T, n, pauseAt int64) int64 {
 	t.Helper()
-	f.target.Store(pauseAt)
+	f.mu.Lock()
+	from := f.served
+	f.target.Store(from + pauseAt)
+	f.mu.Unlock()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		f.mu.Lock()
 		served := f.served
 		f.mu.Unlock()
-		if served >= n {
-			return
+		if served >= from+n {
+			return from
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("served %d of %d within 60s", served, n)
+			t.Fatalf("served %d of %d within 60s", served, from+n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -309,9 +324,15 @@ func TestHoldsSurviveASentinelFailover(t *testing.T) {
 			exactWindow(t, c, lim.Window, 5*time.Minute)
 			key := uniqueKey(t)
 			f := startHoldFleet(t, ls, key, lim, perLimiter)
-			f.until(t, limit/4, limit/2)
+			// A quarter before the cut and at least a quarter after it, whenever the cut takes
+			// effect (it waits for the replica to see its link down, under the callers' load,
+			// while they may reach the pause point): at most 3/8 + 3/8 of the limit, with the
+			// holds in flight, is served before the kill.
+			f.until(t, limit/4, limit*3/8)
 			g.Expect(grp.CutReplica(ctx)).To(Succeed())
-			f.until(t, limit/2, limit*3/4)
+			f.cut.Store(true)
+			atCut := f.until(t, limit/4, limit*3/8)
+			f.killed.Store(true)
 			g.Expect(grp.Master().Stop()).To(Succeed())
 			killed := time.Now()
 			wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -333,9 +354,10 @@ func TestHoldsSurviveASentinelFailover(t *testing.T) {
 			count := counted(t, c, key, lim)
 			t.Logf("served %d of %d (settled %d, debt %d, kept by failed settles %d) in %d holds, %d expired; "+
 				"settles failed: %d sent, %d unsent (breaker open); %d reserves refused, %d by the failure mode "+
-				"(%d held for the restore); %d units restored; the new master counts %d; Sentinel switched in %s",
+				"(%d held for the restore); %d served when the cut was done, %d used of holds only the old master "+
+				"counted; %d units restored; the new master counts %d; Sentinel switched in %s",
 				f.served, limit, f.settledUsed, f.debt, f.keptUsed, f.holds, f.expired, f.failedSent, f.failedOpen,
-				f.refused, f.failClosed, held, restored, count, switched.Round(10*time.Millisecond))
+				f.refused, f.failClosed, held, atCut, f.lagged, restored, count, switched.Round(10*time.Millisecond))
 
 			// No overshoot from lost counts: what the settles charged, and what the requests
 			// whose settle failed used of holds that last the window, fit the limit and the
@@ -343,6 +365,11 @@ func TestHoldsSurviveASentinelFailover(t *testing.T) {
 			// its deadline are the failure mode's price: their units were admitted again.)
 			g.Expect(f.settledUsed).To(BeNumerically("<=", limit+f.debt))
 			g.Expect(f.settledUsed + f.keptUsed).To(BeNumerically("<=", limit+f.debt))
+			// The promoted replica lacked what was held and used after the cut (the precondition,
+			// which the fleet's serving after the cut makes sure of), and the shares restored it.
+			// (It lacked at least lagged, less what the holds in flight at the cut, one a caller,
+			// gave back on the old master alone: at most want each.)
+			g.Expect(f.lagged).To(BeNumerically(">", 3*perLimiter*want), "too little was served after the cut to be missed")
 			g.Expect(restored).To(BeNumerically(">", 0), "the promoted replica lacked what was held and used after the cut")
 			g.Expect(f.failClosed).To(BeNumerically(">", 0), "reserves while the master was down were refused")
 			// The budget is spent on use, not lost: every limiter was refused by the new master,
