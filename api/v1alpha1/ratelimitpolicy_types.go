@@ -256,7 +256,7 @@ type RuleMatch struct {
 
 	// pathPrefix is deprecated: write path: {type: PathPrefix, value: ...}, which it now
 	// behaves as. It matches by path element: /login matches /login and /login/x but not
-	// /login-help (before this release it matched any path starting with these characters).
+	// /login-help (an earlier version matched any path starting with these characters).
 	// Mutually exclusive with path.
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="match.pathPrefix must start with '/'"

@@ -76,7 +76,7 @@ func run() error {
 	// The manager's calls are not on a request path: timeouts of seconds, a small pool.
 	rdb, err := redisconn.NewClient(redisURL, redisconn.Options{
 		PoolSize: controller.ManagerRedisPoolSize, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-		PoolTimeout: 3 * time.Second, Password: password, ClientName: "redline-manager",
+		PoolTimeout: 3 * time.Second, Username: o.RedisUsername, Password: password, ClientName: "redline-manager",
 		SentinelUsername: o.SentinelUser, SentinelPassword: sentinelPassword,
 		TLS: redisTLS, TLSFileError: tlsFileError,
 		// The admin's password goes to the master in the handshake: only to one the sentinels
@@ -90,7 +90,7 @@ func run() error {
 
 	nodes, err := redisconn.NewNodes(redisURL, redisconn.Options{
 		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-		Password: password, ClientName: "redline-manager",
+		Username: o.RedisUsername, Password: password, ClientName: "redline-manager",
 		SentinelUsername: o.SentinelUser, SentinelPassword: sentinelPassword,
 		TLS: redisTLS, TLSFileError: tlsFileError,
 	}, rdb)

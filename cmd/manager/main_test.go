@@ -123,6 +123,59 @@ current-context: c
 	})
 }
 
+// The manager authenticates as the ACL user --redis-username names, with the password of
+// --redis-password-file: against a Redis whose default user is off, it gets past the ACL probe
+// (run as that user) with the flag, and is refused without it.
+func TestManagerAuthenticatesAsRedisUsername(t *testing.T) {
+	bin := managerBinary(t)
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pwFile := filepath.Join(dir, "password")
+	if err := os.WriteFile(pwFile, []byte("admin-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := redistest.Start("--user", "default", "off", "--user", "redline-admin", "on", ">admin-secret", "~*", "&*", "+@all")
+	if err != nil {
+		t.Fatalf("starting redis-server: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	run := func(g *WithT, args ...string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, append([]string{"--redis-tenant-acl=required", "--metrics-bind-address=0", "--health-probe-bind-address=0",
+			"--redis-password-file=" + pwFile}, args...)...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "REDLINE_REDIS_URL="+srv.URL())
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		var exit *exec.ExitError
+		g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
+		g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit by itself\n%s", out.String())
+		return out.String()
+	}
+	t.Run("as the named user", func(t *testing.T) {
+		g := NewWithT(t)
+		out := run(g, "--redis-username=redline-admin")
+		g.Expect(out).NotTo(ContainSubstring("--redis-tenant-acl=required"))
+		g.Expect(out).To(ContainSubstring("creating manager"), "past the probe, the manager fails on the API server")
+	})
+	t.Run("as the default user", func(t *testing.T) {
+		g := NewWithT(t)
+		out := run(g)
+		g.Expect(out).To(ContainSubstring("--redis-tenant-acl=required"))
+		g.Expect(out).NotTo(ContainSubstring("creating manager"))
+	})
+}
+
 // With Sentinel, --redis-tenant-acl=required also stops the manager when the sentinels have
 // no password (anyone reaching them could point the group at a server of their own), naming
 // Sentinel; sentinels with a password, which the manager reads from

@@ -128,12 +128,40 @@ func genAnnotations(root string, b *bytes.Buffer) error {
 	b.WriteString("\n# Annotations\n\n")
 	b.WriteString("The pod annotations the injector reads when it injects a sidecar (set them on a Deployment's pod\n")
 	b.WriteString("template), the label that opts a pod in like the annotation does, and the annotation the injector\n")
-	b.WriteString("writes. A namespace's `redline.dev/inject` label or annotation opts in its pods.\n\n")
+	b.WriteString("writes. A namespace opts in its pods with a label, below.\n\n")
 	table(b, "Name", "Constant", "Meaning")
 	for _, c := range cs {
 		row(b, code(c.Value), code(c.Name), cell(c.Doc))
 	}
+	label, value, doc, err := NamespaceInjection(root)
+	if err != nil {
+		return err
+	}
+	b.WriteString("\n## Namespace label\n\n")
+	table(b, "Label", "Constant", "Meaning")
+	row(b, code(label+": "+value), code("NamespaceLabelInjection"), cell(doc))
 	return nil
+}
+
+// NamespaceInjection is the namespace label that opts a namespace's pods in, the value that
+// does, and the label's doc comment, read from the contract package.
+func NamespaceInjection(root string) (label, value, doc string, err error) {
+	cs, err := StringConsts(filepath.Join(root, ContractDir), "NamespaceLabelInjection", "NamespaceInjectionEnabled")
+	if err != nil {
+		return "", "", "", err
+	}
+	for _, c := range cs {
+		switch c.Name {
+		case "NamespaceLabelInjection":
+			label, doc = c.Value, c.Doc
+		case "NamespaceInjectionEnabled":
+			value = c.Value
+		}
+	}
+	if label == "" || value == "" {
+		return "", "", "", fmt.Errorf("%s: no NamespaceLabelInjection or NamespaceInjectionEnabled", ContractDir)
+	}
+	return label, value, doc, nil
 }
 
 // The packages holding the condition types and the reasons.

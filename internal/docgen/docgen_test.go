@@ -135,6 +135,20 @@ func TestAnnotationsReferenceHasEveryAnnotation(t *testing.T) {
 	}
 }
 
+// The namespace opt-in the page names is the label and value the injector reads, and the page
+// names no other namespace opt-in.
+func TestAnnotationsReferenceNamesTheNamespaceLabel(t *testing.T) {
+	md := page(t, "annotations.md")
+	label := constValues(t, docgen.ContractDir, "NamespaceLabelInjection")["NamespaceLabelInjection"]
+	value := constValues(t, docgen.ContractDir, "NamespaceInjectionEnabled")["NamespaceInjectionEnabled"]
+	if want := "| `" + label + ": " + value + "` | `NamespaceLabelInjection` |"; !strings.Contains(md, want) {
+		t.Errorf("annotations.md has no row %q: run make docs", want)
+	}
+	if strings.Contains(md, "namespace's `redline.dev/inject`") {
+		t.Errorf("annotations.md says a namespace opts in with redline.dev/inject; the namespace label is %s", label)
+	}
+}
+
 // Every condition type and every reason constant has its row.
 func TestConditionsReferenceHasEveryReason(t *testing.T) {
 	md := page(t, "conditions.md")

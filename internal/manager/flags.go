@@ -36,6 +36,7 @@ type Options struct {
 	LeaderElectionNamespace string
 	RedisURL                string
 	RedisPasswordFile       string
+	RedisUsername           string
 	RedisTimeout            time.Duration
 	CheckInterval           time.Duration
 	MaxBackoff              time.Duration
@@ -70,6 +71,7 @@ func BindFlags(fs *flag.FlagSet, getenv func(string) string) *Options {
 		"Redis to load scripts into: redis://host:port, rediss://host:port (TLS), redis://h1:p,h2:p,h3:p (cluster) "+
 			"or redis+sentinel://s1:p,s2:p/master. Env "+contract.EnvRedisURL+". Put no password here: use --redis-password-file.")
 	fs.StringVar(&o.RedisPasswordFile, "redis-password-file", "", "File holding the Redis password (e.g. a mounted Secret). Env "+contract.EnvRedisPassword+" is read otherwise.")
+	fs.StringVar(&o.RedisUsername, "redis-username", "", "The Redis ACL user the manager authenticates as with the password of --redis-password-file (empty: the default user). It needs what the default user has (+@all ~* &*): it sets the namespaces' ACL users, loads scripts and reads every key. Never given to sidecars.")
 	fs.StringVar(&o.SentinelUser, "redis-sentinel-username", "", "With redis+sentinel://: the sentinels' ACL user the manager authenticates as (empty: the default user). It must be able to run ACL SETUSER and SENTINEL on every sentinel.")
 	fs.StringVar(&o.SentinelPasswordFile, "redis-sentinel-password-file", "", "With redis+sentinel://: file holding the sentinels' admin password (e.g. a mounted Secret). Never given to sidecars: they get a read-only sentinel user in their namespace's Secret.")
 	fs.StringVar(&o.RedisTLS.CAFile, "redis-tls-ca-file", "", "With rediss:// (or rediss+sentinel://): PEM file of the CAs that sign Redis's and the sentinels' certificates, instead of the system's (e.g. ca.crt of a mounted Secret).")

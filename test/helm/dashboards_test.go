@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -94,4 +95,41 @@ func TestDashboardQueriesParse(t *testing.T) {
 	g.Expect(os.WriteFile(filepath.Join(dir, "queries.yaml"), []byte(doc), 0o644)).To(Succeed())
 	out, err := exec.Command(promtool(t), "check", "rules", filepath.Join(dir, "queries.yaml")).CombinedOutput()
 	g.Expect(err).NotTo(HaveOccurred(), "promtool check rules on the dashboards' queries:\n%s", out)
+}
+
+// TestOverviewShowsEveryAlertSignal: every metric an alert of the chart's PrometheusRule reads is
+// queried by a panel of the Overview dashboard, as the monitoring page promises.
+func TestOverviewShowsEveryAlertSignal(t *testing.T) {
+	metric := regexp.MustCompile(`redline_[a-z_]+`)
+	var queried []string
+	for _, d := range dashboards.All() {
+		if d.File != "redline-overview" {
+			continue
+		}
+		for _, p := range d.Panels {
+			for _, q := range p.Queries {
+				queried = append(queried, metric.FindAllString(q.Expr, -1)...)
+			}
+		}
+	}
+	if len(queried) == 0 {
+		t.Fatal("no Overview dashboard, or no redline_ metric in its queries")
+	}
+	rules := renderedRules(t)
+	n := 0
+	for _, gr := range rules.Spec.Groups {
+		for _, r := range gr.Rules {
+			for _, m := range metric.FindAllString(r.Expr.String(), -1) {
+				n++
+				// A histogram's _count is shown through its _bucket quantiles.
+				base := strings.TrimSuffix(strings.TrimSuffix(m, "_count"), "_bucket")
+				if !slices.Contains(queried, m) && !slices.Contains(queried, base+"_bucket") {
+					t.Errorf("alert %s reads %s, which no Overview panel queries", r.Alert, m)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no redline_ metric in the rendered alerts")
+	}
 }

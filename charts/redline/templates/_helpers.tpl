@@ -41,6 +41,29 @@ pod and namespace opt-ins apart) follow, then the user's. */}}
 {{- toYaml $sel -}}
 {{- end }}
 
+{{- /* The manager's ClusterRole rules from config/, with the namespaces' credentials Secret
+named as sidecar.redisSecret names it: config/ names the default, redline-redis; the manager
+reads and writes the Secret --sidecar-redis-secret names (none when it is empty). */ -}}
+{{- define "redline.managerClusterRules" -}}
+{{- $rules := list }}
+{{- range (include "redline.configObject" (dict "root" . "file" "rbac/role.yaml" "kind" "ClusterRole") | fromYaml).rules }}
+{{- $rule := . }}
+{{- if has "redline-redis" (.resourceNames | default list) }}
+{{- $names := list }}
+{{- range .resourceNames }}
+{{- if ne . "redline-redis" }}
+{{- $names = append $names . }}
+{{- else if $.Values.sidecar.redisSecret }}
+{{- $names = append $names $.Values.sidecar.redisSecret }}
+{{- end }}
+{{- end }}
+{{- $rule = merge (dict "resourceNames" ($names | uniq)) (omit . "resourceNames") }}
+{{- end }}
+{{- $rules = append $rules $rule }}
+{{- end }}
+{{- toYaml $rules }}
+{{- end }}
+
 {{/* One object of a file in files/config, the copy of config/ that make chart-sync writes:
 (dict "root" $ "file" "rbac/role.yaml" "kind" "ClusterRole"). A file may hold several
 documents; the first of the kind is returned. */}}
