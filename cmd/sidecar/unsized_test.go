@@ -23,7 +23,13 @@ import (
 // Bodies a token budget cannot size by its old reading, against the built sidecar, a real
 // redis-server and an upstream that reads them as pydantic-based servers (vLLM, SGLang,
 // LiteLLM) and llama.cpp do and counts the tokens it serves: a FixedWindow budget of 10,000
-// tokens a minute per X-API-Key, defaultHold 1000. Each variant has a key of its own.
+// tokens per X-API-Key, defaultHold 1000. Each variant has a key of its own.
+//
+// The budget's window is a UTC day, and the model counts what it serves by UTC day too, and
+// no test starts in the last minutes of one (awayFromDayEnd): the model counts a token when it
+// generates it, the sidecar when it admits the request, so a stream admitted at a window's end
+// and served after it would count in the next window of the model beside that window's whole
+// budget, an overshoot of the test's own making.
 
 const (
 	unsizedBudget = 10_000
@@ -31,6 +37,8 @@ const (
 	naturalLength = 5_000
 	// attempts is how many requests each variant sends.
 	attempts = 12
+	// unsizedWindow is the budget's window: FixedWindow windows start at multiples of it.
+	unsizedWindow = 24 * time.Hour
 )
 
 // countingModel is an OpenAI-compatible upstream that reads bodies leniently, as the servers
@@ -64,7 +72,7 @@ func (m *countingModel) maxPerWindow(key string) int64 {
 func (m *countingModel) count(key string, n int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.served[key+" "+strconv.FormatInt(time.Now().Unix()/60, 10)] += n
+	m.served[key+" "+strconv.FormatInt(time.Now().UnixNano()/int64(unsizedWindow), 10)] += n
 }
 
 // lenientInt reads a count as pydantic's lax mode: an integer, an integral float, or a string
@@ -307,6 +315,7 @@ func runVariants(t *testing.T, proxy, prefix string) map[string][]int {
 
 func unsizedDocument(ns, unsized string) []byte {
 	r := sidecartest.BudgetRule("tokens", "X-API-Key", "FixedWindow", unsizedBudget, 1000, 1, policydoc.OnErrorUsed)
+	r.WindowMS = unsizedWindow.Milliseconds()
 	r.Match = &policydoc.Match{PathPrefix: "/v1"}
 	r.Cost.UnsizedBody = unsized
 	return sidecartest.DocumentRules(ns, "llm", "app", r)
@@ -378,11 +387,24 @@ func TestUnsizedBodiesStayWithinTheBudget(t *testing.T) {
 }
 
 func startUnsized(t *testing.T, bin, unsized string) (*countingModel, *sidecar) {
+	awayFromDayEnd(t)
 	m := newCountingModel(t)
 	e := newEnv(t, "app")
 	e.write(t, unsizedDocument(e.namespace, unsized))
 	s := startBinary(t, bin, "unsized", e, shared.URL(), strings.TrimPrefix(m.URL, "http://"), true)
 	return m, s
+}
+
+// awayFromDayEnd waits for the next UTC day when the current one has less than a few minutes
+// left, so that a test of the unsized bodies (well under a minute) runs in one window.
+func awayFromDayEnd(t *testing.T) {
+	t.Helper()
+	const margin = 5 * time.Minute
+	now := time.Now()
+	if left := now.Truncate(unsizedWindow).Add(unsizedWindow).Sub(now); left < margin {
+		t.Logf("waiting %s for the next window", left.Round(time.Second))
+		time.Sleep(left + time.Second)
+	}
 }
 
 // anthropicStream streams an Anthropic message of max_tokens (at most naturalLength) tokens,
