@@ -345,9 +345,15 @@ func numbers(v []byte) int64 {
 }
 
 // stringBytes sums the lengths of the string values in a valid JSON value,
-// keys and values of skipKeys left out. One pass and a short lookahead after
-// each string, no allocation but the key compared.
+// keys and values of skipKeys left out.
 func stringBytes(v []byte) int64 {
+	return sumStrings(v, func(key []byte) bool { return !skipKeys[string(key)] })
+}
+
+// sumStrings sums the lengths of the string values in a valid JSON value whose
+// last key before them counts says to count (keys themselves never count). One
+// pass and a short lookahead after each string, no allocation.
+func sumStrings(v []byte, counts func(key []byte) bool) int64 {
 	var n int64
 	var lastKey []byte
 	for i := 0; i < len(v); i++ {
@@ -369,7 +375,7 @@ func stringBytes(v []byte) int64 {
 		}
 		if k < len(v) && v[k] == ':' {
 			lastKey = v[start:end]
-		} else if !skipKeys[string(lastKey)] {
+		} else if counts(lastKey) {
 			n += int64(end - start)
 		}
 		i = j

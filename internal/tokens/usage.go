@@ -137,32 +137,7 @@ var textKeys = map[string]bool{
 // textTokens estimates the generated text of one JSON document: its textKeys
 // strings at four bytes a token, at least one when there is any.
 func textTokens(v []byte) int64 {
-	var n int64
-	var lastKey []byte
-	for i := 0; i < len(v); i++ {
-		if v[i] != '"' {
-			continue
-		}
-		start := i + 1
-		j := start
-		for j < len(v) && v[j] != '"' {
-			if v[j] == '\\' {
-				j++
-			}
-			j++
-		}
-		end := min(j, len(v))
-		k := j + 1
-		for k < len(v) && (v[k] == ' ' || v[k] == '\t' || v[k] == '\r' || v[k] == '\n') {
-			k++
-		}
-		if k < len(v) && v[k] == ':' {
-			lastKey = v[start:end]
-		} else if textKeys[string(lastKey)] {
-			n += int64(end - start)
-		}
-		i = j
-	}
+	n := sumStrings(v, func(key []byte) bool { return textKeys[string(key)] })
 	if n == 0 {
 		return 0
 	}
