@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -401,105 +400,4 @@ func finish(r Result, limit Limit) Result {
 		r.Allowed = true
 	}
 	return r
-}
-
-// Stats are counters since the limiter was created, for metrics.
-type Stats struct {
-	// RedisDecisions were answered by a script in Redis.
-	RedisDecisions uint64
-	// PrecheckRefusals were refused locally without a Redis call.
-	PrecheckRefusals uint64
-	// LeaseDecisions were admitted locally from a lease, without a Redis call.
-	LeaseDecisions uint64
-	// LeaseGrants are Redis decisions that granted a lease of more than their own cost.
-	LeaseGrants uint64
-	// DegradedDecisions were made by a failure mode (open, closed or local fallback).
-	DegradedDecisions uint64
-	// Pipelines is the number of Redis round trips made for decisions, NOSCRIPT retries included.
-	Pipelines uint64
-	// ScriptLoads counts SCRIPT LOADs after NOSCRIPT.
-	ScriptLoads uint64
-	// StaleCalls reached Redis after their deadline and counted nothing (see CallDeadline).
-	StaleCalls uint64
-	// LeaseKeys is the number of keys in the lease table now (holding a lease, or about to).
-	LeaseKeys int
-	// ShareKeys is the number of keys this replica keeps shares of now.
-	ShareKeys int
-	// Restorations counts calls whose shares found Redis short of them (a failover or a
-	// restart lost counts), and RestoredUnits the units they added back.
-	Restorations, RestoredUnits uint64
-	// Reassertions counts re-assertions of every live share, and ReassertErrors those that
-	// could not reach every key (the next one retries).
-	Reassertions, ReassertErrors uint64
-	// HeldCalls counts decisions that waited for the replicas to restore their shares
-	// (RestoreHold) and went to the failure mode.
-	HeldCalls uint64
-	// UnkeptShareUnits counts units granted to keys beyond ShareKeys: those keep no share, and
-	// Redis losing them could not be repaired.
-	UnkeptShareUnits uint64
-	// HoldsReserved counts holds Reserve granted (degraded ones included) and HoldsSettled those
-	// Settle ended; HoldsExpired counts settles that found their hold gone back by itself, and
-	// HoldsLapsed holds whose deadline passed unsettled in this replica's table (see
-	// holdtable.go); HoldsOpen is that table's size now, and HoldsUntracked counts holds beyond
-	// it (MaxHolds), which keep no share.
-	HoldsReserved, HoldsSettled, HoldsExpired, HoldsLapsed, HoldsUntracked uint64
-	HoldsOpen                                                              int
-	// HoldReturnedUnits counts units settles gave back, and DebtUnits units they charged past
-	// their holds (a request that used more than it held, or settled after its hold expired).
-	HoldReturnedUnits, DebtUnits uint64
-	// BreakerOpen says the circuit breaker of some shard is open now.
-	BreakerOpen bool
-	// Shards are the circuit breakers, one per shard (see ShardState), by name.
-	Shards []ShardState
-}
-
-type counters struct {
-	redis, precheck, degraded, pipelines, scriptLoads, leased, grants, stale  atomic.Uint64
-	restorations, restoredUnits, reassertions, reassertErrors, unkept, held   atomic.Uint64
-	holdsReserved, holdsSettled, holdsExpired, holdsUntracked, returned, debt atomic.Uint64
-}
-
-func (l *Limiter) leaseKeys() int {
-	if l.leases == nil {
-		return 0
-	}
-	return l.leases.cache.Len()
-}
-
-// Stats returns the limiter's counters.
-func (l *Limiter) Stats() Stats {
-	shards := l.breakers.states()
-	var lapsed uint64
-	var open int
-	if l.shares != nil {
-		lapsed, open = l.shares.holds.lapsed.Load(), l.shares.holds.len()
-	}
-	return Stats{
-		HoldsLapsed:       lapsed,
-		HoldsOpen:         open,
-		RedisDecisions:    l.stats.redis.Load(),
-		PrecheckRefusals:  l.stats.precheck.Load(),
-		LeaseDecisions:    l.stats.leased.Load(),
-		LeaseGrants:       l.stats.grants.Load(),
-		DegradedDecisions: l.stats.degraded.Load(),
-		Pipelines:         l.stats.pipelines.Load(),
-		ScriptLoads:       l.stats.scriptLoads.Load(),
-		StaleCalls:        l.stats.stale.Load(),
-		LeaseKeys:         l.leaseKeys(),
-		ShareKeys:         l.shareKeys(),
-		Restorations:      l.stats.restorations.Load(),
-		RestoredUnits:     l.stats.restoredUnits.Load(),
-		Reassertions:      l.stats.reassertions.Load(),
-		ReassertErrors:    l.stats.reassertErrors.Load(),
-		UnkeptShareUnits:  l.stats.unkept.Load(),
-		HeldCalls:         l.stats.held.Load(),
-		HoldsReserved:     l.stats.holdsReserved.Load(),
-		HoldsSettled:      l.stats.holdsSettled.Load(),
-		HoldsExpired:      l.stats.holdsExpired.Load(),
-		HoldsUntracked:    l.stats.holdsUntracked.Load(),
-		HoldReturnedUnits: l.stats.returned.Load(),
-		DebtUnits:         l.stats.debt.Load(),
-		BreakerOpen:       slices.ContainsFunc(shards, func(s ShardState) bool { return s.Open }),
-		Shards:            shards,
-	}
 }
