@@ -74,12 +74,10 @@ func TestManagerRefusesBadSidecarDefaults(t *testing.T) {
 	}
 }
 
-// --redis-tenant-acl=required stops the manager at start when Redis refuses ACL commands (a
-// managed service), naming the flag, instead of running with tenants sharing one credential;
-// a Redis that answers ACLs gets it past the probe. The API server named is unreachable: the
-// probe runs before anything needs it.
-func TestManagerRequiredTenantACLRefusesARedisWithoutACLs(t *testing.T) {
-	bin := managerBinary(t)
+// unreachableKubeconfig writes a kubeconfig naming an API server nothing listens on: the
+// manager's Redis checks run before anything needs it.
+func unreachableKubeconfig(t *testing.T) string {
+	t.Helper()
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
 kind: Config
@@ -90,18 +88,35 @@ current-context: c
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return kubeconfig
+}
+
+// runToExit runs the manager with --redis-tenant-acl=required against redisURL and the
+// kubeconfig, expects it to exit with an error by itself within a minute, and returns what it
+// printed.
+func runToExit(g *WithT, bin, kubeconfig, redisURL string, args ...string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--redis-tenant-acl=required", "--metrics-bind-address=0", "--health-probe-bind-address=0"}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "REDLINE_REDIS_URL="+redisURL)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
+	g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit by itself\n%s", out.String())
+	return out.String()
+}
+
+// --redis-tenant-acl=required stops the manager at start when Redis refuses ACL commands (a
+// managed service), naming the flag, instead of running with tenants sharing one credential;
+// a Redis that answers ACLs gets it past the probe. The API server named is unreachable: the
+// probe runs before anything needs it.
+func TestManagerRequiredTenantACLRefusesARedisWithoutACLs(t *testing.T) {
+	bin := managerBinary(t)
+	kubeconfig := unreachableKubeconfig(t)
 	run := func(g *WithT, redisURL string) string {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin, "--redis-tenant-acl=required", "--metrics-bind-address=0", "--health-probe-bind-address=0")
-		cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "REDLINE_REDIS_URL="+redisURL)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		var exit *exec.ExitError
-		g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
-		g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit by itself\n%s", out.String())
-		return out.String()
+		return runToExit(g, bin, kubeconfig, redisURL)
 	}
 	t.Run("Redis refuses ACL commands", func(t *testing.T) {
 		g := NewWithT(t)
@@ -129,16 +144,7 @@ current-context: c
 func TestManagerAuthenticatesAsRedisUsername(t *testing.T) {
 	bin := managerBinary(t)
 	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := unreachableKubeconfig(t)
 	pwFile := filepath.Join(dir, "password")
 	if err := os.WriteFile(pwFile, []byte("admin-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -149,18 +155,7 @@ current-context: c
 	}
 	t.Cleanup(func() { _ = srv.Close() })
 	run := func(g *WithT, args ...string) string {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin, append([]string{"--redis-tenant-acl=required", "--metrics-bind-address=0", "--health-probe-bind-address=0",
-			"--redis-password-file=" + pwFile}, args...)...)
-		cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "REDLINE_REDIS_URL="+srv.URL())
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		var exit *exec.ExitError
-		g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
-		g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit by itself\n%s", out.String())
-		return out.String()
+		return runToExit(g, bin, kubeconfig, srv.URL(), append([]string{"--redis-password-file=" + pwFile}, args...)...)
 	}
 	t.Run("as the named user", func(t *testing.T) {
 		g := NewWithT(t)
@@ -183,28 +178,9 @@ current-context: c
 // sentinels' credentials is refused before anything connects.
 func TestManagerRequiredTenantACLRefusesUnprotectedSentinels(t *testing.T) {
 	bin := managerBinary(t)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := unreachableKubeconfig(t)
 	run := func(g *WithT, redisURL string, args ...string) string {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin, append([]string{"--redis-tenant-acl=required", "--metrics-bind-address=0", "--health-probe-bind-address=0"}, args...)...)
-		cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "REDLINE_REDIS_URL="+redisURL)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		var exit *exec.ExitError
-		g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
-		g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit by itself\n%s", out.String())
-		return out.String()
+		return runToExit(g, bin, kubeconfig, redisURL, args...)
 	}
 	t.Run("sentinels without a password", func(t *testing.T) {
 		g := NewWithT(t)
@@ -240,16 +216,7 @@ current-context: c
 // naming the certificate; TLS flags with a redis:// URL stop it before anything connects.
 func TestManagerOverTLS(t *testing.T) {
 	bin := managerBinary(t)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := unreachableKubeconfig(t)
 	g := NewWithT(t)
 	ca, err := tlstest.NewCA("redis-ca")
 	g.Expect(err).NotTo(HaveOccurred())
@@ -265,17 +232,7 @@ current-context: c
 	withCert := []string{"--redis-tls-ca-file=" + client.CA, "--redis-tls-cert-file=" + client.Cert, "--redis-tls-key-file=" + client.Key, "--redis-tls-min-version=1.3"}
 
 	run := func(g *WithT, redisURL string, args ...string) string {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin, append([]string{"--redis-tenant-acl=required", "--metrics-bind-address=0", "--health-probe-bind-address=0"}, args...)...)
-		cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "REDLINE_REDIS_URL="+redisURL)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		var exit *exec.ExitError
-		g.Expect(errors.As(err, &exit)).To(BeTrue(), "the manager must exit with an error, got %v\n%s", err, out.String())
-		g.Expect(ctx.Err()).NotTo(HaveOccurred(), "the manager must exit by itself\n%s", out.String())
-		return out.String()
+		return runToExit(g, bin, kubeconfig, redisURL, args...)
 	}
 	t.Run("one server, with its certificate", func(t *testing.T) {
 		g := NewWithT(t)
