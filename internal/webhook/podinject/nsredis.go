@@ -155,7 +155,8 @@ func (r *NamespaceRedisReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	cms, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
 		ByObject: map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {
-			Field: fields.OneTermEqualSelector("metadata.name", RedisConfigMapName),
+			Field:     fields.OneTermEqualSelector("metadata.name", RedisConfigMapName),
+			Transform: slimRedisConfigMap,
 		}},
 	})
 	if err != nil {
@@ -179,6 +180,40 @@ func (r *NamespaceRedisReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.WatchesRawSource(source.Channel(s.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
 	}
 	return b.Complete(r)
+}
+
+// maxRedisConfigMapBytes bounds what the cache keeps of a ConfigMap's data: what the manager
+// writes (a URL and two TLS names) is far below it.
+const maxRedisConfigMapBytes = 4096
+
+// slimRedisConfigMap keeps of a ConfigMap what the reconciler compares: its identity, the
+// managed-by label, immutable, and its data when within maxRedisConfigMapBytes. The namespace
+// is the tenant's, and so is whatever it writes under this name: a larger or binary content is
+// kept as a one-key marker that never equals what the manager writes, so it is rewritten, and
+// the cache holds a few hundred bytes a namespace whatever the tenant wrote.
+func slimRedisConfigMap(obj any) (any, error) {
+	cm, ok := obj.(*corev1.ConfigMap)
+	if !ok {
+		return obj, nil
+	}
+	var labels map[string]string
+	if v, ok := cm.Labels[managedByLabel]; ok && len(v) <= len(managedByValue) {
+		labels = map[string]string{managedByLabel: v}
+	}
+	size := 0
+	for k, v := range cm.Data {
+		size += len(k) + len(v)
+	}
+	data := cm.Data
+	if size > maxRedisConfigMapBytes || len(cm.BinaryData) > 0 {
+		data = map[string]string{"": ""} // not what the manager writes: rewritten
+	}
+	cm.ObjectMeta = metav1.ObjectMeta{
+		Name: cm.Name, Namespace: cm.Namespace, UID: cm.UID, ResourceVersion: cm.ResourceVersion,
+		DeletionTimestamp: cm.DeletionTimestamp, Labels: labels,
+	}
+	cm.Data, cm.BinaryData = data, nil
+	return cm, nil
 }
 
 // allNamespaces is a request for every namespace.
