@@ -32,6 +32,7 @@ func slimByObject() map[client.Object]cache.ByObject {
 		&appsv1.ReplicaSet{}:                     {Transform: slimWorkload},
 		&autoscalingv2.HorizontalPodAutoscaler{}: {Transform: slimHPA},
 		&corev1.Service{}:                        {Transform: slimService},
+		&corev1.Pod{}:                            {Transform: slimPod},
 		// Namespaces by their labels, which RedisBackends select by.
 		&corev1.Namespace{}: {Transform: slimNamespace},
 	}

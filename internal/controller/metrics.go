@@ -10,7 +10,7 @@ import (
 // reference (internal/docgen) is generated from, so a collector cannot be registered without
 // being documented.
 var Collectors = []prometheus.Collector{
-	policyCondition, policyBypasses,
+	policyCondition, policyBypasses, policyPodsWithoutSidecar,
 	budgetMaxClients, budgetConnected, budgetWorstCase, budgetWorkload,
 	memoryEvictable,
 }

@@ -104,6 +104,7 @@ type NamespaceReconciler struct {
 // +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=redline-policies,verbs=get;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // Reconcile brings the ConfigMap and the status of every policy of req.Namespace up to date.
 func (r *NamespaceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -196,8 +197,13 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	if err != nil {
 		logger.Info("services not checked for ports around the sidecar", "namespace", ns, "error", err.Error())
 	}
+	bare, err := r.unguardedPods(ctx, ns, outcomes)
+	if err != nil {
+		logger.Info("pods not checked for a sidecar", "namespace", ns, "error", err.Error())
+	}
 	for i := range reports {
 		reports[i].bypass = bypasses[i]
+		reports[i].unguarded = bare[i]
 	}
 	for i, o := range outcomes {
 		o.configErr, o.scriptErr = cmErr, scriptErr
@@ -221,11 +227,11 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	}
 	r.reportLosses(ns, reported)
 
-	bypassed := make(map[string]int, len(outcomes))
+	counts := make(map[string]findings, len(outcomes))
 	for i, o := range outcomes {
-		bypassed[o.policy.Name] = bypasses[i].count
+		counts[o.policy.Name] = findings{bypasses: bypasses[i].count, podsWithoutSidecar: bare[i].count}
 	}
-	r.conditions.record(ns, conditions, bypassed)
+	r.conditions.record(ns, conditions, counts)
 	if scriptErr != nil {
 		logger.Info("redis unavailable; policies written but not programmed, retrying", "error", scriptErr.Error())
 	}
@@ -329,6 +335,9 @@ func (r *NamespaceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// A Service that starts or stops going around the sidecars changes Enforced now, not at
 		// the next resync.
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(namespaceRequest)).
+		// A Ready pod without a sidecar appearing or going changes Enforced now (podcheck.go).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.podRequest),
+			builder.WithPredicates(podChanged)).
 		Watches(&corev1.ConfigMap{},
 			handler.EnqueueRequestsFromMapFunc(namespaceRequest),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {

@@ -31,6 +31,17 @@ var policyBypasses = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Help: "Service ports whose targetPort is the application's port of pods the RateLimitPolicy targets: their traffic goes around the sidecar.",
 }, []string{labelNamespace, labelPolicy})
 
+// policyPodsWithoutSidecar is each policy's count of Ready pods it selects that run without the
+// sidecar (see podcheck.go).
+var policyPodsWithoutSidecar = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "redline_policy_pods_without_sidecar",
+	Help: "Ready pods the RateLimitPolicy selects that run without the Redline sidecar: their traffic is not limited.",
+}, []string{labelNamespace, labelPolicy})
+
+// findings are the counts a policy's Enforced condition was computed from that have series of
+// their own.
+type findings struct{ bypasses, podsWithoutSidecar int }
+
 // conditionMetrics remembers which policies of each namespace have series, so that a deleted
 // policy's series go with it.
 type conditionMetrics struct {
@@ -42,7 +53,7 @@ var exportedConditions = []string{v1alpha1.ConditionAccepted, v1alpha1.Condition
 
 // record sets the series of a namespace's policies to their conditions and drops those of
 // policies it no longer has; nil drops the namespace's every series.
-func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Condition, bypasses map[string]int) {
+func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Condition, counts map[string]findings) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.seen == nil {
@@ -52,6 +63,7 @@ func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Cond
 		if _, ok := conditions[p]; !ok {
 			policyCondition.DeletePartialMatch(prometheus.Labels{labelNamespace: ns, labelPolicy: p})
 			policyBypasses.DeleteLabelValues(ns, p)
+			policyPodsWithoutSidecar.DeleteLabelValues(ns, p)
 		}
 	}
 	if len(conditions) == 0 {
@@ -61,7 +73,8 @@ func (m *conditionMetrics) record(ns string, conditions map[string][]metav1.Cond
 	now := make(map[string]bool, len(conditions))
 	for p, cs := range conditions {
 		now[p] = true
-		policyBypasses.WithLabelValues(ns, p).Set(float64(bypasses[p]))
+		policyBypasses.WithLabelValues(ns, p).Set(float64(counts[p].bypasses))
+		policyPodsWithoutSidecar.WithLabelValues(ns, p).Set(float64(counts[p].podsWithoutSidecar))
 		for _, t := range exportedConditions {
 			var c *metav1.Condition
 			for i := range cs {

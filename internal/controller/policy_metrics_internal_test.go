@@ -45,7 +45,7 @@ func TestPolicyConditionSeriesFollowThePolicies(t *testing.T) {
 	m.record("metrics-a", map[string][]metav1.Condition{
 		"p": {cond(v1alpha1.ConditionAccepted, metav1.ConditionTrue), cond(v1alpha1.ConditionProgrammed, metav1.ConditionTrue), cond(v1alpha1.ConditionEnforced, metav1.ConditionFalse)},
 		"q": {cond(v1alpha1.ConditionAccepted, metav1.ConditionTrue), cond(v1alpha1.ConditionEnforced, metav1.ConditionUnknown)},
-	}, map[string]int{"p": 2})
+	}, map[string]findings{"p": {bypasses: 2, podsWithoutSidecar: 3}})
 	g.Expect(series(t, "metrics-a")).To(Equal(map[string]float64{
 		"metrics-a/p/Accepted": 1, "metrics-a/p/Programmed": 1, "metrics-a/p/Enforced": 0, "metrics-a/q/Accepted": 1,
 	}), "q's Enforced is Unknown: no series")
@@ -53,6 +53,9 @@ func TestPolicyConditionSeriesFollowThePolicies(t *testing.T) {
 	var bypassed dto.Metric
 	g.Expect(policyBypasses.WithLabelValues("metrics-a", "p").Write(&bypassed)).To(Succeed())
 	g.Expect(bypassed.GetGauge().GetValue()).To(Equal(2.0))
+	var bare dto.Metric
+	g.Expect(policyPodsWithoutSidecar.WithLabelValues("metrics-a", "p").Write(&bare)).To(Succeed())
+	g.Expect(bare.GetGauge().GetValue()).To(Equal(3.0))
 	m.record("metrics-a", map[string][]metav1.Condition{"q": {cond(v1alpha1.ConditionAccepted, metav1.ConditionTrue)}}, nil)
 	g.Expect(series(t, "metrics-a")).To(Equal(map[string]float64{"metrics-a/q/Accepted": 1}), "p's series went with p")
 

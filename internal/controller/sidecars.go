@@ -69,6 +69,8 @@ type enforcement struct {
 	report fleet.Summary
 	// bypass are the Service ports that reach the policy's pods around their sidecars.
 	bypass bypass
+	// unguarded are the Ready pods the policy selects that run without a sidecar.
+	unguarded unguarded
 }
 
 // read reports whether the sidecars' reports were read (losses among them).
@@ -114,6 +116,8 @@ func (e enforcement) condition(hash string) (metav1.ConditionStatus, string, str
 	case e.unwritten:
 		return metav1.ConditionUnknown, ReasonNotWritten,
 			"the namespace's configuration was not written (see Programmed), so the sidecars' reports are not read"
+	case e.unguarded.count > 0:
+		return metav1.ConditionFalse, ReasonPodsWithoutSidecar, e.unguarded.message()
 	case e.bypass.count > 0:
 		return metav1.ConditionFalse, ReasonServiceBypassesSidecar, e.bypass.message()
 	case e.err != nil:

@@ -109,7 +109,7 @@ func truncate(s string) string {
 var errStaleStatus = errors.New("policy changed since it was read")
 
 // updateStatus writes the status only when it changed, and records an Event when Accepted or
-// Programmed changes, or when Enforced becomes SidecarReportsOverBound or ServiceBypassesSidecar, which is what a person
+// Programmed changes, or when Enforced becomes SidecarReportsOverBound, ServiceBypassesSidecar or PodsWithoutSidecar, which is what a person
 // wants to be told about.
 func (r *NamespaceReconciler) updateStatus(ctx context.Context, o outcome, doc *policydoc.Document) error {
 	p := o.policy
@@ -155,7 +155,7 @@ func (r *NamespaceReconciler) recordChanges(before, after *v1alpha1.RateLimitPol
 	// Enforced changes with every rollout, which is no news; reports left unread are.
 	old := meta.FindStatusCondition(before.Status.Conditions, v1alpha1.ConditionEnforced)
 	cur := meta.FindStatusCondition(after.Status.Conditions, v1alpha1.ConditionEnforced)
-	if cur != nil && (cur.Reason == ReasonSidecarReportsOverBound || cur.Reason == ReasonServiceBypassesSidecar) && (old == nil || old.Reason != cur.Reason) {
+	if cur != nil && (cur.Reason == ReasonSidecarReportsOverBound || cur.Reason == ReasonServiceBypassesSidecar || cur.Reason == ReasonPodsWithoutSidecar) && (old == nil || old.Reason != cur.Reason) {
 		r.Recorder.Eventf(after, nil, corev1.EventTypeWarning, cur.Reason, "ReadReports", "%s=%s: %s", v1alpha1.ConditionEnforced, cur.Status, cur.Message)
 	}
 }
