@@ -93,9 +93,10 @@ test-helm: controller-gen ## Run only the Helm chart's tests (test/helm: lint, g
 
 ##@ Build
 .PHONY: build
-build: generate ## Build the manager and sidecar binaries into bin/.
+build: generate ## Build the manager, sidecar and kubectl-redline binaries into bin/.
 	go build -o $(LOCALBIN)/manager ./cmd/manager
 	go build -o $(LOCALBIN)/sidecar ./cmd/sidecar
+	go build -o $(LOCALBIN)/kubectl-redline ./cmd/kubectl-redline
 
 .PHONY: run
 run: manifests generate ## Run the manager against the cluster of the current kubeconfig (REDIS_URL=redis://...).

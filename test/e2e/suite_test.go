@@ -81,7 +81,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	for _, sc := range sidecars {
 		proxies = append(proxies, sc.ProxyURL)
 	}
-}, NodeTimeout(5*time.Minute))
+	buildKubectlRedline(ctx)
+}, NodeTimeout(8*time.Minute))
 
 // allPolicies are the suite's policies. Each matches its own path prefix, so the specs do not
 // share counters; keys are fresh per spec for the same reason.

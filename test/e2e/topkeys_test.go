@@ -105,6 +105,7 @@ var _ = Describe("Who is limited", func() {
 			slices.Sort(want[p.Name])
 		}
 		named := map[string]time.Duration{}
+		explained := false
 		Eventually(func(g Gomega) {
 			for _, p := range []*v1alpha1.RateLimitPolicy{hashed, values} {
 				var got v1alpha1.RateLimitPolicy
@@ -138,8 +139,25 @@ var _ = Describe("Who is limited", func() {
 				if _, ok := named[p.Name]; !ok {
 					named[p.Name] = time.Since(start)
 				}
+				if p == hashed && !explained {
+					// Why was heavy[0] refused? The plugin finds its hash among the top
+					// refused, from the sidecar's own matching and keys; a light key is not.
+					out := runKubectlRedline(g, ctx, "explain", "-n", namespace, "--pod", sidecars[0].Pod.Name,
+						"-X", "GET", "-H", keyHeader+": "+heavy[0], p.Spec.Rules[0].Match.Path.Value+"item")
+					g.Expect(out).To(MatchRegexp(`(?m)^%s\s+per-client\s+yes\s+Enforce\s+20/24h0m0s SlidingWindowCounter\s+%s\s+yes \(\d+ refused in the last interval\)`, p.Name, keyHash(p.Name, heavy[0])), out)
+					g.Expect(out).To(MatchRegexp(`(?m)^%s\s+per-client \(candidate\)\s+yes\s+Shadow\s+10/24h0m0s SlidingWindowCounter\s+[0-9a-f]{32}\s+yes`, p.Name), out)
+					g.Expect(out).To(MatchRegexp(`(?m)^%s\s+per-client\s+no\s`, values.Name), "another path: not matched\n%s", out)
+					out = runKubectlRedline(g, ctx, "explain", "-n", namespace, "--pod", sidecars[0].Pod.Name, "-H", keyHeader+": "+light(1), p.Spec.Rules[0].Match.Path.Value+"item")
+					g.Expect(out).To(MatchRegexp(`(?m)^%s\s+per-client\s+yes\s+Enforce\s+\S+ \S+\s+%s\s+no$`, p.Name, keyHash(p.Name, light(1))), out)
+					out = runKubectlRedline(g, ctx, "status", "-n", namespace, p.Name)
+					g.Expect(out).To(ContainSubstring("refused most: " + keyHash(p.Name, heavy[0])))
+					g.Expect(out).To(MatchRegexp(`(?m)^\s+Enforced\s+True\s+Enforced\s`))
+					g.Expect(out).NotTo(ContainSubstring(heavy[0]), "a hashed rule's values never shown")
+					explained = true
+				}
 			}
 		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		Expect(explained).To(BeTrue(), "kubectl redline explain found the heavy key among the top refused")
 		stop()
 		wg.Wait()
 		GinkgoWriter.Printf("status named the 5 heavy hitters of 1,000 keys after %v (hashed) and %v (values), %d rounds of traffic; publish interval %v\n",
