@@ -22,11 +22,12 @@ import (
 // sidecar: the pods are injected, the sidecars heartbeat and apply the configuration, and
 // nothing is limited. The heartbeats cannot tell, so the controller looks at the Services of
 // the namespace: a port of a Service selecting an injected pod template a policy targets, whose
-// targetPort is the template's redline.dev/upstream-port (by number, or by a name the
-// template's containers give that port), makes the policy Enforced=False with reason
-// ServiceBypassesSidecar. Ports that target the sidecar (its port name "redline", or the
-// listen port) and ports that target anything else (a metrics port the policy never covered)
-// are not reported.
+// targetPort is the template's redline.dev/upstream-port by number, makes the policy
+// Enforced=False with reason
+// ServiceBypassesSidecar. Ports that target the sidecar (its port name "redline", the listen
+// port, or the name of the application's port, which the injector hands over to the sidecar)
+// and ports that target anything else (a metrics port the policy never covered) are not
+// reported.
 
 // ReasonServiceBypassesSidecar is the Enforced reason of a policy whose pods a Service reaches
 // on the application's port, around the sidecar.
@@ -150,7 +151,14 @@ func (r *NamespaceReconciler) injectedTemplates(ctx context.Context, ns string) 
 		t := injectedTemplate{workload: kind + " " + name, labels: tmpl.Labels, upstream: int32(up), listen: int32(listen), ports: map[string]int32{}}
 		for _, c := range tmpl.Spec.Containers {
 			for _, p := range c.Ports {
-				if p.Name != "" {
+				switch {
+				case p.Name == "":
+				case p.ContainerPort == t.upstream:
+					// The injector hands the name of the application's port to the
+					// sidecar's listen port (podinject's port handover): a Service that
+					// targets it by name reaches the sidecar.
+					t.ports[p.Name] = t.listen
+				default:
 					t.ports[p.Name] = p.ContainerPort
 				}
 			}

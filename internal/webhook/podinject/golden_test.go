@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -46,6 +47,9 @@ var _ = Describe("Injected spec", func() {
 		func(mode string, native bool, cfg podinject.Config, extra ...string) {
 			ctx := context.Background()
 			pod := annotatedPod(ns, "checkout-"+mode, extra...)
+			// A named application port, with a probe naming it: the sidecar's port takes the name.
+			pod.Spec.Containers[0].Ports[0].Name = "http"
+			pod.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/ready", Port: intstr.FromString("http")}}}
 			in := podinject.NewInjector(cfg, native)
 
 			out, warns, err := in.Inject(ctx, pod)

@@ -88,6 +88,7 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 		container: sidecarContainer(&in.cfg, p, in.native),
 		volumes:   sidecarVolumes(&in.cfg, p),
 		native:    in.native,
+		upstream:  p.upstreamPort,
 		defaults:  p.defaults,
 	}
 	out = pod.DeepCopy()

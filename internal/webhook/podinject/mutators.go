@@ -38,6 +38,8 @@ type injection struct {
 	container corev1.Container
 	volumes   []corev1.Volume
 	native    bool
+	// upstream is the application's port (redline.dev/upstream-port).
+	upstream int32
 	// defaults are the manager's --sidecar-* defaults applied (see InjectedStatus.Defaults).
 	defaults map[string]string
 }
@@ -51,7 +53,7 @@ type mutator interface {
 
 // defaultMutators is the chain applied to every pod that is injected, in order.
 func defaultMutators() []mutator {
-	return []mutator{containerMutator{}, volumeMutator{}, statusMutator{}}
+	return []mutator{portHandoverMutator{}, containerMutator{}, volumeMutator{}, statusMutator{}}
 }
 
 // containerMutator puts the sidecar first among the init containers (native) or last among the

@@ -147,7 +147,7 @@ func plainPod(namespace, name string) *corev1.Pod {
 			Containers: []corev1.Container{{
 				Name:  "app",
 				Image: "example.test/checkout:1.0",
-				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+				Ports: []corev1.ContainerPort{{ContainerPort: 8080}},
 				VolumeMounts: []corev1.VolumeMount{{
 					Name: "data", MountPath: "/data",
 				}},
