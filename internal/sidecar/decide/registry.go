@@ -20,11 +20,12 @@ import (
 // It is bounded so that no key can fill it for others:
 //
 //   - In total by the sidecar's one memory budget (Memory): each hold kept draws HoldBytes
-//     for each rule it holds for (h.Len()) until it is taken or forgotten. A hold that does not fit is refused
-//     (ErrNoMemory). Without a memory budget, open holds (before their deadline) are at most
-//     Max instead (ErrTooManyHolds); Max set beside a budget bounds them too.
-//   - Per key, under pressure: while less than half of the budget is in use (or fewer than
-//     Max/2 holds are open) any key may add one; past that, a key (each limiter key a hold is
+//     for each rule it holds for (h.Len()) until it is taken or forgotten. A hold that does
+//     not fit is refused (ErrNoMemory). Without a memory budget, open holds (before their
+//     deadline) are at most Max instead (ErrTooManyHolds); Max set beside a budget bounds them
+//     too.
+//   - Per key, under pressure: while less than half of the budget is in use by anything but
+//     the late holds below (or fewer than Max/2 holds are open) any key may add one; past that, a key (each limiter key a hold is
 //     under) that already has Share open holds is refused (ErrKeyShareFull). A single busy
 //     key, such as a constant key counting everyone together, is not held to a small share
 //     while nobody else needs the room, yet under pressure it can have taken at most half, and
@@ -61,12 +62,15 @@ type Registry struct {
 	// Refused, if set, hears of every Put refused, with its error (metrics).
 	Refused func(error)
 
-	mu     sync.Mutex
-	byID   map[string]*entry
-	byKey  map[string]*list.List // of *entry, open and late, oldest first
-	order  deadlines             // open entries, soonest deadline first
-	late   *list.List            // of *entry past their deadline, soonest deadline first
-	shares map[string]int        // open holds per limiter key
+	mu    sync.Mutex
+	byID  map[string]*entry
+	byKey map[string]*list.List // of *entry, open and late, oldest first
+	order deadlines             // open entries, soonest deadline first
+	late  *list.List            // of *entry past their deadline, soonest deadline first
+	// lateBytes is what the late entries draw from Memory: they give way, so no bound
+	// counts them.
+	lateBytes int64
+	shares    map[string]int // open holds per limiter key
 }
 
 type entry struct {
@@ -223,7 +227,7 @@ func (g *Registry) room(shares []string, deadline, now time.Time) error {
 	if most > 0 && open >= most {
 		return &RefusedError{Err: ErrTooManyHolds, RetryAfter: g.soonest(now)}
 	}
-	if (most <= 0 || open < most/2) && !g.Memory.Pressed() {
+	if (most <= 0 || open < most/2) && !g.pressed() {
 		return nil
 	}
 	share := g.share()
@@ -288,6 +292,12 @@ func (g *Registry) init() {
 	if g.byID == nil {
 		g.byID, g.byKey, g.shares, g.late = map[string]*entry{}, map[string]*list.List{}, map[string]int{}, list.New()
 	}
+}
+
+// pressed says whether half the memory budget is in use by anything but the late holds.
+func (g *Registry) pressed() bool {
+	st := g.Memory.Stats()
+	return st.Size > 0 && st.InUse-g.lateBytes >= st.Size/2
 }
 
 // soonest is when the first open hold passes its deadline (and so gives way), at least a
@@ -356,6 +366,7 @@ func (g *Registry) sweep(now time.Time) {
 		e := heap.Pop(&g.order).(*entry)
 		g.unshare(e)
 		e.inLate = g.late.PushBack(e)
+		g.lateBytes += e.bytes
 	}
 	grace := g.Grace
 	if grace <= 0 {
@@ -383,6 +394,7 @@ func (g *Registry) remove(e *entry) {
 	g.Memory.Return(e.bytes)
 	if e.inLate != nil {
 		g.late.Remove(e.inLate)
+		g.lateBytes -= e.bytes
 	} else {
 		heap.Remove(&g.order, e.at)
 		g.unshare(e)

@@ -122,3 +122,28 @@ func TestRegistryMemorySharesProtectAVictim(t *testing.T) {
 		t.Fatalf("refused with %v at %d open holds, want ErrNoMemory at the budget's 4096", err, g.Open())
 	}
 }
+
+// Late holds do not count toward the pressure that holds keys to their share either.
+func TestRegistryLateHoldsDoNotPressKeys(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	g := &Registry{Memory: membudget.New(4 * HoldBytes), Share: 1, Grace: time.Hour, Now: c.now}
+	put := func(n int) (kept int, err error) {
+		for range n {
+			if _, err = g.Put(keyed("a"), "a", c.t.Add(time.Second)); err != nil {
+				return kept, err
+			}
+			kept++
+		}
+		return kept, nil
+	}
+	if kept, err := put(3); kept != 2 || !errors.Is(err, ErrKeyShareFull) {
+		t.Fatalf("kept %d (refused: %v), want 2 until half the budget, then the key's share", kept, err)
+	}
+	c.t = c.t.Add(2 * time.Second) // both late, still kept
+	if kept, err := put(3); kept != 2 || !errors.Is(err, ErrKeyShareFull) {
+		t.Fatalf("beside 2 late holds: kept %d (refused: %v), want 2 again", kept, err)
+	}
+	if g.Len() != 4 {
+		t.Fatalf("Len %d, want 2 late and 2 open", g.Len())
+	}
+}

@@ -102,12 +102,6 @@ func (b *Budget) Return(n int64) {
 	b.sem.Release(n)
 }
 
-// Pressed says whether at least half of the budget is in use: past it, the registries hold
-// each key to its share so that the rest stays for the other keys. A nil budget never is.
-func (b *Budget) Pressed() bool {
-	return b != nil && b.inUse.Load() >= b.size/2
-}
-
 // Lease is one request's draw on the budget: it grows as the request holds more and is
 // released once, when the request holds nothing any more. Its methods are safe to call from
 // several goroutines (a body's read loop grows it while the transport may release it).
