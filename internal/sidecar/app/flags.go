@@ -17,6 +17,7 @@ import (
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/membudget"
 )
 
@@ -40,8 +41,8 @@ type Config struct {
 	// MemoryLimit is the container's memory limit in bytes (downward API), 0 when unknown; Run
 	// sets the Go memory limit from it unless GOMEMLIMIT is set.
 	MemoryLimit int64
-	// MemoryBudget is what the proxy may hold for its clients' requests (bodies read to size
-	// them), in bytes: 0 sizes it from Go's memory limit (membudget.SizeFor), negative is none.
+	// MemoryBudget is what the sidecar may hold for its clients' requests (bodies read to size
+	// them, open holds until their settle), in bytes: 0 sizes it from Go's memory limit (membudget.SizeFor), negative is none.
 	MemoryBudget      int64
 	ConfigDir         string
 	PodLabels         string
@@ -137,7 +138,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.IntVar(&c.MaxAdminConnsPerIP, "max-admin-conns-per-ip", 8, "most admin connections from one IP (the kubelet and Prometheus need one or two each)")
 	fs.IntVar(&c.MaxCheckConnsPerIP, "max-check-conns-per-ip", 64, "most /v1/check connections from one IP when the decision API is not on loopback")
 	fs.IntVar(&c.MaxGRPCConnsPerIP, "max-grpc-conns-per-ip", 8, "most rate limit service connections from one IP when it is not on loopback")
-	fs.Int64Var(&c.MemoryBudget, "memory-budget", 0, fmt.Sprintf("most bytes the proxy holds for its clients' requests at once (the bodies of token budget requests, read to size them); a request that does not fit is answered 503 with Retry-After. 0: %d%% of Go's memory limit (GOMEMLIMIT, or %d%% of the container's), or %d MiB when neither is known; -1: no bound", membudget.DefaultPercent, contract.MemoryLimitPercent, membudget.DefaultSize>>20))
+	fs.Int64Var(&c.MemoryBudget, "memory-budget", 0, fmt.Sprintf("most bytes the sidecar holds for its clients' requests at once: the bodies of token budget requests, read to size them, and each open hold of a token budget until its settle (%d bytes); a request that does not fit is answered 503 with Retry-After (OVER_LIMIT on the rate limit service). 0: %d%% of Go's memory limit (GOMEMLIMIT, or %d%% of the container's), or %d MiB when neither is known; -1: no bound (open holds waiting for a later settle are then at most 16,384)", decide.HoldBytes, membudget.DefaultPercent, contract.MemoryLimitPercent, membudget.DefaultSize>>20))
 	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the admin address (for diagnosing a sidecar, not for production traffic)")
 	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
 	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")

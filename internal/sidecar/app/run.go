@@ -178,7 +178,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var checkSrv *http.Server
 	if cfg.CheckListen != "" {
 		check := http.NewServeMux()
-		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{Refused: m.RegistryRefused(metrics.FaceCheck)}, OnUnsized: m.UnsizedRefused})
+		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{Memory: memory, Refused: m.RegistryRefused(metrics.FaceCheck)}, OnUnsized: m.UnsizedRefused})
 		check.Handle(checkapi.TopKeysPath, &checkapi.TopKeysHandler{Store: store})
 		checkSrv = newServer(check)
 		checkSrv.ConnState = checkIdle.ConnState
@@ -189,7 +189,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var grpcSrv *grpc.Server
 	if cfg.GRPCListen != "" {
 		var hs *health.Server
-		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store, Holds: &decide.Registry{Refused: m.RegistryRefused(metrics.FaceRLS)}, OnUnsized: m.UnsizedRefused}, rls.ServerOptions{
+		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store, Holds: &decide.Registry{Memory: memory, Refused: m.RegistryRefused(metrics.FaceRLS)}, OnUnsized: m.UnsizedRefused}, rls.ServerOptions{
 			IdleTimeout: cfg.IdleTimeout, HandshakeTimeout: cfg.ReadHeaderTimeout,
 			Exposed: !onLoopback(cfg.GRPCListen),
 		})

@@ -167,7 +167,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if re, ok := errors.AsType[*decide.RefusedError](err); ok {
 		// No room to keep the hold (it went back): 429 when the key has its share, which it
-		// frees by settling its own holds; 503 when the registry is full.
+		// frees by settling its own holds; 503 when the registry is full or the sidecar's
+		// memory budget has no room for it.
 		status := http.StatusServiceUnavailable
 		if errors.Is(re, decide.ErrKeyShareFull) {
 			status = http.StatusTooManyRequests

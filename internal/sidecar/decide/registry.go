@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 )
 
 // Registry keeps the holds of requests settled by a later call rather than by the sidecar
@@ -17,26 +19,40 @@ import (
 //
 // It is bounded so that no key can fill it for others:
 //
-//   - Open holds (before their deadline) are at most Max. While fewer than Max/2 are open any
-//     key may add one; past that, a key (each limiter key a hold is under) that already has
-//     Share open holds is refused (ErrKeyShareFull). A single busy key, such as a constant key
-//     counting everyone together, is not held to a small share while nobody else needs the
-//     room, yet under pressure it can have taken at most half, and every other key still gets
-//     its Share until the whole registry is full (ErrTooManyHolds).
+//   - In total by the sidecar's one memory budget (Memory): each hold kept draws HoldBytes
+//     for each rule it holds for (h.Len()) until it is taken or forgotten. A hold that does
+//     not fit is refused (ErrNoMemory). Without a memory budget, open holds (before their
+//     deadline) are at most Max instead (ErrTooManyHolds); Max set beside a budget bounds them
+//     too.
+//   - Per key, under pressure: while less than half of the budget is in use by anything but
+//     the late holds below (or fewer than Max/2 holds are open) any key may add one; past that, a key (each limiter key a hold is
+//     under) that already has Share open holds is refused (ErrKeyShareFull). A single busy
+//     key, such as a constant key counting everyone together, is not held to a small share
+//     while nobody else needs the room, yet under pressure it can have taken at most half, and
+//     every other key still gets its Share for as long as the memory allows. Keys as many as
+//     the budget has shares can fill it, but no number of keys holding fewer than their Share
+//     each refuses a victim anything the memory has room for.
 //   - A hold past its deadline stays spent in Redis and no longer counts toward any bound
 //     here; it is kept apart, at most Late of them and each at most Grace, for a late settle,
-//     which settles it as a timely one would (limiter.Settled.Expired). The oldest of them is
-//     forgotten first when there is no room.
+//     which settles it as a timely one would (limiter.Settled.Expired). Such holds still draw
+//     on the memory budget, but give way: the oldest is forgotten first when an open hold (or
+//     a late one beyond Late) has no room.
 //
 // A refused Put leaves the hold with its caller, who must give it back: a request is never
 // admitted without a hold kept here.
 type Registry struct {
-	// Max is the most open holds kept (default DefaultMaxHolds).
+	// Memory is the budget every hold kept draws HoldBytes from (nil: none, and Max bounds
+	// the open holds).
+	Memory *membudget.Budget
+	// Max is the most open holds kept (0: none beside a memory budget, else
+	// DefaultMaxHolds).
 	Max int
-	// Share is the most open holds one key keeps once Max/2 are open (default
-	// max(Max/64, MinShare)).
+	// Share is the most open holds one key keeps once half the memory budget is in use, or
+	// Max/2 holds are open (default: a 64th of what the budget, or Max, has room for, at
+	// least MinShare).
 	Share int
-	// Late is the most holds kept past their deadline for a late settle (default Max).
+	// Late is the most holds kept past their deadline for a late settle (default Max, or
+	// DefaultMaxHolds).
 	Late int
 	// Grace is how long a hold is kept past its deadline for a late settle (default
 	// DefaultGrace).
@@ -46,12 +62,15 @@ type Registry struct {
 	// Refused, if set, hears of every Put refused, with its error (metrics).
 	Refused func(error)
 
-	mu     sync.Mutex
-	byID   map[string]*entry
-	byKey  map[string]*list.List // of *entry, open and late, oldest first
-	order  deadlines             // open entries, soonest deadline first
-	late   *list.List            // of *entry past their deadline, soonest deadline first
-	shares map[string]int        // open holds per limiter key
+	mu    sync.Mutex
+	byID  map[string]*entry
+	byKey map[string]*list.List // of *entry, open and late, oldest first
+	order deadlines             // open entries, soonest deadline first
+	late  *list.List            // of *entry past their deadline, soonest deadline first
+	// lateBytes is what the late entries draw from Memory: they give way, so no bound
+	// counts them.
+	lateBytes int64
+	shares    map[string]int // open holds per limiter key
 }
 
 type entry struct {
@@ -60,6 +79,7 @@ type entry struct {
 	shares   []string // the limiter keys of its holds
 	holds    *Holds
 	deadline time.Time
+	bytes    int64 // drawn from the memory budget
 	inKey    *list.Element
 	inLate   *list.Element // nil while open
 	at       int           // index in order while open
@@ -87,8 +107,19 @@ func (d *deadlines) Pop() any {
 	return e
 }
 
-// Registry defaults. An entry costs about 300 bytes with its holds.
+// Registry defaults.
 const (
+	// HoldBytes is what a request's hold of one rule, kept past its decision until its
+	// settle, draws from the memory budget (here, and in the proxy for its requests in
+	// flight): the request's Holds and the limiter's Hold, the entry in the limiter's table
+	// of open holds, a registry entry, and what a new key adds to the limiter's tables and the
+	// registry's maps. Measured with 5,000 streams open: about 1,000 bytes each on 100 keys,
+	// 1,200 each on a key of its own (TestHoldBytesCoversAHold holds the bound); the rest is
+	// room for the maps' growth. At the injector's 64 MiB memory limit (a budget of 13.6 MiB)
+	// that is about 9,300 open holds.
+	HoldBytes = 1536
+	// DefaultMaxHolds bounds the open holds of a registry without a memory budget, and the
+	// late ones of any.
 	DefaultMaxHolds = 16384
 	DefaultGrace    = time.Minute
 	// MinShare is the least default Share of a key.
@@ -101,9 +132,13 @@ var (
 	// ErrKeyShareFull is wrapped by Put's error when the hold's key has its share of open
 	// holds and the registry is at least half full.
 	ErrKeyShareFull = errors.New("this key has its share of open holds")
+	// ErrNoMemory is wrapped by Put's error when the sidecar's memory budget has no room for
+	// the hold.
+	ErrNoMemory = errors.New("the sidecar's memory budget has no room for another open hold")
 )
 
-// RefusedError is the error of a Put refused: Err is ErrTooManyHolds or ErrKeyShareFull.
+// RefusedError is the error of a Put refused: Err is ErrTooManyHolds, ErrKeyShareFull or
+// ErrNoMemory.
 type RefusedError struct {
 	Err error
 	// RetryAfter is when a hold in the way will have passed its deadline at the latest.
@@ -158,13 +193,18 @@ func (g *Registry) PutSplit(ks []Keyed) (failed int, err error) {
 // put keeps h if it fits; g.mu is held.
 func (g *Registry) put(h *Holds, key string, deadline, now time.Time) (*entry, error) {
 	shares := h.limiterKeys()
-	if err := g.room(shares, deadline, now); err != nil {
+	bytes := HoldBytes * int64(max(h.Len(), 1))
+	err := g.room(shares, deadline, now)
+	if err == nil && !g.Memory.Draw(bytes, g.forgetOldestLate) {
+		err = &RefusedError{Err: ErrNoMemory, RetryAfter: g.soonest(now)}
+	}
+	if err != nil {
 		if g.Refused != nil {
 			g.Refused(err)
 		}
 		return nil, err
 	}
-	e := &entry{id: newHoldID(), key: key, shares: shares, holds: h, deadline: deadline}
+	e := &entry{id: newHoldID(), key: key, shares: shares, holds: h, deadline: deadline, bytes: bytes}
 	heap.Push(&g.order, e)
 	for _, s := range shares {
 		g.shares[s]++
@@ -181,13 +221,13 @@ func (g *Registry) put(h *Holds, key string, deadline, now time.Time) (*entry, e
 	return e, nil
 }
 
-// room says whether a hold under shares fits.
+// room says whether a hold under shares fits the bounds other than memory's.
 func (g *Registry) room(shares []string, deadline, now time.Time) error {
 	open, most := len(g.order), g.max()
-	if open >= most {
-		return &RefusedError{Err: ErrTooManyHolds, RetryAfter: max(g.order[0].deadline.Sub(now), time.Second)}
+	if most > 0 && open >= most {
+		return &RefusedError{Err: ErrTooManyHolds, RetryAfter: g.soonest(now)}
 	}
-	if open < most/2 {
+	if (most <= 0 || open < most/2) && !g.pressed() {
 		return nil
 	}
 	share := g.share()
@@ -254,9 +294,28 @@ func (g *Registry) init() {
 	}
 }
 
+// pressed says whether half the memory budget is in use by anything but the late holds.
+func (g *Registry) pressed() bool {
+	st := g.Memory.Stats()
+	return st.Size > 0 && st.InUse-g.lateBytes >= st.Size/2
+}
+
+// soonest is when the first open hold passes its deadline (and so gives way), at least a
+// second from now.
+func (g *Registry) soonest(now time.Time) time.Duration {
+	if len(g.order) == 0 {
+		return time.Second
+	}
+	return max(g.order[0].deadline.Sub(now), time.Second)
+}
+
+// max is the most open holds, 0 for no count (a memory budget bounds them).
 func (g *Registry) max() int {
-	if g.Max > 0 {
+	switch {
+	case g.Max > 0:
 		return g.Max
+	case g.Memory != nil:
+		return 0
 	}
 	return DefaultMaxHolds
 }
@@ -265,14 +324,31 @@ func (g *Registry) share() int {
 	if g.Share > 0 {
 		return g.Share
 	}
-	return max(g.max()/64, MinShare)
+	room := g.max()
+	if room <= 0 {
+		room = int(g.Memory.Stats().Size / HoldBytes) // holds of one rule
+	}
+	return max(room/64, MinShare)
 }
 
 func (g *Registry) lateMax() int {
 	if g.Late > 0 {
 		return g.Late
 	}
-	return g.max()
+	if g.Max > 0 {
+		return g.Max
+	}
+	return DefaultMaxHolds
+}
+
+// forgetOldestLate forgets the late hold nearest its end of grace to make room in the memory
+// budget (membudget.Budget.Draw's free); false when there is none. g.mu is held.
+func (g *Registry) forgetOldestLate() bool {
+	if g.late.Len() == 0 {
+		return false
+	}
+	g.remove(g.late.Front().Value.(*entry))
+	return true
 }
 
 func (g *Registry) now() time.Time {
@@ -290,6 +366,7 @@ func (g *Registry) sweep(now time.Time) {
 		e := heap.Pop(&g.order).(*entry)
 		g.unshare(e)
 		e.inLate = g.late.PushBack(e)
+		g.lateBytes += e.bytes
 	}
 	grace := g.Grace
 	if grace <= 0 {
@@ -314,8 +391,10 @@ func (g *Registry) unshare(e *entry) {
 
 func (g *Registry) remove(e *entry) {
 	delete(g.byID, e.id)
+	g.Memory.Return(e.bytes)
 	if e.inLate != nil {
 		g.late.Remove(e.inLate)
+		g.lateBytes -= e.bytes
 	} else {
 		heap.Remove(&g.order, e.at)
 		g.unshare(e)

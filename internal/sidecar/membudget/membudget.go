@@ -1,6 +1,8 @@
 // Package membudget is the one memory budget for everything a client makes the sidecar hold
 // past the moment it arrives: the bytes of a request body buffered to size it today, and any
-// other per-request state that draws from it (open holds, registry entries).
+// other per-request state that draws from it: the open holds a request keeps until its settle
+// (decide.HoldBytes each), the registries' entries that wait for a settle from a later call,
+// and the limiter's table of open holds (limiter.OpenHoldBytes each).
 //
 // The budget is a weighted semaphore (golang.org/x/sync/semaphore) sized in bytes. A draw is
 // TryAcquire and never waits: a request that does not fit is answered at once (503 with
@@ -70,6 +72,34 @@ func (b *Budget) Stats() Stats {
 		return Stats{}
 	}
 	return Stats{Size: b.size, InUse: b.inUse.Load(), Refused: b.refused.Load()}
+}
+
+// Draw takes n bytes (n >= 0) for something kept past its request's decision whose size is
+// stated rather than grown (an open hold, a registry entry). When they do not fit, free (if
+// set) is asked to give back what it can spare (a cache of entries no bound counts), one call
+// at a time while it reports it freed something; Draw then reports false, drawing nothing,
+// counted as a refusal. A nil budget grants every draw.
+func (b *Budget) Draw(n int64, free func() bool) bool {
+	if b == nil || n <= 0 {
+		return true
+	}
+	for !b.sem.TryAcquire(n) {
+		if free == nil || !free() {
+			b.refused.Add(1)
+			return false
+		}
+	}
+	b.inUse.Add(n)
+	return true
+}
+
+// Return gives back n bytes of an earlier Draw, once nothing keeps what they stood for.
+func (b *Budget) Return(n int64) {
+	if b == nil || n <= 0 {
+		return
+	}
+	b.inUse.Add(-n)
+	b.sem.Release(n)
 }
 
 // Lease is one request's draw on the budget: it grows as the request holds more and is

@@ -95,3 +95,38 @@ func TestSizeFor(t *testing.T) {
 		}
 	}
 }
+
+func TestDrawAndReturn(t *testing.T) {
+	b := New(100)
+	if !b.Draw(50, nil) || b.Stats().InUse != 50 {
+		t.Fatalf("50 of 100 drawn: %+v", b.Stats())
+	}
+	if b.Draw(51, nil) {
+		t.Error("51 more fit in the 50 left")
+	}
+	// What the caller can free makes room: two frees of 25, and no refusal counted.
+	cache := 2
+	free := func() bool {
+		if cache == 0 {
+			return false
+		}
+		cache--
+		b.Return(25)
+		return true
+	}
+	if !b.Draw(100, free) || cache != 0 {
+		t.Fatalf("a draw that fits once the cache is freed: %+v, %d cached", b.Stats(), cache)
+	}
+	if b.Draw(1, free) {
+		t.Error("a draw fit in a full budget with nothing left to free")
+	}
+	b.Return(100)
+	if st := b.Stats(); st.InUse != 0 || st.Refused != 2 {
+		t.Errorf("after the return: %+v; want nothing in use, 2 refusals", st)
+	}
+	var none *Budget
+	if !none.Draw(1<<40, nil) {
+		t.Error("no budget refused a draw")
+	}
+	none.Return(1 << 40)
+}

@@ -32,6 +32,9 @@ const (
 	RoomKeyShare = "key_share"
 	// RoomFull: the registry was full of open holds.
 	RoomFull = "full"
+	// RoomMemory: the sidecar's memory budget had no room for the hold (it counts in
+	// memory_budget_refusals_total too).
+	RoomMemory = "memory"
 )
 
 // holdMetrics are the token budgets' counters, by policy and rule.
@@ -58,7 +61,7 @@ func newHoldMetrics() holdMetrics {
 		}, []string{labelPolicy, labelRule}),
 		noRoom: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hold_registry_refusals_total",
-			Help: "Requests of token budgets refused because their holds found no room to wait for their settle, by face (check: /v1/check's reserve, rls: Envoy's apply_on_stream_done) and reason (key_share: the key had its share of open holds; full: the sidecar had its most open holds). The hold went back; the request was not admitted.",
+			Help: "Requests of token budgets refused because their holds found no room to wait for their settle, by face (check: /v1/check's reserve, rls: Envoy's apply_on_stream_done) and reason (key_share: the key had its share of open holds; full: the sidecar had its most open holds; memory: the sidecar's memory budget had no room for it). The hold went back; the request was not admitted.",
 		}, []string{"face", "reason"}),
 	}
 }
@@ -70,13 +73,17 @@ func (h holdMetrics) collectors() []prometheus.Collector {
 // RegistryRefused returns what counts the refusals of face's hold registry
 // (decide.Registry.Refused).
 func (m *Metrics) RegistryRefused(face string) func(error) {
-	share, full := m.holds.noRoom.WithLabelValues(face, RoomKeyShare), m.holds.noRoom.WithLabelValues(face, RoomFull)
+	share, full, memory := m.holds.noRoom.WithLabelValues(face, RoomKeyShare), m.holds.noRoom.WithLabelValues(face, RoomFull),
+		m.holds.noRoom.WithLabelValues(face, RoomMemory)
 	return func(err error) {
-		if errors.Is(err, decide.ErrKeyShareFull) {
+		switch {
+		case errors.Is(err, decide.ErrKeyShareFull):
 			share.Inc()
-			return
+		case errors.Is(err, decide.ErrNoMemory):
+			memory.Inc()
+		default:
+			full.Inc()
 		}
-		full.Inc()
 	}
 }
 

@@ -52,6 +52,7 @@ func TestRegistryRefused(t *testing.T) {
 	check(&decide.RefusedError{Err: decide.ErrKeyShareFull})
 	check(&decide.RefusedError{Err: decide.ErrKeyShareFull})
 	rls(&decide.RefusedError{Err: decide.ErrTooManyHolds})
+	rls(&decide.RefusedError{Err: decide.ErrNoMemory})
 	got := map[string]float64{}
 	families, err := m.Registry.Gather()
 	g.Expect(err).NotTo(HaveOccurred())
@@ -67,5 +68,5 @@ func TestRegistryRefused(t *testing.T) {
 			got[name] = s.GetCounter().GetValue()
 		}
 	}
-	g.Expect(got).To(Equal(map[string]float64{"/check/key_share": 2, "/check/full": 0, "/rls/key_share": 0, "/rls/full": 1}))
+	g.Expect(got).To(Equal(map[string]float64{"/check/key_share": 2, "/check/full": 0, "/check/memory": 0, "/rls/key_share": 0, "/rls/full": 1, "/rls/memory": 1}))
 }

@@ -14,11 +14,11 @@ func (m *Metrics) WatchMemory(stats func() membudget.Stats) {
 
 var (
 	memorySizeDesc = prometheus.NewDesc(ns+"_memory_budget_bytes",
-		"The memory budget of what clients make the sidecar hold (bodies read to size them), in bytes; 0 when unbounded.", nil, nil)
+		"The memory budget of what clients make the sidecar hold (bodies read to size them, open holds and the entries that wait for their settle), in bytes; 0 when unbounded.", nil, nil)
 	memoryInUseDesc = prometheus.NewDesc(ns+"_memory_budget_in_use_bytes",
 		"Bytes of the memory budget held by requests now.", nil, nil)
 	memoryRefusedDesc = prometheus.NewDesc(ns+"_memory_budget_refusals_total",
-		"Requests answered 503 with Retry-After because the memory budget had no room for them.", nil, nil)
+		"Requests refused because the memory budget had no room for them: 503 with Retry-After on the proxy and /v1/check, OVER_LIMIT with Retry-After on Envoy's rate limit service.", nil, nil)
 )
 
 type memoryCollector struct{ stats func() membudget.Stats }

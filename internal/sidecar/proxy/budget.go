@@ -249,7 +249,16 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 			need.Output = 1 // embeddings: the prompt is the cost; the least hold is prompt + minOutput
 		}
 	}
+	// The holds the request keeps until its settle draw from the memory budget too: one for
+	// each rule that may hold, down to those that did once the reserve has answered.
+	held, ok := h.opts.Memory.Take(decide.HoldBytes * int64(len(costed.Rules)))
+	if !ok {
+		noMemory(w)
+		return
+	}
+	defer held.Release()
 	d, hs, err := h.opts.Engine.Reserve(r.Context(), costed, req, need)
+	held.ShrinkTo(decide.HoldBytes * int64(hs.Len()))
 	if err != nil {
 		h.opts.Log.Error("holding for a token budget", "error", err)
 		writeJSONError(w, http.StatusServiceUnavailable, "token_budget_unavailable")

@@ -93,7 +93,8 @@ func TestPlainRefusalReadsNoBody(t *testing.T) {
 }
 
 // The body's memory goes back as soon as the application has read it, while its answer is
-// still to come (a slow model): the body as sent, and one rewritten with an output cap.
+// still to come (a slow model), leaving only the hold's: the body as sent, and one rewritten
+// with an output cap.
 func TestBodyMemoryGoesBackOnceUpstream(t *testing.T) {
 	for name, body := range map[string]string{
 		"as sent":   chat(strings.Repeat("a", 64<<10)),
@@ -121,9 +122,58 @@ func TestBodyMemoryGoesBackOnceUpstream(t *testing.T) {
 				status <- resp.StatusCode
 			}()
 			<-read
-			g.Eventually(func() int64 { return budget.Stats().InUse }).Should(BeZero(), "nothing held while the model answers")
+			inUse := func() int64 { return budget.Stats().InUse }
+			ok := g.Eventually(inUse).Should(BeEquivalentTo(decide.HoldBytes), "nothing but the hold kept while the model answers")
 			close(answer)
+			if !ok {
+				return
+			}
 			g.Expect(<-status).To(Equal(http.StatusOK))
 		})
 	}
+}
+
+// A request's hold draws from the memory budget while the model answers, and goes back with
+// the response; a request whose hold the budget has no room for is answered 503 with
+// Retry-After before anything is held or sent upstream.
+func TestHoldsDrawFromTheMemoryBudget(t *testing.T) {
+	g := NewWithT(t)
+	read, answer := make(chan struct{}, 1), make(chan struct{})
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		read <- struct{}{}
+		<-answer
+		usage(w, r)
+	})
+	const room = 64 << 10
+	url, budget := memoryFront(t, slow, room)
+	status := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chat("hello")))
+		if err != nil {
+			status <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	<-read
+	ok := g.Eventually(func() int64 { return budget.Stats().InUse }).Should(BeEquivalentTo(decide.HoldBytes),
+		"the body went back once upstream; the hold stays until the response settles it")
+	close(answer)
+	if !ok {
+		return
+	}
+	g.Expect(<-status).To(Equal(http.StatusOK))
+	g.Eventually(func() int64 { return budget.Stats().InUse }).Should(BeZero())
+
+	// Other requests hold all but a hold's worth less a byte: the body fits, the hold does not.
+	g.Expect(budget.Draw(room-decide.HoldBytes+1, nil)).To(BeTrue())
+	resp := post(g, url, "d", chat("hello"))
+	g.Expect(resp.StatusCode).To(Equal(http.StatusServiceUnavailable))
+	g.Expect(resp.Header.Get("Retry-After")).To(Equal("1"))
+	g.Expect(budget.Stats().Refused).To(BeEquivalentTo(1))
+	g.Expect(budget.Stats().InUse).To(BeEquivalentTo(room-decide.HoldBytes+1), "the refused request keeps nothing")
+	budget.Return(room - decide.HoldBytes + 1)
 }

@@ -52,8 +52,9 @@ type Options struct {
 	// BodyReadTimeout bounds the read of a token budget's request body for sizing (default
 	// DefaultBodyReadTimeout); a body slower than it is unsized.
 	BodyReadTimeout time.Duration
-	// Memory is the budget a token budget's request body is read into (nil: none). A request
-	// it has no room for is answered 503 with Retry-After.
+	// Memory is the budget a token budget's request body is read into, and its holds drawn
+	// from until their settle (decide.HoldBytes each; nil: none). A request it has no room
+	// for is answered 503 with Retry-After.
 	Memory *membudget.Budget
 	// OnUnsized hears of each request refused because its body could not be sized (metrics),
 	// with the rule that refused it and the reason (Unsized*).

@@ -91,19 +91,30 @@ var _ = Describe("The namespace's Redis backend", func() {
 		Expect(sc.RedisTLS.CAFile).To(Equal(filepath.Join(contract.RedisTLSDir, contract.RedisTLSCAKey)))
 	})
 
-	It("gives a backend without TLS no TLS flags or Secret, though the manager's Redis has them", func(ctx SpecContext) {
+	It("gives a backend without TLS the patch of one with TLS, whose TLS settings its ConfigMap leaves empty", func(ctx SpecContext) {
 		const plain = "backends-plain"
 		createNamespace(plain)
 		cfg := tlsConfig()
 		cfg.Backends = backendOf{URL: "redis://payments.redis:6379", Backend: true}
-		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(plain, "plain-backend"))
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(plain, "same-pod"))
 		Expect(err).NotTo(HaveOccurred())
-		sc := sidecarOf(out)
-		Expect(flagValues(sc, "redis-tls-")).To(BeEmpty())
-		Expect(out.Spec.Volumes).NotTo(ContainElement(HaveField("Name", contract.RedisTLSVolume)))
+		withTLS := cfg
+		withTLS.Backends = backendOf{URL: "rediss://payments.redis:6380", Backend: true, TLSServerName: "payments.internal", TLSMinVersion: "1.3"}
+		tlsOut, _, err := podinject.NewInjector(withTLS, true).Inject(ctx, annotatedPod(plain, "same-pod"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out.Spec).To(Equal(tlsOut.Spec), "the patch tells nothing of whether the Redis uses TLS")
+		Expect(out.Annotations).To(Equal(tlsOut.Annotations))
+		Expect(out.Spec.Volumes).To(ContainElement(HaveField("Secret.Optional", HaveValue(BeTrue()))),
+			"the TLS Secret's volume is optional: a namespace whose Redis has no TLS has no such Secret")
+
+		By("the sidecar, as kubelet runs it, gets no TLS setting")
 		reconcileRedisConfigMap(ctx, cfg, plain)
-		env, _ := kubeletView(ctx, out)
+		env, args := kubeletView(ctx, out)
 		Expect(env).To(HaveKeyWithValue(contract.EnvRedisURL, "redis://payments.redis:6379"))
+		env[contract.EnvPodNamespace] = plain
+		sc, err := app.ParseConfig(args, func(k string) string { return env[k] }, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sc.RedisTLS.IsZero()).To(BeTrue(), "TLS settings %+v", sc.RedisTLS)
 	})
 
 	It("gives the manager's Redis's pods its URL and TLS names", func(ctx SpecContext) {

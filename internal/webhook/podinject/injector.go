@@ -67,15 +67,15 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 		p.redisURL, budget = nr.URL, nr.Budget
 		if nr.Backend {
 			// Anyone who reaches the webhook can send it a review of a pod in any namespace:
-			// a RedisBackend's URL and TLS names reach the sidecar through the ConfigMap the
-			// manager writes in the pod's own namespace, so that the patch names nothing but
-			// that ConfigMap (see NamespaceRedisReconciler).
+			// a RedisBackend's URL, whether it uses TLS, and its TLS names reach the sidecar
+			// through the ConfigMap the manager writes in the pod's own namespace, so that the
+			// patch names nothing but that ConfigMap (see NamespaceRedisReconciler).
 			p.redisFromConfigMap = true
-			tls.ServerName, tls.MinVersion = envRef(envRedisTLSServerName), envRef(envRedisTLSMinVersion)
+			p.redisTLS = tls.fromConfigMap()
 		}
 	}
-	if redisconn.URLUsesTLS(cmp.Or(p.redisURL, in.cfg.RedisURL)) {
-		p.redisTLS = tls // a Redis without TLS (a RedisBackend's) gets no TLS flags or Secret
+	if !p.redisFromConfigMap && redisconn.URLUsesTLS(cmp.Or(p.redisURL, in.cfg.RedisURL)) {
+		p.redisTLS = tls // a Redis without TLS gets no TLS flags or Secret
 	}
 	warnings = in.sizer.size(ctx, pod, &p, budget)
 	if p.redisPoolSize == 0 && in.cfg.SidecarRedisPoolSize > 0 {

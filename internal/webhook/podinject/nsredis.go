@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/redisconn"
 )
 
 // RedisConfigMapName names the ConfigMap the manager writes in each namespace a RedisBackend
@@ -38,12 +39,22 @@ const (
 	// --redis-tls-server-name and --redis-tls-min-version; empty: the sidecar's defaults.
 	RedisConfigMapTLSServerNameKey = "tls-server-name"
 	RedisConfigMapTLSMinVersionKey = "tls-min-version"
+	// RedisConfigMapTLSCAFileKey, RedisConfigMapTLSCertFileKey and RedisConfigMapTLSKeyFileKey
+	// are the sidecar's --redis-tls-ca-file, --redis-tls-cert-file and --redis-tls-key-file:
+	// the files of the TLS Secret's volume where the Redis uses TLS, empty where it does not,
+	// so that whether it does is in the ConfigMap and not in the pod's patch.
+	RedisConfigMapTLSCAFileKey   = "tls-ca-file"
+	RedisConfigMapTLSCertFileKey = "tls-cert-file"
+	RedisConfigMapTLSKeyFileKey  = "tls-key-file"
 )
 
 // The variables the TLS flags of a RedisBackend's sidecar are expanded from.
 const (
 	envRedisTLSServerName = "REDLINE_REDIS_TLS_SERVER_NAME"
 	envRedisTLSMinVersion = "REDLINE_REDIS_TLS_MIN_VERSION"
+	envRedisTLSCAFile     = "REDLINE_REDIS_TLS_CA_FILE"
+	envRedisTLSCertFile   = "REDLINE_REDIS_TLS_CERT_FILE"
+	envRedisTLSKeyFile    = "REDLINE_REDIS_TLS_KEY_FILE"
 )
 
 // Labels of RedisConfigMapName.
@@ -55,18 +66,25 @@ const (
 // redisConfigMapData is what RedisConfigMapName holds for a namespace served by nr. A
 // namespace the manager's Redis serves (one a RedisBackend served before) gets the manager's
 // Redis, so that its sidecars injected then still find their settings when they restart.
+//
+// The pod's patch is the same whether the Redis uses TLS or not (sidecarContainer): a Redis
+// without TLS gets every TLS key empty, which leaves the sidecar's TLS flags unset.
 func redisConfigMapData(cfg *Config, nr NamespaceRedis) map[string]string {
-	if !nr.Backend {
-		return map[string]string{
-			RedisConfigMapURLKey:           cmp.Or(nr.URL, cfg.RedisURL),
-			RedisConfigMapTLSServerNameKey: cfg.SidecarRedisTLS.ServerName,
-			RedisConfigMapTLSMinVersionKey: cfg.SidecarRedisTLS.MinVersion,
-		}
+	url, tls := cmp.Or(nr.URL, cfg.RedisURL), cfg.SidecarRedisTLS
+	if nr.Backend {
+		url, tls.ServerName, tls.MinVersion = nr.URL, nr.TLSServerName, cmp.Or(nr.TLSMinVersion, tls.MinVersion)
+	}
+	var o redisconn.TLSOptions
+	if redisconn.URLUsesTLS(url) {
+		o = tls.options()
 	}
 	return map[string]string{
-		RedisConfigMapURLKey:           nr.URL,
-		RedisConfigMapTLSServerNameKey: nr.TLSServerName,
-		RedisConfigMapTLSMinVersionKey: cmp.Or(nr.TLSMinVersion, cfg.SidecarRedisTLS.MinVersion),
+		RedisConfigMapURLKey:           url,
+		RedisConfigMapTLSServerNameKey: o.ServerName,
+		RedisConfigMapTLSMinVersionKey: o.MinVersion,
+		RedisConfigMapTLSCAFileKey:     o.CAFile,
+		RedisConfigMapTLSCertFileKey:   o.CertFile,
+		RedisConfigMapTLSKeyFileKey:    o.KeyFile,
 	}
 }
 

@@ -3,6 +3,7 @@ package podinject_test
 import (
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"regexp"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -12,6 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
@@ -96,7 +98,8 @@ var _ = Describe("The sidecars' Redis settings in each namespace", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(cm.Data).To(Equal(map[string]string{
 			podinject.RedisConfigMapURLKey: "rediss://orders.redis:6380", podinject.RedisConfigMapTLSServerNameKey: "orders.internal",
-			podinject.RedisConfigMapTLSMinVersionKey: "1.2",
+			podinject.RedisConfigMapTLSMinVersionKey: "1.2", podinject.RedisConfigMapTLSCAFileKey: tlsFile(contract.RedisTLSCAKey),
+			podinject.RedisConfigMapTLSCertFileKey: tlsFile(contract.RedisTLSCertKey), podinject.RedisConfigMapTLSKeyFileKey: tlsFile(contract.RedisTLSKeyKey),
 		}))
 		Expect(cm.Labels).To(HaveKeyWithValue("app.kubernetes.io/managed-by", "redline"))
 		_, err = redisConfigMap(ctx, onDefault)
@@ -119,7 +122,11 @@ var _ = Describe("The sidecars' Redis settings in each namespace", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(cm.Data).To(Equal(map[string]string{
 			podinject.RedisConfigMapURLKey: cfg.RedisURL, podinject.RedisConfigMapTLSServerNameKey: cfg.SidecarRedisTLS.ServerName,
-			podinject.RedisConfigMapTLSMinVersionKey: cfg.SidecarRedisTLS.MinVersion,
+			podinject.RedisConfigMapTLSMinVersionKey: cfg.SidecarRedisTLS.MinVersion, podinject.RedisConfigMapTLSCAFileKey: tlsFile(contract.RedisTLSCAKey),
+			podinject.RedisConfigMapTLSCertFileKey: tlsFile(contract.RedisTLSCertKey), podinject.RedisConfigMapTLSKeyFileKey: tlsFile(contract.RedisTLSKeyKey),
 		}))
 	})
 })
+
+// tlsFile is the path of key in the sidecar's mount of the Redis TLS Secret.
+func tlsFile(key string) string { return filepath.Join(contract.RedisTLSDir, key) }

@@ -35,6 +35,18 @@ type SidecarTLS struct {
 	ClientCertificate bool
 	// ServerName and MinVersion are redisconn.TLSOptions' (empty: the sidecar's defaults).
 	ServerName, MinVersion string
+
+	// byNamespace: every setting comes from the namespace's RedisConfigMapName, whose keys
+	// are empty for a Redis without TLS (a RedisBackend's), and the Secret's volume is
+	// optional, so that the pod's patch is the same whether its Redis uses TLS or not.
+	byNamespace bool
+}
+
+// fromConfigMap is t with every flag expanded from the variables set from the namespace's
+// RedisConfigMapName (see byNamespace).
+func (t SidecarTLS) fromConfigMap() SidecarTLS {
+	t.ServerName, t.MinVersion, t.byNamespace = envRef(envRedisTLSServerName), envRef(envRedisTLSMinVersion), true
+	return t
 }
 
 // bindFlags registers the --sidecar-redis-tls-* flags.
@@ -94,6 +106,10 @@ func (t SidecarTLS) validate(redisURL string) []error {
 // args are the sidecar's TLS flags.
 func (t SidecarTLS) args() []string {
 	o := t.options()
+	if t.byNamespace {
+		o = redisconn.TLSOptions{CAFile: envRef(envRedisTLSCAFile), CertFile: envRef(envRedisTLSCertFile), KeyFile: envRef(envRedisTLSKeyFile),
+			ServerName: t.ServerName, MinVersion: t.MinVersion}
+	}
 	var args []string
 	for _, f := range []struct{ flag, value string }{
 		{contract.FlagRedisTLSCAFile, o.CAFile},
@@ -129,9 +145,12 @@ func (t SidecarTLS) volume() (v corev1.Volume, ok bool) {
 			corev1.KeyToPath{Key: contract.RedisTLSKeyKey, Path: contract.RedisTLSKeyKey})
 	}
 	return corev1.Volume{Name: contract.RedisTLSVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-		// Not optional (see SidecarTLS). Listed keys only: a key missing is kubelet's error,
-		// with its name, and nothing else of the Secret reaches the pod.
-		SecretName: t.Secret, Optional: new(false), Items: items,
+		// Not optional (see SidecarTLS), but where the namespace's ConfigMap says whether it
+		// is used (byNamespace): a namespace whose Redis has no TLS has no such Secret, and a
+		// sidecar whose Redis has TLS and finds no CA file exits saying so. Listed keys only:
+		// a key missing is kubelet's error, with its name, and nothing else of the Secret
+		// reaches the pod.
+		SecretName: t.Secret, Optional: new(t.byNamespace), Items: items,
 		// Readable by the sidecar's non-root user whatever the pod's fsGroup, as the
 		// credentials are: the pod's other containers could mount the Secret of their own
 		// namespace anyway.

@@ -58,13 +58,14 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	var env []corev1.EnvVar
 	switch url := cmp.Or(p.redisURL, cfg.RedisURL); {
 	case p.redisFromConfigMap:
-		env = append(env, configMapEnv(contract.EnvRedisURL, RedisConfigMapURLKey))
-		if p.redisTLS != (SidecarTLS{}) {
-			// What the TLS flags' $(VAR) references expand to (kubelet expands them in args).
-			env = append(env,
-				configMapEnv(envRedisTLSServerName, RedisConfigMapTLSServerNameKey),
-				configMapEnv(envRedisTLSMinVersion, RedisConfigMapTLSMinVersionKey))
-		}
+		// And what the TLS flags' $(VAR) references expand to (kubelet expands them in args),
+		// empty for a Redis without TLS.
+		env = append(env, configMapEnv(contract.EnvRedisURL, RedisConfigMapURLKey),
+			configMapEnv(envRedisTLSServerName, RedisConfigMapTLSServerNameKey),
+			configMapEnv(envRedisTLSMinVersion, RedisConfigMapTLSMinVersionKey),
+			configMapEnv(envRedisTLSCAFile, RedisConfigMapTLSCAFileKey),
+			configMapEnv(envRedisTLSCertFile, RedisConfigMapTLSCertFileKey),
+			configMapEnv(envRedisTLSKeyFile, RedisConfigMapTLSKeyFileKey))
 	case url != "":
 		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: url})
 	}
