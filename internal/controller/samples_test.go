@@ -166,11 +166,29 @@ var _ = Describe("config/samples", func() {
 		Expect(deploy).NotTo(BeNil(), "config/samples/workload has a Deployment")
 		Expect(svc).NotTo(BeNil(), "config/samples/workload has a Service")
 
-		data, err := os.ReadFile(filepath.Join(samplesDir, "checkout_per_api_key.yaml"))
+		// In Shadow first, as the page applies it, then the enforcing sample over it.
+		data, err := os.ReadFile(filepath.Join(samplesDir, "shadow", "checkout_per_api_key.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		shadow := decodeSample(data, "shadow/checkout_per_api_key.yaml").(*v1alpha1.RateLimitPolicy)
+		shadow.Namespace = ns
+		Expect(k8s.Create(ctx, shadow)).To(Succeed())
+		expectProgrammed(ctx, ns, shadow.Name)
+		Eventually(func(g Gomega) string {
+			doc, _ := document(g, ctx, ns)
+			g.Expect(doc.Policies).To(HaveLen(1))
+			return doc.Policies[0].Rules[0].Mode
+		}, timeout, interval).Should(Equal(string(v1alpha1.Shadow)))
+
+		data, err = os.ReadFile(filepath.Join(samplesDir, "checkout_per_api_key.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		p := decodeSample(data, "checkout_per_api_key.yaml").(*v1alpha1.RateLimitPolicy)
-		p.Namespace = ns
-		Expect(k8s.Create(ctx, p)).To(Succeed())
+		Expect(p.Name).To(Equal(shadow.Name), "the enforcing sample replaces the Shadow one")
+		edit(ctx, shadow, func(cur *v1alpha1.RateLimitPolicy) { cur.Spec = p.Spec })
+		p = shadow
+		Eventually(func(g Gomega) string {
+			doc, _ := document(g, ctx, ns)
+			return doc.Policies[0].Rules[0].Mode
+		}, timeout, interval).Should(Equal(string(v1alpha1.Enforce)))
 		expectProgrammed(ctx, ns, p.Name)
 
 		// The policy selects the Deployment's pods, and so does the Service.

@@ -38,10 +38,6 @@ type ranBy struct {
 
 var ranByTests = []ranBy{
 	{
-		command: regexp.MustCompile(`^bash \.ci/run$`), file: ".ci/run", contains: "make test",
-		how: "CI's entry point: CI runs this script, which runs make lint and make test",
-	},
-	{
 		command: regexp.MustCompile(`^kubectl create namespace redline-system$`),
 		file:    "test/helm/install_test.go", contains: "install.CreateNamespace",
 		how: "the chart's install test creates the release namespace in a real kube-apiserver",
@@ -65,6 +61,16 @@ var ranByTests = []ranBy{
 		command: regexp.MustCompile(`^kubectl apply -n shop -f config/samples/workload/$`),
 		file:    "internal/controller/samples_test.go", contains: `sampleDocuments(filepath.Join("workload", "*.yaml"))`,
 		how: "the controller suite creates every object of config/samples/workload and injects a pod of its template",
+	},
+	{
+		command: regexp.MustCompile(`^kubectl apply -n shop -f config/samples/shadow/checkout_per_api_key\.yaml$`),
+		file:    "internal/controller/samples_test.go", contains: `"shadow", "checkout_per_api_key.yaml"`,
+		how: "the controller suite creates the Shadow sample, then replaces it with the enforcing one",
+	},
+	{
+		command: regexp.MustCompile(`^kubectl redline status -n shop checkout-per-api-key$`),
+		file:    "test/e2e/topkeys_test.go", contains: `runKubectlRedline(g, ctx, "status", "-n", namespace, p.Name)`,
+		how: "the end-to-end suite runs the built plugin's status against real sidecars' reports",
 	},
 	{
 		command: regexp.MustCompile(`^kubectl apply -n shop -f config/samples/checkout_per_api_key\.yaml$`),
