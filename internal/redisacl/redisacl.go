@@ -38,8 +38,6 @@ package redisacl
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -136,15 +134,6 @@ func Rules(namespace string, passwords []string) ([]string, error) {
 		rules = append(rules, "+"+c)
 	}
 	return rules, nil
-}
-
-// NewPassword returns a fresh random password: 32 random bytes, hex.
-func NewPassword() (string, error) {
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("reading random bytes for a redis password: %w", err)
-	}
-	return hex.EncodeToString(b[:]), nil
 }
 
 // ErrUnavailable is wrapped by errors of a Redis that answered but refused an ACL command: a

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 )
@@ -34,20 +33,4 @@ func ParseLabels(data []byte) (map[string]string, error) {
 		return nil, fmt.Errorf("reading labels: %w", err)
 	}
 	return out, nil
-}
-
-// ReadLabels reads and parses a labels file. An empty path means a pod without labels.
-func ReadLabels(path string) (map[string]string, error) {
-	if path == "" {
-		return map[string]string{}, nil
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading pod labels: %w", err)
-	}
-	labels, err := ParseLabels(data)
-	if err != nil {
-		return nil, fmt.Errorf("parsing pod labels %s: %w", path, err)
-	}
-	return labels, nil
 }

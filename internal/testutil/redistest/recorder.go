@@ -62,9 +62,6 @@ func (r *Recorder) Port() string {
 	return strconv.Itoa(r.ln.Addr().(*net.TCPAddr).Port)
 }
 
-// Addr is host:port.
-func (r *Recorder) Addr() string { return r.ln.Addr().String() }
-
 // Received returns every byte received so far and how many connections were accepted.
 func (r *Recorder) Received() (data []byte, conns int) {
 	r.mu.Lock()

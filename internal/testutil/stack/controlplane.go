@@ -78,6 +78,3 @@ func (s *Stack) startControlPlane(ctx context.Context, assets string) error {
 	}
 	return nil
 }
-
-// ControllerManager is the kube-controller-manager process.
-func (s *Stack) ControllerManager() *proc.Process { return s.kcm }
