@@ -1,5 +1,7 @@
-// Command manager runs Redline's controller: it compiles RateLimitPolicies into per-namespace
-// ConfigMaps and keeps the limiter's scripts loaded in Redis.
+// Command manager runs Redline's control plane in one process: the controllers (policies
+// compiled into per-namespace ConfigMaps, the scripts kept loaded in Redis, the connection
+// budget, the memory policy check, each namespace's Redis user and RedisBackends) and the pod
+// injection webhook with its serving certificate.
 package main
 
 import (
