@@ -185,3 +185,58 @@ func TestCheckCostHeader(t *testing.T) {
 		g.Expect(CheckCostHeader(strings.ToUpper(name))).To(MatchError(ContainSubstring("hop-by-hop")), name)
 	}
 }
+
+// TestPreviousSidecarRefusesCountRefused: a rule that gives refusals back (the default) keeps
+// the previous document shape; one that keeps counting them carries countRefused, which
+// round-trips and which the previous sidecar refuses as a whole rather than give back what
+// the rule says to keep.
+func TestPreviousSidecarRefusesCountRefused(t *testing.T) {
+	g := NewWithT(t)
+	_, data, err := Build("shop", []Policy{samplePolicy()}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(data)).NotTo(ContainSubstring("countRefused"))
+	g.Expect(parsePrevRefused(data)).To(Succeed())
+
+	p := samplePolicy()
+	p.Rules[0].CountRefused = true
+	_, data, err = Build("shop", []Policy{p}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	doc, err := Parse(data)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(doc.Policies[0].Rules[0].CountRefused).To(BeTrue())
+	g.Expect(parsePrevRefused(data)).To(MatchError(ContainSubstring(`unknown field "countRefused"`)))
+
+	c := costPolicy()
+	c.Rules[0].CountRefused = true
+	_, data, err = Build("shop", []Policy{c}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = Parse(data)
+	g.Expect(err).To(MatchError(ContainSubstring("does not count refused requests")))
+}
+
+// The release before countRefused: its Rule had every field but it. Two fields of one name at
+// the same depth hide each other from encoding/json, so "countRefused" is unknown here.
+type (
+	hideCountRefused struct {
+		X bool `json:"countRefused"`
+	}
+	prevRefusedRule struct {
+		Rule
+		hideCountRefused
+	}
+	prevRefusedPolicy struct {
+		Policy
+		Rules []prevRefusedRule `json:"rules"`
+	}
+	prevRefusedDocument struct {
+		Document
+		Policies []prevRefusedPolicy `json:"policies"`
+	}
+)
+
+func parsePrevRefused(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var doc prevRefusedDocument
+	return dec.Decode(&doc)
+}

@@ -32,11 +32,8 @@ local now = math.floor(now_us / 1000)
 if at <= now - window then
   return {0, now_us}
 end
-local first = redis.call('ZRANGEBYSCORE', key, at, at, 'LIMIT', 0, 1)
-if first[1] == nil then
-  return {0, now_us}
-end
-local r = redis.call('ZRANK', key, first[1])
+-- r: the rank of the first member of that score, the count of those before it.
+local r = redis.call('ZCOUNT', key, '-inf', '(' .. at)
 local from = math.max(r - 1, 0)
 local span = redis.call('ZRANGE', key, from, r + SCAN - 1, 'WITHSCORES')
 local function total(name)
@@ -53,6 +50,9 @@ if r > 0 then
   i = 3
 end
 local found = nil
+if span[i] == nil or tonumber(span[i + 1]) ~= at then
+  return {0, now_us}
+end
 while prev and span[i] ~= nil and tonumber(span[i + 1]) == at do
   local n = total(span[i])
   if not n then
