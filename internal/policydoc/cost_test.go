@@ -214,15 +214,20 @@ func TestPreviousSidecarRefusesCountRefused(t *testing.T) {
 	g.Expect(err).To(MatchError(ContainSubstring("does not count refused requests")))
 }
 
-// The release before countRefused: its Rule had every field but it. Two fields of one name at
-// the same depth hide each other from encoding/json, so "countRefused" is unknown here.
+// The release before countRefused: its Rule had every field but it.
 type (
-	hideCountRefused struct {
-		X bool `json:"countRefused"`
-	}
 	prevRefusedRule struct {
-		Rule
-		hideCountRefused
+		Name         string     `json:"name"`
+		Match        *Match     `json:"match,omitempty"`
+		Key          []KeyPart  `json:"key"`
+		Algorithm    string     `json:"algorithm"`
+		Requests     int64      `json:"requests"`
+		WindowMS     int64      `json:"windowMs"`
+		Burst        int64      `json:"burst,omitempty"`
+		Mode         string     `json:"mode"`
+		Candidate    *Candidate `json:"candidate,omitempty"`
+		ReportValues bool       `json:"reportValues,omitempty"`
+		Cost         *Cost      `json:"cost,omitempty"`
 	}
 	prevRefusedPolicy struct {
 		Policy

@@ -161,7 +161,7 @@ func TestAFaceRefusalGivesBackEveryRule(t *testing.T) {
 				d.GiveBack(context.Background()) // once only
 				after := lim.Stats()
 				g.Expect(after.Pipelines-before.Pipelines).To(BeEquivalentTo(1), "both rules' give-backs in one round trip")
-				g.Expect(after.GivenBackUnits-before.GivenBackUnits).To(BeEquivalentTo(2))
+				g.Expect(after.GivenBackUnits - before.GivenBackUnits).To(BeEquivalentTo(2))
 			}
 			n, _ := admitted(e, set, stackedReq("u"+run, run), 5)
 			g.Expect(n).To(Equal(3), "nothing stayed counted")
