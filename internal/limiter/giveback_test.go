@@ -150,75 +150,91 @@ func TestRulesDecidedAsOneNeverOverAdmit(t *testing.T) {
 	admin := newClient(t, cl.URL())
 	for _, m := range giveBackModes {
 		t.Run(m.name, func(t *testing.T) {
-			allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
-				g := NewWithT(t)
-				ls := make([]*limiter.Limiter, 2)
-				for i := range ls {
-					o := m.opts
-					if o.ReplicaID != "" {
-						o.ReplicaID += fmt.Sprint("-", i)
-					}
-					ls[i] = newLimiter(t, newClient(t, cl.URL()), o)
-				}
-				const sharedLimit, userLimit, users, each = 40, 6, 12, 10
-				lim := func(n int64) limiter.Limit {
-					return limiter.Limit{Algorithm: alg, Requests: n, Window: time.Hour, Replicas: 2}
-				}
-				sharedKey := limiter.Key("shop", "p", "org", fmt.Sprint(m.name, alg))
-				userKey := func(u int) string { return limiter.Key("shop", "p", "user", fmt.Sprint(m.name, alg, u)) }
-				keys := []string{sharedKey}
-				for u := range users {
-					keys = append(keys, userKey(u))
-				}
-				g.Expect(masters(t, admin, alg, keys...)).To(BeNumerically(">=", 2), "the rules' keys live on several masters")
-
-				var admitted atomic.Int64
-				perUser := make([]atomic.Int64, users)
-				var wg sync.WaitGroup
-				for u := range users {
-					wg.Go(func() {
-						l := ls[u%2]
-						for range each {
-							asks := []limiter.Ask{{Key: sharedKey, Limit: lim(sharedLimit), Cost: 1}, {Key: userKey(u), Limit: lim(userLimit), Cost: 1}}
-							res, errs := l.AllowAll(context.Background(), asks, nil)
-							if errs[0] != nil || errs[1] != nil {
-								t.Errorf("deciding: %v %v", errs[0], errs[1])
-								return
-							}
-							if res[0].Allowed && res[1].Allowed {
-								admitted.Add(1)
-								perUser[u].Add(1)
-								continue
-							}
-							var back []limiter.Refund
-							for i, r := range res {
-								back = append(back, limiter.Refund{Key: asks[i].Key, Limit: asks[i].Limit, Result: r})
-							}
-							if _, err := l.GiveBack(context.Background(), back); err != nil {
-								t.Errorf("giving back: %v", err)
-							}
-						}
+			// 40: the shared rule binds too; 400: only the users' do, and the shared one leases
+			// (400 / 20 / 2 replicas: 10 units at once) and gets its units back into leases.
+			for _, sharedLimit := range []int64{40, 400} {
+				t.Run(fmt.Sprint("shared=", sharedLimit), func(t *testing.T) {
+					allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
+						rulesDecidedAsOne(t, cl.URL(), admin, m.opts, m.name, alg, sharedLimit)
 					})
-				}
-				wg.Wait()
-				g.Expect(admitted.Load()).To(BeNumerically("<=", sharedLimit))
-				for u := range perUser {
-					g.Expect(perUser[u].Load()).To(BeNumerically("<=", userLimit))
-				}
-				// Whatever the leases hold goes back to Redis on Close; then a probe sees exactly
-				// what was admitted counted.
-				for _, l := range ls {
-					l.Close()
-				}
-				probe := newLimiter(t, newClient(t, cl.URL()), limiter.Options{LeaseHorizon: -1, PrecheckSize: -1})
-				rest := admitAll(t, probe, sharedKey, lim(sharedLimit), 1, 2*sharedLimit)
-				g.Expect(int64(len(rest))).To(Equal(sharedLimit-admitted.Load()), "the shared counter holds exactly the admitted requests")
-				for u := range users {
-					rest := admitAll(t, probe, userKey(u), lim(userLimit), 1, 2*userLimit)
-					g.Expect(int64(len(rest))).To(Equal(userLimit-perUser[u].Load()), "user %d's counter holds exactly its admitted requests", u)
-				}
-			})
+				})
+			}
 		})
+	}
+}
+
+func rulesDecidedAsOne(t *testing.T, url string, admin redis.UniversalClient, opts limiter.Options, mode string, alg limiter.Algorithm, sharedLimit int64) {
+	g := NewWithT(t)
+	ls := make([]*limiter.Limiter, 2)
+	for i := range ls {
+		o := opts
+		if o.ReplicaID != "" {
+			o.ReplicaID += fmt.Sprint("-", i)
+		}
+		ls[i] = newLimiter(t, newClient(t, url), o)
+	}
+	const userLimit, users, each = 6, 12, 10
+	lim := func(n int64) limiter.Limit {
+		return limiter.Limit{Algorithm: alg, Requests: n, Window: time.Hour, Replicas: 2}
+	}
+	sharedKey := limiter.Key("shop", "p", "org", fmt.Sprint(mode, alg, sharedLimit))
+	userKey := func(u int) string { return limiter.Key("shop", "p", "user", fmt.Sprint(mode, alg, sharedLimit, u)) }
+	keys := []string{sharedKey}
+	for u := range users {
+		keys = append(keys, userKey(u))
+	}
+	g.Expect(masters(t, admin, alg, keys...)).To(BeNumerically(">=", 2), "the rules' keys live on several masters")
+
+	var admitted, fromLeases atomic.Int64
+	perUser := make([]atomic.Int64, users)
+	var wg sync.WaitGroup
+	for u := range users {
+		wg.Go(func() {
+			l := ls[u%2]
+			for range each {
+				asks := []limiter.Ask{{Key: sharedKey, Limit: lim(sharedLimit), Cost: 1}, {Key: userKey(u), Limit: lim(userLimit), Cost: 1}}
+				res, errs := l.AllowAll(context.Background(), asks, nil)
+				if errs[0] != nil || errs[1] != nil {
+					t.Errorf("deciding: %v %v", errs[0], errs[1])
+					return
+				}
+				if res[0].Allowed && res[1].Allowed {
+					admitted.Add(1)
+					perUser[u].Add(1)
+					continue
+				}
+				if res[0].Allowed && res[0].Source == limiter.SourceLease {
+					fromLeases.Add(1)
+				}
+				var back []limiter.Refund
+				for i, r := range res {
+					back = append(back, limiter.Refund{Key: asks[i].Key, Limit: asks[i].Limit, Result: r})
+				}
+				if _, err := l.GiveBack(context.Background(), back); err != nil {
+					t.Errorf("giving back: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	g.Expect(admitted.Load()).To(BeNumerically("<=", sharedLimit))
+	if opts.LeaseHorizon > 0 && sharedLimit == 400 && (alg == limiter.FixedWindow || alg == limiter.SlidingWindowCounter) {
+		g.Expect(fromLeases.Load()).To(BeNumerically(">", 0), "some give-backs went to a lease")
+	}
+	for u := range perUser {
+		g.Expect(perUser[u].Load()).To(BeNumerically("<=", userLimit))
+	}
+	// Whatever the leases hold goes back to Redis on Close; then a probe sees exactly
+	// what was admitted counted.
+	for _, l := range ls {
+		l.Close()
+	}
+	probe := newLimiter(t, newClient(t, url), limiter.Options{LeaseHorizon: -1, PrecheckSize: -1})
+	rest := admitAll(t, probe, sharedKey, lim(sharedLimit), 1, int(2*sharedLimit))
+	g.Expect(int64(len(rest))).To(Equal(sharedLimit-admitted.Load()), "the shared counter holds exactly the admitted requests")
+	for u := range users {
+		rest := admitAll(t, probe, userKey(u), lim(userLimit), 1, 2*userLimit)
+		g.Expect(int64(len(rest))).To(Equal(userLimit-perUser[u].Load()), "user %d's counter holds exactly its admitted requests", u)
 	}
 }
 
