@@ -192,8 +192,8 @@ func stackedRun(t *testing.T, url string, leases bool) {
 					units["per-org"] += counted(t, rc, limiter.Algorithm(a.alg), key("per-org", o+run), orgLimit)
 				}
 				units["per-path"] = counted(t, rc, limiter.Algorithm(a.alg), key("per-path", path), pathLimit)
-				t.Logf("admitted per phase %v (%d requests); units counted: user %d, org %d, path %d (%d in all)",
-					perPhase, n, units["per-user"], units["per-org"], units["per-path"], units["per-user"]+units["per-org"]+units["per-path"])
+				t.Logf("%s: admitted per phase %v (%d requests); units counted: user %d, org %d, path %d (%d in all)",
+					strings.TrimPrefix(t.Name(), "TestARefusedRequestCountsInNoRule/"), perPhase, n, units["per-user"], units["per-org"], units["per-path"], units["per-user"]+units["per-org"]+units["per-path"])
 				g.Expect(perPhase).To(Equal([]int{10, 10, 5, 15}))
 				g.Expect(units).To(Equal(map[string]int64{"per-user": 40, "per-org": 40, "per-path": 40}), "each rule counts the 40 admitted requests, no refused one")
 			})
