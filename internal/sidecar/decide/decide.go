@@ -102,9 +102,6 @@ type Engine struct {
 	// ObserveSettle, if set, hears of every settle of a hold (metrics): what went back, what
 	// became debt, or why the settle failed (the hold then goes back at its deadline).
 	ObserveSettle func(*ruleset.Rule, limiter.Settled, error)
-	// ObserveGiveBack, if set, hears of every give-back of a refused request's counts (see
-	// Decision.GiveBack): the units that went back, and why some could not.
-	ObserveGiveBack func(units int64, err error)
 }
 
 // Batcher decides several limits with their Redis calls in one batch; *limiter.Limiter is one.

@@ -94,10 +94,8 @@ func (e *Engine) giveBack(ctx context.Context, refunds []limiter.Refund) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 	defer cancel()
-	n, err := gb.GiveBack(ctx, refunds)
-	if e.ObserveGiveBack != nil {
-		e.ObserveGiveBack(n, err)
-	}
+	// What went back, and why some could not, is in the limiter's counters (metrics).
+	_, _ = gb.GiveBack(ctx, refunds)
 }
 
 // pendingCandidates are candidates' decisions still under way when the verdict was reached.
