@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
@@ -58,6 +59,13 @@ func giveBackEngine(t *testing.T) *decide.Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
+	// Loaded as the manager loads every script a sidecar runs: a give-back then makes one round
+	// trip, not a second one after NOSCRIPT.
+	for _, s := range []scripts.Script{scripts.HoldSettle(), scripts.TokenReturn(), scripts.LogReturn()} {
+		if err := c.ScriptLoad(context.Background(), s.Source).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	lim, err := limiter.New(c, limiter.Options{LeaseHorizon: -1})
 	if err != nil {
 		t.Fatal(err)
