@@ -176,3 +176,31 @@ func TestAFaceRefusalGivesBackEveryRule(t *testing.T) {
 		})
 	}
 }
+
+// TestGiveBackAfterAReload: a decision gives back under the keys and limits it was decided
+// under, whatever rule set is in force by then (here one whose limits changed and that lost a
+// rule).
+func TestGiveBackAfterAReload(t *testing.T) {
+	e := giveBackEngine(t)
+	for _, alg := range limiter.Algorithms {
+		t.Run(string(alg), func(t *testing.T) {
+			g := NewWithT(t)
+			run := fmt.Sprint(alg, time.Now().UnixNano())
+			before := stackedSet(t, stackedRule("user", "x-user", string(alg), 3), stackedRule("org", "x-org", string(alg), 3))
+			var ds []decide.Decision
+			for range 3 {
+				d := e.Decide(context.Background(), before, stackedReq("u"+run, run), 1)
+				g.Expect(d.Allowed).To(BeTrue())
+				ds = append(ds, d)
+			}
+			after := stackedSet(t, stackedRule("user", "x-user", string(alg), 4))
+			for i := range ds {
+				ds[i].GiveBack(context.Background())
+			}
+			n, _ := admitted(e, after, stackedReq("u"+run, run), 6)
+			g.Expect(n).To(Equal(4), "the user's 3 went back: its new limit of 4 is whole")
+			n, _ = admitted(e, before, stackedReq("v"+run, run), 6)
+			g.Expect(n).To(Equal(3), "the organisation's 3 went back too")
+		})
+	}
+}
