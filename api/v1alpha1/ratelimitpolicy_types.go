@@ -113,6 +113,7 @@ type RateLimitPolicySpec struct {
 }
 
 // Rule is one limit: which requests it counts, how it keys them and how much it admits.
+// +kubebuilder:validation:XValidation:rule="!(has(self.refused) && self.refused == 'Counted' && has(self.cost) && has(self.cost.from) && self.cost.from == 'Response')",message="refused: Counted cannot go with cost.from: Response: a refused request's hold always goes back, since it costs nothing; leave refused unset"
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.burst) || self.algorithm == 'TokenBucket'",message="limit.burst is only valid with algorithm TokenBucket"
 // +kubebuilder:validation:XValidation:rule="!has(self.algorithm) || self.algorithm != 'SlidingWindowLog' || self.limit.requests <= 10000",message="limit.requests must be at most 10000 with algorithm SlidingWindowLog, which stores every request of the window in Redis (about 130 bytes each); use SlidingWindowCounter for larger limits"
 // +kubebuilder:validation:XValidation:rule="!has(self.candidate) || !has(self.candidate.limit.burst) || (has(self.candidate.algorithm) ? self.candidate.algorithm : (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter')) == 'TokenBucket'",message="candidate.limit.burst is only valid when the candidate's algorithm (candidate.algorithm, or the rule's) is TokenBucket"
@@ -171,6 +172,11 @@ type Rule struct {
 	// Hashes (when not set) or Values (their readable parts too).
 	// +optional
 	TopKeys TopKeysReport `json:"topKeys,omitempty"`
+
+	// refused says whether the rule counts a request that another rule it matches refuses:
+	// Uncounted (when not set: the request counts in no rule) or Counted (it counts here).
+	// +optional
+	Refused RefusedRequests `json:"refused,omitempty"`
 }
 
 // PathMatchType says how match.path.value is compared with the request path: Gateway API's

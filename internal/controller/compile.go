@@ -79,6 +79,13 @@ func compileRule(r v1alpha1.Rule) (policydoc.Rule, error) {
 	default:
 		return policydoc.Rule{}, fmt.Errorf("topKeys %q must be Hashes or Values", r.TopKeys)
 	}
+	switch r.Refused {
+	case "", v1alpha1.RefusedUncounted:
+	case v1alpha1.RefusedCounted:
+		out.CountRefused = true
+	default:
+		return policydoc.Rule{}, fmt.Errorf("refused %q must be Uncounted or Counted", r.Refused)
+	}
 	if c := r.Candidate; c != nil {
 		calg := orDefault(c.Algorithm, alg)
 		cburst, err := checkLimit(calg, c.Limit, "candidate.limit")

@@ -24,6 +24,9 @@ func compileCost(c *v1alpha1.Cost, out *policydoc.Rule) (*policydoc.Cost, error)
 	default:
 		return nil, fmt.Errorf("cost.from %q must be Request or Response", c.From)
 	}
+	if out.CountRefused {
+		return nil, errors.New("refused: Counted cannot go with cost.from: Response: a refused request's hold always goes back; leave refused unset")
+	}
 	if out.Candidate != nil {
 		return nil, errors.New("cost.from: Response cannot have a candidate (not supported yet): remove the candidate")
 	}

@@ -125,6 +125,13 @@ func TestCompileRefuses(t *testing.T) {
 			p.Spec.Rules[0].Key[0].Constant = "x"
 		}, "exactly one of"},
 		"no rules": {func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules = nil }, "at least one rule"},
+		"unknown refused": {func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Refused = "Sometimes"
+		}, `refused "Sometimes" must be Uncounted or Counted`},
+		"refused counted with a token budget": {func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Refused = v1alpha1.RefusedCounted
+			p.Spec.Rules[0].Cost = &v1alpha1.Cost{From: v1alpha1.CostFromResponse}
+		}, "refused: Counted cannot go with cost.from: Response"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -200,5 +207,18 @@ func TestCompilePaths(t *testing.T) {
 			_, err := compile(tc.m)
 			NewWithT(t).Expect(err).To(MatchError(And(ContainSubstring("spec.rules[0] (r): "), ContainSubstring(tc.want))))
 		})
+	}
+}
+
+// TestCompileRefused: refused: Counted compiles to countRefused; Uncounted, or nothing, to the
+// document a previous sidecar reads.
+func TestCompileRefused(t *testing.T) {
+	g := NewWithT(t)
+	for refused, want := range map[v1alpha1.RefusedRequests]bool{"": false, v1alpha1.RefusedUncounted: false, v1alpha1.RefusedCounted: true} {
+		p := testPolicy("a", 10)
+		p.Spec.Rules[0].Refused = refused
+		cp, err := CompilePolicy(p)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(cp.Rules[0].CountRefused).To(Equal(want), "refused %q", refused)
 	}
 }

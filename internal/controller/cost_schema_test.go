@@ -76,6 +76,11 @@ var _ = Describe("Token budgets in the schema", func() {
 		Entry("an unknown unsizedBody", costRule("", 500, response("unsizedBody", "Maybe")), "cost.unsizedBody"),
 		Entry("unsizedBody Refuse with usage Header", costRule("", 500, response("usage", "Header", "unsizedBody", "Refuse")),
 			"cost.unsizedBody: Refuse cannot go with usage: Header"),
+		Entry("refused: Counted", func() map[string]any {
+			r := costRule("", 500, response())
+			r["refused"] = "Counted"
+			return r
+		}(), "refused: Counted cannot go with cost.from: Response"),
 	)
 
 	It("refuses every header the sidecar may not remove, whatever its case", func() {

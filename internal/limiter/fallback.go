@@ -59,8 +59,12 @@ func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, c
 
 // allow decides cost units against the local share of the limit. Local counters live on after
 // Redis returns, so a flapping Redis does not hand out a fresh share on every outage.
+// An admitted Result says what it counted, for GiveBack.
 func (f *fallback) allow(key string, limit Limit, cost, replicas int64, now time.Time, cause error) Result {
-	r, _, _ := f.take(key, limit, cost, cost, replicas, now, cause)
+	r, w, granted := f.take(key, limit, cost, cost, replicas, now, cause)
+	if granted > 0 {
+		r.spent = spent{units: granted, local: w, localAt: w.startOf(now)}
+	}
 	return r
 }
 

@@ -162,6 +162,7 @@ func (ls *leases) take(key string, limit Limit, cost int64, now time.Time) (r Re
 		e.lastUse = now
 		return Result{
 			Allowed: true, Remaining: e.remaining + e.units, ResetAfter: e.deadline.Sub(now), Source: SourceLease,
+			spent: spent{units: cost, startMS: e.windowStart, lease: e},
 		}, true, 0, nil, e
 	}
 	if e.fetching != nil {

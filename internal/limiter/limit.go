@@ -108,6 +108,8 @@ type Result struct {
 	// Err is why Redis was not asked or did not answer, for logs and metrics, when Source is one
 	// of the failure sources. The decision is still valid.
 	Err error
+
+	spent spent // what an admission counted, for GiveBack (see Counted)
 }
 
 // ErrInvalidLimit is wrapped by errors about a Limit or cost that cannot be enforced.

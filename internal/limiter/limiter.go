@@ -251,8 +251,8 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 	sk := stateKey(key, limit.Algorithm)
 	now := l.opts.Now()
 	if l.leases == nil || !limit.Algorithm.leases() {
-		res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now, m, nil)
-		return finish(res, limit), err
+		res, g, answered, err := l.ask(ctx, sk, limit, cost, cost, now, m, nil)
+		return finish(counted(res, limit, g, cost, answered), limit), err
 	}
 	for waited := false; ; waited = true {
 		r, ok, want, wait, e := l.leases.take(sk, limit, cost, now)
@@ -266,13 +266,13 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 			if answered && g.units > cost {
 				l.stats.grants.Add(1)
 			}
-			return finish(res, limit), err
+			return finish(counted(res, limit, g, cost, answered), limit), err
 		}
 		if waited {
 			// Another caller is asking for this key again: ask for this cost alone rather
 			// than queue behind a second round trip.
-			res, _, _, err := l.ask(ctx, sk, limit, cost, cost, now, nil, nil)
-			return finish(res, limit), err
+			res, g, answered, err := l.ask(ctx, sk, limit, cost, cost, now, nil, nil)
+			return finish(counted(res, limit, g, cost, answered), limit), err
 		}
 		// Waiting for another caller's grant: the rest of the gather goes without this one.
 		m.pass(l)
@@ -392,6 +392,15 @@ func (l *Limiter) finishCall(c *call, sk string, limit Limit, cost int64, now ti
 		l.precheck.refuse(sk, limit, cost, res, now, repeatFor)
 	}
 	return res, g, true, nil
+}
+
+// counted records in res what a decision of cost counted, when Redis answered and admitted it
+// (see GiveBack); a degraded decision says so itself.
+func counted(res Result, limit Limit, g grant, cost int64, answered bool) Result {
+	if answered && res.Allowed && g.units > 0 {
+		res.spent = spentOf(limit, g, cost)
+	}
+	return res
 }
 
 // finish applies shadow mode: the decision stands in OverLimit, the request passes.

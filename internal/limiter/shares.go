@@ -102,12 +102,12 @@ func (s *shares) known(key string) (start, cur, prev, lv int64) {
 }
 
 // lower takes units from key's share in the window starting at start, for a lowering Redis
-// will be told of with the stamp it returns (see shares_open.lua).
-func (s *shares) lower(key string, window time.Duration, start, units int64) int64 {
+// will be told of with the stamp known reads after it (see shares_open.lua).
+func (s *shares) lower(key string, window time.Duration, start, units int64) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	lv := s.lowerings.Add(1)
+	s.lowerings.Add(1)
 	if e, ok := sh.m[key]; ok {
 		if e.window == window && e.start == start {
 			e.cur = max(e.cur-units, 0)
@@ -115,7 +115,6 @@ func (s *shares) lower(key string, window time.Duration, start, units int64) int
 			e.prev = max(e.prev-units, 0)
 		}
 	}
-	return lv
 }
 
 // add records units (negative: given back) granted to key in the window starting at start. It

@@ -49,6 +49,9 @@ type Stats struct {
 	// HoldReturnedUnits counts units settles gave back, and DebtUnits units they charged past
 	// their holds (a request that used more than it held, or settled after its hold expired).
 	HoldReturnedUnits, DebtUnits uint64
+	// GivenBackUnits counts units GiveBack gave back (requests another rule refused), and
+	// GiveBackErrors the give-backs that could not be made (their units stayed counted).
+	GivenBackUnits, GiveBackErrors uint64
 	// BreakerOpen says the circuit breaker of some shard is open now.
 	BreakerOpen bool
 	// Shards are the circuit breakers, one per shard (see ShardState), by name.
@@ -59,6 +62,7 @@ type counters struct {
 	redis, precheck, degraded, pipelines, scriptLoads, leased, grants, stale  atomic.Uint64
 	restorations, restoredUnits, reassertions, reassertErrors, unkept, held   atomic.Uint64
 	holdsReserved, holdsSettled, holdsExpired, holdsUntracked, returned, debt atomic.Uint64
+	givenBack, giveBackErrors                                                 atomic.Uint64
 }
 
 func (l *Limiter) leaseKeys() int {
@@ -101,6 +105,8 @@ func (l *Limiter) Stats() Stats {
 		HoldsUntracked:    l.stats.holdsUntracked.Load(),
 		HoldReturnedUnits: l.stats.returned.Load(),
 		DebtUnits:         l.stats.debt.Load(),
+		GivenBackUnits:    l.stats.givenBack.Load(),
+		GiveBackErrors:    l.stats.giveBackErrors.Load(),
 		BreakerOpen:       slices.ContainsFunc(shards, func(s ShardState) bool { return s.Open }),
 		Shards:            shards,
 	}

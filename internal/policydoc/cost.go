@@ -123,6 +123,8 @@ func (r *Rule) validCost() error {
 		return fmt.Errorf("from %q is not %s", c.From, CostFromResponse)
 	case r.Candidate != nil:
 		return errors.New("a rule whose cost comes from the response has no candidate")
+	case r.CountRefused:
+		return errors.New("a rule whose cost comes from the response does not count refused requests")
 	case !slices.Contains([]string{UsageAuto, UsageOpenAIChat, UsageOpenAIResponses, UsageAnthropic, UsageGemini, UsageHeader}, c.Usage):
 		return fmt.Errorf("unknown usage %q", c.Usage)
 	case c.OnError != OnErrorUsed && c.OnError != OnErrorZero:

@@ -185,3 +185,63 @@ func TestCheckCostHeader(t *testing.T) {
 		g.Expect(CheckCostHeader(strings.ToUpper(name))).To(MatchError(ContainSubstring("hop-by-hop")), name)
 	}
 }
+
+// TestPreviousSidecarRefusesCountRefused: a rule that gives refusals back (the default) keeps
+// the previous document shape; one that keeps counting them carries countRefused, which
+// round-trips and which the previous sidecar refuses as a whole rather than give back what
+// the rule says to keep.
+func TestPreviousSidecarRefusesCountRefused(t *testing.T) {
+	g := NewWithT(t)
+	_, data, err := Build("shop", []Policy{samplePolicy()}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(data)).NotTo(ContainSubstring("countRefused"))
+	g.Expect(parsePrevRefused(data)).To(Succeed())
+
+	p := samplePolicy()
+	p.Rules[0].CountRefused = true
+	_, data, err = Build("shop", []Policy{p}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	doc, err := Parse(data)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(doc.Policies[0].Rules[0].CountRefused).To(BeTrue())
+	g.Expect(parsePrevRefused(data)).To(MatchError(ContainSubstring(`unknown field "countRefused"`)))
+
+	c := costPolicy()
+	c.Rules[0].CountRefused = true
+	_, data, err = Build("shop", []Policy{c}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = Parse(data)
+	g.Expect(err).To(MatchError(ContainSubstring("does not count refused requests")))
+}
+
+// The release before countRefused: its Rule had every field but it.
+type (
+	prevRefusedRule struct {
+		Name         string     `json:"name"`
+		Match        *Match     `json:"match,omitempty"`
+		Key          []KeyPart  `json:"key"`
+		Algorithm    string     `json:"algorithm"`
+		Requests     int64      `json:"requests"`
+		WindowMS     int64      `json:"windowMs"`
+		Burst        int64      `json:"burst,omitempty"`
+		Mode         string     `json:"mode"`
+		Candidate    *Candidate `json:"candidate,omitempty"`
+		ReportValues bool       `json:"reportValues,omitempty"`
+		Cost         *Cost      `json:"cost,omitempty"`
+	}
+	prevRefusedPolicy struct {
+		Policy
+		Rules []prevRefusedRule `json:"rules"`
+	}
+	prevRefusedDocument struct {
+		Document
+		Policies []prevRefusedPolicy `json:"policies"`
+	}
+)
+
+func parsePrevRefused(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var doc prevRefusedDocument
+	return dec.Decode(&doc)
+}

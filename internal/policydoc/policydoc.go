@@ -89,6 +89,11 @@ type Rule struct {
 	// readable by sidecars that do not know the field; one of them refuses a document with it
 	// and keeps its last good one, rather than count a token budget in requests.
 	Cost *Cost `json:"cost,omitempty"`
+	// CountRefused keeps what the rule counted of a request another rule refused (by default
+	// it goes back). Omitted when false, so a document without it stays readable by sidecars
+	// that do not know the field; one of them refuses a document with it and keeps its last
+	// good one, rather than give back what the rule says to keep. Never with Cost.
+	CountRefused bool `json:"countRefused,omitempty"`
 }
 
 // Candidate is a rule's candidate limit.

@@ -84,10 +84,11 @@ var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*['"]([A-Za-z]+)['"]`)
 // anyCall counts every call, literal command name or not.
 var anyCall = regexp.MustCompile(`redis\.p?call\(`)
 
-// SidecarScripts are the scripts a sidecar runs: the limiter's algorithms, the lease return, the
-// holds' settles and the heartbeat. The manager loads them all on every node, since a namespace's user cannot.
+// SidecarScripts are the scripts a sidecar runs: the limiter's algorithms, the returns (lease
+// and give-back), the holds' settles and the heartbeat. The manager loads them all on every node, since a namespace's user cannot.
 func SidecarScripts() []scripts.Script {
-	return slices.Concat(scripts.All(), []scripts.Script{scripts.LeaseReturn(), scripts.HoldSettle(), scripts.HoldSettleTokenBucket(), scripts.HoldSettleSlidingWindowLog()}, fleet.Scripts())
+	return slices.Concat(scripts.All(), []scripts.Script{scripts.LeaseReturn(), scripts.HoldSettle(), scripts.HoldSettleTokenBucket(), scripts.HoldSettleSlidingWindowLog(),
+		scripts.TokenReturn(), scripts.LogReturn()}, fleet.Scripts())
 }
 
 // Commands returns the commands a namespace's user may run, sorted, in ACL syntax (lower case,

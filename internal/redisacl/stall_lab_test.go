@@ -284,6 +284,23 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 	add("TokenBucket", tat, -1, -1, -1, -1, -1)
 	add("TokenBucket", tat, 0, 0, 0, 0, 0)
 	add("TokenBucket", tat)
+	// Give-backs: a TAT of 64 MB of digits, and a log of millions, by its newest and a middle
+	// score (the members there and every later one are bounded), and hostile arguments.
+	for _, tk := range [][]string{tat, {l.heldTat}} {
+		add("TokenReturn", tk, 100, 1000, 100, 5)
+		add("TokenReturn", tk, "1e300", 1, "1e300", "1e300")
+		add("TokenReturn", tk, "nan", "nan", "nan", "nan")
+		add("TokenReturn", tk, 0, -1, 0, -1)
+		add("TokenReturn", tk)
+	}
+	now := time.Now().UnixMilli()
+	add("LogReturn", log, hour, now-1000, 1)
+	add("LogReturn", log, hour, now-hour/2, 1)
+	add("LogReturn", log, hour, now-hour/2, "1e15")
+	add("LogReturn", log, "1e300", "1e300", "1e300")
+	add("LogReturn", log, "nan", "nan", "nan")
+	add("LogReturn", log, -1, -1, -1)
+	add("LogReturn", log)
 	group := []string{l.group, l.cfg}
 	add("GroupHeartbeat", group, "i1", hour, "h", "1")   // half the group dead: drops
 	add("GroupHeartbeat", group, "i2", 2*hour, "h", "0") // none dead

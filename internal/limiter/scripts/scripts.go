@@ -83,6 +83,16 @@ var limiterScripts = sync.OnceValue(func() []Script {
 // on NOSCRIPT like the others, and the manager does not record it.
 var LeaseReturn = sync.OnceValue(func() Script { return New("LeaseReturn", source("lua/lease_return.lua")) })
 
+// TokenReturn gives back tokens a TokenBucket decision took, and LogReturn a member a
+// SlidingWindowLog decision added, for a request another rule refused (see
+// lua/token_return.lua, lua/log_return.lua); LeaseReturn does it for the window state of
+// FixedWindow and SlidingWindowCounter. Like LeaseReturn, loaded by Exec on NOSCRIPT and by
+// the manager with every sidecar script, and not recorded.
+var (
+	TokenReturn = sync.OnceValue(func() Script { return New("TokenReturn", source("lua/token_return.lua")) })
+	LogReturn   = sync.OnceValue(func() Script { return New("LogReturn", source("lua/log_return.lua")) })
+)
+
 // HoldSettle settles a hold of FixedWindow or SlidingWindowCounter, HoldSettleTokenBucket one
 // of TokenBucket and HoldSettleSlidingWindowLog one of SlidingWindowLog (see lua/hold_settle.lua,
 // lua/hold_settle_tb.lua, lua/hold_settle_swl.lua). Holds are reserved by the algorithms' own

@@ -140,8 +140,9 @@ func (h *Handler) reserve(r *http.Request, set *ruleset.Set, req *Request) (deci
 	}
 	hold.ID, err = h.Holds.Put(hs, "", hs.Deadline())
 	if err != nil {
-		// Nobody could settle it: give it back now.
+		// Nobody could settle it: give it back now, and what the other rules counted.
 		_, _ = hs.Settle(r.Context(), 0, true, false)
+		d.GiveBack(r.Context())
 		return decide.Decision{}, nil, err
 	}
 	return d, hold, nil

@@ -22,8 +22,10 @@ import (
 //     changes nothing of the live rule's decisions;
 //   - "half": 30 per minute enforced, in its own state: what enforcing the candidate would do.
 //
-// All three run algorithm alg.
-func candidateSet(t *testing.T, alg string) *ruleset.Set {
+// All three run algorithm alg. Each is a set of its own: were they one, every request would
+// match the three, and a request "half" refuses would count in none of them (see
+// Decision.GiveBack), where the three are to decide the same traffic independently.
+func candidateSet(t *testing.T, alg, policy string) *ruleset.Set {
 	t.Helper()
 	rule := func(name string, requests int64, cand *policydoc.Candidate) policydoc.Rule {
 		return policydoc.Rule{Name: name, Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: alg,
@@ -32,11 +34,12 @@ func candidateSet(t *testing.T, alg string) *ruleset.Set {
 	pol := func(name string, r policydoc.Rule) policydoc.Policy {
 		return policydoc.Policy{Name: name, Generation: 1, FailureMode: "Closed", Rules: []policydoc.Rule{r}}
 	}
-	_, data, err := policydoc.Build("cand", []policydoc.Policy{
-		pol("live", rule("r", 60, &policydoc.Candidate{Algorithm: alg, Requests: 30, WindowMS: time.Minute.Milliseconds()})),
-		pol("same", rule("r", 60, nil)),
-		pol("half", rule("r", 30, nil)),
-	}, map[string]string{})
+	pols := map[string]policydoc.Policy{
+		"live": pol("live", rule("r", 60, &policydoc.Candidate{Algorithm: alg, Requests: 30, WindowMS: time.Minute.Milliseconds()})),
+		"same": pol("same", rule("r", 60, nil)),
+		"half": pol("half", rule("r", 30, nil)),
+	}
+	_, data, err := policydoc.Build("cand", []policydoc.Policy{pols[policy]}, map[string]string{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +57,7 @@ func candidateSet(t *testing.T, alg string) *ruleset.Set {
 // TestCandidateCountsWhatEnforcingItWouldRefuse: on the same live traffic, a candidate at half
 // the limit would refuse exactly what an enforced rule at that limit refuses, the rule it is
 // counted beside decides exactly as it would without it, and the candidate costs no round trip:
-// each request makes one, all three policies and the candidate together.
+// the rule and its candidate together make one per request.
 func TestCandidateCountsWhatEnforcingItWouldRefuse(t *testing.T) {
 	srv, err := redistest.Start()
 	if err != nil {
@@ -74,12 +77,16 @@ func TestCandidateCountsWhatEnforcingItWouldRefuse(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(lim.Close)
-			set := candidateSet(t, alg)
+			sets := map[string]*ruleset.Set{}
+			for _, p := range []string{"live", "same", "half"} {
+				sets[p] = candidateSet(t, alg, p)
+			}
+			set := sets["live"]
 			e := &decide.Engine{Limiter: lim}
 			r := rand.New(rand.NewPCG(1, 2))
 			var wouldRefuse, halfRefused, liveRefused, sameRefused, decisions int
 			var mismatched int
-			before := lim.Stats().Pipelines
+			var trips uint64
 			const requests = 600
 			for i := range requests {
 				// 20 keys, a few heavy: keys 0-2 get most of the traffic.
@@ -87,14 +94,17 @@ func TestCandidateCountsWhatEnforcingItWouldRefuse(t *testing.T) {
 				if r.IntN(3) > 0 {
 					key = fmt.Sprint(r.IntN(3))
 				}
-				d := e.Decide(context.Background(), set, &decide.Request{Method: "GET", Path: "/", Header: http.Header{"X-Key": {key}}, RemoteAddr: "10.0.0.1:1"}, 1)
-				if len(d.Outcomes) != 3 || len(d.WaitCandidates()) != 1 {
-					t.Fatalf("request %d: %d outcomes and %d candidates, want 3 and 1", i, len(d.Outcomes), len(d.Candidates))
+				rq := &decide.Request{Method: "GET", Path: "/", Header: http.Header{"X-Key": {key}}, RemoteAddr: "10.0.0.1:1"}
+				before := lim.Stats().Pipelines
+				d := e.Decide(context.Background(), set, rq, 1)
+				if len(d.Outcomes) != 1 || len(d.WaitCandidates()) != 1 {
+					t.Fatalf("request %d: %d outcomes and %d candidates, want 1 and 1", i, len(d.Outcomes), len(d.Candidates))
 				}
+				trips += lim.Stats().Pipelines - before
 				decisions++
-				by := map[string]decide.Outcome{}
-				for _, o := range d.Outcomes {
-					by[o.Rule.Policy.Name] = o
+				by := map[string]decide.Outcome{"live": d.Outcomes[0]}
+				for _, p := range []string{"same", "half"} {
+					by[p] = e.Decide(context.Background(), sets[p], rq, 1).Outcomes[0]
 				}
 				cand := d.Candidates[0]
 				if cand.Rule.CandidateOf != by["live"].Rule || !cand.Result.Allowed {
@@ -116,7 +126,6 @@ func TestCandidateCountsWhatEnforcingItWouldRefuse(t *testing.T) {
 					mismatched++
 				}
 			}
-			trips := lim.Stats().Pipelines - before
 			t.Logf("%s, %d requests: candidate (30/min) would refuse %d, the same limit enforced refuses %d; live rule (60/min) refuses %d, without a candidate %d; %d Redis round trips (%.2f per request, the pre-check answers the rest)",
 				alg, requests, wouldRefuse, halfRefused, liveRefused, sameRefused, trips, float64(trips)/requests)
 			if wouldRefuse != halfRefused || liveRefused != sameRefused || mismatched != 0 {

@@ -50,6 +50,11 @@ type Hit struct {
 type Outcome struct {
 	Rule   *ruleset.Rule
 	Result limiter.Result
+
+	// key and lim are what the decision was made under, which GiveBack gives back to (the
+	// rule set may have been swapped since).
+	key string
+	lim limiter.Limit
 }
 
 // Refuses says whether this outcome refuses the request: an Enforce rule over its limit.
@@ -69,13 +74,9 @@ type Decision struct {
 	// Refused is the refusing outcome with the longest retry-after, when not Allowed.
 	Refused *Outcome
 
-	pending *pendingCandidates
-}
-
-// pendingCandidates are candidates' decisions still under way when the verdict was reached.
-type pendingCandidates struct {
-	wg   sync.WaitGroup
-	outs []Outcome
+	pending  *pendingCandidates
+	engine   *Engine // that decided it, for GiveBack
+	gaveBack bool
 }
 
 // WaitCandidates waits for the candidates' decisions and returns them (Candidates). A face
@@ -126,7 +127,7 @@ func (e *Engine) Decide(ctx context.Context, set *ruleset.Set, req *Request, cos
 		}
 		calls = appendCalls(calls, set.Namespace, r, a.parts(r.Key), cost)
 	}
-	return e.run(ctx, calls)
+	return e.decided(ctx, e.run(ctx, calls))
 }
 
 // DecideHits evaluates the named rules with the given key parts, each hit cost units (or its
@@ -147,7 +148,15 @@ func (e *Engine) DecideHits(ctx context.Context, set *ruleset.Set, hits []Hit, c
 		}
 		calls = appendCalls(calls, set.Namespace, r, h.Key, c)
 	}
-	return e.run(ctx, calls), nil
+	return e.decided(ctx, e.run(ctx, calls)), nil
+}
+
+// decided gives back what d counted when some rule refused it.
+func (e *Engine) decided(ctx context.Context, d Decision) Decision {
+	if !d.Allowed {
+		d.GiveBack(ctx)
+	}
+	return d
 }
 
 type call struct {
@@ -171,7 +180,7 @@ func appendCalls(calls []call, namespace string, r *ruleset.Rule, parts []string
 // (Batcher), else concurrently, so that the request waits for one round trip, not one per rule.
 // Candidates ride in the same batch, detached: the verdict does not wait for them.
 func (e *Engine) run(ctx context.Context, calls []call) Decision {
-	d := Decision{Allowed: true}
+	d := Decision{Allowed: true, engine: e}
 	if len(calls) == 0 {
 		return d
 	}
@@ -185,8 +194,7 @@ func (e *Engine) run(ctx context.Context, calls []call) Decision {
 			if pending == nil {
 				pending = &pendingCandidates{}
 			}
-			slot[i] = len(pending.outs)
-			pending.outs = append(pending.outs, Outcome{})
+			slot[i] = pending.add()
 		}
 	}
 	if pending != nil {
@@ -202,8 +210,7 @@ func (e *Engine) run(ctx context.Context, calls []call) Decision {
 			asks[i] = limiter.Ask{Key: c.key, Limit: limitOf(c.rule), Cost: c.cost, Detached: slot[i] >= 0}
 		}
 		res, errs := b.AllowAll(ctx, asks, func(i int, r limiter.Result, err error) {
-			pending.outs[slot[i]] = e.outcome(calls[i], asks[i].Limit, r, err)
-			pending.wg.Done()
+			pending.arrive(e, slot[i], e.outcome(calls[i], asks[i].Limit, r, err))
 		})
 		for i, c := range calls {
 			if slot[i] < 0 {
@@ -215,10 +222,7 @@ func (e *Engine) run(ctx context.Context, calls []call) Decision {
 		for i, c := range calls {
 			if slot[i] >= 0 {
 				dctx := context.WithoutCancel(ctx)
-				go func() {
-					pending.outs[slot[i]] = e.one(dctx, c)
-					pending.wg.Done()
-				}()
+				go func() { pending.arrive(e, slot[i], e.one(dctx, c)) }()
 				continue
 			}
 			wg.Go(func() { results[i] = e.one(ctx, c) })
@@ -294,7 +298,7 @@ func (e *Engine) outcome(c call, lim limiter.Limit, res limiter.Result, err erro
 		}
 		t.Observe(limiter.KeyHash(c.key), label, res.OverLimit)
 	}
-	return Outcome{Rule: c.rule, Result: res}
+	return Outcome{Rule: c.rule, Result: res, key: c.key, lim: lim}
 }
 
 // failureResult decides by the limit's failure mode without any limiter. LocalFallback admits:

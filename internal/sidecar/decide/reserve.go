@@ -156,7 +156,7 @@ func sat(a, b int64) int64 {
 // cost comes from the response: each of those holds between the request's least (its prompt
 // and the rule's MinOutput, or the DefaultHold of an unsized request) and its most (the prompt
 // and the client's output cap, or all the limit can give). A request refused by any rule takes
-// no hold: those already taken go back at once. The returned Holds (nil when no rule holds or
+// no hold and counts in no rule: those already taken go back at once. The returned Holds (nil when no rule holds or
 // the request is refused) must be settled when the response ends.
 func (e *Engine) Reserve(ctx context.Context, set *ruleset.Set, req *Request, need Need) (Decision, *Holds, error) {
 	if set == nil || len(set.Rules) == 0 {
@@ -212,7 +212,7 @@ func (b *batch) add(namespace string, r *ruleset.Rule, parts []string, cost int6
 // hold: what was held goes back at once.
 func (e *Engine) reserve(ctx context.Context, b *batch, need Need) (Decision, *Holds, error) {
 	if len(b.reserve) == 0 {
-		return e.run(ctx, b.plain), nil, nil
+		return e.decided(ctx, e.run(ctx, b.plain)), nil, nil
 	}
 	rv, ok := e.Limiter.(Reserver)
 	if !ok {
@@ -242,6 +242,7 @@ func (e *Engine) reserve(ctx context.Context, b *batch, need Need) (Decision, *H
 	d = merge(d, b.held, outs)
 	if !d.Allowed {
 		_, _ = hs.Settle(ctx, 0, true, false)
+		d.GiveBack(ctx)
 		return d, nil, nil
 	}
 	return d, hs, nil

@@ -322,6 +322,8 @@ var (
 	descReassertions   = prometheus.NewDesc(ns+"_share_reassertions_total", "Re-assertions of every live share (after Redis failed and answered again, a loss seen, or a heartbeat's signal).", nil, nil)
 	descHeldCalls      = prometheus.NewDesc(ns+"_restore_held_calls_total", "Decisions the failure mode made because grants of their key waited for the replicas to restore what Redis lost (a heartbeat interval and a second after a restoration).", nil, nil)
 	descReassertErrors = prometheus.NewDesc(ns+"_share_reassertion_errors_total", "Re-assertions that could not reach every key; the next one retries.", nil, nil)
+	descGivenBack      = prometheus.NewDesc(ns+"_given_back_units_total", "Units a request's other rules counted and gave back because it was refused (a request counts in all the rules it matches or in none).", nil, nil)
+	descGiveBackErrors = prometheus.NewDesc(ns+"_give_back_errors_total", "Give-backs of a refused request's units that could not be made (Redis unreachable, its shard's breaker open): those units stay counted until their window ends.", nil, nil)
 	descBreaker        = prometheus.NewDesc(ns+"_breaker_open", "1 while the Redis circuit breaker of some shard is open (see shard_breaker_open).", nil, nil)
 	descShardBreaker   = prometheus.NewDesc(ns+"_shard_breaker_open", "1 while the circuit breaker of a Redis shard is open, so that decisions of its keys go to the failure mode, by shard: a Redis Cluster master's address (the cluster's masters, and those a failover replaced until the next prune), all for a standalone Redis or a Sentinel group, other for keys of no known master.", []string{labelShard}, nil)
 	descFallback       = prometheus.NewDesc(ns+"_fallback_active", "1 while some shard's breaker is open and some enforced policy falls back to local limits.", nil, nil)
@@ -331,7 +333,7 @@ var (
 
 func (c *limiterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRedisDecisions, descPrecheck, descLeased, descLeaseGrants, descLeaseKeys, descDegraded, descRoundTrips, descPerDecision,
-		descScriptLoads, descStaleCalls, descShareKeys, descUnkeptShares, descReassertions, descReassertErrors, descHeldCalls, descBreaker, descShardBreaker, descFallback, descReplicas, descPolicies} {
+		descScriptLoads, descStaleCalls, descShareKeys, descUnkeptShares, descReassertions, descReassertErrors, descHeldCalls, descGivenBack, descGiveBackErrors, descBreaker, descShardBreaker, descFallback, descReplicas, descPolicies} {
 		ch <- d
 	}
 }
@@ -357,6 +359,8 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descReassertions, prometheus.CounterValue, float64(s.Reassertions))
 		ch <- prometheus.MustNewConstMetric(descReassertErrors, prometheus.CounterValue, float64(s.ReassertErrors))
 		ch <- prometheus.MustNewConstMetric(descHeldCalls, prometheus.CounterValue, float64(s.HeldCalls))
+		ch <- prometheus.MustNewConstMetric(descGivenBack, prometheus.CounterValue, float64(s.GivenBackUnits))
+		ch <- prometheus.MustNewConstMetric(descGiveBackErrors, prometheus.CounterValue, float64(s.GiveBackErrors))
 		per := 0.0
 		if s.RedisDecisions > 0 {
 			per = float64(s.Pipelines) / float64(s.RedisDecisions)

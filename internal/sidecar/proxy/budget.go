@@ -231,6 +231,7 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 	kept := int64(-1) // the bytes of the body left for the upstream, when known
 	body, sized, reason, detail := h.sizeBody(r, c, kind, pathStream, lease)
 	if errors.Is(detail, meter.ErrNoMemory) {
+		pd.GiveBack(r.Context()) // refused: it counts in no rule
 		noMemory(w)
 		return
 	}
@@ -239,6 +240,7 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 	}
 	if reason != "" {
 		if rule := refusesUnsized(set, req); rule != nil {
+			pd.GiveBack(r.Context())
 			h.refuseUnsized(w, rule, reason, detail)
 			return
 		}
@@ -260,12 +262,14 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 	d, hs, err := h.opts.Engine.Reserve(r.Context(), costed, req, need)
 	held.ShrinkTo(decide.HoldBytes * int64(hs.Len()))
 	if err != nil {
+		pd.GiveBack(r.Context())
 		h.opts.Log.Error("holding for a token budget", "error", err)
 		writeJSONError(w, http.StatusServiceUnavailable, "token_budget_unavailable")
 		return
 	}
 	d.Outcomes = inRuleOrder(set, pd.Outcomes, d.Outcomes)
 	if !d.Allowed {
+		pd.GiveBack(r.Context()) // the holds went back already
 		refuse(w, &d)
 		return
 	}

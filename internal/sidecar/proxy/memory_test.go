@@ -80,15 +80,22 @@ func TestFullMemoryBudgetAnswers503(t *testing.T) {
 }
 
 // A request its plain rules refuse is refused before its body is read: 429, not the 503 of a
-// budget with no room for any body.
+// budget with no room for any body; a request the budget refused counts in no rule.
 func TestPlainRefusalReadsNoBody(t *testing.T) {
 	g := NewWithT(t)
 	url, budget := memoryFront(t, usage, 1)
 
 	resp := post(g, url, "c", chat("hello"))
 	g.Expect(resp.StatusCode).To(Equal(http.StatusServiceUnavailable), "no room for any body")
+	// The request the budget refused counts in no rule: the caller's one call is still there.
+	req, _ := http.NewRequest(http.MethodGet, url+"/plain", nil)
+	req.Header.Set("X-Caller", "c")
+	plain, err := http.DefaultClient.Do(req)
+	g.Expect(err).NotTo(HaveOccurred())
+	plain.Body.Close()
+	g.Expect(plain.StatusCode).To(Equal(http.StatusOK), "a refused request counts in no rule")
 	resp = post(g, url, "c", chat("hello"))
-	g.Expect(resp.StatusCode).To(Equal(http.StatusTooManyRequests), "the plain rule refuses the second call first")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusTooManyRequests), "the plain rule refuses the caller's next call first")
 	g.Expect(budget.Stats().Refused).To(BeEquivalentTo(1), "the refused request drew nothing")
 }
 

@@ -53,6 +53,7 @@ func (s *Server) reserve(ctx context.Context, set *ruleset.Set, hits []decide.Hi
 	for _, k := range split {
 		_, _ = k.Holds.Settle(ctx, 0, true, false)
 	}
+	d.GiveBack(ctx) // refused: what the other rules counted goes back too
 	re, ok := errors.AsType[*decide.RefusedError](err)
 	if !ok {
 		return d, nil, err

@@ -88,6 +88,9 @@ type Rule struct {
 	CandidateOf *Rule
 	// ReportValues lets the readable key of the rule's top keys leave the sidecar.
 	ReportValues bool
+	// CountRefused keeps what the rule counted of a request another rule refused; otherwise
+	// it goes back (decide.Decision.GiveBack). A candidate has its rule's.
+	CountRefused bool
 	// Cost, when not nil, says the rule's cost comes from the response: Limit counts units
 	// (such as tokens) that a request holds before it is forwarded and settles after. Nil:
 	// every request costs one unit. A rule with a Cost has no Candidate.
@@ -348,6 +351,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 		WindowSeconds: (cr.WindowMS + 999) / 1000,
 		StateName:     cr.Name,
 		ReportValues:  cr.ReportValues,
+		CountRefused:  cr.CountRefused,
 	}
 	switch cr.Mode {
 	case "Enforce", "Shadow":
