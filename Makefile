@@ -2,8 +2,13 @@
 SHELL := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 
-IMG ?= ghcr.io/redline-dev/redline:dev
-SIDECAR_IMG ?= ghcr.io/redline-dev/redline-sidecar:dev
+# One version names the images and the chart: the chart's appVersion, its default image tag.
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/redline/Chart.yaml)
+REGISTRY ?= ghcr.io/redline-dev
+IMG ?= $(REGISTRY)/redline:$(VERSION)
+SIDECAR_IMG ?= $(REGISTRY)/redline-sidecar:$(VERSION)
+# make images writes the image archives here (git-ignored, as bin/ is).
+IMAGES_DIR ?= $(LOCALBIN)/images
 LOCALBIN ?= $(CURDIR)/bin
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
@@ -100,6 +105,19 @@ build: generate ## Build the manager and sidecar binaries into bin/.
 .PHONY: run
 run: manifests generate ## Run the manager against the cluster of the current kubeconfig (REDIS_URL=redis://...).
 	go run ./cmd/manager --redis-url="$${REDIS_URL:-redis://127.0.0.1:6379}"
+
+.PHONY: images
+images: ## Build the manager and sidecar images without a daemon (static binaries FROM scratch, user 65532) as archives in bin/images/{manager,sidecar}.tar, tagged IMG and SIDECAR_IMG (the chart's appVersion).
+	@rm -rf $(IMAGES_DIR) && mkdir -p $(IMAGES_DIR)/rootfs
+	CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags "-s -w" -o $(IMAGES_DIR)/rootfs/manager ./cmd/manager
+	CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags "-s -w" -o $(IMAGES_DIR)/rootfs/sidecar ./cmd/sidecar
+	cd hack/images && go run . -out $(IMAGES_DIR) -label org.opencontainers.image.version=$(VERSION) \
+		$(IMG)=$(IMAGES_DIR)/rootfs/manager $(SIDECAR_IMG)=$(IMAGES_DIR)/rootfs/sidecar
+
+.PHONY: release
+release: images ## Push the images to REGISTRY (make release REGISTRY=registry.example/team; credentials from the docker config).
+	cd hack/images && go run . -out $(IMAGES_DIR) -push -label org.opencontainers.image.version=$(VERSION) \
+		$(IMG)=$(IMAGES_DIR)/rootfs/manager $(SIDECAR_IMG)=$(IMAGES_DIR)/rootfs/sidecar
 
 .PHONY: docker-build
 docker-build: ## Build the manager and sidecar images (IMG, SIDECAR_IMG); needs a Docker engine.
