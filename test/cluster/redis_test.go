@@ -1,0 +1,70 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// hostRedis is a redis-server on the host, bound to the cluster's bridge only: pods reach it at
+// the node's address, nothing outside the machine does, and other suites' loopback Redis
+// servers are not in its way.
+type hostRedis struct {
+	cmd      *exec.Cmd
+	dir      string
+	password string
+	client   *redis.Client
+}
+
+func (r *hostRedis) url() string { return "redis://" + nodeIP + ":" + redisPort }
+
+func startHostRedis() (*hostRedis, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found: apt-get install redis-server: %w", err)
+	}
+	buf := make([]byte, 24)
+	if _, err := rand.Read(buf); err != nil {
+		return nil, fmt.Errorf("a Redis password: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "redline-cluster-redis-")
+	if err != nil {
+		return nil, fmt.Errorf("Redis's directory: %w", err)
+	}
+	r := &hostRedis{dir: dir, password: hex.EncodeToString(buf)}
+	r.cmd = exec.Command(bin, "--bind", nodeIP, "--port", redisPort, "--save", "", "--appendonly", "no",
+		"--dir", dir, "--requirepass", r.password, "--maxclients", "1000")
+	r.cmd.Stdout, r.cmd.Stderr = os.Stderr, os.Stderr
+	if err := r.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting redis-server: %w", err)
+	}
+	r.client = redis.NewClient(&redis.Options{Addr: nodeIP + ":" + redisPort, Password: r.password})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		if err := r.client.Ping(ctx).Err(); err == nil {
+			return r, nil
+		} else if ctx.Err() != nil {
+			_ = r.stop()
+			return nil, fmt.Errorf("redis-server on %s:%s not answering: %w", nodeIP, redisPort, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (r *hostRedis) stop() error {
+	_ = r.client.Close()
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("stopping redis-server: %w", err)
+	}
+	_ = r.cmd.Wait()
+	return os.RemoveAll(r.dir)
+}
