@@ -58,7 +58,7 @@ func TestSharedLimitAcrossReplicas(t *testing.T) {
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue), "Enforced: %s", cond.Message)
 		g.Expect(cond.Message).To(HavePrefix("3 of 3 live sidecars"))
-	}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(Succeed())
+	}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(time.Second).Should(Succeed())
 
 	var svc corev1.Service
 	g.Expect(c.Get(ctx, client.ObjectKey{Namespace: shopNS, Name: "checkout"}, &svc)).To(Succeed())
@@ -122,7 +122,7 @@ func awaitReadyPods(g *WithT, ctx context.Context, app string, n int) []corev1.P
 		g.Expect(dep.Status.Replicas).To(BeEquivalentTo(n), "no old pod left")
 		g.Expect(suite.client.List(ctx, &pods, client.InNamespace(shopNS), client.MatchingLabels{"app": app})).To(Succeed())
 		g.Expect(pods.Items).To(HaveLen(n))
-	}).WithContext(ctx).WithTimeout(5*time.Minute).WithPolling(500*time.Millisecond).Should(Succeed())
+	}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
 	return pods.Items
 }
 
