@@ -24,8 +24,7 @@ const (
 // the Secret with the admin's password.
 func installValues() map[string]any {
 	return map[string]any{
-		"redis":   map[string]any{"url": suite.redis.url(), "existingSecret": adminSecret},
-		"webhook": map[string]any{"certificates": "selfSigned"},
+		"redis": map[string]any{"url": suite.redis.url(), "existingSecret": adminSecret},
 	}
 }
 
