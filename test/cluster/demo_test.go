@@ -48,7 +48,7 @@ func TestSharedLimitAcrossReplicas(t *testing.T) {
 		g.Expect(c.Create(ctx, o)).To(Succeed(), "creating %s %s", o.GetKind(), o.GetName())
 	}
 
-	pods := awaitReadyPods(g, ctx, "checkout", 3)
+	pods := awaitReadyPods(g, ctx, shopNS, "checkout", 3)
 	logf("3 checkout pods Ready %s after they were created", since(t0))
 	for _, p := range pods {
 		g.Expect(hasSidecar(p)).To(BeTrue(), "pod %s should carry the injected sidecar", p.Name)
@@ -111,16 +111,17 @@ func useEchoApp(t *testing.T, o *unstructured.Unstructured) {
 	}
 }
 
-// awaitReadyPods waits until the Deployment app has n available replicas and returns its pods.
-func awaitReadyPods(g *WithT, ctx context.Context, app string, n int) []corev1.Pod {
+// awaitReadyPods waits until the Deployment app of ns has n available replicas, none else, and
+// returns its pods.
+func awaitReadyPods(g *WithT, ctx context.Context, ns, app string, n int) []corev1.Pod {
 	var pods corev1.PodList
 	g.Eventually(func(g Gomega) {
 		var dep appsv1.Deployment
-		g.Expect(suite.client.Get(ctx, client.ObjectKey{Namespace: shopNS, Name: app}, &dep)).To(Succeed())
+		g.Expect(suite.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: app}, &dep)).To(Succeed())
 		g.Expect(dep.Status.AvailableReplicas).To(BeEquivalentTo(n))
 		g.Expect(dep.Status.UpdatedReplicas).To(BeEquivalentTo(n))
 		g.Expect(dep.Status.Replicas).To(BeEquivalentTo(n), "no old pod left")
-		g.Expect(suite.client.List(ctx, &pods, client.InNamespace(shopNS), client.MatchingLabels{"app": app})).To(Succeed())
+		g.Expect(suite.client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": app})).To(Succeed())
 		g.Expect(pods.Items).To(HaveLen(n))
 	}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
 	return pods.Items
