@@ -70,7 +70,7 @@ func main() {
 
 func run(out string, push bool, lbls labels, args []string) error {
 	if out == "" || len(args) == 0 {
-		return errors.New("usage: images -out DIR [-push] [-label k=v]... REF=BINARY...")
+		return errors.New("usage: images -out DIR [-push] [-label k=v]... REF=BINARY [REF=BINARY]")
 	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", out, err)

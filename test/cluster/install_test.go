@@ -52,7 +52,7 @@ func installChart(ctx context.Context) error {
 	}
 	install := action.NewInstall(cfg)
 	install.ReleaseName, install.Namespace = releaseName, releaseNS
-	install.Wait, install.Timeout = true, 10*time.Minute
+	install.Wait, install.Timeout = true, 5*time.Minute // helm's default --timeout
 	t0 := time.Now()
 	if _, err := install.RunWithContext(ctx, ch, installValues()); err != nil {
 		return fmt.Errorf("helm install --wait: %w", err)
