@@ -4,21 +4,21 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/testutil/proc"
 )
 
 // hostRedis is a redis-server on the host, bound to the cluster's bridge only: pods reach it at
 // the node's address, nothing outside the machine does, and other suites' loopback Redis
 // servers are not in its way.
 type hostRedis struct {
-	cmd      *exec.Cmd
+	proc     *proc.Process
 	dir      string
 	password string
 	client   *redis.Client
@@ -40,10 +40,9 @@ func startHostRedis() (*hostRedis, error) {
 		return nil, fmt.Errorf("Redis's directory: %w", err)
 	}
 	r := &hostRedis{dir: dir, password: hex.EncodeToString(buf)}
-	r.cmd = exec.Command(bin, "--bind", nodeIP, "--port", redisPort, "--save", "", "--appendonly", "no",
-		"--dir", dir, "--requirepass", r.password, "--maxclients", "1000")
-	r.cmd.Stdout, r.cmd.Stderr = os.Stderr, os.Stderr
-	if err := r.cmd.Start(); err != nil {
+	r.proc, err = proc.Start(dir, "redis-server", bin, []string{"--bind", nodeIP, "--port", redisPort,
+		"--save", "", "--appendonly", "no", "--dir", dir, "--requirepass", r.password, "--maxclients", "1000"}, nil)
+	if err != nil {
 		return nil, fmt.Errorf("starting redis-server: %w", err)
 	}
 	r.client = redis.NewClient(&redis.Options{Addr: nodeIP + ":" + redisPort, Password: r.password})
@@ -53,8 +52,9 @@ func startHostRedis() (*hostRedis, error) {
 		if err := r.client.Ping(ctx).Err(); err == nil {
 			return r, nil
 		} else if ctx.Err() != nil {
+			tail := r.proc.LogTail(2000)
 			_ = r.stop()
-			return nil, fmt.Errorf("redis-server on %s:%s not answering: %w", nodeIP, redisPort, err)
+			return nil, fmt.Errorf("redis-server on %s:%s not answering: %w\n%s", nodeIP, redisPort, err, tail)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -62,9 +62,8 @@ func startHostRedis() (*hostRedis, error) {
 
 func (r *hostRedis) stop() error {
 	_ = r.client.Close()
-	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := r.proc.Stop(10 * time.Second); err != nil {
 		return fmt.Errorf("stopping redis-server: %w", err)
 	}
-	_ = r.cmd.Wait()
 	return os.RemoveAll(r.dir)
 }
