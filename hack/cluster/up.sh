@@ -38,6 +38,11 @@ done
 for img in "${IMAGES[@]}"; do [[ -f "$img" ]] || die "image archive $img missing (make images)"; done
 
 if [[ -d "$STATE" ]]; then
+  # Remains of a run that died are torn down; a cluster whose processes run is someone's.
+  for f in "$STATE"/pids/*; do
+    [[ -f "$f" ]] && kill -0 "$(cat "$f")" 2>/dev/null &&
+      die "a cluster is running in $CLUSTER_DIR ($(basename "$f") is pid $(cat "$f")): one at a time; hack/cluster/down.sh stops it"
+  done
   log "the remains of an earlier cluster in $CLUSTER_DIR: tearing them down first"
   "$HERE/down.sh"
 fi

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,19 +35,9 @@ func TestSharedLimitAcrossReplicas(t *testing.T) {
 	c := suite.client
 	t0 := time.Now()
 
-	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shopNS}})).To(Succeed())
-	policy := sampleObjects(t, "config/samples/checkout_per_api_key.yaml")[0]
-	policy.SetNamespace(shopNS)
-	g.Expect(c.Create(ctx, policy)).To(Succeed())
-	for _, o := range sampleObjects(t, "config/samples/workload/checkout.yaml") {
-		o.SetNamespace(shopNS)
-		if o.GetKind() == "Deployment" {
-			useEchoApp(t, o)
-		}
-		g.Expect(c.Create(ctx, o)).To(Succeed(), "creating %s %s", o.GetKind(), o.GetName())
-	}
+	policy := deploySample(t, g, ctx, shopNS)
 
-	pods := awaitReadyPods(g, ctx, shopNS, "checkout", 3)
+	pods := awaitReadyPods(g, ctx, shopNS, 3)
 	logf("3 checkout pods Ready %s after they were created", since(t0))
 	for _, p := range pods {
 		g.Expect(hasSidecar(p)).To(BeTrue(), "pod %s should carry the injected sidecar", p.Name)
@@ -63,15 +52,38 @@ func TestSharedLimitAcrossReplicas(t *testing.T) {
 	var svc corev1.Service
 	g.Expect(c.Get(ctx, client.ObjectKey{Namespace: shopNS, Name: "checkout"}, &svc)).To(Succeed())
 	url := fmt.Sprintf("http://%s:80/api/orders", svc.Spec.ClusterIP)
+	awaitServedByAll(g, ctx, svc.Spec.ClusterIP, pods)
 
 	w := awaitWindowRoom(g, ctx, time.Minute, 40*time.Second)
-	statuses, errs := send(ctx, url, newAPIKey(g), 300, 10)
+	statuses, _, errs := sendCounting(ctx, url, newAPIKey(g), 300, 10)
 	g.Expect(windowIndex(g, ctx, time.Minute)).To(Equal(w),
 		"the 300 requests crossed a window boundary on Redis's clock: the run cannot be judged, run it again")
-	logf("300 requests through ClusterIP %s: %v, transport errors %d", svc.Spec.ClusterIP, statuses, len(errs))
+	degraded := sidecarCounter(g, ctx, pods, "redline_sidecar_degraded_decisions_total")
+	logf("300 requests through ClusterIP %s: %v, transport errors %d, decisions of the failure mode (Redis too slow) %v",
+		svc.Spec.ClusterIP, statuses, len(errs), degraded)
 	g.Expect(errs).To(BeEmpty())
+	g.Expect(degraded).To(BeZero(), "every decision should come from the shared counter in Redis")
 	g.Expect(statuses).To(Equal(map[int]int{http.StatusOK: 100, http.StatusTooManyRequests: 200}),
 		"one limit of 100 shared by 3 replicas")
+}
+
+// deploySample creates namespace ns with the sample policy and the sample workload (its
+// application swapped for ./echo) and returns the policy.
+func deploySample(t *testing.T, g *WithT, ctx context.Context, ns string) *unstructured.Unstructured {
+	t.Helper()
+	c := suite.client
+	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	policy := sampleObjects(t, "config/samples/checkout_per_api_key.yaml")[0]
+	policy.SetNamespace(ns)
+	g.Expect(c.Create(ctx, policy)).To(Succeed())
+	for _, o := range sampleObjects(t, "config/samples/workload/checkout.yaml") {
+		o.SetNamespace(ns)
+		if o.GetKind() == "Deployment" {
+			useEchoApp(t, o)
+		}
+		g.Expect(c.Create(ctx, o)).To(Succeed(), "creating %s %s", o.GetKind(), o.GetName())
+	}
+	return policy
 }
 
 // sampleObjects reads the objects of a YAML file of the repository.
@@ -111,17 +123,17 @@ func useEchoApp(t *testing.T, o *unstructured.Unstructured) {
 	}
 }
 
-// awaitReadyPods waits until the Deployment app of ns has n available replicas, none else, and
-// returns its pods.
-func awaitReadyPods(g *WithT, ctx context.Context, ns, app string, n int) []corev1.Pod {
+// awaitReadyPods waits until the sample Deployment checkout of ns has n available replicas,
+// none else, and returns its pods.
+func awaitReadyPods(g *WithT, ctx context.Context, ns string, n int) []corev1.Pod {
 	var pods corev1.PodList
 	g.Eventually(func(g Gomega) {
 		var dep appsv1.Deployment
-		g.Expect(suite.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: app}, &dep)).To(Succeed())
+		g.Expect(suite.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "checkout"}, &dep)).To(Succeed())
 		g.Expect(dep.Status.AvailableReplicas).To(BeEquivalentTo(n))
 		g.Expect(dep.Status.UpdatedReplicas).To(BeEquivalentTo(n))
 		g.Expect(dep.Status.Replicas).To(BeEquivalentTo(n), "no old pod left")
-		g.Expect(suite.client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": app})).To(Succeed())
+		g.Expect(suite.client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "checkout"})).To(Succeed())
 		g.Expect(pods.Items).To(HaveLen(n))
 	}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
 	return pods.Items
@@ -157,53 +169,6 @@ func newAPIKey(g *WithT) string {
 	_, err := rand.Read(b)
 	g.Expect(err).NotTo(HaveOccurred())
 	return "key-" + hex.EncodeToString(b)
-}
-
-// send POSTs n requests with the API key over workers connections and counts the statuses.
-func send(ctx context.Context, url, key string, n, workers int) (map[int]int, []error) {
-	var (
-		mu       sync.Mutex
-		statuses = map[int]int{}
-		errs     []error
-		wg       sync.WaitGroup
-		jobs     = make(chan struct{}, n)
-	)
-	for range n {
-		jobs <- struct{}{}
-	}
-	close(jobs)
-	hc := &http.Client{Timeout: 30 * time.Second}
-	for range workers {
-		wg.Go(func() {
-			for range jobs {
-				code, err := post(ctx, hc, url, key)
-				mu.Lock()
-				if err != nil {
-					errs = append(errs, err)
-				} else {
-					statuses[code]++
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return statuses, errs
-}
-
-func post(ctx context.Context, hc *http.Client, url, key string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("X-API-Key", key)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	_ = resp.Body.Close()
-	return resp.StatusCode, nil
 }
 
 // windowIndex is the index of Redis's current window of length w.

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +39,8 @@ const (
 // suite is what TestMain started, for the tests.
 var suite struct {
 	root       string
+	lock       *os.File
+	scratch    string
 	kubeconfig string
 	cfg        *rest.Config
 	client     client.Client
@@ -59,6 +62,9 @@ func run(m *testing.M) int {
 	} else {
 		fmt.Fprintf(os.Stderr, "cluster suite: %v\n", err)
 	}
+	if code != 0 {
+		keepLogs()
+	}
 	if err := tearDown(); err != nil {
 		fmt.Fprintf(os.Stderr, "cluster suite: teardown: %v\n", err)
 		code = 1
@@ -72,6 +78,13 @@ func setUp() error {
 	suite.root = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 	if os.Geteuid() != 0 {
 		return errors.New("must run as root: it starts a kubelet, containerd, a bridge and iptables rules (make test-cluster)")
+	}
+	if err := lockMachine(); err != nil {
+		return err
+	}
+	var err error
+	if suite.scratch, err = os.MkdirTemp("", "redline-cluster-suite-"); err != nil {
+		return fmt.Errorf("the suite's scratch directory: %w", err)
 	}
 	archives, err := imageArchives()
 	if err != nil {
@@ -108,7 +121,49 @@ func tearDown() error {
 		errs = append(errs, err)
 	}
 	logf("cluster down after %s", since(t0))
+	if suite.scratch != "" {
+		errs = append(errs, os.RemoveAll(suite.scratch))
+	}
+	if suite.lock != nil {
+		errs = append(errs, suite.lock.Close())
+	}
 	return errors.Join(errs...)
+}
+
+// lockMachine takes the machine's one cluster: a second suite started beside this one fails at
+// once instead of tearing this one's cluster down.
+func lockMachine() error {
+	path := filepath.Join(os.TempDir(), "redline-cluster.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("another cluster suite holds %s (one cluster per machine): %w", path, err)
+	}
+	suite.lock = f
+	return nil
+}
+
+// keepLogs copies the cluster's logs (its components' and its pods') out of the directory
+// down.sh removes, for a failed run to be read.
+func keepLogs() {
+	dir := os.Getenv("CLUSTER_DIR")
+	if dir == "" {
+		dir = "/tmp/redline-cluster"
+	}
+	keep, err := os.MkdirTemp("", "redline-cluster-logs-")
+	if err != nil {
+		logf("keeping the logs: %v", err)
+		return
+	}
+	for _, sub := range []string{"logs", "pod-logs"} {
+		if out, err := exec.Command("cp", "-a", filepath.Join(dir, sub), keep).CombinedOutput(); err != nil {
+			logf("keeping %s: %v %s", sub, err, out)
+		}
+	}
+	logf("the cluster's logs are kept in %s", keep)
 }
 
 // imageArchives are the images `make images` wrote (IMAGES_DIR, bin/images by default) and the
@@ -135,10 +190,7 @@ func imageArchives() ([]string, error) {
 
 // buildEchoImage packs ./echo with hack/images, as make images packs the manager.
 func buildEchoImage() (string, error) {
-	dir, err := os.MkdirTemp("", "redline-cluster-images-")
-	if err != nil {
-		return "", fmt.Errorf("temporary directory for the echo image: %w", err)
-	}
+	dir := suite.scratch
 	bin := filepath.Join(dir, "echo")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./echo")
 	build.Dir = filepath.Join(suite.root, "test", "cluster")

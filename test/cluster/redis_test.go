@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,8 +36,8 @@ func startHostRedis() (*hostRedis, error) {
 	if _, err := rand.Read(buf); err != nil {
 		return nil, fmt.Errorf("a Redis password: %w", err)
 	}
-	dir, err := os.MkdirTemp("", "redline-cluster-redis-")
-	if err != nil {
+	dir := filepath.Join(suite.scratch, "redis")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("Redis's directory: %w", err)
 	}
 	r := &hostRedis{dir: dir, password: hex.EncodeToString(buf)}

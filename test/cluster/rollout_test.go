@@ -11,7 +11,6 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -26,22 +25,13 @@ func TestRollingUpdateLosesNoRequest(t *testing.T) {
 	defer cancel()
 	c := suite.client
 	ns := "rollout"
-	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-	policy := sampleObjects(t, "config/samples/checkout_per_api_key.yaml")[0]
-	policy.SetNamespace(ns)
-	g.Expect(c.Create(ctx, policy)).To(Succeed())
-	for _, o := range sampleObjects(t, "config/samples/workload/checkout.yaml") {
-		o.SetNamespace(ns)
-		if o.GetKind() == "Deployment" {
-			useEchoApp(t, o)
-		}
-		g.Expect(c.Create(ctx, o)).To(Succeed(), "creating %s %s", o.GetKind(), o.GetName())
-	}
-	before := awaitReadyPods(g, ctx, ns, "checkout", 3)
+	deploySample(t, g, ctx, ns)
+	before := awaitReadyPods(g, ctx, ns, 3)
 	var svc corev1.Service
 	g.Expect(c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "checkout"}, &svc)).To(Succeed())
 	// GET / is outside the policy (POST /api): every request should reach the application.
 	url := fmt.Sprintf("http://%s:80/", svc.Spec.ClusterIP)
+	awaitServedByAll(g, ctx, svc.Spec.ClusterIP, before)
 
 	load, stopLoad := context.WithCancel(ctx)
 	var (
@@ -82,7 +72,7 @@ func TestRollingUpdateLosesNoRequest(t *testing.T) {
 	}
 	dep.Spec.Template.Annotations["redline.dev/test-rollout"] = t0.UTC().Format(time.RFC3339Nano)
 	g.Expect(c.Patch(ctx, &dep, patch)).To(Succeed())
-	after := awaitReadyPods(g, ctx, ns, "checkout", 3)
+	after := awaitReadyPods(g, ctx, ns, 3)
 	rolled := time.Since(t0)
 	// The last old pods' termination (their application's drain) goes on after the Deployment
 	// counts the new ones available: keep sending until they are gone.
