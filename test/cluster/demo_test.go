@@ -123,20 +123,28 @@ func useEchoApp(t *testing.T, o *unstructured.Unstructured) {
 	}
 }
 
-// awaitReadyPods waits until the sample Deployment checkout of ns has n available replicas,
-// none else, and returns its pods.
+// awaitReadyPods waits until the sample Deployment checkout of ns has n available replicas of
+// its current template and returns its pods that are not terminating.
 func awaitReadyPods(g *WithT, ctx context.Context, ns string, n int) []corev1.Pod {
-	var pods corev1.PodList
+	var live []corev1.Pod
 	g.Eventually(func(g Gomega) {
 		var dep appsv1.Deployment
 		g.Expect(suite.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "checkout"}, &dep)).To(Succeed())
+		// Until the controller has seen the last change, the status counts the previous template.
+		g.Expect(dep.Status.ObservedGeneration).To(Equal(dep.Generation))
 		g.Expect(dep.Status.AvailableReplicas).To(BeEquivalentTo(n))
 		g.Expect(dep.Status.UpdatedReplicas).To(BeEquivalentTo(n))
-		g.Expect(dep.Status.Replicas).To(BeEquivalentTo(n), "no old pod left")
+		var pods corev1.PodList
 		g.Expect(suite.client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "checkout"})).To(Succeed())
-		g.Expect(pods.Items).To(HaveLen(n))
+		live = nil
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil { // a terminating old pod is no replica any more
+				live = append(live, p)
+			}
+		}
+		g.Expect(live).To(HaveLen(n))
 	}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
-	return pods.Items
+	return live
 }
 
 func hasSidecar(p corev1.Pod) bool {

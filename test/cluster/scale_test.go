@@ -72,7 +72,8 @@ func TestScaleOutKeepsLimitExact(t *testing.T) {
 	g.Expect(byNew).To(BeNumerically(">", 0), "kube-proxy should have sent some admitted requests to the new pods")
 }
 
-// sendCounting is send that also counts, by pod name (./echo's answer), who served each 200.
+// sendCounting POSTs n requests with the API key from workers clients and counts the statuses
+// and, by pod name (./echo's answer), who served each 200.
 func sendCounting(ctx context.Context, url, key string, n, workers int) (map[int]int, map[string]int, []error) {
 	var (
 		mu       sync.Mutex
@@ -86,7 +87,9 @@ func sendCounting(ctx context.Context, url, key string, n, workers int) (map[int
 		jobs <- struct{}{}
 	}
 	close(jobs)
-	hc := &http.Client{Timeout: 30 * time.Second}
+	// A new connection a request, so that kube-proxy spreads the requests over every pod (it
+	// picks an endpoint per connection), the newest ones too.
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	for range workers {
 		wg.Go(func() {
 			for range jobs {

@@ -24,7 +24,8 @@ func awaitServedByAll(g *WithT, ctx context.Context, ip string, pods []corev1.Po
 		want[p.Name] = true
 	}
 	seen := map[string]bool{}
-	hc := &http.Client{Timeout: 5 * time.Second}
+	// A new connection a request: kube-proxy picks an endpoint per connection.
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	url := fmt.Sprintf("http://%s:80/", ip)
 	g.Eventually(func(g Gomega) {
 		for range 4 * len(pods) {
