@@ -43,7 +43,7 @@ func TestSharedLimitAcrossReplicas(t *testing.T) {
 		g.Expect(hasSidecar(p)).To(BeTrue(), "pod %s should carry the injected sidecar", p.Name)
 	}
 	g.Eventually(func(g Gomega) {
-		cond := policyCondition(g, ctx, policy.GetName(), "Enforced")
+		cond := policyConditionIn(g, ctx, shopNS, policy.GetName(), "Enforced")
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue), "Enforced: %s", cond.Message)
 		g.Expect(cond.Message).To(HavePrefix("3 of 3 live sidecars"))
@@ -156,11 +156,12 @@ func hasSidecar(p corev1.Pod) bool {
 	return false
 }
 
-func policyCondition(g Gomega, ctx context.Context, name, typ string) *metav1.Condition {
+// policyConditionIn is the condition typ of policy name in ns, nil while it has none.
+func policyConditionIn(g Gomega, ctx context.Context, ns, name, typ string) *metav1.Condition {
 	p := &unstructured.Unstructured{}
 	p.SetAPIVersion("redline.dev/v1alpha1")
 	p.SetKind("RateLimitPolicy")
-	g.Expect(suite.client.Get(ctx, client.ObjectKey{Namespace: shopNS, Name: name}, p)).To(Succeed())
+	g.Expect(suite.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, p)).To(Succeed())
 	conds, _, _ := unstructured.NestedSlice(p.Object, "status", "conditions")
 	for _, c := range conds {
 		m := c.(map[string]any)
