@@ -125,9 +125,14 @@ images: ## Build the manager and sidecar images without a daemon (static binarie
 		$(IMG)=$(IMAGES_DIR)/rootfs/manager $(SIDECAR_IMG)=$(IMAGES_DIR)/rootfs/sidecar
 
 .PHONY: release
-release: images ## Push the images to REGISTRY (make release REGISTRY=registry.example/team; credentials from the docker config).
+release: images ## Push the images to REGISTRY (make release REGISTRY=registry.example/team; credentials from the docker config) and the chart, packaged, as an OCI artifact to oci://REGISTRY/charts (credentials from helm registry login).
 	cd hack/images && go run . -out $(IMAGES_DIR) -push -label org.opencontainers.image.version=$(VERSION) \
 		$(IMG)=$(IMAGES_DIR)/rootfs/manager $(SIDECAR_IMG)=$(IMAGES_DIR)/rootfs/sidecar
+	cd test/helm && go run ./cmd/chartpackage -out $(LOCALBIN)/chart -push oci://$(REGISTRY)/charts
+
+.PHONY: chart-package
+chart-package: ## Package the chart as helm package does, into bin/chart/redline-<version>.tgz.
+	cd test/helm && go run ./cmd/chartpackage -out $(LOCALBIN)/chart
 
 .PHONY: docker-build
 docker-build: ## Build the manager and sidecar images (IMG, SIDECAR_IMG); needs a Docker engine.

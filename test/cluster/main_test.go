@@ -1,8 +1,9 @@
 // Package cluster runs Redline as a user installs it, on a real one-node cluster of this machine
 // (hack/cluster/up.sh: a kubelet, containerd, kube-proxy, a bridge): the images `make images`
 // built, imported into containerd; the chart installed with Helm as a library at its defaults
-// but for where Redis is; a Redis on the host, bound to the cluster's bridge; workloads as pods
-// behind Services that kube-proxy routes.
+// but for where Redis is and the sidecars' Redis timeout (installValues says why); a Redis on
+// the host, bound to the cluster's bridge; workloads as pods behind Services that kube-proxy
+// routes.
 //
 // It is a module of its own (Helm's dependency graph), run by `make test-cluster` as root. A
 // missing prerequisite (root, the node's binaries, containerd, the images, redis-server) fails
