@@ -2,8 +2,13 @@
 SHELL := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 
-IMG ?= ghcr.io/redline-dev/redline:dev
-SIDECAR_IMG ?= ghcr.io/redline-dev/redline-sidecar:dev
+# One version names the images and the chart: the chart's appVersion, its default image tag.
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/redline/Chart.yaml)
+REGISTRY ?= ghcr.io/redline-dev
+IMG ?= $(REGISTRY)/redline:$(VERSION)
+SIDECAR_IMG ?= $(REGISTRY)/redline-sidecar:$(VERSION)
+# make images writes the image archives here (git-ignored, as bin/ is).
+IMAGES_DIR ?= $(LOCALBIN)/images
 LOCALBIN ?= $(CURDIR)/bin
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
@@ -68,6 +73,8 @@ vet: ## go vet (the product module and the modules of hack/bench, hack/ratelimit
 	cd hack/bench && go vet ./...
 	cd hack/ratelimitcompare && go vet ./...
 	cd test/helm && go vet ./...
+	cd test/cluster && go vet ./...
+	cd hack/images && go vet ./...
 
 .PHONY: lint
 lint: golangci-lint ## Run golangci-lint with .golangci.yml (the product module and the modules of hack/bench, hack/ratelimitcompare and test/helm).
@@ -75,6 +82,8 @@ lint: golangci-lint ## Run golangci-lint with .golangci.yml (the product module 
 	cd hack/bench && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 	cd hack/ratelimitcompare && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 	cd test/helm && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
+	cd test/cluster && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
+	cd hack/images && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: envtest
 envtest: ## Install etcd, kube-apiserver and kube-controller-manager (downloads, or builds them from Go modules).
@@ -84,8 +93,14 @@ envtest: ## Install etcd, kube-apiserver and kube-controller-manager (downloads,
 test: manifests generate vet envtest controller-gen ## Run every test: unit, envtest, real-Redis and end-to-end suites, and the Helm chart's (test/helm; needs promtool).
 	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh --with-controller-manager)" go test $(GO_TEST_FLAGS) ./... -coverprofile cover.out
 	$(MAKE) --no-print-directory test-helm
+	$(MAKE) --no-print-directory test-cluster
 	cd hack/bench && go test $(GO_TEST_FLAGS) ./...
 	cd hack/ratelimitcompare && go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: test-cluster
+test-cluster: images ## Run only the real-cluster suite (test/cluster): as root, a one-node cluster of this machine (hack/cluster; containerd, runc, CNI plugins, iptables, nftables, conntrack from Debian), the images, the chart, real pods.
+	@hack/setup-envtest.sh --with-node >/dev/null
+	cd test/cluster && IMAGES_DIR=$(IMAGES_DIR) go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-helm
 test-helm: controller-gen ## Run only the Helm chart's tests (test/helm: lint, golden files, schema, install into envtest, promtool).
@@ -101,6 +116,24 @@ build: generate ## Build the manager, sidecar and kubectl-redline binaries into 
 .PHONY: run
 run: manifests generate ## Run the manager against the cluster of the current kubeconfig (REDIS_URL=redis://...).
 	go run ./cmd/manager --redis-url="$${REDIS_URL:-redis://127.0.0.1:6379}"
+
+.PHONY: images
+images: ## Build the manager and sidecar images without a daemon (static binaries FROM scratch, user 65532) as archives in bin/images/{manager,sidecar}.tar, tagged IMG and SIDECAR_IMG (the chart's appVersion).
+	@rm -rf $(IMAGES_DIR) && mkdir -p $(IMAGES_DIR)/rootfs
+	CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags "-s -w" -o $(IMAGES_DIR)/rootfs/manager ./cmd/manager
+	CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags "-s -w" -o $(IMAGES_DIR)/rootfs/sidecar ./cmd/sidecar
+	cd hack/images && go run . -out $(IMAGES_DIR) -label org.opencontainers.image.version=$(VERSION) \
+		$(IMG)=$(IMAGES_DIR)/rootfs/manager $(SIDECAR_IMG)=$(IMAGES_DIR)/rootfs/sidecar
+
+.PHONY: release
+release: images ## Push the images to REGISTRY (make release REGISTRY=registry.example/team; credentials from the docker config) and the chart, packaged, as an OCI artifact to oci://REGISTRY/charts (credentials from helm registry login).
+	cd hack/images && go run . -out $(IMAGES_DIR) -push -label org.opencontainers.image.version=$(VERSION) \
+		$(IMG)=$(IMAGES_DIR)/rootfs/manager $(SIDECAR_IMG)=$(IMAGES_DIR)/rootfs/sidecar
+	cd test/helm && go run ./cmd/chartpackage -out $(LOCALBIN)/chart -push oci://$(REGISTRY)/charts
+
+.PHONY: chart-package
+chart-package: ## Package the chart as helm package does, into bin/chart/redline-<version>.tgz.
+	cd test/helm && go run ./cmd/chartpackage -out $(LOCALBIN)/chart
 
 .PHONY: docker-build
 docker-build: ## Build the manager and sidecar images (IMG, SIDECAR_IMG); needs a Docker engine.

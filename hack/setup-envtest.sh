@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs the envtest control-plane binaries (etcd, kube-apiserver and, on request,
 # kube-controller-manager) into setup-envtest's store, so `setup-envtest use -i` and
-# controller-runtime's envtest find them.
+# controller-runtime's envtest find them. --with-node adds what a one-node cluster needs beside
+# them (kubelet, kube-scheduler, kube-proxy, kubectl, and kube-controller-manager), built the same
+# way into the same store (hack/cluster uses them).
 #
 # setup-envtest's download source is not reachable on every machine, so when the normal
 # download fails the binaries are built from Go modules. Built binaries are cached in the
 # store and never rebuilt while they run.
 #
-# Usage: hack/setup-envtest.sh [--with-controller-manager]   (prints the store directory last)
+# Usage: hack/setup-envtest.sh [--with-controller-manager] [--with-node]
+#        (prints the store directory last)
 set -euo pipefail
 
 K8S_VERSION="${ENVTEST_K8S_VERSION:-1.37.2}"
@@ -17,15 +20,26 @@ STORE_ROOT="${ENVTEST_STORE:-${XDG_DATA_HOME:-$HOME/.local/share}/kubebuilder-en
 OS_ARCH="$(go env GOOS)-$(go env GOARCH)"
 BIN_DIR="$STORE_ROOT/k8s/$K8S_VERSION-$OS_ARCH"
 WANT_KCM=false
-[[ "${1:-}" == "--with-controller-manager" ]] && WANT_KCM=true
+WANT_NODE=false
+NODE_CMDS=(kubelet kube-scheduler kube-proxy kubectl)
+for arg in "$@"; do
+  case "$arg" in
+    --with-controller-manager) WANT_KCM=true ;;
+    --with-node) WANT_KCM=true; WANT_NODE=true ;;
+    *) echo "usage: $0 [--with-controller-manager] [--with-node]" >&2; exit 2 ;;
+  esac
+done
 
 log() { printf '[setup-envtest] %s\n' "$*" >&2; }
 
-works() { [[ -x "$1" ]] && "$1" --version >/dev/null 2>&1; }
+works() { [[ -x "$1" ]] && { "$1" --version >/dev/null 2>&1 || "$1" version --client >/dev/null 2>&1; }; }
 
 have_all() {
   works "$BIN_DIR/etcd" && works "$BIN_DIR/kube-apiserver" || return 1
   if $WANT_KCM; then works "$BIN_DIR/kube-controller-manager" || return 1; fi
+  if $WANT_NODE; then
+    for c in "${NODE_CMDS[@]}"; do works "$BIN_DIR/$c" || return 1; done
+  fi
   return 0
 }
 
@@ -71,7 +85,6 @@ fi
 # 3. Kubernetes binaries: k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces
 #    them with local paths, so a consumer must replace each with the published v0.X.Y.
 build_k8s() {
-  local cmd="$1"
   local mod="$WORK/k8s"
   if [[ ! -f "$mod/go.mod" ]]; then
     mkdir -p "$mod"
@@ -86,7 +99,15 @@ build_k8s() {
       awk '$2 == "v0.0.0" {print $1}' "$gomod" | sort -u | while read -r m; do
         go mod edit -replace="$m=$m@$staging_version"
       done
-      printf 'package main\nimport (\n_ "k8s.io/kubernetes/cmd/kube-apiserver/app"\n_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"\n)\n' > tools.go
+      # Every command's packages, so that one tidy resolves them all (the node's only matter
+      # with --with-node, but resolving them costs seconds and keeps one module for every build).
+      {
+        printf 'package main\nimport (\n'
+        for p in kube-apiserver/app kube-controller-manager/app kubelet/app kube-scheduler/app kube-proxy/app; do
+          printf '_ "k8s.io/kubernetes/cmd/%s"\n' "$p"
+        done
+        printf '_ "k8s.io/kubectl/pkg/cmd"\n)\n'
+      } > tools.go
       go mod tidy >/dev/null
     )
   fi
@@ -96,9 +117,17 @@ build_k8s() {
   ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
   ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
   ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=v$K8S_VERSION"
-  (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$BIN_DIR/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
-  mv "$BIN_DIR/$cmd.tmp" "$BIN_DIR/$cmd"
-  log "$cmd ready: $("$BIN_DIR/$cmd" --version)"
+  # One go build for every command asked: their shared packages compile once. Each binary goes
+  # to a temporary name first so that a cut build never leaves a half-written binary behind.
+  local cmd pkgs=()
+  for cmd in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
+  mkdir -p "$WORK/out"
+  (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$WORK/out/" "${pkgs[@]}")
+  for cmd in "$@"; do
+    mv "$WORK/out/$cmd" "$BIN_DIR/$cmd.tmp"
+    mv "$BIN_DIR/$cmd.tmp" "$BIN_DIR/$cmd"
+    log "$cmd ready: $("$BIN_DIR/$cmd" --version 2>&1 | head -1)"
+  done
 }
 
 if ! works "$BIN_DIR/kube-apiserver"; then
@@ -108,6 +137,14 @@ fi
 if $WANT_KCM && ! works "$BIN_DIR/kube-controller-manager"; then
   log "building kube-controller-manager v$K8S_VERSION (shares most of kube-apiserver's build cache)"
   build_k8s kube-controller-manager
+fi
+if $WANT_NODE; then
+  missing=()
+  for c in "${NODE_CMDS[@]}"; do works "$BIN_DIR/$c" || missing+=("$c"); done
+  if ((${#missing[@]})); then
+    log "building ${missing[*]} v$K8S_VERSION (about 7 minutes more on kube-apiserver's build cache)"
+    build_k8s "${missing[@]}"
+  fi
 fi
 
 echo "$BIN_DIR"

@@ -45,7 +45,7 @@ func LoadChart() (*chart.Chart, error) {
 	return ch, nil
 }
 
-// KubeVersion is the cluster version rendering assumes (the chart needs 1.29+).
+// KubeVersion is the cluster version rendering assumes (the chart needs 1.30+).
 var KubeVersion = &chartutil.KubeVersion{Version: "v1.37.2", Major: "1", Minor: "37"}
 
 // Render renders the chart as `helm template` does (client only, the schema validated) with
@@ -57,12 +57,18 @@ func Render(ch *chart.Chart, vals map[string]any) (string, error) {
 
 // RenderWithNotes is Render that also returns what helm install prints (templates/NOTES.txt).
 func RenderWithNotes(ch *chart.Chart, vals map[string]any) (manifest, notes string, err error) {
+	return RenderAt(ch, vals, KubeVersion)
+}
+
+// RenderAt is RenderWithNotes for a cluster of version kv (the chart's kubeVersion is checked
+// against it, as helm install checks the cluster's).
+func RenderAt(ch *chart.Chart, vals map[string]any, kv *chartutil.KubeVersion) (manifest, notes string, err error) {
 	install := action.NewInstall(&action.Configuration{})
 	install.DryRun = true
 	install.ClientOnly = true
 	install.ReleaseName = ReleaseName
 	install.Namespace = Namespace
-	install.KubeVersion = KubeVersion
+	install.KubeVersion = kv
 	install.IncludeCRDs = true
 	rel, err := install.Run(ch, vals)
 	if err != nil {

@@ -109,21 +109,21 @@ func TestCertManagerIssuerRef(t *testing.T) {
 		g.Expect(found).To(BeTrue())
 		return ref
 	}
-	t.Run("default", func(t *testing.T) {
+	t.Run("no issuer named", func(t *testing.T) {
 		g := NewWithT(t)
-		objs := renderObjects(t, "{}")
+		objs := renderObjects(t, "webhook: {certificates: certManager}")
 		g.Expect(Find(objs, "Issuer", "redline-selfsigned-issuer")).NotTo(BeNil())
 		g.Expect(issuerRef(g, objs)).To(Equal(map[string]any{"kind": "Issuer", "name": "redline-selfsigned-issuer"}))
 	})
 	t.Run("a ClusterIssuer", func(t *testing.T) {
 		g := NewWithT(t)
-		objs := renderObjects(t, "webhook: {certManager: {issuerRef: {name: corp-ca, kind: ClusterIssuer}}}")
+		objs := renderObjects(t, "webhook: {certificates: certManager, certManager: {issuerRef: {name: corp-ca, kind: ClusterIssuer}}}")
 		g.Expect(Find(objs, "Issuer", "redline-selfsigned-issuer")).To(BeNil())
 		g.Expect(issuerRef(g, objs)).To(Equal(map[string]any{"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "corp-ca"}))
 	})
-	t.Run("self-signed certificates", func(t *testing.T) {
+	t.Run("self-signed certificates, the default", func(t *testing.T) {
 		g := NewWithT(t)
-		objs := renderObjects(t, "webhook: {certificates: selfSigned, certManager: {issuerRef: {name: corp-ca}}}")
+		objs := renderObjects(t, "webhook: {certManager: {issuerRef: {name: corp-ca}}}")
 		g.Expect(Find(objs, "Certificate", "redline-serving-cert")).To(BeNil())
 		g.Expect(Find(objs, "Issuer", "redline-selfsigned-issuer")).To(BeNil())
 	})

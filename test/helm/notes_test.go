@@ -18,7 +18,8 @@ func TestNotesSayWhatToDoNext(t *testing.T) {
 		_, notes, err := RenderWithNotes(ch, map[string]any{})
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(notes).To(ContainSubstring("kubectl -n redline-system rollout status deployment/redline-manager"))
-		g.Expect(notes).To(ContainSubstring("kubectl -n redline-system get certificate"), "cert-manager issues the webhook's certificate by default")
+		g.Expect(notes).To(ContainSubstring("webhook.certificates=selfSigned"), "the manager makes the webhook's certificate by default")
+		g.Expect(notes).NotTo(ContainSubstring("get certificate"))
 		g.Expect(notes).To(ContainSubstring(`"redline.dev/inject":"true","redline.dev/upstream-port":"8080"`))
 		g.Expect(notes).To(ContainSubstring("kind: RateLimitPolicy"))
 		g.Expect(notes).To(ContainSubstring("kubectl -n <namespace> get rlp"))
@@ -37,15 +38,15 @@ func TestNotesSayWhatToDoNext(t *testing.T) {
 		g.Expect(notes).To(ContainSubstring("over TLS, verified with the CA in Secret redline-redis-tls"))
 		g.Expect(notes).To(ContainSubstring("Every namespace with injected pods needs Secret redline-redis-tls (ca.crt, tls.crt, tls.key)"))
 	})
-	t.Run("Sentinel without a password, self-signed certificates", func(t *testing.T) {
+	t.Run("Sentinel without a password, cert-manager certificates", func(t *testing.T) {
 		g := NewWithT(t)
 		_, notes, err := RenderWithNotes(ch, map[string]any{
 			"redis":   map[string]any{"url": "redis+sentinel://s1:26379,s2:26379/mymaster"},
-			"webhook": map[string]any{"certificates": "selfSigned"},
+			"webhook": map[string]any{"certificates": "certManager"},
 		})
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(notes).To(ContainSubstring("TenantIsolation=False (SentinelUnprotected)"))
-		g.Expect(notes).To(ContainSubstring("webhook.certificates=selfSigned"))
-		g.Expect(notes).NotTo(ContainSubstring("get certificate"))
+		g.Expect(notes).To(ContainSubstring("kubectl -n redline-system get certificate"))
+		g.Expect(notes).NotTo(ContainSubstring("webhook.certificates=selfSigned"))
 	})
 }

@@ -33,7 +33,7 @@ func readValues(t *testing.T, name string) map[string]any {
 // TestLint runs helm lint (strict) on the chart with the default values and each test values
 // file.
 func TestLint(t *testing.T) {
-	for _, name := range []string{"", "self-signed", "everything"} {
+	for _, name := range []string{"", "cert-manager", "everything"} {
 		t.Run("values="+name, func(t *testing.T) {
 			g := NewWithT(t)
 			lint := action.NewLint()
@@ -56,15 +56,15 @@ func TestLint(t *testing.T) {
 	}
 }
 
-// TestGolden renders the chart and its NOTES.txt for the default values (cert-manager
-// certificates), the self-signed mode and every optional object, and compares with
+// TestGolden renders the chart and its NOTES.txt for the default values (self-signed
+// certificates), the cert-manager mode and every optional object, and compares with
 // testdata/golden (go test -update rewrites them).
 func TestGolden(t *testing.T) {
 	ch, err := LoadChart()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"default", "self-signed", "everything"} {
+	for _, name := range []string{"default", "cert-manager", "everything"} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
 			vals := map[string]any{}

@@ -1,0 +1,51 @@
+// Command echo is the application of the cluster suite's workload: it answers every method and
+// path with 200 and the name of its pod, and counts what it served, so that the suite sees what
+// reached an application behind its sidecar. GET /served (which the sidecar's policy does not
+// match) returns the count. On SIGTERM it does what a well-behaved application behind a Service
+// does: it serves on for a few seconds, while the endpoint's removal reaches kube-proxy, then
+// shuts down gracefully.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+func main() {
+	listen := flag.String("listen", ":8080", "address to serve")
+	drain := flag.Duration("drain", 5*time.Second, "how long to serve on after SIGTERM")
+	flag.Parse()
+	pod := os.Getenv("POD_NAME")
+	var served atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /served", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(strconv.FormatInt(served.Load(), 10)))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		served.Add(1)
+		_, _ = fmt.Fprintln(w, pod)
+	})
+	srv := &http.Server{Addr: *listen, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		time.Sleep(*drain)
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.ListenAndServe(); err != nil && err != http.ErrServerClosed {
+		slog.Error("serving", "err", err)
+		os.Exit(1)
+	}
+}
