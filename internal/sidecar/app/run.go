@@ -147,7 +147,17 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if err := loader.Load(); err != nil {
 		log.Warn("starting without valid policies: not ready until a valid document appears", "reason", err.Error())
 	}
-	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled}
+	decisionLog, err := decide.NewDecisionLog(log, cfg.DecisionLog, cfg.DecisionLogSample, cfg.DecisionLogRate)
+	if err != nil {
+		return err
+	}
+	m.WatchDecisionLog(func() int64 {
+		if decisionLog == nil {
+			return 0
+		}
+		return decisionLog.Dropped()
+	})
+	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, Log: decisionLog}
 	memory := memoryBudget(cfg, log)
 	m.WatchMemory(memory.Stats)
 	ph, err := proxy.New(proxy.Options{

@@ -53,6 +53,10 @@ const (
 	// MaxTrustedHops. Without it, the manager's --sidecar-trusted-hops, 0 by default: the
 	// connection's peer.
 	AnnotationTrustedHops = "redline.dev/trusted-hops"
+	// AnnotationDecisionLog turns on the sidecar's decision log (FlagDecisionLog): "refused"
+	// logs each refusal, "all" every decision, "off" (the default) nothing; sampled and
+	// rate-bounded by the sidecar's defaults.
+	AnnotationDecisionLog = "redline.dev/decision-log"
 	// AnnotationInjected is written by the injector and records what it injected. A pod that
 	// carries it is never injected again.
 	AnnotationInjected = "redline.dev/injected"
@@ -165,6 +169,7 @@ const (
 	FlagFailureMode = "failure-mode" // when AnnotationFailureMode or the manager's --sidecar-failure-mode is set
 	FlagMaxProcs    = "max-procs"    // when AnnotationSidecarMaxProcs or the manager's --sidecar-max-procs is set
 	FlagTrustedHops = "trusted-hops" // when AnnotationTrustedHops or the manager's --sidecar-trusted-hops is above 0
+	FlagDecisionLog = "decision-log" // when AnnotationDecisionLog is set to another mode than DecisionLogOff
 	// FlagLeaseKeys, FlagLeaseHorizon and FlagRedisTimeout are passed when the manager's
 	// --sidecar-lease-keys, --sidecar-lease-horizon and --sidecar-redis-timeout are set.
 	FlagLeaseKeys    = "lease-keys"
@@ -260,4 +265,11 @@ const (
 	RedisTLSCAKey   = "ca.crt"
 	RedisTLSCertKey = "tls.crt"
 	RedisTLSKeyKey  = "tls.key"
+)
+
+// The decision log's modes (AnnotationDecisionLog, FlagDecisionLog).
+const (
+	DecisionLogOff     = "off"
+	DecisionLogRefused = "refused"
+	DecisionLogAll     = "all"
 )

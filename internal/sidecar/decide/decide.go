@@ -102,6 +102,8 @@ type Engine struct {
 	// ObserveSettle, if set, hears of every settle of a hold (metrics): what went back, what
 	// became debt, or why the settle failed (the hold then goes back at its deadline).
 	ObserveSettle func(*ruleset.Rule, limiter.Settled, error)
+	// Log, if set, writes the decisions it keeps (see DecisionLog).
+	Log *DecisionLog
 }
 
 // Batcher decides several limits with their Redis calls in one batch; *limiter.Limiter is one.
@@ -290,6 +292,9 @@ func (e *Engine) outcome(c call, lim limiter.Limit, res limiter.Result, err erro
 	}
 	if e.Observe != nil {
 		e.Observe(c.rule, res)
+	}
+	if e.Log != nil {
+		e.Log.observe(c.rule, c.key, c.parts, res)
 	}
 	if t := c.rule.Top; t != nil {
 		label := ""

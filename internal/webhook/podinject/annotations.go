@@ -34,6 +34,8 @@ type params struct {
 	redisPoolSize int
 	// trustedHops is 0 unless the pod or the manager sets it.
 	trustedHops int
+	// decisionLog is the sidecar's decision log mode; "" or off: none.
+	decisionLog string
 	// exposeDecisionAPI serves /v1/check and the rate limit service on the pod network.
 	exposeDecisionAPI bool
 	resources         corev1.ResourceRequirements
@@ -74,34 +76,9 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 	ann := pod.Annotations
 	p := params{listenPort: contract.DefaultListenPort}
 
-	raw, ok := ann[contract.AnnotationUpstreamPort]
-	if !ok {
-		return p, fmt.Errorf("annotation %s is missing: it names the application port the sidecar forwards to", contract.AnnotationUpstreamPort)
-	}
-	port, err := parsePort(contract.AnnotationUpstreamPort, raw)
+	err := parsePorts(pod, &p)
 	if err != nil {
 		return p, err
-	}
-	p.upstreamPort = port
-
-	if raw, ok := ann[contract.AnnotationListenPort]; ok {
-		if p.listenPort, err = parsePort(contract.AnnotationListenPort, raw); err != nil {
-			return p, err
-		}
-	}
-	if p.listenPort == p.upstreamPort {
-		return p, fmt.Errorf("annotation %s=%d equals %s: the sidecar and the application cannot listen on the same port",
-			contract.AnnotationListenPort, p.listenPort, contract.AnnotationUpstreamPort)
-	}
-	for _, reserved := range []int32{contract.AdminPort, contract.GRPCPort, contract.CheckPort} {
-		if p.listenPort == reserved || p.upstreamPort == reserved {
-			return p, fmt.Errorf("port %d is taken by the sidecar (admin %d, Envoy rate limit service %d, decision API %d): use another %s/%s",
-				reserved, contract.AdminPort, contract.GRPCPort, contract.CheckPort, contract.AnnotationListenPort, contract.AnnotationUpstreamPort)
-		}
-	}
-	if owner := portOwner(pod, p.listenPort); owner != "" {
-		return p, fmt.Errorf("listen port %d is already declared by container %q: set %s to a free port",
-			p.listenPort, owner, contract.AnnotationListenPort)
 	}
 
 	if raw, ok := ann[contract.AnnotationFailureMode]; ok {
@@ -136,6 +113,10 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 	}
 
 	if p.trustedHops, err = parseTrustedHops(ann, cfg, &p); err != nil {
+		return p, err
+	}
+
+	if p.decisionLog, err = parseDecisionLog(ann); err != nil {
 		return p, err
 	}
 
@@ -261,4 +242,54 @@ func parsePositive(name, raw string) (resource.Quantity, error) {
 		return resource.Quantity{}, fmt.Errorf("annotation %s=%q: want a positive resource quantity such as 100m or 64Mi", name, raw)
 	}
 	return q, nil
+}
+
+// parseDecisionLog reads AnnotationDecisionLog: the sidecar's decision log mode, "" without it.
+func parseDecisionLog(ann map[string]string) (string, error) {
+	raw, ok := ann[contract.AnnotationDecisionLog]
+	if !ok {
+		return "", nil
+	}
+	switch v := strings.TrimSpace(raw); v {
+	case contract.DecisionLogOff, contract.DecisionLogRefused, contract.DecisionLogAll:
+		return v, nil
+	}
+	return "", fmt.Errorf("annotation %s=%q: want %s, %s or %s", contract.AnnotationDecisionLog, raw,
+		contract.DecisionLogOff, contract.DecisionLogRefused, contract.DecisionLogAll)
+}
+
+// parsePorts reads the application's and the sidecar's ports into p and checks that they
+// differ, are not the sidecar's own, and that no other container declares the listen port.
+func parsePorts(pod *corev1.Pod, p *params) error {
+	ann := pod.Annotations
+	raw, ok := ann[contract.AnnotationUpstreamPort]
+	if !ok {
+		return fmt.Errorf("annotation %s is missing: it names the application port the sidecar forwards to", contract.AnnotationUpstreamPort)
+	}
+	port, err := parsePort(contract.AnnotationUpstreamPort, raw)
+	if err != nil {
+		return err
+	}
+	p.upstreamPort = port
+
+	if raw, ok := ann[contract.AnnotationListenPort]; ok {
+		if p.listenPort, err = parsePort(contract.AnnotationListenPort, raw); err != nil {
+			return err
+		}
+	}
+	if p.listenPort == p.upstreamPort {
+		return fmt.Errorf("annotation %s=%d equals %s: the sidecar and the application cannot listen on the same port",
+			contract.AnnotationListenPort, p.listenPort, contract.AnnotationUpstreamPort)
+	}
+	for _, reserved := range []int32{contract.AdminPort, contract.GRPCPort, contract.CheckPort} {
+		if p.listenPort == reserved || p.upstreamPort == reserved {
+			return fmt.Errorf("port %d is taken by the sidecar (admin %d, Envoy rate limit service %d, decision API %d): use another %s/%s",
+				reserved, contract.AdminPort, contract.GRPCPort, contract.CheckPort, contract.AnnotationListenPort, contract.AnnotationUpstreamPort)
+		}
+	}
+	if owner := portOwner(pod, p.listenPort); owner != "" {
+		return fmt.Errorf("listen port %d is already declared by container %q: set %s to a free port",
+			p.listenPort, owner, contract.AnnotationListenPort)
+	}
+	return nil
 }

@@ -38,6 +38,9 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	if p.trustedHops > 0 {
 		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagTrustedHops, p.trustedHops))
 	}
+	if p.decisionLog != "" && p.decisionLog != contract.DecisionLogOff {
+		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagDecisionLog, p.decisionLog))
+	}
 	if p.redisPoolSize > 0 {
 		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagRedisPoolSize, p.redisPoolSize))
 	}
