@@ -40,7 +40,7 @@ const (
 	watchMethod = "/grpc.health.v1.Health/Watch"
 )
 
-func newGRPCApp(t *testing.T, creds credentials.TransportCredentials) *grpcApp {
+func newGRPCApp(t testing.TB, creds credentials.TransportCredentials) *grpcApp {
 	a := &grpcApp{health: health.NewServer(), served: map[string]*atomic.Int64{checkMethod: {}, watchMethod: {}}}
 	count := func(method string) {
 		if n, ok := a.served[method]; ok {
@@ -85,7 +85,7 @@ func grpcRules(e *env, checks, watches int64) []byte {
 }
 
 // healthClient dials the sidecar's proxy face with plaintext HTTP/2, as a gRPC client does.
-func healthClient(t *testing.T, s *sidecar) healthpb.HealthClient {
+func healthClient(t testing.TB, s *sidecar) healthpb.HealthClient {
 	conn, err := grpc.NewClient(hostPort(s.proxy), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
