@@ -169,7 +169,7 @@ func TestGRPCToAnApplicationDown(t *testing.T) {
 	e := newEnv(t, "orders")
 	e.write(t, grpcRules(e, 3, 2))
 	s := start(t, "grpc-down", e, shared.URL(), freePort(t), true, "--upstream-protocol=H2C")
-	_, err := healthClient(t, s).Check(tenant(t, "a"), &healthpb.HealthCheckRequest{Service: "orders"})
+	_, err := healthClient(t, s).Check(tenant(t, fmt.Sprint("down-", time.Now().UnixNano())), &healthpb.HealthCheckRequest{Service: "orders"})
 	NewWithT(t).Expect(status.Code(err)).To(Equal(codes.Unavailable), "%v", err)
 	NewWithT(t).Expect(status.Convert(err).Message()).To(ContainSubstring("application is unavailable"))
 }
