@@ -134,3 +134,20 @@ func closeIdle(rt http.RoundTripper) {
 		t.h2.CloseIdleConnections()
 	}
 }
+
+// dropH2CUpgrade removes an HTTP/1.1 request's offer to switch to h2c (RFC 7540's Upgrade:
+// h2c, which net/http does not serve). Passed on, an application that accepts it would answer
+// 101 and the proxy would tunnel the connection's bytes, every later HTTP/2 stream on it
+// reaching the application undecided. Without the offer the request is served as HTTP/1.1;
+// h2c clients use prior knowledge, which the face serves.
+func dropH2CUpgrade(r *http.Request) {
+	for _, v := range r.Header["Upgrade"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "h2c") {
+				delete(r.Header, "Upgrade")
+				delete(r.Header, "Http2-Settings")
+				return
+			}
+		}
+	}
+}

@@ -183,6 +183,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	dropH2CUpgrade(r)
 	// The path is matched and forwarded in one normal form (reqpath): the application routes
 	// what the rules matched. A path no normal form can agree on with every application is
 	// refused.
