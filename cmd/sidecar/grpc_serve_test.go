@@ -113,3 +113,17 @@ func TestTokenBudgetRefusesGRPC(t *testing.T) {
 	g.Expect(app.served[checkMethod].Load()).To(BeZero())
 	g.Expect(s.metric(t, `redline_sidecar_unsized_refusals_total{policy="llm",reason="grpc_not_sized",rule="tokens"}`)).To(BeEquivalentTo(1))
 }
+
+// A gRPC call is held to its own deadline, not to --request-timeout: a gRPC server sends its
+// response headers with its answer, so a unary call slower than the timeout is still answered.
+func TestGRPCCallsOutlastTheRequestTimeout(t *testing.T) {
+	g := NewWithT(t)
+	e := newEnv(t, "orders")
+	e.write(t, grpcRules(e, 1000, 1000))
+	app := newGRPCApp(t, nil)
+	app.delay.Store(int64(200 * time.Millisecond)) // 20 times the timeout below
+	s := start(t, "grpc-slow", e, shared.URL(), app.addr, true, "--upstream-protocol=H2C", "--request-timeout=10ms")
+	resp, err := healthClient(t, s).Check(tenant(t, fmt.Sprint("slow-", time.Now().UnixNano())), &healthpb.HealthCheckRequest{Service: "orders"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.GetStatus()).To(Equal(healthpb.HealthCheckResponse_SERVING))
+}

@@ -33,6 +33,8 @@ type grpcApp struct {
 	addr   string
 	health *health.Server
 	served map[string]*atomic.Int64
+	// delay holds each unary call this long before it is served (nanoseconds).
+	delay atomic.Int64
 }
 
 const (
@@ -50,6 +52,7 @@ func newGRPCApp(t testing.TB, creds credentials.TransportCredentials) *grpcApp {
 	opts := []grpc.ServerOption{
 		grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			count(info.FullMethod)
+			time.Sleep(time.Duration(a.delay.Load()))
 			return h(ctx, req)
 		}),
 		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {

@@ -91,7 +91,7 @@ func upstreamTransport(protocol string, base *http.Transport, dialer *net.Dialer
 		p.SetUnencryptedHTTP2(true)
 		t.Protocols = &p
 		t.HTTP2 = h2
-		return upgradesOver{h2: t, h1: base}, nil
+		return newRouter(t, base), nil
 	case contract.UpstreamProtocolHTTPS:
 		t := base.Clone()
 		t.DialContext = dialer.DialContext
@@ -106,20 +106,34 @@ func upstreamTransport(protocol string, base *http.Transport, dialer *net.Dialer
 			InsecureSkipVerify: true, // loopback in the pod: see above
 			MinVersion:         tls.VersionTLS12,
 		}
-		return t, nil
+		return newRouter(t, nil), nil
 	}
 	return nil, fmt.Errorf("upstream protocol %q: want one of %s", protocol, strings.Join(contract.UpstreamProtocols, ", "))
 }
 
-// upgradesOver sends upgrade requests (WebSocket) over h1 and every other over h2.
-type upgradesOver struct {
-	h2 *http.Transport
-	h1 *http.Transport
+// router picks the transport of each request to an HTTP/2 application.
+//
+// A gRPC call goes without --request-timeout's bound on the response headers: a gRPC server
+// sends them with its first message, which a unary call or a long-poll stream sends when it
+// is done, and the call carries its own deadline (grpc-timeout), which the client enforces by
+// cancelling the stream, which cancels the call upstream. Upgrades (WebSocket) go over
+// HTTP/1.1 when there is an HTTP/1.1 transport, since HTTP/2 cannot carry them.
+type router struct {
+	h2, grpc, h1 *http.Transport
 }
 
-func (u upgradesOver) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Header.Get("Upgrade") != "" {
+func newRouter(h2, h1 *http.Transport) router {
+	g := h2.Clone()
+	g.ResponseHeaderTimeout = 0
+	return router{h2: h2, grpc: g, h1: h1}
+}
+
+func (u router) RoundTrip(r *http.Request) (*http.Response, error) {
+	switch {
+	case u.h1 != nil && r.Header.Get("Upgrade") != "":
 		return u.h1.RoundTrip(r)
+	case isGRPC(r):
+		return u.grpc.RoundTrip(r)
 	}
 	return u.h2.RoundTrip(r)
 }
@@ -129,9 +143,12 @@ func closeIdle(rt http.RoundTripper) {
 	switch t := rt.(type) {
 	case *http.Transport:
 		t.CloseIdleConnections()
-	case upgradesOver:
-		t.h1.CloseIdleConnections()
-		t.h2.CloseIdleConnections()
+	case router:
+		for _, tr := range []*http.Transport{t.h2, t.grpc, t.h1} {
+			if tr != nil {
+				tr.CloseIdleConnections()
+			}
+		}
 	}
 }
 
