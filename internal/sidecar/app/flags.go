@@ -23,13 +23,15 @@ import (
 
 // Config is the sidecar's configuration, from flags and environment.
 type Config struct {
-	Listen        string
-	Upstream      string
-	AdminListen   string
-	GRPCListen    string
-	CheckListen   string
-	MaxCheckConns int
-	MaxGRPCConns  int
+	Listen   string
+	Upstream string
+	// UpstreamProtocol is one of contract.UpstreamProtocols.
+	UpstreamProtocol string
+	AdminListen      string
+	GRPCListen       string
+	CheckListen      string
+	MaxCheckConns    int
+	MaxGRPCConns     int
 	// MaxConns and MaxConnsPerIP bound the proxy face; MaxAdminConns and MaxAdminConnsPerIP the
 	// admin face; the PerIP bounds of the decision faces apply when they are not on loopback.
 	MaxConns           int
@@ -130,6 +132,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string {
 	fs.StringVar(&c.Listen, contract.FlagListen, fmt.Sprintf(":%d", contract.DefaultListenPort), "address of the proxy face")
 	fs.StringVar(&c.Upstream, contract.FlagUpstream, "", "the application's host:port (required)")
+	fs.StringVar(&c.UpstreamProtocol, contract.FlagUpstreamProtocol, contract.UpstreamProtocolHTTP1, "how the application is spoken to: "+strings.Join(contract.UpstreamProtocols, ", ")+" (the proxy accepts HTTP/1.1 and h2c whatever it is)")
 	fs.StringVar(&c.AdminListen, contract.FlagAdminListen, fmt.Sprintf(":%d", contract.AdminPort), "address of /healthz, /readyz and /metrics")
 	fs.StringVar(&c.CheckListen, contract.FlagCheckListen, fmt.Sprintf("%s:%d", contract.LoopbackHost, contract.CheckPort),
 		"address of the decision API, POST /v1/check; loopback keeps it inside the pod; empty disables it")
@@ -219,6 +222,9 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 		errs = append(errs, fmt.Errorf("no Redis URL: set $%s or --redis-url", contract.EnvRedisURL))
 	}
 	errs = append(errs, c.redisTLSErrors()...)
+	if !slices.Contains(contract.UpstreamProtocols, c.UpstreamProtocol) {
+		errs = append(errs, fmt.Errorf("--%s=%q: want one of %s", contract.FlagUpstreamProtocol, c.UpstreamProtocol, strings.Join(contract.UpstreamProtocols, ", ")))
+	}
 	if c.FailureMode != "" && !slices.Contains(contract.FailureModes, c.FailureMode) {
 		errs = append(errs, fmt.Errorf("--%s=%q: want one of %s", contract.FlagFailureMode, c.FailureMode, strings.Join(contract.FailureModes, ", ")))
 	}

@@ -25,7 +25,9 @@ type params struct {
 	// (redisURL and redisTLS's names are then only what the injector decides with).
 	redisFromConfigMap bool
 	upstreamPort       int32
-	listenPort         int32
+	// upstreamProtocol is empty unless the pod sets it (the sidecar's default is HTTP1).
+	upstreamProtocol string
+	listenPort       int32
 	// failureMode is empty unless the pod or the manager overrides the policies'.
 	failureMode string
 	// maxProcs is 0 unless the pod or the manager sets it.
@@ -81,6 +83,10 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 		return p, err
 	}
 
+	if p.upstreamProtocol, err = parseUpstreamProtocol(ann); err != nil {
+		return p, err
+	}
+
 	if raw, ok := ann[contract.AnnotationFailureMode]; ok {
 		if !slices.Contains(contract.FailureModes, raw) {
 			return p, fmt.Errorf("annotation %s=%q: want one of %s", contract.AnnotationFailureMode, raw,
@@ -120,15 +126,8 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 		return p, err
 	}
 
-	if raw, ok := ann[contract.AnnotationExposeDecisionAPI]; ok {
-		switch strings.TrimSpace(raw) {
-		case "true":
-			p.exposeDecisionAPI = true
-		case "false":
-		default:
-			return p, fmt.Errorf("annotation %s=%q: want \"true\" (serve /v1/check and the rate limit service on the pod network) or \"false\"",
-				contract.AnnotationExposeDecisionAPI, raw)
-		}
+	if p.exposeDecisionAPI, err = parseExposeDecisionAPI(ann); err != nil {
+		return p, err
 	}
 
 	if p.resources, err = parseResources(ann, cfg, &p); err != nil {
@@ -167,6 +166,36 @@ func parseTrustedHops(ann map[string]string, cfg *Config, p *params) (int, error
 			contract.AnnotationTrustedHops, raw, contract.MaxTrustedHops)
 	}
 	return n, nil
+}
+
+// parseExposeDecisionAPI reads AnnotationExposeDecisionAPI: false when the pod does not set it.
+func parseExposeDecisionAPI(ann map[string]string) (bool, error) {
+	raw, ok := ann[contract.AnnotationExposeDecisionAPI]
+	if !ok {
+		return false, nil
+	}
+	switch strings.TrimSpace(raw) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("annotation %s=%q: want \"true\" (serve /v1/check and the rate limit service on the pod network) or \"false\"",
+		contract.AnnotationExposeDecisionAPI, raw)
+}
+
+// parseUpstreamProtocol reads AnnotationUpstreamProtocol: "" when the pod does not set it.
+func parseUpstreamProtocol(ann map[string]string) (string, error) {
+	raw, ok := ann[contract.AnnotationUpstreamProtocol]
+	if !ok {
+		return "", nil
+	}
+	v := strings.TrimSpace(raw)
+	if !slices.Contains(contract.UpstreamProtocols, v) {
+		return "", fmt.Errorf("annotation %s=%q: want one of %s (HTTP1: HTTP/1.1; H2C: HTTP/2 over cleartext, a gRPC server's plaintext port; HTTPS: TLS)",
+			contract.AnnotationUpstreamProtocol, raw, strings.Join(contract.UpstreamProtocols, ", "))
+	}
+	return v, nil
 }
 
 func parsePort(name, raw string) (int32, error) {
