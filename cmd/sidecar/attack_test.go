@@ -27,7 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // These tests attack the decision faces of a running sidecar as a client on the pod network

@@ -17,8 +17,8 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // Benchmarks of the built binary against the shared redis-server. Run with, e.g.:

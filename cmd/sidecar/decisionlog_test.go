@@ -13,7 +13,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // The built sidecar with --decision-log=refused writes one JSON line per refusal it keeps,

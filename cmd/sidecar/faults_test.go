@@ -11,8 +11,8 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // load sends requests through one sidecar until stopped and records the statuses.

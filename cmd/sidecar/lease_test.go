@@ -14,8 +14,8 @@ import (
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // Leases across sidecar processes: n sidecars x 64 callers ask /v1/check for twice the limit,

@@ -16,7 +16,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // postCheck asks s's decision API for one unit of key under rule p/r: a 200 with one result,

@@ -15,7 +15,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // limitInForce asks /v1/check which limit the sidecar applies to rule r of policy p.

@@ -22,7 +22,7 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/membudget"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // floodFlags are more sidecar flags for TestSlowBodyFloodStaysUnderTheMemoryLimit, to measure

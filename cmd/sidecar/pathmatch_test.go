@@ -12,7 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // Path rules match as Gateway API's HTTPPathMatch does, through the built sidecar: a prefix by

@@ -24,7 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // These tests attack the sidecar's ports as another pod on the pod network would. Every face

@@ -16,7 +16,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // Attacks on the proxy face from the client's side, against the built binary with the

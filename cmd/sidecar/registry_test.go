@@ -17,7 +17,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // registryFlags are more sidecar flags for TestVictimKeepsItsHoldsUnderManyKeys:

@@ -21,8 +21,8 @@ import (
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // The spike of issue 13: 10 sidecars whose pools add up to more than Redis's maxclients, all

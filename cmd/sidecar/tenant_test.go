@@ -18,9 +18,9 @@ import (
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 func readyz(t *testing.T, s *sidecar) (int, string) {

@@ -11,9 +11,9 @@ import (
 
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/tlstest"
 )
 

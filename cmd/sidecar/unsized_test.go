@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/policydoc"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // Bodies a token budget cannot size by its old reading, against the built sidecar, a real

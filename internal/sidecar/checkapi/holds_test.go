@@ -11,7 +11,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // budgetHandler serves the decision API with a real limiter on a real Redis, for one policy

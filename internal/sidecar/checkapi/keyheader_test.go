@@ -10,7 +10,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // A described request that carries its key header more than once, however the JSON says so

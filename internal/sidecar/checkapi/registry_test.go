@@ -12,7 +12,7 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // bulkHandler serves the decision API with a real limiter on a real Redis, for a token budget

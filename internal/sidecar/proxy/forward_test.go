@@ -17,8 +17,8 @@ import (
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/fakemodel"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 	"github.com/redline-dev/redline/internal/tokens"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/fakemodel"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // servedApp is a Go application behind the proxy that counts the requests it serves per

@@ -14,7 +14,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/membudget"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // memoryFront is a proxy with a memory budget of room bytes in front of upstream, enforcing a

@@ -13,8 +13,8 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/fakemodel"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 const pricedBudget = 10_000

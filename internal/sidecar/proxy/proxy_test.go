@@ -14,7 +14,7 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // byKey admits every key but "blocked".

@@ -25,7 +25,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // blockingLimiter holds every call until release is closed or the call's context ends, and

@@ -13,8 +13,8 @@ import (
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // replicaLimiter is a limiter on a redis-server of its own with a replica id, as the sidecar

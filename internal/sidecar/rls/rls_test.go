@@ -22,7 +22,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 func desc(kv ...string) *rlv3.RateLimitDescriptor {
