@@ -177,6 +177,10 @@ const (
 	// sized the pool or the manager's --sidecar-redis-pool-size is set; without it the sidecar
 	// uses DefaultRedisPoolSize.
 	FlagRedisPoolSize = "redis-pool-size"
+	// FlagFallbackReplicas is the replica count LocalFallback divides a limit by while the
+	// sidecar has heard no heartbeat of the policy's group (a pod started during a Redis
+	// outage): the workload's largest replica count, its HPA's maxReplicas. 0: 1.
+	FlagFallbackReplicas = "fallback-replicas"
 	// FlagRedisTLSCAFile, FlagRedisTLSCertFile and FlagRedisTLSKeyFile name the files of the
 	// mounted TLS Secret (RedisTLSDir): the CA file when the manager's
 	// --sidecar-redis-tls-secret is set, the certificate and key with
@@ -206,6 +210,15 @@ const (
 	// resourceFieldRef limits.memory); the sidecar sets Go's memory limit to
 	// MemoryLimitPercent of it unless GOMEMLIMIT is set.
 	EnvMemoryLimit = "REDLINE_MEMORY_LIMIT"
+	// EnvBudgetRedisPoolSize, when set, is the pool the connection budget gives the pod's
+	// workload and wins over FlagRedisPoolSize (which then carries the manager's default).
+	// The injector sets it from a key of the namespace's sidecar ConfigMap that the manager
+	// writes, optional: unset until the manager has written it. A pod that sets
+	// AnnotationRedisPoolSize gets the flag alone.
+	EnvBudgetRedisPoolSize = "REDLINE_BUDGET_REDIS_POOL_SIZE"
+	// EnvFallbackReplicas is the default of FlagFallbackReplicas, set by the injector from a
+	// key of the namespace's sidecar ConfigMap (optional, like EnvBudgetRedisPoolSize).
+	EnvFallbackReplicas = "REDLINE_FALLBACK_REPLICAS"
 	// MemoryLimitPercent is the share of the container's limit the Go runtime aims to stay
 	// under: the rest is what the runtime does not count (stacks it cannot shrink at once,
 	// fragmentation) and the kernel's socket buffers, charged to the same cgroup.
