@@ -96,7 +96,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	if cfg.Budget != nil || cfg.Backends != nil {
 		in.sizer = &poolSizer{
 			cache: mgr.GetClient(), direct: mgr.GetAPIReader(),
-			timeout: cfg.BudgetLookupTimeout, log: log.WithName("budget"),
+			timeout: cfg.BudgetLookupTimeout, log: log.WithName("budget"), verifiedClients: cfg.ClientCAFile != "",
 		}
 	}
 	if cfg.Backends != nil {
