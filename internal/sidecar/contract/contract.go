@@ -42,9 +42,10 @@ const (
 	// pod could otherwise spend any client's quota (ask with the victim's key until refused).
 	AnnotationExposeDecisionAPI = "redline.dev/expose-decision-api"
 	// AnnotationRedisPoolSize sets the sidecar's Redis pool: connections per Redis node,
-	// MinRedisPoolSize to MaxRedisPoolSize. Without it the injector sizes the pool from the
+	// MinRedisPoolSize to MaxRedisPoolSize. Without it the manager sizes the pool from the
 	// connection budget (internal/connbudget), between MinRedisPoolSize and
-	// DefaultRedisPoolSize. The controller counts it, times the workload's maxReplicas, against
+	// DefaultRedisPoolSize, in the namespace's ConfigMap the sidecar reads it from
+	// (EnvBudgetRedisPoolSize). The controller counts it, times the workload's maxReplicas, against
 	// Redis's maxclients.
 	AnnotationRedisPoolSize = "redline.dev/redis-pool-size"
 	// AnnotationTrustedHops is how many proxies in front of the pod (a cloud load balancer,
@@ -173,9 +174,10 @@ const (
 	// FlagRedisCredentialsDir is the mounted credentials Secret (RedisCredentialsDir): the
 	// sidecar reads RedisUsernameKey and RedisSecretKey in it at every new Redis connection.
 	FlagRedisCredentialsDir = "redis-credentials-dir"
-	// FlagRedisPoolSize is passed when AnnotationRedisPoolSize is set, the connection budget
-	// sized the pool or the manager's --sidecar-redis-pool-size is set; without it the sidecar
-	// uses DefaultRedisPoolSize.
+	// FlagRedisPoolSize is passed when AnnotationRedisPoolSize or the manager's
+	// --sidecar-redis-pool-size is set; without it the sidecar uses DefaultRedisPoolSize. The
+	// connection budget's pool comes through EnvBudgetRedisPoolSize, which wins over the
+	// manager's default.
 	FlagRedisPoolSize = "redis-pool-size"
 	// FlagFallbackReplicas is the replica count LocalFallback divides a limit by while the
 	// sidecar has heard no heartbeat of the policy's group (a pod started during a Redis

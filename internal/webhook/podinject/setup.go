@@ -111,7 +111,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		return fmt.Errorf("adding the webhook readiness check: %w", err)
 	}
 	log.Info("pod injection webhook registered", "paths", []string{Path, NamespacePath}, "nativeSidecars", native,
-		"certMode", cfg.CertMode, "clientCertificates", cfg.ClientCAFile != "", "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Budget != nil || cfg.Backends != nil)
+		"certMode", cfg.CertMode, "clientCertificates", cfg.ClientCAFile != "", "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Backends != nil)
 	return nil
 }
 
