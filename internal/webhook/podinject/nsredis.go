@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"time"
+	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -18,15 +18,18 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
@@ -114,12 +117,59 @@ type NamespaceRedisReconciler struct {
 	// Config is the webhook's: Backends tells which Redis serves a namespace, RedisURL and
 	// SidecarRedisTLS are the manager's Redis's.
 	Config *Config
-	// Resync is how often a namespace with injected workloads is looked at again, to follow
-	// the connection budget its pools are sized from (default 30s, the budget's own interval).
-	Resync time.Duration
+
+	// budgetChanged hears of a connection budget that sizes pools differently; the namespaces
+	// of its workloads wait in pending. nil when not set up with a manager.
+	budgetChanged chan event.GenericEvent
+	mu            sync.Mutex
+	pending       map[string]struct{}
+	// subscribed are the budgets budgetChanged is subscribed to, one per Redis.
+	subscribed map[*connbudget.Publisher]bool
 }
 
-const defaultWorkloadResync = 30 * time.Second
+// subscribe makes a change of budget b reach budgetChanged, once per budget. Only the
+// namespaces with workloads in the new budget can have a pool to change (one whose last
+// workload went is looked at on that workload's deletion).
+func (r *NamespaceRedisReconciler) subscribe(b *connbudget.Publisher) {
+	if b == nil || r.budgetChanged == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.subscribed[b] {
+		return
+	}
+	if r.subscribed == nil {
+		r.subscribed = map[*connbudget.Publisher]bool{}
+	}
+	r.subscribed[b] = true
+	b.Subscribe(func(s *connbudget.Snapshot) {
+		r.mu.Lock()
+		if r.pending == nil {
+			r.pending = map[string]struct{}{}
+		}
+		for w := range s.Workloads {
+			r.pending[w.Namespace] = struct{}{}
+		}
+		r.mu.Unlock()
+		select {
+		case r.budgetChanged <- event.GenericEvent{Object: &corev1.Namespace{}}:
+		default: // a notice is pending already: it takes every pending namespace
+		}
+	})
+}
+
+// pendingNamespaces takes the namespaces a change of budget left to look at.
+func (r *NamespaceRedisReconciler) pendingNamespaces(context.Context, client.Object) []reconcile.Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]reconcile.Request, 0, len(r.pending))
+	for ns := range r.pending {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: ns}})
+	}
+	r.pending = nil
+	return out
+}
 
 // Reconcile makes the ConfigMap of namespace req.Name hold its Redis's settings.
 func (r *NamespaceRedisReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -144,18 +194,15 @@ func (r *NamespaceRedisReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	optedIn := namespace.Labels[contract.NamespaceLabelInjection] == contract.NamespaceInjectionEnabled
+	// The pools follow the budget, which changes with every namespace's workloads: subscribed
+	// before it is read, so that no change is missed.
+	r.subscribe(nr.Budget)
 	workloads, err := workloadData(ctx, r.Client, ns, optedIn, nr.Budget.Load())
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	// The pools follow the budget, which changes with every namespace's workloads: looked at
-	// again each resync while the namespace has injected workloads.
-	result := ctrl.Result{}
-	if len(workloads) > 0 {
-		result.RequeueAfter = cmp.Or(r.Resync, defaultWorkloadResync)
-	}
 	if !exists && !nr.Backend && len(workloads) == 0 {
-		return result, nil
+		return ctrl.Result{}, nil
 	}
 	data := redisConfigMapData(r.Config, nr)
 	maps.Copy(data, workloads)
@@ -169,12 +216,12 @@ func (r *NamespaceRedisReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 		case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
 			return ctrl.Result{}, nil
 		case apierrors.IsAlreadyExists(err):
-			return result, nil // not in the cache yet, whose event brings it back
+			return ctrl.Result{}, nil // not in the cache yet, whose event brings it back
 		case err != nil:
 			return ctrl.Result{}, fmt.Errorf("creating configmap %s/%s: %w", ns, RedisConfigMapName, err)
 		}
 		log.FromContext(ctx).Info("wrote the sidecars' redis settings", "namespace", ns, "redisBackend", nr.Backend, "workloads", len(workloads)/2)
-		return result, nil
+		return ctrl.Result{}, nil
 	}
 	if sameData(cur.Data, want.Data) && len(cur.BinaryData) == 0 && cur.Labels[managedByLabel] == managedByValue &&
 		(cur.Immutable == nil || !*cur.Immutable) {
@@ -193,7 +240,7 @@ func (r *NamespaceRedisReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("writing configmap %s/%s: %w", ns, RedisConfigMapName, err)
 	}
-	return result, nil
+	return ctrl.Result{}, nil
 }
 
 // SetupWithManager registers the reconciler: namespaces (their labels choose their backend),
@@ -220,11 +267,14 @@ func (r *NamespaceRedisReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&corev1.Namespace{}).
 		Watches(&v1alpha1.RedisBackend{}, handler.EnqueueRequestsFromMapFunc(r.allNamespaces)).
 		WatchesRawSource(source.Kind(cms, client.Object(&corev1.ConfigMap{}), handler.EnqueueRequestsFromMapFunc(ofNamespace))).
-		// A workload's replicas, HPA and template change its keys.
-		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(ofNamespace)).
-		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(ofNamespace)).
-		Watches(&appsv1.ReplicaSet{}, handler.EnqueueRequestsFromMapFunc(ofNamespace)).
+		// A workload's replicas, HPA and template change its keys; its status (most of its
+		// updates) does not.
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(ofNamespace), specChanges).
+		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(ofNamespace), specChanges).
+		Watches(&appsv1.ReplicaSet{}, handler.EnqueueRequestsFromMapFunc(ofNamespace), specChanges).
 		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, handler.EnqueueRequestsFromMapFunc(ofNamespace))
+	r.budgetChanged = make(chan event.GenericEvent, 1)
+	b = b.WatchesRawSource(source.Channel(r.budgetChanged, handler.EnqueueRequestsFromMapFunc(r.pendingNamespaces)))
 	if s, ok := r.Config.Backends.(interface {
 		Subscribe() <-chan event.GenericEvent
 	}); ok {
@@ -232,6 +282,9 @@ func (r *NamespaceRedisReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return b.Complete(r)
 }
+
+// specChanges passes a workload's creation, deletion and spec changes (its generation).
+var specChanges = builder.WithPredicates(predicate.GenerationChangedPredicate{})
 
 // ofNamespace is the request of the object's namespace.
 func ofNamespace(_ context.Context, o client.Object) []reconcile.Request {

@@ -130,10 +130,12 @@ func workloadData(ctx context.Context, c client.Reader, ns string, optedIn bool,
 	return out, nil
 }
 
-// injectedWorkloads lists them, sorted by kind and name, bounded by MaxWorkloadKeys.
+// injectedWorkloads lists them, sorted by kind and name, bounded by MaxWorkloadKeys. The lists
+// are the cache's own objects, not copied (UnsafeDisableDeepCopy): nothing here writes to them,
+// and every change of the budget reads every namespace's.
 func injectedWorkloads(ctx context.Context, c client.Reader, ns string, optedIn bool) ([]injectedWorkload, error) {
 	var hpas autoscalingv2.HorizontalPodAutoscalerList
-	if err := c.List(ctx, &hpas, client.InNamespace(ns)); err != nil {
+	if err := c.List(ctx, &hpas, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing horizontalpodautoscalers of %s: %w", ns, err)
 	}
 	scalers := connbudget.Scalers(hpas.Items)
@@ -151,21 +153,21 @@ func injectedWorkloads(ctx context.Context, c client.Reader, ns string, optedIn 
 		out = append(out, injectedWorkload{kind: kind, name: obj.GetName(), maxReplicas: connbudget.MaxReplicas(replicas, h), explicit: explicit})
 	}
 	var deps appsv1.DeploymentList
-	if err := c.List(ctx, &deps, client.InNamespace(ns)); err != nil {
+	if err := c.List(ctx, &deps, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing deployments of %s: %w", ns, err)
 	}
 	for i := range deps.Items {
 		add(kindDeployment, &deps.Items[i], deps.Items[i].Spec.Replicas, &deps.Items[i].Spec.Template)
 	}
 	var sets appsv1.StatefulSetList
-	if err := c.List(ctx, &sets, client.InNamespace(ns)); err != nil {
+	if err := c.List(ctx, &sets, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing statefulsets of %s: %w", ns, err)
 	}
 	for i := range sets.Items {
 		add(kindStatefulSet, &sets.Items[i], sets.Items[i].Spec.Replicas, &sets.Items[i].Spec.Template)
 	}
 	var rss appsv1.ReplicaSetList
-	if err := c.List(ctx, &rss, client.InNamespace(ns)); err != nil {
+	if err := c.List(ctx, &rss, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing replicasets of %s: %w", ns, err)
 	}
 	for i := range rss.Items {
