@@ -13,6 +13,8 @@
 package connbudget
 
 import (
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -163,10 +165,41 @@ func (s *Snapshot) Ceiling() int64 {
 // the same manager process. The zero value holds no snapshot.
 type Publisher struct {
 	p atomic.Pointer[Snapshot]
+
+	mu   sync.Mutex
+	subs []func(*Snapshot)
 }
 
-// Publish replaces the snapshot. s must not be changed afterwards.
-func (p *Publisher) Publish(s *Snapshot) { p.p.Store(s) }
+// Publish replaces the snapshot. s must not be changed afterwards. When s sizes pools
+// differently from the snapshot before it, every subscriber is called.
+func (p *Publisher) Publish(s *Snapshot) {
+	if old := p.p.Swap(s); old.sizesAs(s) {
+		return
+	}
+	p.mu.Lock()
+	subs := p.subs
+	p.mu.Unlock()
+	for _, fn := range subs {
+		fn(s)
+	}
+}
+
+// Subscribe calls fn with every published snapshot that sizes pools differently from the one
+// before, from the publisher's goroutine: fn must not block nor change it. A subscriber that
+// must not miss a change subscribes before it loads the snapshot it computes from.
+func (p *Publisher) Subscribe(fn func(*Snapshot)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.subs = append(slices.Clip(p.subs), fn)
+}
+
+// sizesAs reports whether s and o give every workload the same pool.
+func (s *Snapshot) sizesAs(o *Snapshot) bool {
+	if s == nil || o == nil {
+		return s == o
+	}
+	return s.MaxClients == o.MaxClients && s.Reserve == o.Reserve && s.PoolCeiling == o.PoolCeiling && maps.Equal(s.Workloads, o.Workloads)
+}
 
 // Load returns the latest snapshot, nil before the first. It must not be changed.
 func (p *Publisher) Load() *Snapshot {

@@ -149,3 +149,21 @@ func TestRunsPods(t *testing.T) {
 	g.Expect(RunsPods(&zero, hpa(&one, 10))).To(BeTrue(), "an HPA with minReplicas 1 brings it up")
 	g.Expect(RunsPods(&zero, hpa(nil, 10))).To(BeTrue(), "minReplicas defaults to 1")
 }
+
+// Subscribers hear of a snapshot that sizes pools differently, not of a pass that computed
+// the same budget again.
+func TestPublisherTellsSubscribersOfChanges(t *testing.T) {
+	g := NewWithT(t)
+	var p Publisher
+	heard := 0
+	p.Subscribe(func(*Snapshot) { heard++ })
+	shop := map[Workload]struct{}{{Kind: "Deployment", Namespace: "shop", Name: "checkout"}: {}}
+	p.Publish(&Snapshot{MaxClients: 200, Reserve: 14, Workloads: shop})
+	g.Expect(heard).To(Equal(1), "the first snapshot")
+	p.Publish(&Snapshot{MaxClients: 200, Reserve: 14, Workloads: map[Workload]struct{}{{Kind: "Deployment", Namespace: "shop", Name: "checkout"}: {}}})
+	g.Expect(heard).To(Equal(1), "the same budget again")
+	p.Publish(&Snapshot{MaxClients: 200, Reserve: 14, Workloads: map[Workload]struct{}{}})
+	g.Expect(heard).To(Equal(2), "a workload gone")
+	p.Publish(&Snapshot{MaxClients: 300, Reserve: 19, Workloads: map[Workload]struct{}{}})
+	g.Expect(heard).To(Equal(3), "maxclients changed")
+}

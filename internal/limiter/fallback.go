@@ -47,10 +47,14 @@ func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, c
 			Err:        cause,
 		}
 	}
-	if h == nil {
-		return l.fallback.allow(key, limit, cost, limit.Replicas, now, cause)
+	replicas := limit.Replicas
+	if replicas < 1 {
+		replicas = l.opts.FallbackReplicas // no heartbeat heard yet: the workload's own count
 	}
-	res, w, granted := l.fallback.take(key, limit, cost, h.want, limit.Replicas, now, cause)
+	if h == nil {
+		return l.fallback.allow(key, limit, cost, replicas, now, cause)
+	}
+	res, w, granted := l.fallback.take(key, limit, cost, h.want, replicas, now, cause)
 	if granted > 0 {
 		h.degradedUnits, h.local = granted, w
 	}

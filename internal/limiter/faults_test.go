@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -277,4 +278,35 @@ func TestFallbackUsesLimitReplicas(t *testing.T) {
 		}
 	}
 	g.Expect(admitted).To(BeNumerically("~", 100/5, 1))
+}
+
+// Options.FallbackReplicas divides a limit whose replicas are not known yet (no heartbeat
+// heard, as in a replica started during an outage); replicas once known win.
+func TestFallbackReplicasUntilReplicasAreKnown(t *testing.T) {
+	g := NewWithT(t)
+	srv, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{DialTimeout: 200 * time.Millisecond})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = c.Close() })
+	g.Expect(srv.Close()).To(Succeed())
+
+	l := newLimiter(t, c, limiter.Options{BreakerFailures: 1, FallbackReplicas: 4})
+	admitted := func(replicas int64) int {
+		lim := exactLimit(limiter.FixedWindow, 100)
+		lim.FailureMode = limiter.FailureModeLocalFallback
+		lim.Replicas = replicas
+		key, n := uniqueKey(t)+strconv.FormatInt(replicas, 10), 0
+		for range 200 {
+			r, err := l.Allow(context.Background(), key, lim, 1)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(r.Source).To(Equal(limiter.SourceFallback))
+			if r.Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	g.Expect(admitted(0)).To(Equal(100/4), "no replicas heard: the workload's count")
+	g.Expect(admitted(2)).To(Equal(100/2), "replicas heard win")
 }

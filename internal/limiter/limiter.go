@@ -30,6 +30,12 @@ type Options struct {
 	PrecheckSize int
 	// FallbackSize bounds the local limiters kept for LocalFallback (default 65536 keys).
 	FallbackSize int
+	// FallbackReplicas is what LocalFallback divides a limit by while Limit.Replicas is 0,
+	// before any heartbeat of the limit's replicas has been heard: a replica that started
+	// during a Redis outage would otherwise divide by 1 and admit the whole limit, as would
+	// every other one started then. The caller gives the workload's largest replica count
+	// (0: 1). Heard replicas win.
+	FallbackReplicas int64
 	// BreakerFailures is how many consecutive failed Redis round trips open the circuit
 	// breaker (default 5). Each shard has its own: each master of a Redis Cluster, or the one
 	// Redis otherwise (see breakers.go), and an open one sends its own keys to the failure mode.

@@ -63,9 +63,12 @@ type Config struct {
 	RedisPassword     string
 	RedisCredsDir     string
 	RedisPoolSize     int
-	RedisMaxIdle      int
-	RedisIdleTimeout  time.Duration
-	RedisTimeout      time.Duration
+	// FallbackReplicas is what LocalFallback divides a limit by before any heartbeat is heard
+	// (limiter.Options.FallbackReplicas).
+	FallbackReplicas int64
+	RedisMaxIdle     int
+	RedisIdleTimeout time.Duration
+	RedisTimeout     time.Duration
 	// RedisTLS refines a rediss:// URL's TLS: CA, client certificate, server name, version.
 	RedisTLS     redisconn.TLSOptions
 	LeaseHorizon time.Duration
@@ -106,7 +109,7 @@ func proxyConnsFor(memoryLimit int64, maxHeaderBytes int) int {
 const FlagSetName = "redline-sidecar"
 
 // FlagEnv names the environment variable each flag takes its default from, where one does.
-var FlagEnv = map[string]string{"redis-url": contract.EnvRedisURL}
+var FlagEnv = map[string]string{"redis-url": contract.EnvRedisURL, contract.FlagFallbackReplicas: contract.EnvFallbackReplicas}
 
 // FlagSet is the sidecar's flag set, bound to a configuration nobody reads, with defaults from
 // getenv: what -help prints, for the flags reference (internal/docgen).
@@ -167,6 +170,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
 	fs.StringVar(&c.RedisCredsDir, contract.FlagRedisCredentialsDir, "", "directory of the mounted Redis credentials Secret (files username and password; with Sentinel, sentinel-username and sentinel-password for the sentinels), read at every new connection so a rotated password needs no restart; without a password file there, $"+contract.EnvRedisPassword)
 	fs.IntVar(&c.RedisPoolSize, contract.FlagRedisPoolSize, contract.DefaultRedisPoolSize, "most Redis connections per node, a hard bound; they open when a call needs one")
+	fs.Int64Var(&c.FallbackReplicas, contract.FlagFallbackReplicas, 0, fmt.Sprintf("replicas LocalFallback divides a limit by while no heartbeat of the policy's replicas has been heard, as in a pod started during a Redis outage; heard heartbeats win (0: 1; default $%s, which the injector sets to the workload's largest replica count)", contract.EnvFallbackReplicas))
 	fs.IntVar(&c.RedisMaxIdle, "redis-max-idle-conns", 0, "idle Redis connections kept per node (0: the pool); one returned beyond them closes, and under load is redialed")
 	fs.DurationVar(&c.RedisIdleTimeout, "redis-idle-timeout", contract.DefaultRedisIdleTimeoutSeconds*time.Second, "a Redis connection idle this long closes (a pod at rest keeps the one its heartbeat uses)")
 	fs.DurationVar(&c.RedisTimeout, contract.FlagRedisTimeout, contract.DefaultRedisTimeoutMillis*time.Millisecond, "Redis read and write timeout; slower answers are decided by the failure mode")
@@ -201,6 +205,7 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 		}
 		c.MemoryLimit = n
 	}
+	errs = append(errs, c.fromWorkloadEnv(fs, getenv)...)
 	if err := c.LogLevel.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
@@ -264,6 +269,38 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 		errs = append(errs, errors.New("--max-header-bytes must be at least 4096"))
 	}
 	return c, errors.Join(errs...)
+}
+
+// maxFallbackReplicas bounds --fallback-replicas: a larger divisor admits nothing anyway.
+const maxFallbackReplicas = 1 << 20
+
+// fromWorkloadEnv takes what the manager wrote for the pod's workload, through the variables
+// the injector sets from the namespace's sidecar ConfigMap: the budget's pool, which wins over
+// --redis-pool-size (the manager's default there), and the fallback's replicas, unless
+// --fallback-replicas was given. An unset variable leaves the flag's value.
+func (c *Config) fromWorkloadEnv(fs *flag.FlagSet, getenv func(string) string) []error {
+	var errs []error
+	if v := getenv(contract.EnvBudgetRedisPoolSize); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || !inRange(n, contract.MinRedisPoolSize, contract.MaxRedisPoolSize) {
+			errs = append(errs, fmt.Errorf("$%s=%q: want %d-%d connections", contract.EnvBudgetRedisPoolSize, v, contract.MinRedisPoolSize, contract.MaxRedisPoolSize))
+		} else {
+			c.RedisPoolSize = n
+		}
+	}
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == contract.FlagFallbackReplicas })
+	if v := getenv(contract.EnvFallbackReplicas); v != "" && !given {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > maxFallbackReplicas {
+			return append(errs, fmt.Errorf("$%s=%q: want a replica count, 0-%d", contract.EnvFallbackReplicas, v, maxFallbackReplicas))
+		}
+		c.FallbackReplicas = n
+	}
+	if c.FallbackReplicas < 0 || c.FallbackReplicas > maxFallbackReplicas {
+		errs = append(errs, fmt.Errorf("--%s=%d: want 0-%d", contract.FlagFallbackReplicas, c.FallbackReplicas, maxFallbackReplicas))
+	}
+	return errs
 }
 
 // inRange reports whether lo <= n <= hi.

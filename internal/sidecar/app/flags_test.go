@@ -3,6 +3,7 @@ package app_test
 import (
 	"flag"
 	"io"
+	"maps"
 	"testing"
 	"time"
 
@@ -139,5 +140,42 @@ func TestFlagSetIsTheParsedOne(t *testing.T) {
 	g.Expect(n).To(BeNumerically(">", 40))
 	for name := range app.FlagEnv {
 		g.Expect(fs.Lookup(name)).NotTo(BeNil(), name)
+	}
+}
+
+// What the manager wrote for the pod's workload, through the variables the injector sets from
+// the namespace's ConfigMap: the budget's pool over the manager's default flag, the fallback's
+// replicas under an explicit flag; unset, the flags' values.
+func TestParseConfigWorkloadEnv(t *testing.T) {
+	g := NewWithT(t)
+	base := map[string]string{"REDLINE_REDIS_URL": "redis://r", "POD_NAMESPACE": "shop"}
+	with := func(kv ...string) func(string) string {
+		m := maps.Clone(base)
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return env(m)
+	}
+	c, err := app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, with(), io.Discard)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.RedisPoolSize).To(Equal(16))
+	g.Expect(c.FallbackReplicas).To(BeZero(), "no workload count: divided by the heartbeats' replicas, else 1")
+
+	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--redis-pool-size=40"},
+		with("REDLINE_BUDGET_REDIS_POOL_SIZE", "3", "REDLINE_FALLBACK_REPLICAS", "30"), io.Discard)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.RedisPoolSize).To(Equal(3), "the budget's pool over the manager's default")
+	g.Expect(c.FallbackReplicas).To(BeEquivalentTo(30))
+
+	c, err = app.ParseConfig([]string{"--upstream=127.0.0.1:1", "--fallback-replicas=2"}, with("REDLINE_FALLBACK_REPLICAS", "30"), io.Discard)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.FallbackReplicas).To(BeEquivalentTo(2), "the flag wins")
+
+	for _, kv := range [][]string{
+		{"REDLINE_BUDGET_REDIS_POOL_SIZE", "0"}, {"REDLINE_BUDGET_REDIS_POOL_SIZE", "many"},
+		{"REDLINE_FALLBACK_REPLICAS", "-1"}, {"REDLINE_FALLBACK_REPLICAS", "99999999"}, {"REDLINE_FALLBACK_REPLICAS", "x"},
+	} {
+		_, err := app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, with(kv...), io.Discard)
+		g.Expect(err).To(MatchError(ContainSubstring(kv[0][len("REDLINE_"):])), "%s=%s", kv[0], kv[1])
 	}
 }

@@ -27,6 +27,7 @@ func newLimiter(client redis.UniversalClient, cfg *Config, store *ruleset.Store,
 		CallDeadline: cfg.RedisTimeout * 3 / 4,
 		// A fresh id per process: a restarted sidecar knows none of its old grants anyway.
 		ReplicaID: limiter.NewReplicaID(), ShareKeys: cfg.ShareKeys,
+		FallbackReplicas: cfg.FallbackReplicas,
 		// The other replicas hear of a loss at their next heartbeat (the restoring one beats
 		// at once) and re-assert within a round trip: a second beyond the interval.
 		RestoreHold: cfg.HeartbeatInterval + time.Second,

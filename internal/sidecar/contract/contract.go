@@ -46,9 +46,10 @@ const (
 	// pod could otherwise spend any client's quota (ask with the victim's key until refused).
 	AnnotationExposeDecisionAPI = "redline.dev/expose-decision-api"
 	// AnnotationRedisPoolSize sets the sidecar's Redis pool: connections per Redis node,
-	// MinRedisPoolSize to MaxRedisPoolSize. Without it the injector sizes the pool from the
+	// MinRedisPoolSize to MaxRedisPoolSize. Without it the manager sizes the pool from the
 	// connection budget (internal/connbudget), between MinRedisPoolSize and
-	// DefaultRedisPoolSize. The controller counts it, times the workload's maxReplicas, against
+	// DefaultRedisPoolSize, in the namespace's ConfigMap the sidecar reads it from
+	// (EnvBudgetRedisPoolSize). The controller counts it, times the workload's maxReplicas, against
 	// Redis's maxclients.
 	AnnotationRedisPoolSize = "redline.dev/redis-pool-size"
 	// AnnotationTrustedHops is how many proxies in front of the pod (a cloud load balancer,
@@ -199,10 +200,15 @@ const (
 	// FlagRedisCredentialsDir is the mounted credentials Secret (RedisCredentialsDir): the
 	// sidecar reads RedisUsernameKey and RedisSecretKey in it at every new Redis connection.
 	FlagRedisCredentialsDir = "redis-credentials-dir"
-	// FlagRedisPoolSize is passed when AnnotationRedisPoolSize is set, the connection budget
-	// sized the pool or the manager's --sidecar-redis-pool-size is set; without it the sidecar
-	// uses DefaultRedisPoolSize.
+	// FlagRedisPoolSize is passed when AnnotationRedisPoolSize or the manager's
+	// --sidecar-redis-pool-size is set; without it the sidecar uses DefaultRedisPoolSize. The
+	// connection budget's pool comes through EnvBudgetRedisPoolSize, which wins over the
+	// manager's default.
 	FlagRedisPoolSize = "redis-pool-size"
+	// FlagFallbackReplicas is the replica count LocalFallback divides a limit by while the
+	// sidecar has heard no heartbeat of the policy's group (a pod started during a Redis
+	// outage): the workload's largest replica count, its HPA's maxReplicas. 0: 1.
+	FlagFallbackReplicas = "fallback-replicas"
 	// FlagRedisTLSCAFile, FlagRedisTLSCertFile and FlagRedisTLSKeyFile name the files of the
 	// mounted TLS Secret (RedisTLSDir): the CA file when the manager's
 	// --sidecar-redis-tls-secret is set, the certificate and key with
@@ -232,6 +238,15 @@ const (
 	// resourceFieldRef limits.memory); the sidecar sets Go's memory limit to
 	// MemoryLimitPercent of it unless GOMEMLIMIT is set.
 	EnvMemoryLimit = "REDLINE_MEMORY_LIMIT"
+	// EnvBudgetRedisPoolSize, when set, is the pool the connection budget gives the pod's
+	// workload and wins over FlagRedisPoolSize (which then carries the manager's default).
+	// The injector sets it from a key of the namespace's sidecar ConfigMap that the manager
+	// writes, optional: unset until the manager has written it. A pod that sets
+	// AnnotationRedisPoolSize gets the flag alone.
+	EnvBudgetRedisPoolSize = "REDLINE_BUDGET_REDIS_POOL_SIZE"
+	// EnvFallbackReplicas is the default of FlagFallbackReplicas, set by the injector from a
+	// key of the namespace's sidecar ConfigMap (optional, like EnvBudgetRedisPoolSize).
+	EnvFallbackReplicas = "REDLINE_FALLBACK_REPLICAS"
 	// MemoryLimitPercent is the share of the container's limit the Go runtime aims to stay
 	// under: the rest is what the runtime does not count (stacks it cannot shrink at once,
 	// fragmentation) and the kernel's socket buffers, charged to the same cgroup.

@@ -32,8 +32,10 @@ type params struct {
 	failureMode string
 	// maxProcs is 0 unless the pod or the manager sets it.
 	maxProcs int
-	// redisPoolSize is 0 unless the pod sets it, the budget sizes it or the manager sets it.
+	// redisPoolSize is 0 unless the pod sets it or the manager sets it.
 	redisPoolSize int
+	// workloadEnv reads the pod's workload's keys of RedisConfigMapName (workloadEnv).
+	workloadEnv []corev1.EnvVar
 	// trustedHops is 0 unless the pod or the manager sets it.
 	trustedHops int
 	// decisionLog is the sidecar's decision log mode; "" or off: none.

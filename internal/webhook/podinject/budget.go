@@ -30,26 +30,34 @@ const defaultLookupTimeout = time.Second
 // DaemonSet's); it gets the default pool.
 var errNoWorkload = errors.New("the pod belongs to no Deployment, StatefulSet or ReplicaSet")
 
-// poolSizer sizes a new pod's Redis pool from the connection budget the controller's budget
-// reconciler publishes in the same manager.
+// poolSizer tells the person creating a pod whose redline.dev/redis-pool-size annotation
+// overspends its workload's share of the connection budget the controller's budget
+// reconciler publishes in the same manager. Pools without the annotation are sized by the
+// manager in the namespace's ConfigMap (workloadData), not here.
+//
+// The warning is built from the workload's replicas and share, which a forged review of
+// another namespace's pod must not learn: it is given only when the webhook answers the API
+// server alone (verifiedClients, --webhook-client-ca-file), and the caller is then the pod's
+// creator. Elsewhere the budget's OverBudget condition and Events say the same.
 type poolSizer struct {
 	// cache is the manager's cached client; direct reads the API server, for a ReplicaSet
 	// created a moment ago that the cache has not seen yet.
 	cache, direct client.Reader
 	timeout       time.Duration
 	log           logr.Logger
+	// verifiedClients: the webhook answers only clients with a certificate of its client CA.
+	verifiedClients bool
 }
 
-// size sets p.redisPoolSize from the budget when the pod has no pool annotation, and returns a
-// warning when the annotation's pool overspends the workload's share. Any lookup failure
-// leaves the default pool (and is logged): sizing is an improvement, never a gate.
-func (s *poolSizer) size(ctx context.Context, pod *corev1.Pod, p *params, budget *connbudget.Publisher) []string {
-	if s == nil || budget == nil {
+// warn returns a warning when the annotation's pool overspends the workload's share. Any
+// lookup failure gives no warning (and is logged): it informs, never gates.
+func (s *poolSizer) warn(ctx context.Context, pod *corev1.Pod, pool int, budget *connbudget.Publisher) []string {
+	if s == nil || budget == nil || !s.verifiedClients {
 		return nil
 	}
 	snap := budget.Load()
 	if !snap.Known() {
-		return nil // Redis's maxclients not read yet: the sidecar's default
+		return nil // Redis's maxclients not read yet
 	}
 	timeout := s.timeout
 	if timeout <= 0 {
@@ -60,7 +68,7 @@ func (s *poolSizer) size(ctx context.Context, pod *corev1.Pod, p *params, budget
 	w, replicas, err := s.workloadOf(ctx, pod)
 	if err != nil {
 		if !errors.Is(err, errNoWorkload) {
-			s.log.Info("redis pool not sized from the connection budget; default pool", "namespace", pod.Namespace,
+			s.log.Info("redis pool not checked against the connection budget", "namespace", pod.Namespace,
 				"generateName", pod.GenerateName, "error", err.Error())
 		}
 		return nil
@@ -68,27 +76,18 @@ func (s *poolSizer) size(ctx context.Context, pod *corev1.Pod, p *params, budget
 	maxReplicas := replicas
 	var hpas autoscalingv2.HorizontalPodAutoscalerList
 	if err := s.cache.List(ctx, &hpas, client.InNamespace(w.Namespace)); err != nil {
-		s.log.Info("redis pool not sized from the connection budget; default pool", "workload", w.String(),
+		s.log.Info("redis pool not checked against the connection budget", "workload", w.String(),
 			"error", fmt.Errorf("listing horizontalpodautoscalers: %w", err).Error())
 		return nil
 	}
 	if h := connbudget.Scalers(hpas.Items)[w]; h != nil {
 		maxReplicas = int64(h.Spec.MaxReplicas)
 	}
-	sized := snap.PoolSize(w, maxReplicas)
-	if p.redisPoolSize == 0 {
-		p.redisPoolSize = int(sized)
-		return nil
-	}
-	// The annotation wins; a person is told when it spends more than the workload's share.
-	// The warning goes to whoever sent the review, which need not be the API server: it says
-	// nothing of the Redis beyond the share (not its maxclients, nor how many namespaces and
-	// workloads share it).
 	share := snap.Share(w)
-	if spend := int64(p.redisPoolSize) * maxReplicas; spend > share {
+	if spend := int64(pool) * maxReplicas; spend > share {
 		return []string{fmt.Sprintf("%s%s=%d x maxReplicas %d = %d connections per Redis node, more than %s's even share of Redis's connection budget, %d; "+
 			"without the annotation its pods would get %d",
-			BudgetWarningPrefix, contract.AnnotationRedisPoolSize, p.redisPoolSize, maxReplicas, spend, w, share, sized)}
+			BudgetWarningPrefix, contract.AnnotationRedisPoolSize, pool, maxReplicas, spend, w, share, snap.PoolSize(w, maxReplicas))}
 	}
 	return nil
 }
@@ -103,26 +102,26 @@ func (s *poolSizer) workloadOf(ctx context.Context, pod *corev1.Pod) (connbudget
 	}
 	ns := pod.Namespace
 	switch ref.Kind {
-	case "StatefulSet":
+	case kindStatefulSet:
 		var set appsv1.StatefulSet
 		if err := s.get(ctx, "statefulset", ns, ref.Name, &set); err != nil {
 			return connbudget.Workload{}, 0, err
 		}
-		return connbudget.Workload{Kind: "StatefulSet", Namespace: ns, Name: set.Name}, connbudget.MaxReplicas(set.Spec.Replicas, nil), nil
-	case "ReplicaSet":
+		return connbudget.Workload{Kind: kindStatefulSet, Namespace: ns, Name: set.Name}, connbudget.MaxReplicas(set.Spec.Replicas, nil), nil
+	case kindReplicaSet:
 		var rs appsv1.ReplicaSet
 		if err := s.get(ctx, "replicaset", ns, ref.Name, &rs); err != nil {
 			return connbudget.Workload{}, 0, err
 		}
 		owner := metav1.GetControllerOf(&rs)
-		if owner == nil || owner.Kind != "Deployment" || !strings.HasPrefix(owner.APIVersion, appsv1.GroupName+"/") {
-			return connbudget.Workload{Kind: "ReplicaSet", Namespace: ns, Name: rs.Name}, connbudget.MaxReplicas(rs.Spec.Replicas, nil), nil
+		if owner == nil || owner.Kind != kindDeployment || !strings.HasPrefix(owner.APIVersion, appsv1.GroupName+"/") {
+			return connbudget.Workload{Kind: kindReplicaSet, Namespace: ns, Name: rs.Name}, connbudget.MaxReplicas(rs.Spec.Replicas, nil), nil
 		}
 		var d appsv1.Deployment
 		if err := s.get(ctx, "deployment", ns, owner.Name, &d); err != nil {
 			return connbudget.Workload{}, 0, err
 		}
-		return connbudget.Workload{Kind: "Deployment", Namespace: ns, Name: d.Name}, connbudget.MaxReplicas(d.Spec.Replicas, nil), nil
+		return connbudget.Workload{Kind: kindDeployment, Namespace: ns, Name: d.Name}, connbudget.MaxReplicas(d.Spec.Replicas, nil), nil
 	}
 	return connbudget.Workload{}, 0, errNoWorkload
 }

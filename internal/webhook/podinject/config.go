@@ -85,15 +85,16 @@ type Config struct {
 	ClientNames  []string
 
 	// Budget is the connection budget the controller publishes in the same manager (not a
-	// flag). With it, a pod without redline.dev/redis-pool-size gets the pool the budget gives
-	// its workload, and one with it a warning when it overspends; nil leaves pools to the
-	// annotation and the sidecar's default.
+	// flag): with it, and the webhook answering only verified clients (ClientCAFile), a pod
+	// whose redline.dev/redis-pool-size overspends its workload's share is warned.
 	Budget *connbudget.Publisher
 	// Backends, when set (not a flag), tells which Redis serves a pod's namespace: its URL
-	// replaces RedisURL, and its connection budget Budget.
+	// replaces RedisURL, and its connection budget Budget. With it the manager writes each
+	// namespace's RedisConfigMapName, where the pools the budget gives the namespace's
+	// workloads are (workloadData); without it pools are the annotation's or the default.
 	Backends BackendResolver
-	// BudgetLookupTimeout bounds the workload lookups of one admission (default 1s); past it,
-	// or on any lookup error, the pod gets the default pool.
+	// BudgetLookupTimeout bounds the workload lookups of the overspend warning (default 1s);
+	// past it, or on any lookup error, no warning is given.
 	BudgetLookupTimeout time.Duration
 
 	// DefaultCPURequest, DefaultMemoryRequest and DefaultMemoryLimit are the sidecar's resources

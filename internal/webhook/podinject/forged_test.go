@@ -24,11 +24,17 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/redline-dev/redline/internal/connbudget"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
@@ -61,7 +67,14 @@ func serveWebhook(cfg podinject.Config) string {
 // review is an AdmissionReview of the creation of the annotated pod name in namespace ns.
 func review(ns, name string) []byte {
 	GinkgoHelper()
-	pod, err := json.Marshal(annotatedPod(ns, name))
+	return reviewOf(annotatedPod(ns, name))
+}
+
+// reviewOf is an AdmissionReview of the creation of p.
+func reviewOf(p *corev1.Pod) []byte {
+	GinkgoHelper()
+	ns, name := p.Namespace, p.Name
+	pod, err := json.Marshal(p)
 	Expect(err).NotTo(HaveOccurred())
 	raw, err := json.Marshal(admissionv1.AdmissionReview{
 		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
@@ -132,6 +145,70 @@ var _ = Describe("A review anyone can send", func() {
 		env, args := kubeletView(ctx, out)
 		Expect(env).To(HaveKeyWithValue("REDLINE_REDIS_URL", backend.URL))
 		Expect(args).To(ContainElements("--redis-tls-server-name=victim-orders.internal", "--redis-tls-min-version=1.3"))
+	})
+
+	It("of another namespace's Deployment's pod learns neither its pool nor its replicas", func(ctx SpecContext) {
+		const ns = "forged-workload"
+		createNamespace(ns)
+		budget := &connbudget.Publisher{}
+		budget.Publish(&connbudget.Snapshot{MaxClients: 1000, Reserve: 14})
+		cfg := testConfig(podinject.NativeSidecarsAuto)
+		cfg.Backends = nsBackends{ns: {Budget: budget}}
+		url := serveWebhook(cfg)
+		deploymentPod := func(name string, kv ...string) *corev1.Pod {
+			pod := annotatedPod(ns, name, kv...)
+			pod.Labels = map[string]string{appsv1.DefaultDeploymentUniqueLabelKey: "5d8f"}
+			pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "checkout-5d8f", UID: "u", Controller: new(true)}}
+			return pod
+		}
+		// The operations of the patches, in any order (the patch's order is not stable).
+		forge := func() [2][]any {
+			GinkgoHelper()
+			var out [2][]any
+			for i, pod := range []*corev1.Pod{deploymentPod("forged"), deploymentPod("forged", contract.AnnotationRedisPoolSize, "50")} {
+				resp, err := send(anyClient(), url, reviewOf(pod))
+				Expect(err).NotTo(HaveOccurred())
+				Expect(resp.Allowed).To(BeTrue())
+				Expect(resp.Warnings).To(BeEmpty(), "no warning tells an unverified caller of the workload's share")
+				Expect(json.Unmarshal(resp.Patch, &out[i])).To(Succeed())
+				if i == 0 {
+					Expect(string(resp.Patch)).To(ContainSubstring("pool-size.deployment.checkout"), "it names the key of the pod's own workload")
+				}
+			}
+			return out
+		}
+		before := forge()
+
+		By("the workload existing, with an HPA and a pool sized from the budget: the same patches")
+		injected := corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "checkout"}, Annotations: map[string]string{contract.AnnotationInject: "true"}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app"}}},
+		}
+		selector := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "checkout"}}
+		deployment := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "checkout"}, Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](2), Selector: selector, Template: injected,
+		}}
+		Expect(k8s.Create(ctx, deployment)).To(Succeed())
+		Expect(k8s.Create(ctx, &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "checkout-5d8f", OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "apps/v1", Kind: "Deployment", Name: "checkout", UID: deployment.UID, Controller: new(true),
+		}}}, Spec: appsv1.ReplicaSetSpec{Replicas: ptr.To[int32](2), Selector: selector, Template: injected}})).To(Succeed())
+		Expect(k8s.Create(ctx, &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "checkout"},
+			Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+				ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "checkout"}, MaxReplicas: 200,
+			}})).To(Succeed())
+		reconcileRedisConfigMap(ctx, cfg, ns)
+		after := forge()
+		for i := range after {
+			Expect(after[i]).To(ConsistOf(before[i]...), "the patches say nothing the reviews did not")
+		}
+
+		By("a real pod of the Deployment: its sidecar gets the pool and replicas from the namespace's ConfigMap")
+		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, deploymentPod("real"))
+		Expect(err).NotTo(HaveOccurred())
+		env, _ := kubeletView(ctx, out)
+		// maxclients 1000 - 14 reserved, one namespace, one workload: 986 / 200 = 4.
+		Expect(env).To(HaveKeyWithValue(contract.EnvBudgetRedisPoolSize, "4"))
+		Expect(env).To(HaveKeyWithValue(contract.EnvFallbackReplicas, "200"))
 	})
 
 	It("is answered only with a client certificate the configured CA signed, under a configured name", func(ctx SpecContext) {

@@ -9,8 +9,10 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -50,6 +52,11 @@ var _ = Describe("Injected spec", func() {
 			// A named application port, with a probe naming it: the sidecar's port takes the name.
 			pod.Spec.Containers[0].Ports[0].Name = "http"
 			pod.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/ready", Port: intstr.FromString("http")}}}
+			if mode == "workload" {
+				// A Deployment's pod, as its ReplicaSet creates it.
+				pod.Labels = map[string]string{appsv1.DefaultDeploymentUniqueLabelKey: "5d8f"}
+				pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "checkout-5d8f", UID: "u", Controller: new(true)}}
+			}
 			in := podinject.NewInjector(cfg, native)
 
 			out, warns, err := in.Inject(ctx, pod)
@@ -90,6 +97,7 @@ var _ = Describe("Injected spec", func() {
 		Entry("every manager default set", "defaults", true, defaultsConfig()),
 		Entry("Redis over TLS with a client certificate", "tls", true, tlsConfig()),
 		Entry("a RedisBackend's namespace, over TLS: its settings from the namespace's ConfigMap", "backend", true, backendConfig()),
+		Entry("a Deployment's pod: its pool and replicas from its workload's keys of the namespace's ConfigMap", "workload", true, defaultsConfig()),
 		Entry("annotations over the manager's defaults", "defaults-overridden", true, defaultsConfig(),
 			contract.AnnotationFailureMode, contract.FailureModeOpen,
 			contract.AnnotationSidecarCPU, "200m",

@@ -77,10 +77,16 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 	if !p.redisFromConfigMap && redisconn.URLUsesTLS(cmp.Or(p.redisURL, in.cfg.RedisURL)) {
 		p.redisTLS = tls // a Redis without TLS gets no TLS flags or Secret
 	}
-	warnings = in.sizer.size(ctx, pod, &p, budget)
-	if p.redisPoolSize == 0 && in.cfg.SidecarRedisPoolSize > 0 {
-		// Neither the annotation nor the budget sized it: the manager's default, which is also
-		// what the budget reconciler counts for such a pod's workload.
+	// The budget's pool and the fallback's replicas reach the sidecar from its workload's
+	// keys of the namespace's ConfigMap, which the patch names and never carries: a review
+	// of another namespace's pod learns nothing of its workload (workloadkeys.go).
+	explicitPool := p.redisPoolSize > 0
+	p.workloadEnv = workloadEnv(pod, explicitPool)
+	if explicitPool {
+		warnings = in.sizer.warn(ctx, pod, p.redisPoolSize, budget)
+	} else if in.cfg.SidecarRedisPoolSize > 0 {
+		// The manager's default, until (and unless) the budget's pool is in the ConfigMap:
+		// also what the budget reconciler counts for a workload it cannot size.
 		p.redisPoolSize = in.cfg.SidecarRedisPoolSize
 		p.useDefault("sidecar-redis-pool-size", strconv.Itoa(p.redisPoolSize))
 	}

@@ -3,25 +3,35 @@ package podinject
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"maps"
+	"slices"
+	"sync"
 
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/redisconn"
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // RedisConfigMapName names the ConfigMap the manager writes in each namespace a RedisBackend
@@ -91,9 +101,11 @@ func redisConfigMapData(cfg *Config, nr NamespaceRedis) map[string]string {
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=list;watch;create
 // +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=redline-sidecar-redis,verbs=get;update;patch;delete
 // +kubebuilder:rbac:groups=redline.dev,resources=redisbackends,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets;replicasets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch
 
 // NamespaceRedisReconciler writes RedisConfigMapName in every namespace a RedisBackend
-// serves, and keeps it true: what a tenant changes in it, or a deletion, is undone; a
+// serves or that has injected workloads (their keys: workloadData), and keeps it true: what a tenant changes in it, or a deletion, is undone; a
 // namespace that leaves its backend keeps it, with the manager's Redis in it. It writes
 // nothing in the namespaces the manager's Redis has always served: their pods are given the
 // cluster-wide settings, which every namespace's pods get alike.
@@ -105,6 +117,58 @@ type NamespaceRedisReconciler struct {
 	// Config is the webhook's: Backends tells which Redis serves a namespace, RedisURL and
 	// SidecarRedisTLS are the manager's Redis's.
 	Config *Config
+
+	// budgetChanged hears of a connection budget that sizes pools differently; the namespaces
+	// of its workloads wait in pending. nil when not set up with a manager.
+	budgetChanged chan event.GenericEvent
+	mu            sync.Mutex
+	pending       map[string]struct{}
+	// subscribed are the budgets budgetChanged is subscribed to, one per Redis.
+	subscribed map[*connbudget.Publisher]bool
+}
+
+// subscribe makes a change of budget b reach budgetChanged, once per budget. Only the
+// namespaces with workloads in the new budget can have a pool to change (one whose last
+// workload went is looked at on that workload's deletion).
+func (r *NamespaceRedisReconciler) subscribe(b *connbudget.Publisher) {
+	if b == nil || r.budgetChanged == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.subscribed[b] {
+		return
+	}
+	if r.subscribed == nil {
+		r.subscribed = map[*connbudget.Publisher]bool{}
+	}
+	r.subscribed[b] = true
+	b.Subscribe(func(s *connbudget.Snapshot) {
+		r.mu.Lock()
+		if r.pending == nil {
+			r.pending = map[string]struct{}{}
+		}
+		for w := range s.Workloads {
+			r.pending[w.Namespace] = struct{}{}
+		}
+		r.mu.Unlock()
+		select {
+		case r.budgetChanged <- event.GenericEvent{Object: &corev1.Namespace{}}:
+		default: // a notice is pending already: it takes every pending namespace
+		}
+	})
+}
+
+// pendingNamespaces takes the namespaces a change of budget left to look at.
+func (r *NamespaceRedisReconciler) pendingNamespaces(context.Context, client.Object) []reconcile.Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]reconcile.Request, 0, len(r.pending))
+	for ns := range r.pending {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: ns}})
+	}
+	r.pending = nil
+	return out
 }
 
 // Reconcile makes the ConfigMap of namespace req.Name hold its Redis's settings.
@@ -125,12 +189,26 @@ func (r *NamespaceRedisReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	case err != nil:
 		return ctrl.Result{}, fmt.Errorf("reading configmap %s/%s: %w", ns, RedisConfigMapName, err)
 	}
-	if !exists && !nr.Backend {
+	var namespace corev1.Namespace
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: ns}, &namespace); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	optedIn := namespace.Labels[contract.NamespaceLabelInjection] == contract.NamespaceInjectionEnabled
+	// The pools follow the budget, which changes with every namespace's workloads: subscribed
+	// before it is read, so that no change is missed.
+	r.subscribe(nr.Budget)
+	workloads, err := workloadData(ctx, r.Client, ns, optedIn, nr.Budget.Load())
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !exists && !nr.Backend && len(workloads) == 0 {
 		return ctrl.Result{}, nil
 	}
+	data := redisConfigMapData(r.Config, nr)
+	maps.Copy(data, workloads)
 	want := corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: RedisConfigMapName, Labels: map[string]string{managedByLabel: managedByValue}},
-		Data:       redisConfigMapData(r.Config, nr),
+		Data:       data,
 	}
 	if !exists {
 		err := r.Client.Create(ctx, &want)
@@ -142,10 +220,10 @@ func (r *NamespaceRedisReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 		case err != nil:
 			return ctrl.Result{}, fmt.Errorf("creating configmap %s/%s: %w", ns, RedisConfigMapName, err)
 		}
-		log.FromContext(ctx).Info("wrote the sidecars' redis settings", "namespace", ns, "redisBackend", nr.Backend)
+		log.FromContext(ctx).Info("wrote the sidecars' redis settings", "namespace", ns, "redisBackend", nr.Backend, "workloads", len(workloads)/2)
 		return ctrl.Result{}, nil
 	}
-	if maps.Equal(cur.Data, want.Data) && len(cur.BinaryData) == 0 && cur.Labels[managedByLabel] == managedByValue &&
+	if sameData(cur.Data, want.Data) && len(cur.BinaryData) == 0 && cur.Labels[managedByLabel] == managedByValue &&
 		(cur.Immutable == nil || !*cur.Immutable) {
 		return ctrl.Result{}, nil
 	}
@@ -188,10 +266,15 @@ func (r *NamespaceRedisReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("sidecarredis").
 		For(&corev1.Namespace{}).
 		Watches(&v1alpha1.RedisBackend{}, handler.EnqueueRequestsFromMapFunc(r.allNamespaces)).
-		WatchesRawSource(source.Kind(cms, client.Object(&corev1.ConfigMap{}), handler.EnqueueRequestsFromMapFunc(
-			func(_ context.Context, o client.Object) []reconcile.Request {
-				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
-			})))
+		WatchesRawSource(source.Kind(cms, client.Object(&corev1.ConfigMap{}), handler.EnqueueRequestsFromMapFunc(ofNamespace))).
+		// A workload's replicas, HPA and template change its keys; its status (most of its
+		// updates) does not.
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(ofNamespace), specChanges).
+		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(ofNamespace), specChanges).
+		Watches(&appsv1.ReplicaSet{}, handler.EnqueueRequestsFromMapFunc(ofNamespace), specChanges).
+		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, handler.EnqueueRequestsFromMapFunc(ofNamespace))
+	r.budgetChanged = make(chan event.GenericEvent, 1)
+	b = b.WatchesRawSource(source.Channel(r.budgetChanged, handler.EnqueueRequestsFromMapFunc(r.pendingNamespaces)))
 	if s, ok := r.Config.Backends.(interface {
 		Subscribe() <-chan event.GenericEvent
 	}); ok {
@@ -200,8 +283,17 @@ func (r *NamespaceRedisReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return b.Complete(r)
 }
 
+// specChanges passes a workload's creation, deletion and spec changes (its generation).
+var specChanges = builder.WithPredicates(predicate.GenerationChangedPredicate{})
+
+// ofNamespace is the request of the object's namespace.
+func ofNamespace(_ context.Context, o client.Object) []reconcile.Request {
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+}
+
 // maxRedisConfigMapBytes bounds what the cache keeps of a ConfigMap's data: what the manager
-// writes (a URL and two TLS names) is far below it.
+// writes for the Redis (a URL and TLS names) is far below it; many workloads' keys are kept
+// as a digest.
 const maxRedisConfigMapBytes = 4096
 
 // slimRedisConfigMap keeps of a ConfigMap what the reconciler compares: its identity, the
@@ -223,8 +315,12 @@ func slimRedisConfigMap(obj any) (any, error) {
 		size += len(k) + len(v)
 	}
 	data := cm.Data
-	if size > maxRedisConfigMapBytes || len(cm.BinaryData) > 0 {
+	switch {
+	case len(cm.BinaryData) > 0:
 		data = map[string]string{"": ""} // not what the manager writes: rewritten
+	case size > maxRedisConfigMapBytes:
+		// Many workloads' keys, or a tenant's megabyte: their digest, compared by sameData.
+		data = map[string]string{"": dataDigest(cm.Data)}
 	}
 	cm.ObjectMeta = metav1.ObjectMeta{
 		Name: cm.Name, Namespace: cm.Namespace, UID: cm.UID, ResourceVersion: cm.ResourceVersion,
@@ -246,4 +342,22 @@ func (r *NamespaceRedisReconciler) allNamespaces(ctx context.Context, _ client.O
 		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}})
 	}
 	return out
+}
+
+// dataDigest is a digest of a ConfigMap's data, independent of the map's order.
+func dataDigest(data map[string]string) string {
+	h := sha256.New()
+	for _, k := range slices.Sorted(maps.Keys(data)) {
+		_, _ = fmt.Fprintf(h, "%d:%s%d:%s", len(k), k, len(data[k]), data[k]) // a hash never fails
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// sameData reports whether cur, as the cache keeps it (slimRedisConfigMap), holds want. The
+// empty key is no valid ConfigMap key, so only the cache's digest can carry it.
+func sameData(cur, want map[string]string) bool {
+	if d, ok := cur[""]; ok && len(cur) == 1 {
+		return d == dataDigest(want)
+	}
+	return maps.Equal(cur, want)
 }

@@ -1,6 +1,8 @@
 package podinject
 
 import (
+	"fmt"
+	"maps"
 	"strings"
 	"testing"
 
@@ -41,4 +43,23 @@ func TestSlimRedisConfigMapBoundsWhatATenantWrote(t *testing.T) {
 		g.Expect(got.Data).To(HaveLen(1), name)
 		g.Expect(got.BinaryData).To(BeNil(), name)
 	}
+}
+
+// Many workloads' keys make the manager's own content larger than the cache keeps: it is kept
+// as a digest, which equals the digest of the same content and of no other.
+func TestSlimRedisConfigMapKeepsADigestOfManyWorkloads(t *testing.T) {
+	g := NewWithT(t)
+	own := map[string]string{RedisConfigMapURLKey: "redis://r:6379"}
+	for i := range 200 {
+		own[workloadKey(ReplicasKeyPrefix, kindDeployment, fmt.Sprintf("workload-%03d", i))] = "30"
+	}
+	out, err := slimRedisConfigMap(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: RedisConfigMapName, Namespace: "t"}, Data: own})
+	g.Expect(err).NotTo(HaveOccurred())
+	kept := out.(*corev1.ConfigMap).Data
+	g.Expect(kept).To(HaveLen(1))
+	g.Expect(kept[""]).To(HavePrefix("sha256:"))
+	g.Expect(sameData(kept, own)).To(BeTrue(), "unchanged: not rewritten")
+	changed := maps.Clone(own)
+	changed[workloadKey(ReplicasKeyPrefix, kindDeployment, "workload-007")] = "31"
+	g.Expect(sameData(kept, changed)).To(BeFalse(), "a workload's count changed: rewritten")
 }

@@ -60,10 +60,19 @@ func kubeletView(ctx context.Context, pod *corev1.Pod) (map[string]string, []str
 			env[e.Name] = e.Value
 		case e.ValueFrom.ConfigMapKeyRef != nil:
 			ref := e.ValueFrom.ConfigMapKeyRef
+			optional := ref.Optional != nil && *ref.Optional
 			var cm corev1.ConfigMap
-			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &cm)).To(Succeed())
-			Expect(cm.Data).To(HaveKey(ref.Key))
-			env[e.Name] = cm.Data[ref.Key]
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &cm)
+			if optional && client.IgnoreNotFound(err) == nil && err != nil {
+				continue // kubelet leaves the variable unset
+			}
+			Expect(err).NotTo(HaveOccurred())
+			v, ok := cm.Data[ref.Key]
+			if optional && !ok {
+				continue
+			}
+			Expect(ok).To(BeTrue(), "key %s of ConfigMap %s", ref.Key, ref.Name)
+			env[e.Name] = v
 		}
 	}
 	args := make([]string, 0, len(sc.Args))

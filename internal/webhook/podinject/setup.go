@@ -96,7 +96,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	if cfg.Budget != nil || cfg.Backends != nil {
 		in.sizer = &poolSizer{
 			cache: mgr.GetClient(), direct: mgr.GetAPIReader(),
-			timeout: cfg.BudgetLookupTimeout, log: log.WithName("budget"),
+			timeout: cfg.BudgetLookupTimeout, log: log.WithName("budget"), verifiedClients: cfg.ClientCAFile != "",
 		}
 	}
 	if cfg.Backends != nil {
@@ -111,7 +111,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		return fmt.Errorf("adding the webhook readiness check: %w", err)
 	}
 	log.Info("pod injection webhook registered", "paths", []string{Path, NamespacePath}, "nativeSidecars", native,
-		"certMode", cfg.CertMode, "clientCertificates", cfg.ClientCAFile != "", "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Budget != nil || cfg.Backends != nil)
+		"certMode", cfg.CertMode, "clientCertificates", cfg.ClientCAFile != "", "sidecarImage", cfg.SidecarImage, "poolsFromBudget", cfg.Backends != nil)
 	return nil
 }
 

@@ -75,6 +75,7 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	case url != "":
 		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: url})
 	}
+	env = append(env, p.workloadEnv...)
 	env = append(env,
 		fieldEnv(contract.EnvPodName, "metadata.name"),
 		fieldEnv(contract.EnvPodNamespace, "metadata.namespace"),
