@@ -11,7 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/redline-dev/redline/internal/sidecar/contract"
-	"github.com/redline-dev/redline/internal/sidecar/sidecartest"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // Pods started while Redis is down (an HPA scale-out during an outage) have heard no heartbeat
