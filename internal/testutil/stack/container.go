@@ -91,6 +91,9 @@ func RunContainer(ctx context.Context, c client.Client, pod *corev1.Pod, name st
 	}
 	rc := &Container{pod: pod.DeepCopy(), ctr: *ctr.DeepCopy(), Ports: map[int32]int{}, Volumes: map[string]string{}}
 	for _, p := range ctr.Ports {
+		if _, ok := rc.Ports[p.ContainerPort]; ok {
+			continue // one port under two names
+		}
 		free, err := redistest.FreePort()
 		if err != nil {
 			return nil, fmt.Errorf("choosing a port for %s: %w", p.Name, err)

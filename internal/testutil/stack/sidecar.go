@@ -67,14 +67,18 @@ func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr st
 	sc := &Sidecar{Pod: *pod.DeepCopy(), Container: *ctr.DeepCopy(), Volumes: map[string]string{}}
 	podDir := s.path("pods", pod.Name)
 
-	// Ports: every declared container port gets a free loopback port.
+	// Ports: every declared container port gets a free loopback port. A port declared twice
+	// under two names (the injector's port handover) is one port, as in a pod.
 	ports := map[int32]int{}
 	for _, p := range ctr.Ports {
-		free, err := redistest.FreePort()
-		if err != nil {
-			return nil, fmt.Errorf("choosing a port for %s: %w", p.Name, err)
+		free, ok := ports[p.ContainerPort]
+		if !ok {
+			var err error
+			if free, err = redistest.FreePort(); err != nil {
+				return nil, fmt.Errorf("choosing a port for %s: %w", p.Name, err)
+			}
+			ports[p.ContainerPort] = free
 		}
-		ports[p.ContainerPort] = free
 		switch p.Name {
 		case contract.ListenPortName:
 			sc.ProxyURL = "http://127.0.0.1:" + strconv.Itoa(free)
