@@ -24,14 +24,19 @@ import (
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
-// The stacked rules of one request: per user 10, per organisation 25, per path 40 a minute.
+// The stacked rules of one request: per user 10, per organisation 25, per path 40 a day. A day,
+// not a minute: a window ending during a run (FixedWindow's reset, SlidingWindowCounter's
+// weighing) or a TokenBucket dripping a token back (one every 6 s of a minute's 10) would change
+// what a run admits on a slow machine; a day's window is kept away from its end (awayFromDayEnd).
 const userLimit, orgLimit, pathLimit = 10, 25, 40
+
+const stackedWindow = unsizedWindow
 
 // stackedPolicy is one policy of the three stacked rules, by alg, on the paths under prefix.
 func stackedPolicy(name, app, alg, prefix string) policydoc.Policy {
 	rule := func(n string, requests int64, key policydoc.KeyPart) policydoc.Rule {
 		return policydoc.Rule{Name: n, Match: &policydoc.Match{PathPrefix: prefix}, Key: []policydoc.KeyPart{key},
-			Algorithm: alg, Requests: requests, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce"}
+			Algorithm: alg, Requests: requests, WindowMS: stackedWindow.Milliseconds(), Mode: "Enforce"}
 	}
 	return policydoc.Policy{Name: name, Generation: 1, Selector: policydoc.Selector{MatchLabels: map[string]string{"app": app}},
 		FailureMode: "Closed", Rules: []policydoc.Rule{
@@ -116,7 +121,7 @@ var stackedPhases = [][]struct{ user, org string }{
 }
 
 // TestARefusedRequestCountsInNoRule: three sidecar processes, three rules on every request
-// (per user 10, per organisation 25, per path 40 a minute). One user of organisation A sends
+// (per user 10, per organisation 25, per path 40 a day). One user of organisation A sends
 // 30 requests: the user rule admits 10, and the 20 it refuses count neither in A's limit nor in
 // the path's, so the other users of A get A's remaining 15 and the users of B the path's
 // remaining 15: 10, 10, 5, 15 admitted by phase, and each rule counts exactly what was
@@ -167,6 +172,7 @@ func stackedRun(t *testing.T, url string, leases bool) {
 		for _, a := range stackedAlgorithms {
 			t.Run(f.name+"/"+a.alg, func(t *testing.T) {
 				g := NewWithT(t)
+				awayFromDayEnd(t)
 				run := strconv.FormatInt(time.Now().UnixNano(), 36)
 				path := a.prefix + "/items-" + run
 				var perPhase []int
@@ -203,7 +209,7 @@ func stackedRun(t *testing.T, url string, leases bool) {
 
 // counted reads what the state of key holds for alg, in units: the current window's count of a
 // FixedWindow or SlidingWindowCounter, the tokens a TokenBucket lacks (rounded: they drip back
-// at one every 6 s or more), the cost in a SlidingWindowLog's window.
+// at one every 2.4 h or more), the cost in a SlidingWindowLog's window.
 func counted(t *testing.T, rc redis.UniversalClient, alg limiter.Algorithm, key string, requests int64) int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -221,7 +227,7 @@ func counted(t *testing.T, rc redis.UniversalClient, alg limiter.Algorithm, key 
 			t.Fatal(err)
 		}
 		ahead := tat - float64(tm.UnixMicro())
-		return int64(math.Round(max(ahead, 0) / (float64(time.Minute.Microseconds()) / float64(requests))))
+		return int64(math.Round(max(ahead, 0) / (float64(stackedWindow.Microseconds()) / float64(requests))))
 	case limiter.SlidingWindowLog:
 		names, err := rc.ZRange(ctx, key+":swl", 0, -1).Result()
 		if err != nil {

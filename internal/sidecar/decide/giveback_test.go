@@ -39,7 +39,23 @@ func stackedSet(t *testing.T, rules ...policydoc.Rule) *ruleset.Set {
 
 func stackedRule(name, header, alg string, requests int64) policydoc.Rule {
 	return policydoc.Rule{Name: name, Key: []policydoc.KeyPart{{Header: header}}, Algorithm: alg, Requests: requests,
-		WindowMS: time.Hour.Milliseconds(), Mode: "Enforce"}
+		WindowMS: giveBackWindow.Milliseconds(), Mode: "Enforce"}
+}
+
+// giveBackWindow is the rules' window: a day, so that the tests' few seconds cross no window's
+// end (a give-back after its window ended gives nothing back), given awayFromWindowEnd.
+const giveBackWindow = 24 * time.Hour
+
+// awayFromWindowEnd waits for the next window when the current one (on this machine's clock,
+// which is Redis's on loopback) ends within a few minutes.
+func awayFromWindowEnd(t *testing.T) {
+	t.Helper()
+	const margin = 3 * time.Minute
+	now := time.Now()
+	if left := now.Truncate(giveBackWindow).Add(giveBackWindow).Sub(now); left < margin {
+		t.Logf("waiting %s for the next window", left.Round(time.Second))
+		time.Sleep(left + time.Second)
+	}
 }
 
 func stackedReq(user, org string) *decide.Request {
@@ -49,6 +65,7 @@ func stackedReq(user, org string) *decide.Request {
 // giveBackEngine is an engine over a fresh Redis.
 func giveBackEngine(t *testing.T) *decide.Engine {
 	t.Helper()
+	awayFromWindowEnd(t)
 	srv, err := redistest.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +154,7 @@ func TestCandidateKeepsOnlyWhatItsRuleAloneRefused(t *testing.T) {
 				g := NewWithT(t)
 				run := fmt.Sprint(alg, time.Now().UnixNano())
 				org := stackedRule("org", "x-org", string(alg), c.org)
-				org.Candidate = &policydoc.Candidate{Algorithm: string(alg), Requests: 20, WindowMS: time.Hour.Milliseconds()}
+				org.Candidate = &policydoc.Candidate{Algorithm: string(alg), Requests: 20, WindowMS: giveBackWindow.Milliseconds()}
 				set := stackedSet(t, stackedRule("user", "x-user", string(alg), c.user), org)
 				n, _ := admitted(e, set, stackedReq("u1"+run, run), 5)
 				g.Expect(n).To(BeEquivalentTo(c.admitted))
