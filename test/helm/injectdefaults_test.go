@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/redline-dev/redline/internal/sidecar/contract"
+	"github.com/redline-dev/redline/internal/webhook/podinject"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
@@ -71,9 +72,12 @@ func expectInjectedDefaults(g Gomega, ctx context.Context, admin client.Client, 
 		WithTimeout(time.Minute).WithPolling(200*time.Millisecond).Should(Equal("8"),
 		"the budget counts checkout at 1 replica x the chart's redisPoolSize 8; manager log:\n%s", mgr.Proc.LogTail(2000))
 
+	// As the ReplicaSet controller makes it: its labels carry the template's hash, which its
+	// ReplicaSet's name ends with.
+	podLabels := map[string]string{"app": "checkout", appsv1.DefaultDeploymentUniqueLabelKey: "7c9d"}
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", GenerateName: rs.Name + "-", Labels: labels, Annotations: tmplAnn,
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", GenerateName: rs.Name + "-", Labels: podLabels, Annotations: tmplAnn,
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: new(true)}}},
 		Spec: *dep.Spec.Template.Spec.DeepCopy(),
 	}
@@ -98,7 +102,25 @@ func expectInjectedDefaults(g Gomega, ctx context.Context, admin client.Client, 
 	g.Expect(json.Unmarshal([]byte(injected.Annotations[contract.AnnotationInjected]), &status)).To(Succeed())
 	g.Expect(status.Defaults).To(HaveKeyWithValue("sidecar-failure-mode", "Closed"))
 	g.Expect(status.Defaults).To(HaveKeyWithValue("sidecar-trusted-hops", "1"))
-	g.Expect(status.Defaults).NotTo(HaveKey("sidecar-redis-pool-size"), "the budget sized this pool (within the ceiling)")
+	// The patch carries the manager's default pool; the pool the connection budget sizes for the
+	// workload reaches the sidecar from the namespace's ConfigMap, under a key the patch names
+	// (so that a review of any pod learns no workload's share from the patch).
+	g.Expect(status.Defaults).To(HaveKeyWithValue("sidecar-redis-pool-size", "8"), "the manager's default, the pool until the budget's is written")
+	var budgetKey string
+	for _, e := range sidecar.Env {
+		if e.Name == contract.EnvBudgetRedisPoolSize && e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil {
+			g.Expect(e.ValueFrom.ConfigMapKeyRef.Name).To(Equal(podinject.RedisConfigMapName))
+			g.Expect(e.ValueFrom.ConfigMapKeyRef.Optional).To(Equal(new(true)))
+			budgetKey = e.ValueFrom.ConfigMapKeyRef.Key
+		}
+	}
+	g.Expect(budgetKey).To(Equal(podinject.PoolSizeKeyPrefix+".deployment.checkout"), "the budget's pool of the pod's Deployment, from the namespace's ConfigMap")
+	g.Eventually(func(g Gomega) string {
+		var cm corev1.ConfigMap
+		g.Expect(admin.Get(ctx, client.ObjectKey{Namespace: "shop", Name: podinject.RedisConfigMapName}, &cm)).To(Succeed())
+		return cm.Data[budgetKey]
+	}).WithTimeout(time.Minute).WithPolling(200*time.Millisecond).Should(MatchRegexp(`^[1-8]$`),
+		"the manager writes the workload's budget-sized pool (within the chart's ceiling of 8); manager log:\n%s", mgr.Proc.LogTail(2000))
 }
 
 // workloadWorstCase is checkout's redline_redis_workload_connections_worst_case on the manager's
