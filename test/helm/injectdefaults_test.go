@@ -23,8 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/redline-dev/redline/internal/sidecar/contract"
-	"github.com/redline-dev/redline/internal/webhook/podinject"
 	"github.com/redline-dev/redline/internal/testutil/stack"
+	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
 // mutatePodPath is where the manager serves pod injection (podinject.Path, config/webhook's
