@@ -1,0 +1,34 @@
+-- Slots, taking one: at most n requests of a key in progress at once, over every replica. A slot
+-- is a member of the key's zset (KEYS[1]) named by its holder's id, scored by its expiry on
+-- Redis's clock. Its holder renews it while its request runs (lua/slot_renew.lua) and takes it
+-- off with ZREM when the request ends; a member whose expiry passed is a slot of a dead holder:
+-- it no longer counts, and this script sweeps a few of them.
+--
+-- Bounded whatever the key holds (it is the tenant's own key: members it writes count against
+-- its own key only): a sweep of at most 16 expired members (ZRANGEBYSCORE ... LIMIT, ZREM), one
+-- ZCOUNT of the live ones, O(log n), and at most one ZADD.
+-- In: KEYS[1] the slots' zset; ARGV id, n (1..cap), ttl (ms, 1..600000), cap.
+-- Out: {taken (1/0), live slots after the call, expiry (ms on Redis's clock)}.
+local k = KEYS[1]
+local id = ARGV[1]
+local cap = math.max(math.min(tonumber(ARGV[4]) or 1, 1000000), 1)
+local n = math.max(math.min(tonumber(ARGV[2]) or 1, cap), 1)
+local ttl = math.max(math.min(tonumber(ARGV[3]) or 1000, 600000), 1)
+if string.len(id) > 128 then
+  return redis.error_reply('slot id too long')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dead = redis.call('ZRANGEBYSCORE', k, '-inf', now, 'LIMIT', 0, 16)
+if #dead > 0 then
+  redis.call('ZREM', k, unpack(dead))
+end
+local live = redis.call('ZCOUNT', k, string.format('(%d', now), '+inf')
+if live >= n then
+  return {0, live, 0}
+end
+redis.call('ZADD', k, now + ttl, id)
+-- Every member expires within ttl of its last write, and every writer sets ttl: the key
+-- outlives its live members, and goes with the last of them.
+redis.call('PEXPIRE', k, ttl)
+return {1, live + 1, now + ttl}
