@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/fleet"
+	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
@@ -68,9 +69,11 @@ type Config struct {
 	RedisTLS     redisconn.TLSOptions
 	LeaseHorizon time.Duration
 	LeaseKeys    int
-	ShareKeys    int
-	LogLevel     slog.Level
-	Pprof        bool
+	// InFlightExpiry is how long an in-flight slot counts without a renewal (limiter.Options.SlotExpiry).
+	InFlightExpiry time.Duration
+	ShareKeys      int
+	LogLevel       slog.Level
+	Pprof          bool
 	// MaxProcs is the GOMAXPROCS Run sets; 0 keeps the runtime's. It is 0 when a GOMAXPROCS
 	// environment variable is set, which wins.
 	MaxProcs     int
@@ -152,6 +155,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "longest wait for in-flight requests to finish on SIGTERM")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep serving (unready) this long before closing listeners, while endpoints update")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", fleet.DefaultInterval, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
+	fs.DurationVar(&c.InFlightExpiry, "in-flight-expiry", limiter.DefaultSlotExpiry, "how long an in-flight rule's slot counts without a renewal (2s to 10m), renewed every quarter of it: a dead sidecar's slots return this long after their last renewal at most")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
 	fs.StringVar(&c.RedisCredsDir, contract.FlagRedisCredentialsDir, "", "directory of the mounted Redis credentials Secret (files username and password; with Sentinel, sentinel-username and sentinel-password for the sentinels), read at every new connection so a rotated password needs no restart; without a password file there, $"+contract.EnvRedisPassword)
@@ -216,6 +220,9 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 	}
 	if c.HeartbeatInterval <= 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must be positive"))
+	}
+	if c.InFlightExpiry < 2*time.Second || c.InFlightExpiry > 10*time.Minute {
+		errs = append(errs, errors.New("--in-flight-expiry must be 2s to 10m"))
 	}
 	if c.MaxProcs < 0 {
 		errs = append(errs, errors.New("--max-procs must not be negative"))

@@ -162,7 +162,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.URL.Path, r.URL.RawPath = decoded, norm
 	set := h.opts.Store.Current()
-	if set != nil && len(set.Rules) > 0 {
+	if set != nil && (len(set.Rules) > 0 || len(set.InFlight) > 0) {
 		// Upper-cased as /v1/check does: a Method key part counts "get" with "GET".
 		req := &decide.Request{Method: strings.ToUpper(r.Method), Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr}
 		if err := decide.CheckKeyHeaders(set, req); err != nil {
@@ -170,6 +170,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if set.CostFromResponse(r.Method, r.URL.Path, r.Header) {
+			slots := h.takeSlots(w, r, set, req, nil)
+			if slots == nil {
+				return
+			}
+			defer slots.Release(r.Context())
+			r, stop := endOnLost(r, slots)
+			defer stop()
 			h.serveBudget(w, r, set, req)
 			return
 		}
@@ -178,9 +185,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			refuse(w, &d)
 			return
 		}
-		if h.opts.Headers {
-			d.Fields().Write(w.Header())
+		slots := h.takeSlots(w, r, set, req, &d)
+		if slots == nil {
+			return
 		}
+		// Deferred, so that it runs however forward ends: ReverseProxy aborts a response cut
+		// midway with a panic (http.ErrAbortHandler).
+		defer slots.Release(r.Context())
+		if h.opts.Headers {
+			f := d.Fields()
+			slots.WriteFields(&f)
+			f.Write(w.Header())
+		}
+		r, stop := endOnLost(r, slots)
+		defer stop()
+		h.forward(w, r)
+		return
 	}
 	h.forward(w, r)
 }
