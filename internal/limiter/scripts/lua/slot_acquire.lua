@@ -9,13 +9,21 @@
 -- ZCOUNT of the live ones, O(log n), and at most one ZADD.
 -- In: KEYS[1] the slots' zset; ARGV id, n (1..cap), ttl (ms, 1..600000), cap.
 -- Out: {taken (1/0), live slots after the call, expiry (ms on Redis's clock)}.
+-- A number that is not one (nan, or missing) takes the least: these are the caller's own.
+local function bounded(v, lo, hi)
+  v = tonumber(v)
+  if not v or v ~= v then
+    return lo
+  end
+  return math.floor(math.max(math.min(v, hi), lo))
+end
 local k = KEYS[1]
-local id = ARGV[1]
-local cap = math.max(math.min(tonumber(ARGV[4]) or 1, 1000000), 1)
-local n = math.max(math.min(tonumber(ARGV[2]) or 1, cap), 1)
-local ttl = math.max(math.min(tonumber(ARGV[3]) or 1000, 600000), 1)
-if string.len(id) > 128 then
-  return redis.error_reply('slot id too long')
+local id = ARGV[1] or ''
+local cap = bounded(ARGV[4], 1, 1000000)
+local n = bounded(ARGV[2], 1, cap)
+local ttl = bounded(ARGV[3], 1, 600000)
+if id == '' or string.len(id) > 128 then
+  return redis.error_reply('slot id empty or too long')
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

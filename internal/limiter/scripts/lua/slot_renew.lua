@@ -7,7 +7,11 @@
 -- O(1), and one ZADD XX or ZREM, O(log n).
 -- In: KEYS[1] the slots' zset; ARGV ttl (ms, 1..600000), then the ids. Out: the ids lost.
 local k = KEYS[1]
-local ttl = math.max(math.min(tonumber(ARGV[1]) or 1000, 600000), 1)
+local ttl = tonumber(ARGV[1])
+if not ttl or ttl ~= ttl then
+  ttl = 1
+end
+ttl = math.floor(math.max(math.min(ttl, 600000), 1))
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lost = {}
