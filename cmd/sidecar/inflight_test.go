@@ -231,15 +231,15 @@ func TestInFlightReleasedOnAbortAndUpstreamError(t *testing.T) {
 	g.Expect(busy.StatusCode).To(Equal(http.StatusTooManyRequests))
 	cancel() // the client goes away mid-stream
 	resp.Body.Close()
-	g.Eventually(func() int { return statusOf(s.proxy+"/", "k") }, time.Minute, 20*time.Millisecond).Should(Equal(http.StatusOK))
+	g.Eventually(func() int { return statusOf(s.proxy + "/") }, time.Minute, 20*time.Millisecond).Should(Equal(http.StatusOK))
 
-	g.Expect(statusOf(s.proxy+"/fail", "k")).To(Equal(http.StatusBadGateway))
-	g.Expect(statusOf(s.proxy+"/", "k")).To(Equal(http.StatusOK), "an upstream error gave its slot back")
+	g.Expect(statusOf(s.proxy + "/fail")).To(Equal(http.StatusBadGateway))
+	g.Expect(statusOf(s.proxy+"/")).To(Equal(http.StatusOK), "an upstream error gave its slot back")
 }
 
-// statusOf sends one GET with key and returns its status, 0 on a transport error.
-func statusOf(url, key string) int {
-	resp, err := get(context.Background(), url, key)
+// statusOf sends one GET with key k and returns its status, 0 on a transport error.
+func statusOf(url string) int {
+	resp, err := get(context.Background(), url, "k")
 	if err != nil {
 		return 0
 	}
@@ -263,14 +263,14 @@ func TestInFlightRefusalGivesBackTheWindow(t *testing.T) {
 	_, err = bufio.NewReader(resp.Body).ReadString('\n')
 	g.Expect(err).NotTo(HaveOccurred())
 	for range 5 {
-		g.Expect(statusOf(s.proxy+"/", "k")).To(Equal(http.StatusTooManyRequests))
+		g.Expect(statusOf(s.proxy + "/")).To(Equal(http.StatusTooManyRequests))
 	}
 	up.release()
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	// The hold counted 1 of 3: two more pass, whatever the five refusals did.
-	g.Eventually(func() int { return statusOf(s.proxy+"/", "k") }, time.Minute, 20*time.Millisecond).Should(Equal(http.StatusOK))
-	g.Expect(statusOf(s.proxy+"/", "k")).To(Equal(http.StatusOK))
+	g.Eventually(func() int { return statusOf(s.proxy + "/") }, time.Minute, 20*time.Millisecond).Should(Equal(http.StatusOK))
+	g.Expect(statusOf(s.proxy + "/")).To(Equal(http.StatusOK))
 	r, err := get(context.Background(), s.proxy+"/", "k")
 	g.Expect(err).NotTo(HaveOccurred())
 	r.Body.Close()

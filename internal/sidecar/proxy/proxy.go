@@ -30,6 +30,10 @@ import (
 // contentTypeJSON is the type of every answer the proxy writes itself.
 const contentTypeJSON = "application/json"
 
+// noStore is the Cache-Control of the proxy's own refusals: a cache must not answer a later
+// request with one.
+const noStore = "no-store"
+
 // Options configure a Handler.
 type Options struct {
 	// Upstream is the application's host:port.
@@ -287,7 +291,7 @@ func refuse(w http.ResponseWriter, d *decide.Decision) {
 	hdr := w.Header()
 	hdr["Content-Type"] = []string{contentTypeJSON}
 	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
-	hdr["Cache-Control"] = []string{"no-store"}
+	hdr["Cache-Control"] = []string{noStore}
 	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(body)
 }
@@ -304,7 +308,7 @@ func refuseRepeated(w http.ResponseWriter, err error) {
 	hdr := w.Header()
 	hdr["Content-Type"] = []string{contentTypeJSON}
 	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
-	hdr["Cache-Control"] = []string{"no-store"}
+	hdr["Cache-Control"] = []string{noStore}
 	w.WriteHeader(http.StatusBadRequest)
 	_, _ = w.Write(body)
 }

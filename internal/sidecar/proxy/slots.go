@@ -51,7 +51,7 @@ func (h *Handler) takeSlots(w http.ResponseWriter, r *http.Request, set *ruleset
 	hdr := w.Header()
 	hdr["Content-Type"] = []string{contentTypeJSON}
 	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
-	hdr["Cache-Control"] = []string{"no-store"}
+	hdr["Cache-Control"] = []string{noStore}
 	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(body)
 	return nil
