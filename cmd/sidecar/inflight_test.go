@@ -150,6 +150,14 @@ func TestInFlightAcrossThreeSidecars(t *testing.T) {
 	g.Expect(done.Load()).To(Equal(int64(3 * 64)))
 	g.Expect(up.peak.Load()).To(Equal(int64(n)), "the most requests of the key in progress at once")
 	t.Logf("max concurrent at the upstream %d (limit %d); %d refusals while full", up.peak.Load(), n, refused.Load())
+	var allowed, refusals float64
+	for _, s := range scs {
+		allowed += s.metric(t, `redline_sidecar_in_flight_decisions_total{policy="p",result="allowed",rule="slots"}`)
+		refusals += s.metric(t, `redline_sidecar_in_flight_decisions_total{policy="p",result="refused",rule="slots"}`)
+		g.Expect(s.metric(t, "redline_sidecar_in_flight_slots")).To(BeZero())
+	}
+	g.Expect(allowed).To(BeNumerically("==", 3*64))
+	g.Expect(refusals).To(BeNumerically("==", refused.Load()))
 	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c.Close()

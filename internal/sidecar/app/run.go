@@ -128,6 +128,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	builder.Namespace = cfg.PodNamespace
 	client.AddHook(m.RedisHook())
 	m.WatchPool(client, conns, cfg.RedisPoolSize)
+	m.WatchSlots(lim.SlotStats)
 	// healthSrv is the gRPC health service, set before the watcher starts reloading.
 	var healthSrv *health.Server
 	loader := &ruleset.Loader{
@@ -147,7 +148,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if err := loader.Load(); err != nil {
 		log.Warn("starting without valid policies: not ready until a valid document appears", "reason", err.Error())
 	}
-	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled}
+	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot}
 	memory := memoryBudget(cfg, log)
 	m.WatchMemory(memory.Stats)
 	ph, err := proxy.New(proxy.Options{

@@ -58,8 +58,10 @@ type Metrics struct {
 	lossSignals  prometheus.Counter
 	holds        holdMetrics
 	unsized      *prometheus.CounterVec
-	policyMu     sync.Mutex
-	policies     map[string]bool // the policies whose restoration counters show
+	// slotDecisions counts in-flight rules' decisions, once WatchSlots registered it.
+	slotDecisions *prometheus.CounterVec
+	policyMu      sync.Mutex
+	policies      map[string]bool // the policies whose restoration counters show
 }
 
 // New registers the collectors. stats reads the limiter's counters and store the set in force
