@@ -347,23 +347,6 @@ var _ = Describe("RateLimitPolicy controller", func() {
 			"should be greater than or equal to 1"),
 		Entry("no requests", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Limit.Requests = 0 },
 			"limit sets either requests and window (requests per window) or inFlight"),
-		Entry("inFlight beside requests and window", func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules[0].Limit.InFlight = ptr.To[int64](4)
-		}, "limit sets either requests and window (requests per window) or inFlight (requests in progress at once), not both"),
-		Entry("inFlight over its bound", func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules[0].Limit = v1alpha1.Limit{InFlight: ptr.To[int64](100_001)}
-		}, "should be less than or equal to 100000"),
-		Entry("inFlight with a cost", func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules[0].Limit = v1alpha1.Limit{InFlight: ptr.To[int64](4)}
-			p.Spec.Rules[0].Cost = &v1alpha1.Cost{From: v1alpha1.CostFromResponse}
-		}, "limit.inFlight cannot go with cost"),
-		Entry("inFlight with a candidate", func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules[0].Limit = v1alpha1.Limit{InFlight: ptr.To[int64](4)}
-			p.Spec.Rules[0].Candidate = &v1alpha1.CandidateLimit{Limit: v1alpha1.Limit{Requests: 5, Window: metav1.Duration{Duration: time.Minute}}}
-		}, "limit.inFlight cannot have a candidate"),
-		Entry("a candidate inFlight", func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules[0].Candidate = &v1alpha1.CandidateLimit{Limit: v1alpha1.Limit{InFlight: ptr.To[int64](4)}}
-		}, "candidate.limit.inFlight is not supported"),
 		Entry("window under 1s", func(p *v1alpha1.RateLimitPolicy) {
 			p.Spec.Rules[0].Limit.Window = metav1.Duration{Duration: 500 * time.Millisecond}
 		}, "limit.window must be between 1s and 24h"),
@@ -402,22 +385,6 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		Entry("a rule name that is not a DNS label", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Name = "Per_Key" },
 			"spec.rules[0].name"),
 	)
-
-	It("accepts an in-flight rule and compiles it beside a limit per window", func() {
-		ns := newNamespace(ctx)
-		p := policy(ns, "slots", 10)
-		slots := p.Spec.Rules[0]
-		slots.Name, slots.Limit = "slots", v1alpha1.Limit{InFlight: ptr.To[int64](16)}
-		p.Spec.Rules = append(p.Spec.Rules, slots)
-		Expect(k8s.Create(ctx, p)).To(Succeed())
-		expectProgrammed(ctx, ns, "slots")
-		Eventually(func(g Gomega) {
-			doc, _ := document(g, ctx, ns)
-			g.Expect(doc.Policies[0].Rules).To(HaveLen(2))
-			g.Expect(doc.Policies[0].Rules[1].InFlight).To(BeEquivalentTo(16))
-			g.Expect(doc.Policies[0].Rules[1].Algorithm).To(BeEmpty())
-		}, timeout, interval).Should(Succeed())
-	})
 
 	It("accepts burst with TokenBucket and defaults the algorithm and mode", func() {
 		ns := newNamespace(ctx)
