@@ -285,3 +285,33 @@ func TestInFlightRefusalGivesBackTheWindow(t *testing.T) {
 	g.Expect(r.StatusCode).To(Equal(http.StatusTooManyRequests))
 	g.Expect(r.Header.Get("RateLimit-Policy")).To(ContainSubstring(`"p/window";q=3;w=60`))
 }
+
+// A slot Redis no longer holds (here removed; after a failover that lost it, the same) is lost
+// at the next renewal, and its request is ended: the application sees it go, and another
+// request may take the place.
+func TestInFlightLostSlotEndsItsRequest(t *testing.T) {
+	g := NewWithT(t)
+	e := newEnv(t, "web")
+	e.write(t, inFlightDocument(e.namespace, 1, 0))
+	up := newGauge(t)
+	s := start(t, "pod-a", e, shared.URL(), up.Listener.Addr().String(), true, "--in-flight-expiry=2s")
+
+	resp, err := get(ctxTimeout(t, time.Minute), s.proxy+"/hold", "k")
+	g.Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	g.Expect(resp.StatusCode).To(Equal(http.StatusOK))
+	_, err = bufio.NewReader(resp.Body).ReadString('\n')
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(up.cur.Load()).To(Equal(int64(1)))
+
+	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer c.Close()
+	g.Expect(c.Del(context.Background(), limiter.Key(e.namespace, "p", "slots", "k")).Err()).To(Succeed())
+	// The upstream still holds the response: only the sidecar ending the request ends it.
+	g.Eventually(up.cur.Load, time.Minute, 20*time.Millisecond).Should(BeZero())
+	g.Expect(s.metric(t, "redline_sidecar_in_flight_slots_lost_total")).To(BeNumerically("==", 1))
+	g.Expect(s.metric(t, "redline_sidecar_in_flight_slots")).To(BeZero())
+	_, err = io.ReadAll(resp.Body)
+	g.Expect(err).To(HaveOccurred(), "the response was cut, not ended as if whole")
+}
