@@ -11,6 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/redisconn"
+	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
 func inFlight(n int64) limiter.InFlight {
@@ -185,4 +187,49 @@ func TestSlotsOnAStuffedKey(t *testing.T) {
 	_, _, err = l.Acquire(ctx, key, inFlight(limiter.MaxInFlight+1))
 	g.Expect(err).To(MatchError(limiter.ErrInvalidLimit))
 	g.Expect(c.PExpire(ctx, key, time.Millisecond).Err()).To(Succeed())
+}
+
+// A replica whose renewals do not reach Redis (paused here; a partition is the same) gives its
+// slots up on its own clock, which it does before their expiry (see renewSlots), so that their
+// requests end before another can take their place. Decided while Redis cannot be asked, a slot
+// follows the failure mode.
+func TestSlotGivenUpWhenRenewalsFail(t *testing.T) {
+	g := NewWithT(t)
+	srv, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = srv.Close() })
+	fast := redisconn.Options{
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 300 * time.Millisecond,
+		WriteTimeout: 300 * time.Millisecond, PoolTimeout: 300 * time.Millisecond,
+	}
+	c, err := redisconn.NewClient(srv.URL(), fast)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
+	ctx := context.Background()
+	key := uniqueKey(t)
+	_, s, err := l.Acquire(ctx, key, inFlight(1))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s).NotTo(BeNil())
+
+	g.Expect(srv.Pause()).To(Succeed())
+	select {
+	case <-s.Lost():
+	case <-time.After(time.Minute):
+		t.Fatal("a slot whose renewals failed was not given up")
+	}
+	g.Expect(l.SlotStats().RenewErrors).To(BeNumerically(">", 0))
+	g.Expect(l.SlotStats().Lost).To(Equal(uint64(1)))
+
+	res, none, err := l.Acquire(ctx, key, inFlight(1))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(none).To(BeNil())
+	g.Expect(res.Allowed).To(BeFalse(), "Closed refuses while Redis cannot be asked")
+	g.Expect(res.Err).To(HaveOccurred())
+	open := limiter.InFlight{Max: 1, FailureMode: limiter.FailureModeOpen}
+	res, none, _ = l.Acquire(ctx, key, open)
+	g.Expect(none).To(BeNil())
+	g.Expect(res.Allowed).To(BeTrue(), "Open admits without a slot")
+	g.Expect(srv.Resume()).To(Succeed())
+	l.Release(ctx, s)
 }
