@@ -91,7 +91,7 @@ envtest: ## Install etcd, kube-apiserver and kube-controller-manager (downloads,
 
 .PHONY: test
 test: manifests generate vet envtest controller-gen ## Run every test: unit, envtest, real-Redis and end-to-end suites, and the Helm chart's (test/helm; needs promtool).
-	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh --with-controller-manager)" go test $(GO_TEST_FLAGS) ./... -coverprofile cover.out
+	KUBEBUILDER_ASSETS="$$(hack/setup-envtest.sh --with-controller-manager)" go test $(GO_TEST_FLAGS) -json ./... -coverprofile cover.out | go run ./hack/testtimes -out test-times.md
 	$(MAKE) --no-print-directory test-helm
 	$(MAKE) --no-print-directory test-cluster
 	cd hack/bench && go test $(GO_TEST_FLAGS) ./...

@@ -91,6 +91,7 @@ func SidecarRegistry() (*prometheus.Registry, error) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	m.WatchPool(client, &redisconn.ConnStats{}, 16)
 	m.WatchMemory(membudget.New(1).Stats)
+	m.WatchDecisionLog(func() int64 { return 0 })
 	m.WatchSlots(func() limiter.SlotStats { return limiter.SlotStats{} })
 	m.ObserveSlot(set.Rules[0], limiter.SlotResult{Allowed: true})
 	// Serving /metrics registers the handler's own error counter.

@@ -43,7 +43,7 @@ func TestSharedLimitAcrossReplicas(t *testing.T) {
 		g.Expect(hasSidecar(p)).To(BeTrue(), "pod %s should carry the injected sidecar", p.Name)
 	}
 	g.Eventually(func(g Gomega) {
-		cond := policyConditionIn(g, ctx, shopNS, policy.GetName(), "Enforced")
+		cond := enforcedIn(g, ctx, shopNS, policy.GetName())
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue), "Enforced: %s", cond.Message)
 		g.Expect(cond.Message).To(HavePrefix("3 of 3 live sidecars"))
@@ -156,8 +156,9 @@ func hasSidecar(p corev1.Pod) bool {
 	return false
 }
 
-// policyConditionIn is the condition typ of policy name in ns, nil while it has none.
-func policyConditionIn(g Gomega, ctx context.Context, ns, name, typ string) *metav1.Condition {
+// enforcedIn is the Enforced condition of policy name in ns, nil while it has none.
+func enforcedIn(g Gomega, ctx context.Context, ns, name string) *metav1.Condition {
+	const typ = "Enforced"
 	p := &unstructured.Unstructured{}
 	p.SetAPIVersion("redline.dev/v1alpha1")
 	p.SetKind("RateLimitPolicy")

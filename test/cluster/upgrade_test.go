@@ -105,7 +105,7 @@ func TestRedlineUpgradeLosesNoRequest(t *testing.T) {
 	g.Expect(ok).To(BeNumerically(">", 0))
 	g.Expect(failed).To(BeEmpty(), "requests failed at the client during Redline's upgrade")
 	g.Eventually(func(g Gomega) {
-		cond := policyConditionIn(g, ctx, ns, policy.GetName(), "Enforced")
+		cond := enforcedIn(g, ctx, ns, policy.GetName())
 		g.Expect(cond).NotTo(BeNil())
 		g.Expect(cond.Status).To(Equal(metav1.ConditionTrue), "Enforced: %s", cond.Message)
 		g.Expect(cond.Message).To(HavePrefix("4 of 4 live sidecars"))

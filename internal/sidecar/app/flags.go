@@ -24,13 +24,15 @@ import (
 
 // Config is the sidecar's configuration, from flags and environment.
 type Config struct {
-	Listen        string
-	Upstream      string
-	AdminListen   string
-	GRPCListen    string
-	CheckListen   string
-	MaxCheckConns int
-	MaxGRPCConns  int
+	Listen   string
+	Upstream string
+	// UpstreamProtocol is one of contract.UpstreamProtocols.
+	UpstreamProtocol string
+	AdminListen      string
+	GRPCListen       string
+	CheckListen      string
+	MaxCheckConns    int
+	MaxGRPCConns     int
 	// MaxConns and MaxConnsPerIP bound the proxy face; MaxAdminConns and MaxAdminConnsPerIP the
 	// admin face; the PerIP bounds of the decision faces apply when they are not on loopback.
 	MaxConns           int
@@ -73,7 +75,12 @@ type Config struct {
 	InFlightExpiry time.Duration
 	ShareKeys      int
 	LogLevel       slog.Level
-	Pprof          bool
+	// DecisionLog is the decision log's mode (decide.DecisionLogOff, Refused or All), of which
+	// DecisionLogSample is kept, at most DecisionLogRate lines a second.
+	DecisionLog       string
+	DecisionLogSample float64
+	DecisionLogRate   float64
+	Pprof             bool
 	// MaxProcs is the GOMAXPROCS Run sets; 0 keeps the runtime's. It is 0 when a GOMAXPROCS
 	// environment variable is set, which wins.
 	MaxProcs     int
@@ -128,6 +135,7 @@ func ParseConfig(args []string, getenv func(string) string, output io.Writer) (*
 func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string {
 	fs.StringVar(&c.Listen, contract.FlagListen, fmt.Sprintf(":%d", contract.DefaultListenPort), "address of the proxy face")
 	fs.StringVar(&c.Upstream, contract.FlagUpstream, "", "the application's host:port (required)")
+	fs.StringVar(&c.UpstreamProtocol, contract.FlagUpstreamProtocol, contract.UpstreamProtocolHTTP1, "how the application is spoken to: "+strings.Join(contract.UpstreamProtocols, ", ")+" (the proxy accepts HTTP/1.1 and h2c whatever it is)")
 	fs.StringVar(&c.AdminListen, contract.FlagAdminListen, fmt.Sprintf(":%d", contract.AdminPort), "address of /healthz, /readyz and /metrics")
 	fs.StringVar(&c.CheckListen, contract.FlagCheckListen, fmt.Sprintf("%s:%d", contract.LoopbackHost, contract.CheckPort),
 		"address of the decision API, POST /v1/check; loopback keeps it inside the pod; empty disables it")
@@ -142,6 +150,9 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.IntVar(&c.MaxCheckConnsPerIP, "max-check-conns-per-ip", 64, "most /v1/check connections from one IP when the decision API is not on loopback")
 	fs.IntVar(&c.MaxGRPCConnsPerIP, "max-grpc-conns-per-ip", 8, "most rate limit service connections from one IP when it is not on loopback")
 	fs.Int64Var(&c.MemoryBudget, "memory-budget", 0, fmt.Sprintf("most bytes the sidecar holds for its clients' requests at once: the bodies of token budget requests, read to size them, and each open hold of a token budget until its settle (%d bytes); a request that does not fit is answered 503 with Retry-After (OVER_LIMIT on the rate limit service). 0: %d%% of Go's memory limit (GOMEMLIMIT, or %d%% of the container's), or %d MiB when neither is known; -1: no bound (open holds waiting for a later settle are then at most 16,384)", decide.HoldBytes, membudget.DefaultPercent, contract.MemoryLimitPercent, membudget.DefaultSize>>20))
+	fs.StringVar(&c.DecisionLog, contract.FlagDecisionLog, decide.DecisionLogOff, "log decisions as JSON lines (msg \"decision\": policy, rule, key hash, result, source): off, refused (the requests a rule refused, Shadow rules' would-refuse included) or all; a key's value only for rules whose topKeys is Values")
+	fs.Float64Var(&c.DecisionLogSample, "decision-log-sample", 1, "fraction of the decisions of --decision-log's mode that are logged, in (0, 1]")
+	fs.Float64Var(&c.DecisionLogRate, "decision-log-rate", 10, "most decision lines a second, 1-10000; lines past it are counted in redline_sidecar_decision_log_dropped_total, not written")
 	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on the admin address (for diagnosing a sidecar, not for production traffic)")
 	fs.StringVar(&c.ConfigDir, contract.FlagConfigDir, contract.PoliciesDir, "mounted ConfigMap directory holding policies.json")
 	fs.StringVar(&c.PodLabels, contract.FlagPodLabels, contract.PodLabelsFile, "downward API labels file; empty means no labels")
@@ -203,6 +214,9 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 	if c.Upstream == "" {
 		errs = append(errs, fmt.Errorf("--%s is required (the application's host:port)", contract.FlagUpstream))
 	}
+	if _, err := decide.NewDecisionLog(slog.Default(), c.DecisionLog, c.DecisionLogSample, c.DecisionLogRate); err != nil {
+		errs = append(errs, fmt.Errorf("--decision-log: %w", err))
+	}
 	if c.PodNamespace == "" {
 		// Keys and heartbeats are named after it; a document cannot choose it (see
 		// ruleset.Builder.Namespace).
@@ -212,6 +226,9 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 		errs = append(errs, fmt.Errorf("no Redis URL: set $%s or --redis-url", contract.EnvRedisURL))
 	}
 	errs = append(errs, c.redisTLSErrors()...)
+	if !slices.Contains(contract.UpstreamProtocols, c.UpstreamProtocol) {
+		errs = append(errs, fmt.Errorf("--%s=%q: want one of %s", contract.FlagUpstreamProtocol, c.UpstreamProtocol, strings.Join(contract.UpstreamProtocols, ", ")))
+	}
 	if c.FailureMode != "" && !slices.Contains(contract.FailureModes, c.FailureMode) {
 		errs = append(errs, fmt.Errorf("--%s=%q: want one of %s", contract.FlagFailureMode, c.FailureMode, strings.Join(contract.FailureModes, ", ")))
 	}

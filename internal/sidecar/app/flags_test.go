@@ -24,6 +24,7 @@ func TestParseConfigContract(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(c.Upstream).To(Equal("127.0.0.1:8080"))
 	g.Expect(c.FailureMode).To(Equal("Closed"))
+	g.Expect(c.UpstreamProtocol).To(Equal("HTTP1"), "the application is spoken to as before unless the pod says otherwise")
 	g.Expect(c.RedisURL).To(Equal("redis://r:6379"))
 	g.Expect(c.RedisPassword).To(Equal("pw"))
 	g.Expect(c.PodName).To(Equal("p-1"))
@@ -64,6 +65,7 @@ func TestParseConfigRefusesBadInput(t *testing.T) {
 	for name, args := range map[string][]string{
 		"no upstream":        {},
 		"bad failure mode":   {"--upstream=127.0.0.1:1", "--failure-mode=Sometimes"},
+		"bad protocol":       {"--upstream=127.0.0.1:1", "--upstream-protocol=grpc"},
 		"negative hops":      {"--upstream=127.0.0.1:1", "--trusted-hops=-1"},
 		"hops beyond 16":     {"--upstream=127.0.0.1:1", "--trusted-hops=17"},
 		"negative max procs": {"--upstream=127.0.0.1:1", "--max-procs=-1"},

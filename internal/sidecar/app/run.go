@@ -148,11 +148,21 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if err := loader.Load(); err != nil {
 		log.Warn("starting without valid policies: not ready until a valid document appears", "reason", err.Error())
 	}
-	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot}
+	decisionLog, err := decide.NewDecisionLog(log, cfg.DecisionLog, cfg.DecisionLogSample, cfg.DecisionLogRate)
+	if err != nil {
+		return err
+	}
+	m.WatchDecisionLog(func() int64 {
+		if decisionLog == nil {
+			return 0
+		}
+		return decisionLog.Dropped()
+	})
+	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, Log: decisionLog}
 	memory := memoryBudget(cfg, log)
 	m.WatchMemory(memory.Stats)
 	ph, err := proxy.New(proxy.Options{
-		Upstream: cfg.Upstream, Engine: engine, Store: store, Headers: cfg.RateLimitHeaders,
+		Upstream: cfg.Upstream, UpstreamProtocol: cfg.UpstreamProtocol, MaxStreams: cfg.MaxConns, Engine: engine, Store: store, Headers: cfg.RateLimitHeaders,
 		ResponseHeaderTimeout: cfg.RequestTimeout, Memory: memory, OnUnsized: m.UnsizedRefused, Log: log,
 	})
 	if err != nil {
@@ -173,6 +183,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	// bound (connlimit.IdleCloser).
 	var proxyIdle, adminIdle, checkIdle connlimit.IdleCloser
 	proxySrv := newServer(ph)
+	proxy.ServeProtocols(proxySrv) // h2c beside HTTP/1.1
 	proxySrv.ConnState = proxyIdle.ConnState
 	adminSrv := newAdminServer(admin, errLog)
 	adminSrv.ConnState = adminIdle.ConnState
@@ -233,7 +244,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if grpcSrv != nil {
 		serve("rate limit service", func() error { return grpcSrv.Serve(lns.grpc) })
 	}
-	log.Info("sidecar serving", "listen", lns.proxy.Addr().String(), "upstream", cfg.Upstream,
+	log.Info("sidecar serving", "listen", lns.proxy.Addr().String(), "upstream", cfg.Upstream, "upstreamProtocol", cfg.UpstreamProtocol,
 		"admin", lns.admin.Addr().String(), "check", cfg.CheckListen, "grpc", cfg.GRPCListen, "instance", instance,
 		"failureModeOverride", cfg.FailureMode, "maxConns", cfg.MaxConns, "trustedHops", cfg.TrustedHops, "maxProcs", runtime.GOMAXPROCS(0))
 

@@ -22,6 +22,10 @@ const (
 	// AnnotationUpstreamPort is the application's port the sidecar forwards to (1-65535).
 	// Required: without a valid one the pod is admitted unchanged, with a warning.
 	AnnotationUpstreamPort = "redline.dev/upstream-port"
+	// AnnotationUpstreamProtocol is how the sidecar speaks to the application: one of
+	// UpstreamProtocols (default HTTP1). The proxy face accepts HTTP/1.1 and h2c whatever it
+	// is; a gRPC server's plaintext port wants H2C, an application that serves TLS HTTPS.
+	AnnotationUpstreamProtocol = "redline.dev/upstream-protocol"
 	// AnnotationListenPort is the port the sidecar's proxy listens on; the Service should target
 	// it. Defaults to DefaultListenPort; must differ from the upstream port.
 	AnnotationListenPort = "redline.dev/listen-port"
@@ -53,6 +57,10 @@ const (
 	// MaxTrustedHops. Without it, the manager's --sidecar-trusted-hops, 0 by default: the
 	// connection's peer.
 	AnnotationTrustedHops = "redline.dev/trusted-hops"
+	// AnnotationDecisionLog turns on the sidecar's decision log (FlagDecisionLog): "refused"
+	// logs each refusal, "all" every decision, "off" (the default) nothing; sampled and
+	// rate-bounded by the sidecar's defaults.
+	AnnotationDecisionLog = "redline.dev/decision-log"
 	// AnnotationInjected is written by the injector and records what it injected. A pod that
 	// carries it is never injected again.
 	AnnotationInjected = "redline.dev/injected"
@@ -111,6 +119,21 @@ const (
 	FailureModeLocalFallback = "LocalFallback"
 )
 
+// Upstream protocols accepted by AnnotationUpstreamProtocol and the sidecar's
+// --upstream-protocol flag.
+const (
+	// UpstreamProtocolHTTP1 is HTTP/1.1 over cleartext, upgrades (WebSocket) included.
+	UpstreamProtocolHTTP1 = "HTTP1"
+	// UpstreamProtocolH2C is HTTP/2 over cleartext with prior knowledge (a gRPC server's
+	// plaintext port); upgrade requests still go over HTTP/1.1.
+	UpstreamProtocolH2C = "H2C"
+	// UpstreamProtocolHTTPS is TLS, HTTP/2 when the application offers it, else HTTP/1.1.
+	UpstreamProtocolHTTPS = "HTTPS"
+)
+
+// UpstreamProtocols lists the accepted upstream protocols.
+var UpstreamProtocols = []string{UpstreamProtocolHTTP1, UpstreamProtocolH2C, UpstreamProtocolHTTPS}
+
 // FailureModes lists the accepted failure modes.
 var FailureModes = []string{FailureModeOpen, FailureModeClosed, FailureModeLocalFallback}
 
@@ -155,16 +178,19 @@ const (
 
 // Command-line flags of the sidecar, as the injector passes them ("--name=value").
 const (
-	FlagListen      = "listen"       // ":<listen port>"
-	FlagUpstream    = "upstream"     // "127.0.0.1:<upstream port>"
-	FlagAdminListen = "admin-listen" // ":9091"
-	FlagGRPCListen  = "grpc-listen"  // "127.0.0.1:9092", or ":9092" when exposed
-	FlagCheckListen = "check-listen" // "127.0.0.1:9093", or ":9093" when exposed
-	FlagConfigDir   = "config-dir"   // PoliciesDir
-	FlagPodLabels   = "pod-labels"   // PodLabelsFile
-	FlagFailureMode = "failure-mode" // when AnnotationFailureMode or the manager's --sidecar-failure-mode is set
-	FlagMaxProcs    = "max-procs"    // when AnnotationSidecarMaxProcs or the manager's --sidecar-max-procs is set
-	FlagTrustedHops = "trusted-hops" // when AnnotationTrustedHops or the manager's --sidecar-trusted-hops is above 0
+	FlagListen   = "listen"   // ":<listen port>"
+	FlagUpstream = "upstream" // "127.0.0.1:<upstream port>"
+	// FlagUpstreamProtocol is passed when the pod sets AnnotationUpstreamProtocol.
+	FlagUpstreamProtocol = "upstream-protocol"
+	FlagAdminListen      = "admin-listen" // ":9091"
+	FlagGRPCListen       = "grpc-listen"  // "127.0.0.1:9092", or ":9092" when exposed
+	FlagCheckListen      = "check-listen" // "127.0.0.1:9093", or ":9093" when exposed
+	FlagConfigDir        = "config-dir"   // PoliciesDir
+	FlagPodLabels        = "pod-labels"   // PodLabelsFile
+	FlagFailureMode      = "failure-mode" // when AnnotationFailureMode or the manager's --sidecar-failure-mode is set
+	FlagMaxProcs         = "max-procs"    // when AnnotationSidecarMaxProcs or the manager's --sidecar-max-procs is set
+	FlagTrustedHops      = "trusted-hops" // when AnnotationTrustedHops or the manager's --sidecar-trusted-hops is above 0
+	FlagDecisionLog      = "decision-log" // when AnnotationDecisionLog is set to another mode than DecisionLogOff
 	// FlagLeaseKeys, FlagLeaseHorizon and FlagRedisTimeout are passed when the manager's
 	// --sidecar-lease-keys, --sidecar-lease-horizon and --sidecar-redis-timeout are set.
 	FlagLeaseKeys    = "lease-keys"
@@ -260,4 +286,11 @@ const (
 	RedisTLSCAKey   = "ca.crt"
 	RedisTLSCertKey = "tls.crt"
 	RedisTLSKeyKey  = "tls.key"
+)
+
+// The decision log's modes (AnnotationDecisionLog, FlagDecisionLog).
+const (
+	DecisionLogOff     = "off"
+	DecisionLogRefused = "refused"
+	DecisionLogAll     = "all"
 )

@@ -104,6 +104,8 @@ type Engine struct {
 	ObserveSettle func(*ruleset.Rule, limiter.Settled, error)
 	// ObserveSlot, if set, hears of every in-flight rule's decision (metrics).
 	ObserveSlot func(*ruleset.Rule, limiter.SlotResult)
+	// Log, if set, writes the decisions it keeps (see DecisionLog).
+	Log *DecisionLog
 }
 
 // Batcher decides several limits with their Redis calls in one batch; *limiter.Limiter is one.
@@ -292,6 +294,9 @@ func (e *Engine) outcome(c call, lim limiter.Limit, res limiter.Result, err erro
 	}
 	if e.Observe != nil {
 		e.Observe(c.rule, res)
+	}
+	if e.Log != nil {
+		e.Log.observe(c.rule, c.key, c.parts, res)
 	}
 	if t := c.rule.Top; t != nil {
 		label := ""

@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/membudget"
 	"github.com/redline-dev/redline/internal/sidecar/reqpath"
@@ -38,8 +39,16 @@ const noStore = "no-store"
 type Options struct {
 	// Upstream is the application's host:port.
 	Upstream string
-	Engine   *decide.Engine
-	Store    *ruleset.Store
+	// UpstreamProtocol is how the application is spoken to: one of contract.UpstreamProtocols
+	// ("": HTTP1).
+	UpstreamProtocol string
+	// MaxStreams bounds the HTTP/2 requests in flight on the face, over all connections (0:
+	// no bound but MaxConcurrentStreams per connection). A request past it is answered 503
+	// (UNAVAILABLE to a gRPC call) with Retry-After, as the connection bound makes an
+	// HTTP/1.1 client wait: an HTTP/2 connection multiplies what one slot of the listener holds.
+	MaxStreams int
+	Engine     *decide.Engine
+	Store      *ruleset.Store
 	// Headers adds the RateLimit fields to admitted responses too (refusals always carry them).
 	Headers bool
 	// ResponseHeaderTimeout bounds the wait for the application's response headers (0: none).
@@ -70,7 +79,8 @@ type Options struct {
 type Handler struct {
 	opts      Options
 	rp        *httputil.ReverseProxy
-	transport *http.Transport
+	transport http.RoundTripper
+	streams   chan struct{}             // one token per HTTP/2 request in flight; nil: unbounded
 	splits    atomic.Pointer[ruleSplit] // of the set last seen by serveBudget
 }
 
@@ -122,7 +132,17 @@ func New(opts Options) (*Handler, error) {
 		// on its own and decompress behind the application's back.
 		DisableCompression: true,
 	}
-	h := &Handler{opts: opts, transport: transport}
+	upstream, err := upstreamTransport(opts.UpstreamProtocol, transport, &dialer)
+	if err != nil {
+		return nil, err
+	}
+	if opts.UpstreamProtocol == contract.UpstreamProtocolHTTPS {
+		target.Scheme = "https"
+	}
+	h := &Handler{opts: opts, transport: upstream}
+	if opts.MaxStreams > 0 {
+		h.streams = make(chan struct{}, opts.MaxStreams)
+	}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out = pr.Out.WithContext(httptrace.WithClientTrace(pr.Out.Context(), reuseTrace))
@@ -140,7 +160,7 @@ func New(opts Options) (*Handler, error) {
 				}
 			}
 		},
-		Transport: transport,
+		Transport: upstream,
 		// FlushInterval 0: ReverseProxy already flushes every write of a streaming response
 		// (text/event-stream or unknown length), and batches fixed-length bodies.
 		BufferPool:     bufferPool{},
@@ -153,10 +173,29 @@ func New(opts Options) (*Handler, error) {
 
 // ServeHTTP decides the request, then refuses it or forwards it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 2 && h.streams != nil {
+		select {
+		case h.streams <- struct{}{}:
+			defer func() { <-h.streams }()
+		default:
+			w.Header()[decide.HeaderRetryAfter] = []string{"1"}
+			if isGRPC(r) {
+				writeGRPCStatus(w, grpcCodeFor(http.StatusServiceUnavailable), "the sidecar is at its bound of requests in flight")
+				return
+			}
+			writeJSONError(w, http.StatusServiceUnavailable, "too_many_streams")
+			return
+		}
+	}
+	dropH2CUpgrade(r)
 	// The path is matched and forwarded in one normal form (reqpath): the application routes
 	// what the rules matched. A path no normal form can agree on with every application is
 	// refused.
 	norm, decoded, err := reqpath.Normalize(r.URL.EscapedPath())
+	if err != nil && isGRPC(r) {
+		writeGRPCStatus(w, grpcCodeFor(http.StatusBadRequest), "bad request path: "+err.Error())
+		return
+	}
 	if err != nil {
 		w.Header()["Content-Type"] = []string{contentTypeJSON}
 		w.WriteHeader(http.StatusBadRequest)
@@ -170,10 +209,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Upper-cased as /v1/check does: a Method key part counts "get" with "GET".
 		req := &decide.Request{Method: strings.ToUpper(r.Method), Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr}
 		if err := decide.CheckKeyHeaders(set, req); err != nil {
-			refuseRepeated(w, err)
+			refuseRepeatedFor(w, r, err)
 			return
 		}
 		if set.CostFromResponse(r.Method, r.URL.Path, r.Header) {
+			if isGRPC(r) {
+				h.refuseCostedGRPC(w, set, req)
+				return
+			}
 			slots := h.takeSlots(w, r, set, req, nil)
 			if slots == nil {
 				return
@@ -186,7 +229,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		d := h.opts.Engine.Decide(r.Context(), set, req, 1)
 		if !d.Allowed {
-			refuse(w, &d)
+			refuseFor(w, r, &d)
 			return
 		}
 		slots := h.takeSlots(w, r, set, req, &d)
@@ -225,7 +268,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request) {
 // Close closes the idle connections to the application. In-flight requests finish; call it
 // after the server in front has shut down.
 func (h *Handler) Close() {
-	h.transport.CloseIdleConnections()
+	closeIdle(h.transport)
 }
 
 // clientBodyKey is the context key of a request's *clientBody.
@@ -316,6 +359,10 @@ func refuseRepeated(w http.ResponseWriter, err error) {
 func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	if b, ok := r.Context().Value(clientBodyKey{}).(*clientBody); ok && b.failed.Load() {
 		h.opts.Log.Debug("reading the client's request body failed", "error", err, "method", r.Method, "path", r.URL.Path)
+		if isGRPC(r) {
+			writeGRPCStatus(w, grpcCodeFor(http.StatusBadRequest), "reading the request body failed")
+			return
+		}
 		w.Header()["Content-Type"] = []string{contentTypeJSON}
 		w.Header()["Connection"] = []string{"close"} // the rest of the connection is unframed
 		w.WriteHeader(http.StatusBadRequest)
@@ -335,6 +382,14 @@ func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	default:
 		h.opts.Log.Warn("upstream request failed", "error", err, "upstream", h.opts.Upstream,
 			"method", r.Method, "path", r.URL.Path, "status", status)
+	}
+	if isGRPC(r) {
+		msg := "the application is unavailable through the sidecar"
+		if status == http.StatusGatewayTimeout {
+			msg = "the application did not answer within the sidecar's request timeout"
+		}
+		writeGRPCStatus(w, grpcCodeFor(status), msg)
+		return
 	}
 	w.Header()["Content-Type"] = []string{contentTypeJSON}
 	w.WriteHeader(status)

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -41,6 +43,11 @@ func (h *Handler) takeSlots(w http.ResponseWriter, r *http.Request, set *ruleset
 	}
 	slots.WriteFields(&f)
 	f.Write(w.Header())
+	if isGRPC(r) {
+		writeGRPCStatus(w, codes.ResourceExhausted, "too many requests in progress for policy "+slots.Refused.Rule.Policy.Name+
+			" rule "+slots.Refused.Rule.Name+"; retry after "+f.RetryAfter+"s")
+		return nil
+	}
 	body, _ := json.Marshal(Refusal{
 		Error:             "too_many_in_flight",
 		Policy:            slots.Refused.Rule.Policy.Name,

@@ -25,7 +25,9 @@ type params struct {
 	// (redisURL and redisTLS's names are then only what the injector decides with).
 	redisFromConfigMap bool
 	upstreamPort       int32
-	listenPort         int32
+	// upstreamProtocol is empty unless the pod sets it (the sidecar's default is HTTP1).
+	upstreamProtocol string
+	listenPort       int32
 	// failureMode is empty unless the pod or the manager overrides the policies'.
 	failureMode string
 	// maxProcs is 0 unless the pod or the manager sets it.
@@ -34,6 +36,8 @@ type params struct {
 	redisPoolSize int
 	// trustedHops is 0 unless the pod or the manager sets it.
 	trustedHops int
+	// decisionLog is the sidecar's decision log mode; "" or off: none.
+	decisionLog string
 	// exposeDecisionAPI serves /v1/check and the rate limit service on the pod network.
 	exposeDecisionAPI bool
 	resources         corev1.ResourceRequirements
@@ -74,34 +78,13 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 	ann := pod.Annotations
 	p := params{listenPort: contract.DefaultListenPort}
 
-	raw, ok := ann[contract.AnnotationUpstreamPort]
-	if !ok {
-		return p, fmt.Errorf("annotation %s is missing: it names the application port the sidecar forwards to", contract.AnnotationUpstreamPort)
-	}
-	port, err := parsePort(contract.AnnotationUpstreamPort, raw)
+	err := parsePorts(pod, &p)
 	if err != nil {
 		return p, err
 	}
-	p.upstreamPort = port
 
-	if raw, ok := ann[contract.AnnotationListenPort]; ok {
-		if p.listenPort, err = parsePort(contract.AnnotationListenPort, raw); err != nil {
-			return p, err
-		}
-	}
-	if p.listenPort == p.upstreamPort {
-		return p, fmt.Errorf("annotation %s=%d equals %s: the sidecar and the application cannot listen on the same port",
-			contract.AnnotationListenPort, p.listenPort, contract.AnnotationUpstreamPort)
-	}
-	for _, reserved := range []int32{contract.AdminPort, contract.GRPCPort, contract.CheckPort} {
-		if p.listenPort == reserved || p.upstreamPort == reserved {
-			return p, fmt.Errorf("port %d is taken by the sidecar (admin %d, Envoy rate limit service %d, decision API %d): use another %s/%s",
-				reserved, contract.AdminPort, contract.GRPCPort, contract.CheckPort, contract.AnnotationListenPort, contract.AnnotationUpstreamPort)
-		}
-	}
-	if owner := portOwner(pod, p.listenPort); owner != "" {
-		return p, fmt.Errorf("listen port %d is already declared by container %q: set %s to a free port",
-			p.listenPort, owner, contract.AnnotationListenPort)
+	if p.upstreamProtocol, err = parseUpstreamProtocol(ann); err != nil {
+		return p, err
 	}
 
 	if raw, ok := ann[contract.AnnotationFailureMode]; ok {
@@ -139,15 +122,12 @@ func parseParams(pod *corev1.Pod, cfg *Config) (params, error) {
 		return p, err
 	}
 
-	if raw, ok := ann[contract.AnnotationExposeDecisionAPI]; ok {
-		switch strings.TrimSpace(raw) {
-		case "true":
-			p.exposeDecisionAPI = true
-		case "false":
-		default:
-			return p, fmt.Errorf("annotation %s=%q: want \"true\" (serve /v1/check and the rate limit service on the pod network) or \"false\"",
-				contract.AnnotationExposeDecisionAPI, raw)
-		}
+	if p.decisionLog, err = parseDecisionLog(ann); err != nil {
+		return p, err
+	}
+
+	if p.exposeDecisionAPI, err = parseExposeDecisionAPI(ann); err != nil {
+		return p, err
 	}
 
 	if p.resources, err = parseResources(ann, cfg, &p); err != nil {
@@ -186,6 +166,36 @@ func parseTrustedHops(ann map[string]string, cfg *Config, p *params) (int, error
 			contract.AnnotationTrustedHops, raw, contract.MaxTrustedHops)
 	}
 	return n, nil
+}
+
+// parseExposeDecisionAPI reads AnnotationExposeDecisionAPI: false when the pod does not set it.
+func parseExposeDecisionAPI(ann map[string]string) (bool, error) {
+	raw, ok := ann[contract.AnnotationExposeDecisionAPI]
+	if !ok {
+		return false, nil
+	}
+	switch strings.TrimSpace(raw) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("annotation %s=%q: want \"true\" (serve /v1/check and the rate limit service on the pod network) or \"false\"",
+		contract.AnnotationExposeDecisionAPI, raw)
+}
+
+// parseUpstreamProtocol reads AnnotationUpstreamProtocol: "" when the pod does not set it.
+func parseUpstreamProtocol(ann map[string]string) (string, error) {
+	raw, ok := ann[contract.AnnotationUpstreamProtocol]
+	if !ok {
+		return "", nil
+	}
+	v := strings.TrimSpace(raw)
+	if !slices.Contains(contract.UpstreamProtocols, v) {
+		return "", fmt.Errorf("annotation %s=%q: want one of %s (HTTP1: HTTP/1.1; H2C: HTTP/2 over cleartext, a gRPC server's plaintext port; HTTPS: TLS)",
+			contract.AnnotationUpstreamProtocol, raw, strings.Join(contract.UpstreamProtocols, ", "))
+	}
+	return v, nil
 }
 
 func parsePort(name, raw string) (int32, error) {
@@ -261,4 +271,54 @@ func parsePositive(name, raw string) (resource.Quantity, error) {
 		return resource.Quantity{}, fmt.Errorf("annotation %s=%q: want a positive resource quantity such as 100m or 64Mi", name, raw)
 	}
 	return q, nil
+}
+
+// parseDecisionLog reads AnnotationDecisionLog: the sidecar's decision log mode, "" without it.
+func parseDecisionLog(ann map[string]string) (string, error) {
+	raw, ok := ann[contract.AnnotationDecisionLog]
+	if !ok {
+		return "", nil
+	}
+	switch v := strings.TrimSpace(raw); v {
+	case contract.DecisionLogOff, contract.DecisionLogRefused, contract.DecisionLogAll:
+		return v, nil
+	}
+	return "", fmt.Errorf("annotation %s=%q: want %s, %s or %s", contract.AnnotationDecisionLog, raw,
+		contract.DecisionLogOff, contract.DecisionLogRefused, contract.DecisionLogAll)
+}
+
+// parsePorts reads the application's and the sidecar's ports into p and checks that they
+// differ, are not the sidecar's own, and that no other container declares the listen port.
+func parsePorts(pod *corev1.Pod, p *params) error {
+	ann := pod.Annotations
+	raw, ok := ann[contract.AnnotationUpstreamPort]
+	if !ok {
+		return fmt.Errorf("annotation %s is missing: it names the application port the sidecar forwards to", contract.AnnotationUpstreamPort)
+	}
+	port, err := parsePort(contract.AnnotationUpstreamPort, raw)
+	if err != nil {
+		return err
+	}
+	p.upstreamPort = port
+
+	if raw, ok := ann[contract.AnnotationListenPort]; ok {
+		if p.listenPort, err = parsePort(contract.AnnotationListenPort, raw); err != nil {
+			return err
+		}
+	}
+	if p.listenPort == p.upstreamPort {
+		return fmt.Errorf("annotation %s=%d equals %s: the sidecar and the application cannot listen on the same port",
+			contract.AnnotationListenPort, p.listenPort, contract.AnnotationUpstreamPort)
+	}
+	for _, reserved := range []int32{contract.AdminPort, contract.GRPCPort, contract.CheckPort} {
+		if p.listenPort == reserved || p.upstreamPort == reserved {
+			return fmt.Errorf("port %d is taken by the sidecar (admin %d, Envoy rate limit service %d, decision API %d): use another %s/%s",
+				reserved, contract.AdminPort, contract.GRPCPort, contract.CheckPort, contract.AnnotationListenPort, contract.AnnotationUpstreamPort)
+		}
+	}
+	if owner := portOwner(pod, p.listenPort); owner != "" {
+		return fmt.Errorf("listen port %d is already declared by container %q: set %s to a free port",
+			p.listenPort, owner, contract.AnnotationListenPort)
+	}
+	return nil
 }

@@ -81,6 +81,7 @@ var _ = Describe("Injected spec", func() {
 		Entry("regular container", "regular", false, testConfig(podinject.NativeSidecarsAuto)),
 		Entry("every annotation set", "overrides", true, testConfig(podinject.NativeSidecarsAuto),
 			contract.AnnotationListenPort, "8001",
+			contract.AnnotationUpstreamProtocol, contract.UpstreamProtocolH2C,
 			contract.AnnotationFailureMode, contract.FailureModeLocalFallback,
 			contract.AnnotationSidecarCPU, "200m",
 			contract.AnnotationSidecarMemory, "96Mi",

@@ -29,6 +29,9 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 		fmt.Sprintf("--%s=%s", contract.FlagConfigDir, contract.PoliciesDir),
 		fmt.Sprintf("--%s=%s", contract.FlagPodLabels, contract.PodLabelsFile),
 	}
+	if p.upstreamProtocol != "" {
+		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagUpstreamProtocol, p.upstreamProtocol))
+	}
 	if p.failureMode != "" {
 		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagFailureMode, p.failureMode))
 	}
@@ -37,6 +40,9 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	}
 	if p.trustedHops > 0 {
 		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagTrustedHops, p.trustedHops))
+	}
+	if p.decisionLog != "" && p.decisionLog != contract.DecisionLogOff {
+		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagDecisionLog, p.decisionLog))
 	}
 	if p.redisPoolSize > 0 {
 		args = append(args, fmt.Sprintf("--%s=%d", contract.FlagRedisPoolSize, p.redisPoolSize))

@@ -157,6 +157,8 @@ var _ = Describe("Pod injection through the API server", func() {
 			contract.AnnotationListenPort, "9092"),
 		Entry("bad failure mode", `redline.dev/failure-mode="open"`,
 			contract.AnnotationFailureMode, "open"),
+		Entry("unknown upstream protocol", `redline.dev/upstream-protocol="grpc": want one of HTTP1, H2C, HTTPS`,
+			contract.AnnotationUpstreamProtocol, "grpc"),
 		Entry("bad cpu", `redline.dev/sidecar-cpu="lots"`,
 			contract.AnnotationSidecarCPU, "lots"),
 		Entry("negative memory", `redline.dev/sidecar-memory="-64Mi"`,
