@@ -226,6 +226,7 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 		errs = append(errs, fmt.Errorf("no Redis URL: set $%s or --redis-url", contract.EnvRedisURL))
 	}
 	errs = append(errs, c.redisTLSErrors()...)
+	errs = append(errs, c.inFlightErrors()...)
 	if !slices.Contains(contract.UpstreamProtocols, c.UpstreamProtocol) {
 		errs = append(errs, fmt.Errorf("--%s=%q: want one of %s", contract.FlagUpstreamProtocol, c.UpstreamProtocol, strings.Join(contract.UpstreamProtocols, ", ")))
 	}
@@ -237,9 +238,6 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 	}
 	if c.HeartbeatInterval <= 0 {
 		errs = append(errs, errors.New("--heartbeat-interval must be positive"))
-	}
-	if c.InFlightExpiry < 2*time.Second || c.InFlightExpiry > 10*time.Minute {
-		errs = append(errs, errors.New("--in-flight-expiry must be 2s to 10m"))
 	}
 	if c.MaxProcs < 0 {
 		errs = append(errs, errors.New("--max-procs must not be negative"))
@@ -287,4 +285,12 @@ func (c *Config) redisTLSErrors() []error {
 		errs = append(errs, fmt.Errorf("the --redis-tls-* flags need a rediss:// or rediss+sentinel:// Redis URL, got %s", redisconn.RedactURL(c.RedisURL)))
 	}
 	return errs
+}
+
+// inFlightErrors checks the in-flight slots' flags.
+func (c *Config) inFlightErrors() []error {
+	if c.InFlightExpiry < 2*time.Second || c.InFlightExpiry > 10*time.Minute {
+		return []error{errors.New("--in-flight-expiry must be 2s to 10m")}
+	}
+	return nil
 }

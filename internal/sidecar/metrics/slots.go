@@ -14,7 +14,7 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 	m.slotDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "in_flight_decisions_total",
 		Help: "Decisions of in-flight rules by policy, rule and result (allowed: the request took a slot, or its failure mode let it through; refused: the key had as many requests in progress as the rule allows; shadow_refused: the same under mode: Shadow, let through).",
-	}, []string{labelPolicy, labelRule, "result"})
+	}, []string{labelPolicy, labelRule, labelResult})
 	m.Registry.MustRegister(m.slotDecisions,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Name: "in_flight_slots",
