@@ -233,3 +233,21 @@ func TestSlotGivenUpWhenRenewalsFail(t *testing.T) {
 	g.Expect(srv.Resume()).To(Succeed())
 	l.Release(ctx, s)
 }
+
+// Replicas with different expiries share a key: the key lives as long as its latest slot, so a
+// shorter expiry never drops the longer slots of another replica with it.
+func TestSlotKeyOutlivesItsLatestSlot(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	c := newClient(t, shared.URL())
+	long := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: time.Minute})
+	short := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
+	key := uniqueKey(t)
+	_, ls, err := long.Acquire(ctx, key, inFlight(3))
+	g.Expect(err).NotTo(HaveOccurred())
+	_, ss, err := short.Acquire(ctx, key, inFlight(3))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.PTTL(ctx, key).Val()).To(BeNumerically(">", 30*time.Second))
+	short.Release(ctx, ss)
+	long.Release(ctx, ls)
+}

@@ -36,7 +36,13 @@ if live >= n then
   return {0, live, 0}
 end
 redis.call('ZADD', k, now + ttl, id)
--- Every member expires within ttl of its last write, and every writer sets ttl: the key
--- outlives its live members, and goes with the last of them.
-redis.call('PEXPIRE', k, ttl)
+-- The key outlives its latest member (one ZRANGE of the last, O(log n)), whatever expiry the
+-- other writers use (sidecars with another --in-flight-expiry), and never lives longer than
+-- the longest expiry, 10 minutes, past this call.
+local top = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
+local keep = ttl
+if top[2] and tonumber(top[2]) then
+  keep = math.max(keep, math.min(math.floor(tonumber(top[2]) - now), 600000))
+end
+redis.call('PEXPIRE', k, keep)
 return {1, live + 1, now + ttl}

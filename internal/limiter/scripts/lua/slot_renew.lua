@@ -29,6 +29,12 @@ for i = 2, last do
   end
 end
 if #lost < last - 1 then
-  redis.call('PEXPIRE', k, ttl)
+  -- As lua/slot_acquire.lua: the key outlives its latest member, at most 10 minutes on.
+  local top = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
+  local keep = ttl
+  if top[2] and tonumber(top[2]) then
+    keep = math.max(keep, math.min(math.floor(tonumber(top[2]) - now), 600000))
+  end
+  redis.call('PEXPIRE', k, keep)
 end
 return lost
