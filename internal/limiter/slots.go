@@ -128,11 +128,12 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 		return l.slotFailure(lim, ErrSlotsFull), nil, nil
 	}
 	ttl := l.opts.SlotExpiry
-	sent := time.Now()
-	s.deadline.Store(sent.Add(ttl).UnixNano())
+	s.deadline.Store(time.Now().Add(ttl).UnixNano())
 	cmd := scripts.EvalSha(ctx, scripts.SlotAcquire(), []string{key}, s.id, lim.Max, ttl.Milliseconds(), MaxInFlight)
 	cmds := []redis.Cmder{cmd}
-	l.stats.redis.Add(scripts.Exec(ctx, l.client, cmds, slotScripts).RoundTrips)
+	sent := scripts.Exec(ctx, l.client, cmds, slotScripts)
+	l.stats.pipelines.Add(sent.RoundTrips)
+	l.stats.scriptLoads.Add(sent.Loads)
 	vals, err := cmds[0].(*redis.Cmd).Int64Slice()
 	if err == nil && len(vals) != 3 {
 		err = fmt.Errorf("%w: slot acquire answered %d values", errBadReply, len(vals))
@@ -143,6 +144,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 		l.releaseID(ctx, key, s.id)
 		return l.slotFailure(lim, fmt.Errorf("taking an in-flight slot: %w", err)), nil, nil
 	}
+	l.stats.redis.Add(1)
 	res := SlotResult{Allowed: vals[0] == 1, InUse: vals[1]}
 	if !res.Allowed {
 		l.slotBook.untake()
@@ -177,7 +179,6 @@ func (l *Limiter) Release(ctx context.Context, s *Slot) {
 func (l *Limiter) releaseID(ctx context.Context, key, id string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), slotReleaseTimeout)
 	defer cancel()
-	l.stats.redis.Add(1)
 	if err := l.client.ZRem(ctx, key, id).Err(); err != nil {
 		l.slotStats.releaseErrors.Add(1)
 	}
@@ -249,7 +250,7 @@ func (l *Limiter) renewSlots(every time.Duration) {
 		}
 	}
 	start := time.Now()
-	l.stats.redis.Add(scripts.Exec(ctx, l.client, cmds, slotScripts).RoundTrips)
+	l.stats.scriptLoads.Add(scripts.Exec(ctx, l.client, cmds, slotScripts).Loads)
 	for i, cmd := range cmds {
 		lost, err := cmd.(*redis.Cmd).StringSlice()
 		if err != nil {
