@@ -158,7 +158,7 @@ func TestInFlightAcrossThreeSidecars(t *testing.T) {
 	}
 	g.Expect(allowed).To(BeNumerically("==", 3*64))
 	g.Expect(refusals).To(BeNumerically("==", refused.Load()))
-	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{})
+	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c.Close()
 	g.Expect(c.ZCard(context.Background(), limiter.Key(e.namespace, "p", "slots", "tenant")).Val()).To(BeZero(), "every slot went back")
@@ -189,7 +189,7 @@ func TestInFlightSlotsOfAKilledSidecarReturn(t *testing.T) {
 	resp.Body.Close()
 	g.Expect(resp.StatusCode).To(Equal(http.StatusTooManyRequests))
 
-	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{})
+	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c.Close()
 	key := limiter.Key(e.namespace, "p", "slots", "k")
@@ -304,7 +304,7 @@ func TestInFlightLostSlotEndsItsRequest(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(up.cur.Load()).To(Equal(int64(1)))
 
-	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{})
+	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c.Close()
 	g.Expect(c.Del(context.Background(), limiter.Key(e.namespace, "p", "slots", "k")).Err()).To(Succeed())
