@@ -115,12 +115,16 @@ type RateLimitPolicySpec struct {
 // Rule is one limit: which requests it counts, how it keys them and how much it admits.
 // +kubebuilder:validation:XValidation:rule="!(has(self.refused) && self.refused == 'Counted' && has(self.cost) && has(self.cost.from) && self.cost.from == 'Response')",message="refused: Counted cannot go with cost.from: Response: a refused request's hold always goes back, since it costs nothing; leave refused unset"
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.burst) || self.algorithm == 'TokenBucket'",message="limit.burst is only valid with algorithm TokenBucket"
-// +kubebuilder:validation:XValidation:rule="!has(self.algorithm) || self.algorithm != 'SlidingWindowLog' || self.limit.requests <= 10000",message="limit.requests must be at most 10000 with algorithm SlidingWindowLog, which stores every request of the window in Redis (about 130 bytes each); use SlidingWindowCounter for larger limits"
+// +kubebuilder:validation:XValidation:rule="!has(self.algorithm) || self.algorithm != 'SlidingWindowLog' || !has(self.limit.requests) || self.limit.requests <= 10000",message="limit.requests must be at most 10000 with algorithm SlidingWindowLog, which stores every request of the window in Redis (about 130 bytes each); use SlidingWindowCounter for larger limits"
 // +kubebuilder:validation:XValidation:rule="!has(self.candidate) || !has(self.candidate.limit.burst) || (has(self.candidate.algorithm) ? self.candidate.algorithm : (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter')) == 'TokenBucket'",message="candidate.limit.burst is only valid when the candidate's algorithm (candidate.algorithm, or the rule's) is TokenBucket"
 // +kubebuilder:validation:XValidation:rule="!has(self.candidate) || (has(self.candidate.algorithm) ? self.candidate.algorithm : (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter')) != 'SlidingWindowLog' || self.candidate.limit.requests <= 10000",message="candidate.limit.requests must be at most 10000 when the candidate's algorithm (candidate.algorithm, or the rule's) is SlidingWindowLog"
 // +kubebuilder:validation:XValidation:rule="!(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response') || !has(self.candidate)",message="cost.from: Response cannot have a candidate (not supported yet): a candidate counts one unit per request, not the response's cost; remove the candidate, or try the budget as a rule of its own with mode: Shadow"
-// +kubebuilder:validation:XValidation:rule="!(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response') || !has(self.cost.defaultHold) || self.cost.defaultHold <= (((has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter') == 'TokenBucket' && has(self.limit.burst)) ? self.limit.burst : self.limit.requests)",message="cost.defaultHold must be at most the limit's capacity (limit.requests, or limit.burst of a TokenBucket): a larger hold could never be granted"
-// +kubebuilder:validation:XValidation:rule="!(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response') || !has(self.cost.minOutput) || self.cost.minOutput <= (((has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter') == 'TokenBucket' && has(self.limit.burst)) ? self.limit.burst : self.limit.requests)",message="cost.minOutput must be at most the limit's capacity (limit.requests, or limit.burst of a TokenBucket): no request could be let through"
+// +kubebuilder:validation:XValidation:rule="!(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response') || !has(self.cost.defaultHold) || self.cost.defaultHold <= (((has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter') == 'TokenBucket' && has(self.limit.burst)) ? self.limit.burst : (has(self.limit.requests) ? self.limit.requests : 0))",message="cost.defaultHold must be at most the limit's capacity (limit.requests, or limit.burst of a TokenBucket): a larger hold could never be granted"
+// +kubebuilder:validation:XValidation:rule="!(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response') || !has(self.cost.minOutput) || self.cost.minOutput <= (((has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter') == 'TokenBucket' && has(self.limit.burst)) ? self.limit.burst : (has(self.limit.requests) ? self.limit.requests : 0))",message="cost.minOutput must be at most the limit's capacity (limit.requests, or limit.burst of a TokenBucket): no request could be let through"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.inFlight) || !has(self.cost)",message="limit.inFlight cannot go with cost: an in-flight rule counts requests in progress, not what they cost; put the budget in a rule of its own"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.inFlight) || !has(self.candidate)",message="limit.inFlight cannot have a candidate (not supported yet); try the new limit as a rule of its own with mode: Shadow"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.inFlight) || !has(self.refused)",message="limit.inFlight cannot go with refused: a slot always goes back when its request is refused or ends; leave refused unset"
+// +kubebuilder:validation:XValidation:rule="!has(self.candidate) || !has(self.candidate.limit.inFlight)",message="candidate.limit.inFlight is not supported: a candidate is a limit per window (requests and window)"
 type Rule struct {
 	// name identifies the rule in the policy, in metrics, in Redis keys and in refusals.
 	// A lowercase DNS label.
@@ -148,7 +152,8 @@ type Rule struct {
 	// +optional
 	Algorithm Algorithm `json:"algorithm,omitempty"`
 
-	// limit is how many requests the rule admits per window.
+	// limit is how many requests the rule admits per window (requests and window), or how
+	// many may be in progress at once (inFlight).
 	// +required
 	Limit Limit `json:"limit"`
 
@@ -339,15 +344,19 @@ const (
 // stores that the controller cannot decode would stop the controller's cache.
 const DurationPattern = `^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 
-// Limit is a number of requests per window.
+// MaxInFlight bounds limit.inFlight (a key's slots in Redis: about 100 bytes each).
+const MaxInFlight = 100_000
+
+// Limit is a number of requests per window, or of requests in progress at once.
+// +kubebuilder:validation:XValidation:rule="has(self.inFlight) ? !has(self.requests) && !has(self.window) && !has(self.burst) : has(self.requests) && has(self.window)",message="limit sets either requests and window (requests per window) or inFlight (requests in progress at once), not both: put each in a rule of its own"
 type Limit struct {
 	// requests admitted per window, at most 1000000000 (10000 for SlidingWindowLog). For
 	// TokenBucket, the refill: requests tokens per window. Under a rule's cost.from: Response
 	// these are units (such as tokens), not requests.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000000
-	// +required
-	Requests int64 `json:"requests"`
+	// +optional
+	Requests int64 `json:"requests,omitempty"`
 
 	// window is the length of the window, between 1s and 24h, in Go's duration syntax:
 	// numbers with units h, m, s, ms, us or ns, such as 30s, 5m, 1h30m or 24h.
@@ -355,8 +364,8 @@ type Limit struct {
 	// +kubebuilder:validation:MaxLength=20
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$')",message="limit.window must be a duration such as 30s, 5m, 1h30m or 24h, with units h, m, s, ms, us or ns; days and weeks are not units (write 24h for 1d)"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$') || (duration(self) >= duration('1s') && duration(self) <= duration('24h'))",message="limit.window must be between 1s and 24h"
-	// +required
-	Window metav1.Duration `json:"window"`
+	// +optional
+	Window metav1.Duration `json:"window,omitzero"`
 
 	// burst is the bucket size of a TokenBucket: how many requests may pass at once after a
 	// quiet period. Defaults to requests. Only valid with TokenBucket.
@@ -364,6 +373,17 @@ type Limit struct {
 	// +kubebuilder:validation:Maximum=1000000000
 	// +optional
 	Burst *int64 `json:"burst,omitempty"`
+
+	// inFlight is how many requests of a key may be in progress at once, over every replica,
+	// at most 100000: a request holds a slot from its decision until its response ends
+	// (streams and upgrades included), and one over the limit is refused at once with 429.
+	// Instead of requests and window; the rule's algorithm does not apply. Enforced by the
+	// sidecar's proxy only, for now: a slot of a sidecar that died returns within its
+	// expiry (10s), never while a live sidecar renews it.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	// +optional
+	InFlight *int64 `json:"inFlight,omitempty"`
 }
 
 // ScriptStatus records the Redis script an algorithm runs.

@@ -57,45 +57,21 @@ func CompilePolicy(p *v1alpha1.RateLimitPolicy) (policydoc.Policy, error) {
 }
 
 func compileRule(r v1alpha1.Rule) (policydoc.Rule, error) {
-	alg := orDefault(r.Algorithm, v1alpha1.SlidingWindowCounter)
-	burst, err := checkLimit(alg, r.Limit, "limit")
+	compileLimit := compileWindowLimit
+	if r.Limit.InFlight != nil {
+		compileLimit = compileInFlight
+	}
+	out, err := compileLimit(r)
 	if err != nil {
 		return policydoc.Rule{}, err
-	}
-	if len(r.Key) == 0 {
-		return policydoc.Rule{}, errors.New("key needs at least one part")
-	}
-	out := policydoc.Rule{
-		Name:         r.Name,
-		Algorithm:    string(alg),
-		Requests:     r.Limit.Requests,
-		WindowMS:     r.Limit.Window.Milliseconds(),
-		Burst:        burst,
-		Mode:         string(orDefault(r.Mode, v1alpha1.Enforce)),
-		ReportValues: r.TopKeys == v1alpha1.TopKeysValues,
 	}
 	switch r.TopKeys {
 	case "", v1alpha1.TopKeysHashes, v1alpha1.TopKeysValues:
 	default:
 		return policydoc.Rule{}, fmt.Errorf("topKeys %q must be Hashes or Values", r.TopKeys)
 	}
-	switch r.Refused {
-	case "", v1alpha1.RefusedUncounted:
-	case v1alpha1.RefusedCounted:
-		out.CountRefused = true
-	default:
-		return policydoc.Rule{}, fmt.Errorf("refused %q must be Uncounted or Counted", r.Refused)
-	}
-	if c := r.Candidate; c != nil {
-		calg := orDefault(c.Algorithm, alg)
-		cburst, err := checkLimit(calg, c.Limit, "candidate.limit")
-		if err != nil {
-			return policydoc.Rule{}, err
-		}
-		out.Candidate = &policydoc.Candidate{Algorithm: string(calg), Requests: c.Limit.Requests, WindowMS: c.Limit.Window.Milliseconds(), Burst: cburst}
-	}
-	if out.Cost, err = compileCost(r.Cost, &out); err != nil {
-		return policydoc.Rule{}, err
+	if len(r.Key) == 0 {
+		return policydoc.Rule{}, errors.New("key needs at least one part")
 	}
 	for j, k := range r.Key {
 		set := 0
@@ -128,10 +104,51 @@ func compileRule(r v1alpha1.Rule) (policydoc.Rule, error) {
 	return out, nil
 }
 
+// compileWindowLimit compiles the limit of a rule counted per window: its algorithm, limit,
+// candidate, cost and what it does with refused requests.
+func compileWindowLimit(r v1alpha1.Rule) (policydoc.Rule, error) {
+	alg := orDefault(r.Algorithm, v1alpha1.SlidingWindowCounter)
+	burst, err := checkLimit(alg, r.Limit, "limit")
+	if err != nil {
+		return policydoc.Rule{}, err
+	}
+	out := policydoc.Rule{
+		Name:         r.Name,
+		Algorithm:    string(alg),
+		Requests:     r.Limit.Requests,
+		WindowMS:     r.Limit.Window.Milliseconds(),
+		Burst:        burst,
+		Mode:         string(orDefault(r.Mode, v1alpha1.Enforce)),
+		ReportValues: r.TopKeys == v1alpha1.TopKeysValues,
+	}
+	switch r.Refused {
+	case "", v1alpha1.RefusedUncounted:
+	case v1alpha1.RefusedCounted:
+		out.CountRefused = true
+	default:
+		return policydoc.Rule{}, fmt.Errorf("refused %q must be Uncounted or Counted", r.Refused)
+	}
+	if c := r.Candidate; c != nil {
+		calg := orDefault(c.Algorithm, alg)
+		cburst, err := checkLimit(calg, c.Limit, "candidate.limit")
+		if err != nil {
+			return policydoc.Rule{}, err
+		}
+		out.Candidate = &policydoc.Candidate{Algorithm: string(calg), Requests: c.Limit.Requests, WindowMS: c.Limit.Window.Milliseconds(), Burst: cburst}
+	}
+	if out.Cost, err = compileCost(r.Cost, &out); err != nil {
+		return policydoc.Rule{}, err
+	}
+	return out, nil
+}
+
 // checkLimit checks a limit of algorithm alg (named field in errors) and returns the burst the
 // document carries: a TokenBucket's (requests when not set), 0 for the other algorithms. The
 // schema enforces these bounds too; objects stored before a bound existed meet them here.
 func checkLimit(alg v1alpha1.Algorithm, l v1alpha1.Limit, field string) (int64, error) {
+	if l.InFlight != nil {
+		return 0, fmt.Errorf("%s.inFlight is not supported here: a %s is requests per window (requests and window)", field, field)
+	}
 	window := l.Window.Duration
 	maxRequests := int64(v1alpha1.MaxRequests)
 	if alg == v1alpha1.SlidingWindowLog {

@@ -343,8 +343,10 @@ var _ = Describe("RateLimitPolicy controller", func() {
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring(message))
 		},
-		Entry("requests below 1", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Limit.Requests = 0 },
+		Entry("requests below 1", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Limit.Requests = -1 },
 			"should be greater than or equal to 1"),
+		Entry("no requests", func(p *v1alpha1.RateLimitPolicy) { p.Spec.Rules[0].Limit.Requests = 0 },
+			"limit sets either requests and window (requests per window) or inFlight"),
 		Entry("window under 1s", func(p *v1alpha1.RateLimitPolicy) {
 			p.Spec.Rules[0].Limit.Window = metav1.Duration{Duration: 500 * time.Millisecond}
 		}, "limit.window must be between 1s and 24h"),

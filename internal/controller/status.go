@@ -86,6 +86,9 @@ func scriptsOf(doc *policydoc.Document, name string) []v1alpha1.ScriptStatus {
 			continue
 		}
 		for _, r := range p.Rules {
+			if r.InFlight != 0 {
+				continue // runs the slots' scripts, which are no algorithm's
+			}
 			add(r.Algorithm)
 			if r.Candidate != nil {
 				add(r.Candidate.Algorithm)

@@ -92,6 +92,8 @@ func SidecarRegistry() (*prometheus.Registry, error) {
 	m.WatchPool(client, &redisconn.ConnStats{}, 16)
 	m.WatchMemory(membudget.New(1).Stats)
 	m.WatchDecisionLog(func() int64 { return 0 })
+	m.WatchSlots(func() limiter.SlotStats { return limiter.SlotStats{} })
+	m.ObserveSlot(set.Rules[0], limiter.SlotResult{Allowed: true})
 	// Serving /metrics registers the handler's own error counter.
 	_ = m.Handler()
 	return m.Registry, nil

@@ -57,6 +57,12 @@ type Options struct {
 	// decides: its caller has stopped waiting (set it below the client's read timeout), and the
 	// units it would count would be admitted by nobody. See clock.go.
 	CallDeadline time.Duration
+	// SlotExpiry is how long an in-flight slot counts without a renewal (default
+	// DefaultSlotExpiry, 2s to 10m): the bound on how long a dead replica's slots stay taken.
+	// MaxSlots bounds the slots this replica holds at once (default DefaultMaxSlots). See
+	// slots.go.
+	SlotExpiry time.Duration
+	MaxSlots   int
 	// ReplicaID names this replica's shares in Redis (see shares.go; NewReplicaID makes one).
 	// Empty keeps none: counts a Redis loses in a failover or a restart stay lost.
 	ReplicaID string
@@ -133,6 +139,13 @@ func (o Options) withDefaults() Options {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.SlotExpiry <= 0 {
+		o.SlotExpiry = DefaultSlotExpiry
+	}
+	o.SlotExpiry = min(max(o.SlotExpiry, minSlotExpiry), maxSlotExpiry)
+	if o.MaxSlots <= 0 {
+		o.MaxSlots = DefaultMaxSlots
+	}
 	return o
 }
 
@@ -148,25 +161,27 @@ var (
 // Limiter decides rate limits shared by every instance that talks to the same Redis.
 // It is safe for concurrent use.
 type Limiter struct {
-	client   redis.UniversalClient
-	opts     Options
-	queue    chan *call
-	slots    chan struct{} // one per pipeline in flight, held by flushers and inline callers
-	detached chan struct{} // one per detached ask in flight (Options.MaxDetached)
-	quit     chan struct{}
-	wg       sync.WaitGroup
-	closed   atomic.Bool
-	breakers *breakers // one per shard: a cluster's masters, or the one Redis
-	precheck *precheck
-	fallback *fallback
-	leases   *leases // nil when leases are off
-	clock    *redisClock
-	stats    counters
-	calls    sync.Pool
-	shares   *shares       // nil without a ReplicaID
-	reassert chan struct{} // a re-assertion of every share is due
-	holdTag  string        // names this limiter's holds beside their sequence (see hold.go)
-	holdSeq  atomic.Uint64
+	client    redis.UniversalClient
+	opts      Options
+	queue     chan *call
+	slots     chan struct{} // one per pipeline in flight, held by flushers and inline callers
+	detached  chan struct{} // one per detached ask in flight (Options.MaxDetached)
+	quit      chan struct{}
+	wg        sync.WaitGroup
+	closed    atomic.Bool
+	breakers  *breakers // one per shard: a cluster's masters, or the one Redis
+	precheck  *precheck
+	fallback  *fallback
+	leases    *leases // nil when leases are off
+	clock     *redisClock
+	stats     counters
+	calls     sync.Pool
+	shares    *shares       // nil without a ReplicaID
+	reassert  chan struct{} // a re-assertion of every share is due
+	holdTag   string        // names this limiter's holds beside their sequence (see hold.go)
+	holdSeq   atomic.Uint64
+	slotBook  *slotBook // the in-flight slots this replica holds (see slots.go)
+	slotStats slotCounters
 }
 
 // New returns a Limiter over client. The client stays the caller's to close.
@@ -188,7 +203,9 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		quit:     make(chan struct{}),
 		clock:    newRedisClock(),
 		holdTag:  NewReplicaID(),
+		slotBook: newSlotBook(o.MaxSlots),
 	}
+	l.wg.Go(l.slotRenewer)
 	if o.ReplicaID != "" {
 		l.shares = newShares(o.ReplicaID, o.ShareKeys, o.RestoreHold, o.MaxHolds, o.Now)
 		l.reassert = make(chan struct{}, 1)

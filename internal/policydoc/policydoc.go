@@ -94,7 +94,17 @@ type Rule struct {
 	// that do not know the field; one of them refuses a document with it and keeps its last
 	// good one, rather than give back what the rule says to keep. Never with Cost.
 	CountRefused bool `json:"countRefused,omitempty"`
+	// InFlight, when set, makes the rule bound the requests of a key in progress at once
+	// instead of the requests per window: Algorithm, Requests, WindowMS and Burst are then
+	// empty, and it has no Candidate, Cost nor CountRefused. Omitted when not set, so a
+	// document without in-flight rules stays readable by sidecars that do not know the field;
+	// one of them refuses a document with it and keeps its last good one, rather than take an
+	// in-flight rule for a limit per window.
+	InFlight int64 `json:"inFlight,omitempty"`
 }
+
+// MaxInFlight bounds Rule.InFlight.
+const MaxInFlight = 100_000
 
 // Candidate is a rule's candidate limit.
 type Candidate struct {
@@ -220,6 +230,12 @@ func Parse(data []byte) (*Document, error) {
 			return nil, fmt.Errorf("policy %s has no rules", p.Name)
 		}
 		for _, r := range p.Rules {
+			if r.InFlight != 0 {
+				if err := r.validInFlight(); err != nil {
+					return nil, fmt.Errorf("policy %s rule %s: %w", p.Name, r.Name, err)
+				}
+				continue
+			}
 			if r.Requests < 1 || r.WindowMS < 1000 || len(r.Key) == 0 {
 				return nil, fmt.Errorf("policy %s rule %s: invalid limit or key", p.Name, r.Name)
 			}
@@ -257,6 +273,21 @@ func Decompress(gz []byte) ([]byte, error) {
 // Selects reports whether the policy targets a pod with these labels.
 func (p *Policy) Selects(podLabels map[string]string) bool {
 	return p.Selector.Matches(podLabels)
+}
+
+// validInFlight checks an in-flight rule: nothing of a limit per window goes with it.
+func (r *Rule) validInFlight() error {
+	switch {
+	case r.InFlight < 1 || r.InFlight > MaxInFlight:
+		return fmt.Errorf("inFlight %d not in 1..%d", r.InFlight, MaxInFlight)
+	case r.Algorithm != "" || r.Requests != 0 || r.WindowMS != 0 || r.Burst != 0:
+		return errors.New("inFlight with a limit per window")
+	case r.Candidate != nil || r.Cost != nil || r.CountRefused:
+		return errors.New("inFlight with a candidate, a cost or countRefused")
+	case len(r.Key) == 0:
+		return errors.New("no key")
+	}
+	return r.Match.validPath()
 }
 
 // validPath checks the path fields of a match (nil is valid).

@@ -199,3 +199,64 @@ func TestParseRefusesInvalidPathMatches(t *testing.T) {
 		})
 	}
 }
+
+// A document with an in-flight rule reads back, and the previous release's sidecar refuses it
+// as a whole rather than take the rule for a limit per window; one that mixes an in-flight rule
+// with parts of a limit per window is refused.
+func TestInFlightRulesAndThePreviousSidecar(t *testing.T) {
+	g := NewWithT(t)
+	p := samplePolicy()
+	r := p.Rules[0]
+	r.Algorithm, r.Requests, r.WindowMS, r.Burst, r.Candidate, r.Cost, r.CountRefused = "", 0, 0, 0, nil, nil, false
+	r.InFlight = 8
+	p.Rules = []Rule{r}
+	_, data, err := Build("shop", []Policy{p}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	doc, err := Parse(data)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(doc.Policies[0].Rules[0].InFlight).To(BeEquivalentTo(8))
+	g.Expect(parsePrevInFlight(data)).To(MatchError(ContainSubstring(`unknown field "inFlight"`)))
+	_, data, err = Build("shop", []Policy{samplePolicy()}, map[string]string{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(parsePrevInFlight(data)).To(Succeed(), "a document without in-flight rules is the previous release's")
+
+	for name, edit := range map[string]func(*Rule){
+		"with requests":  func(r *Rule) { r.Requests = 5 },
+		"with algorithm": func(r *Rule) { r.Algorithm = "FixedWindow" },
+		"with a cost":    func(r *Rule) { r.Cost = &Cost{From: "Response"} },
+		"too many":       func(r *Rule) { r.InFlight = MaxInFlight + 1 },
+		"negative":       func(r *Rule) { r.InFlight = -1 },
+		"without a key":  func(r *Rule) { r.Key = nil },
+	} {
+		bad := r
+		edit(&bad)
+		p.Rules = []Rule{bad}
+		_, data, err := Build("shop", []Policy{p}, map[string]string{})
+		g.Expect(err).NotTo(HaveOccurred())
+		_, err = Parse(data)
+		g.Expect(err).To(HaveOccurred(), name)
+	}
+}
+
+// The release before inFlight: its Rule had every field but it.
+type (
+	prevInFlightRule struct {
+		prevRefusedRule
+		CountRefused bool `json:"countRefused,omitempty"`
+	}
+	prevInFlightPolicy struct {
+		Policy
+		Rules []prevInFlightRule `json:"rules"`
+	}
+	prevInFlightDocument struct {
+		Document
+		Policies []prevInFlightPolicy `json:"policies"`
+	}
+)
+
+func parsePrevInFlight(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var doc prevInFlightDocument
+	return dec.Decode(&doc)
+}

@@ -260,6 +260,23 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 		add("HoldSettleSlidingWindowLog", logHeld, a...)
 	}
 	add("HoldSettleSlidingWindowLog", []string{l.log, l.logHolds}, 100, hour, "0:5:r1:a", 3, 0)
+	// Slots over the stuffed hold records (half of them live): take one, with every bound
+	// hostile, and renew the most ids a call reads, and more.
+	slotted := []string{l.holds}
+	for _, a := range [][]any{
+		{"r1:s", 1, 60000, 100000}, {"r1:s", "1e300", "1e300", "1e300"}, {"r1:s", "nan", "nan", "nan"},
+		{"r1:s", "inf", "-inf", "inf"}, {"r1:s", -1, -1, -1}, {strings.Repeat("t", 129), 1, 1, 1}, {},
+	} {
+		add("SlotAcquire", slotted, a...)
+	}
+	ids := []any{60000}
+	for i := range 600 {
+		ids = append(ids, fmt.Sprintf("%d:999999999999:r1:x%d", l.start, i))
+	}
+	add("SlotRenew", slotted, ids...)
+	add("SlotRenew", slotted, "nan", "r1:s")
+	add("SlotRenew", slotted, "1e300", "r1:s")
+	add("SlotRenew", slotted)
 	add("LeaseReturn", []string{l.state}, hour, l.start, "1e300", "r1", l.start, "1e300", 0)
 	add("LeaseReturn", []string{l.state}, hour, l.start, "nan", "r1", "nan", "nan", "nan")
 	add("LeaseReturn", []string{l.state}, hour, l.start, -5, "", 0, 0, 0)

@@ -106,6 +106,15 @@ var (
 	})
 )
 
+// SlotAcquire takes a slot of an in-flight limit and SlotRenew renews a replica's slots of one
+// key (see lua/slot_acquire.lua, lua/slot_renew.lua). A slot is given back with a plain ZREM.
+// Like LeaseReturn, loaded by Exec on NOSCRIPT and by the manager with every sidecar script,
+// and not recorded.
+var (
+	SlotAcquire = sync.OnceValue(func() Script { return New("SlotAcquire", source("lua/slot_acquire.lua")) })
+	SlotRenew   = sync.OnceValue(func() Script { return New("SlotRenew", source("lua/slot_renew.lua")) })
+)
+
 // All returns the limiter's scripts, one per algorithm, in a stable order.
 func All() []Script { return slices.Clone(limiterScripts()) }
 

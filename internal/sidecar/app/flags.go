@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/fleet"
+	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
@@ -73,8 +74,10 @@ type Config struct {
 	RedisTLS     redisconn.TLSOptions
 	LeaseHorizon time.Duration
 	LeaseKeys    int
-	ShareKeys    int
-	LogLevel     slog.Level
+	// InFlightExpiry is how long an in-flight slot counts without a renewal (limiter.Options.SlotExpiry).
+	InFlightExpiry time.Duration
+	ShareKeys      int
+	LogLevel       slog.Level
 	// DecisionLog is the decision log's mode (decide.DecisionLogOff, Refused or All), of which
 	// DecisionLogSample is kept, at most DecisionLogRate lines a second.
 	DecisionLog       string
@@ -166,6 +169,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "longest wait for in-flight requests to finish on SIGTERM")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep serving (unready) this long before closing listeners, while endpoints update")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", fleet.DefaultInterval, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
+	fs.DurationVar(&c.InFlightExpiry, "in-flight-expiry", limiter.DefaultSlotExpiry, "how long an in-flight rule's slot counts without a renewal (2s to 10m), renewed every quarter of it: a dead sidecar's slots return this long after their last renewal at most")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
 	fs.StringVar(&c.RedisCredsDir, contract.FlagRedisCredentialsDir, "", "directory of the mounted Redis credentials Secret (files username and password; with Sentinel, sentinel-username and sentinel-password for the sentinels), read at every new connection so a rotated password needs no restart; without a password file there, $"+contract.EnvRedisPassword)
@@ -227,6 +231,7 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 		errs = append(errs, fmt.Errorf("no Redis URL: set $%s or --redis-url", contract.EnvRedisURL))
 	}
 	errs = append(errs, c.redisTLSErrors()...)
+	errs = append(errs, c.inFlightErrors()...)
 	if !slices.Contains(contract.UpstreamProtocols, c.UpstreamProtocol) {
 		errs = append(errs, fmt.Errorf("--%s=%q: want one of %s", contract.FlagUpstreamProtocol, c.UpstreamProtocol, strings.Join(contract.UpstreamProtocols, ", ")))
 	}
@@ -317,4 +322,12 @@ func (c *Config) redisTLSErrors() []error {
 		errs = append(errs, fmt.Errorf("the --redis-tls-* flags need a rediss:// or rediss+sentinel:// Redis URL, got %s", redisconn.RedactURL(c.RedisURL)))
 	}
 	return errs
+}
+
+// inFlightErrors checks the in-flight slots' flags.
+func (c *Config) inFlightErrors() []error {
+	if c.InFlightExpiry < 2*time.Second || c.InFlightExpiry > 10*time.Minute {
+		return []error{errors.New("--in-flight-expiry must be 2s to 10m")}
+	}
+	return nil
 }

@@ -26,7 +26,7 @@ func newLimiter(client redis.UniversalClient, cfg *Config, store *ruleset.Store,
 		// already answered by the failure mode; a quarter of the timeout is left for its reply.
 		CallDeadline: cfg.RedisTimeout * 3 / 4,
 		// A fresh id per process: a restarted sidecar knows none of its old grants anyway.
-		ReplicaID: limiter.NewReplicaID(), ShareKeys: cfg.ShareKeys,
+		ReplicaID: limiter.NewReplicaID(), ShareKeys: cfg.ShareKeys, SlotExpiry: cfg.InFlightExpiry,
 		FallbackReplicas: cfg.FallbackReplicas,
 		// The other replicas hear of a loss at their next heartbeat (the restoring one beats
 		// at once) and re-assert within a round trip: a second beyond the interval.

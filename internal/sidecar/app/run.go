@@ -128,6 +128,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	builder.Namespace = cfg.PodNamespace
 	client.AddHook(m.RedisHook())
 	m.WatchPool(client, conns, cfg.RedisPoolSize)
+	m.WatchSlots(lim.SlotStats)
 	// healthSrv is the gRPC health service, set before the watcher starts reloading.
 	var healthSrv *health.Server
 	loader := &ruleset.Loader{
@@ -157,7 +158,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 		return decisionLog.Dropped()
 	})
-	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, Log: decisionLog}
+	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, Log: decisionLog}
 	memory := memoryBudget(cfg, log)
 	m.WatchMemory(memory.Stats)
 	ph, err := proxy.New(proxy.Options{

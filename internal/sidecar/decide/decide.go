@@ -102,6 +102,8 @@ type Engine struct {
 	// ObserveSettle, if set, hears of every settle of a hold (metrics): what went back, what
 	// became debt, or why the settle failed (the hold then goes back at its deadline).
 	ObserveSettle func(*ruleset.Rule, limiter.Settled, error)
+	// ObserveSlot, if set, hears of every in-flight rule's decision (metrics).
+	ObserveSlot func(*ruleset.Rule, limiter.SlotResult)
 	// Log, if set, writes the decisions it keeps (see DecisionLog).
 	Log *DecisionLog
 }
@@ -347,10 +349,12 @@ func CheckKeyHeaders(set *ruleset.Set, req *Request) error {
 	if set == nil {
 		return nil
 	}
-	for _, r := range set.Rules {
-		for _, k := range r.Key {
-			if k.Header != "" && len(req.Header[k.Header]) > 1 && Matches(r.Match, req) {
-				return &RepeatedHeaderError{Header: k.Header}
+	for _, rules := range [][]*ruleset.Rule{set.Rules, set.InFlight} {
+		for _, r := range rules {
+			for _, k := range r.Key {
+				if k.Header != "" && len(req.Header[k.Header]) > 1 && Matches(r.Match, req) {
+					return &RepeatedHeaderError{Header: k.Header}
+				}
 			}
 		}
 	}

@@ -50,7 +50,7 @@ func newHoldMetrics() holdMetrics {
 		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hold_settles_total",
 			Help: "Settles of token budget holds by policy, rule and result (settled; expired: the settle came after the hold's deadline, when its units stayed spent, and charged as a timely one; failed: Redis was not reached and the hold stays counted until its window ends).",
-		}, []string{labelPolicy, labelRule, "result"}),
+		}, []string{labelPolicy, labelRule, labelResult}),
 		returned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "hold_returned_units_total",
 			Help: "Units of token budget holds given back at their settle (held, not used), by policy and rule.",

@@ -38,6 +38,7 @@ const (
 const (
 	labelPolicy = "policy"
 	labelRule   = "rule"
+	labelResult = "result"
 	labelShard  = "shard"
 )
 
@@ -58,8 +59,10 @@ type Metrics struct {
 	lossSignals  prometheus.Counter
 	holds        holdMetrics
 	unsized      *prometheus.CounterVec
-	policyMu     sync.Mutex
-	policies     map[string]bool // the policies whose restoration counters show
+	// slotDecisions counts in-flight rules' decisions, once WatchSlots registered it.
+	slotDecisions *prometheus.CounterVec
+	policyMu      sync.Mutex
+	policies      map[string]bool // the policies whose restoration counters show
 }
 
 // New registers the collectors. stats reads the limiter's counters and store the set in force
@@ -70,11 +73,11 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "decisions_total",
 			Help: "Rule decisions by policy, rule, result (allowed, refused, shadow_refused) and source (redis, precheck, fallback, failopen, failclosed).",
-		}, []string{labelPolicy, labelRule, "result", "source"}),
+		}, []string{labelPolicy, labelRule, labelResult, "source"}),
 		candidates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "candidate_decisions_total",
 			Help: "Decisions of rules' candidate limits (counted beside the rule, never refusing) by policy, rule and result (would_admit, would_refuse).",
-		}, []string{labelPolicy, labelRule, "result"}),
+		}, []string{labelPolicy, labelRule, labelResult}),
 		redisLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Name: "redis_latency_seconds",
 			Help:    "Latency of Redis round trips (one command or one pipeline), errors included.",

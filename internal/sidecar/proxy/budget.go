@@ -204,7 +204,7 @@ func (h *Handler) refuseUnsized(w http.ResponseWriter, rule *ruleset.Rule, reaso
 	hdr := w.Header()
 	hdr["Content-Type"] = []string{contentTypeJSON}
 	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
-	hdr["Cache-Control"] = []string{"no-store"}
+	hdr["Cache-Control"] = []string{noStore}
 	// the body may be partly read: the connection is not reused
 	hdr["Connection"] = []string{"close"}
 	w.WriteHeader(st.status)

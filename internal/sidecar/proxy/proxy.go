@@ -31,6 +31,10 @@ import (
 // contentTypeJSON is the type of every answer the proxy writes itself.
 const contentTypeJSON = "application/json"
 
+// noStore is the Cache-Control of the proxy's own refusals: a cache must not answer a later
+// request with one.
+const noStore = "no-store"
+
 // Options configure a Handler.
 type Options struct {
 	// Upstream is the application's host:port.
@@ -201,7 +205,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.URL.Path, r.URL.RawPath = decoded, norm
 	set := h.opts.Store.Current()
-	if set != nil && len(set.Rules) > 0 {
+	if set != nil && (len(set.Rules) > 0 || len(set.InFlight) > 0) {
 		// Upper-cased as /v1/check does: a Method key part counts "get" with "GET".
 		req := &decide.Request{Method: strings.ToUpper(r.Method), Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr}
 		if err := decide.CheckKeyHeaders(set, req); err != nil {
@@ -213,6 +217,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				h.refuseCostedGRPC(w, set, req)
 				return
 			}
+			slots := h.takeSlots(w, r, set, req, nil)
+			if slots == nil {
+				return
+			}
+			defer slots.Release(r.Context())
+			r, stop := endOnLost(r, slots)
+			defer stop()
 			h.serveBudget(w, r, set, req)
 			return
 		}
@@ -221,9 +232,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			refuseFor(w, r, &d)
 			return
 		}
-		if h.opts.Headers {
-			d.Fields().Write(w.Header())
+		slots := h.takeSlots(w, r, set, req, &d)
+		if slots == nil {
+			return
 		}
+		// Deferred, so that it runs however forward ends: ReverseProxy aborts a response cut
+		// midway with a panic (http.ErrAbortHandler).
+		defer slots.Release(r.Context())
+		if h.opts.Headers {
+			f := d.Fields()
+			slots.WriteFields(&f)
+			f.Write(w.Header())
+		}
+		r, stop := endOnLost(r, slots)
+		defer stop()
+		h.forward(w, r)
+		return
 	}
 	h.forward(w, r)
 }
@@ -310,7 +334,7 @@ func refuse(w http.ResponseWriter, d *decide.Decision) {
 	hdr := w.Header()
 	hdr["Content-Type"] = []string{contentTypeJSON}
 	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
-	hdr["Cache-Control"] = []string{"no-store"}
+	hdr["Cache-Control"] = []string{noStore}
 	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(body)
 }
@@ -327,7 +351,7 @@ func refuseRepeated(w http.ResponseWriter, err error) {
 	hdr := w.Header()
 	hdr["Content-Type"] = []string{contentTypeJSON}
 	hdr["Content-Length"] = []string{strconv.Itoa(len(body))}
-	hdr["Cache-Control"] = []string{"no-store"}
+	hdr["Cache-Control"] = []string{noStore}
 	w.WriteHeader(http.StatusBadRequest)
 	_, _ = w.Write(body)
 }

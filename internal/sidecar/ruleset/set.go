@@ -37,8 +37,11 @@ type Set struct {
 	Hash string
 	// Policies that select this pod, in document order.
 	Policies []*Policy
-	// Rules of all Policies, in order.
+	// Rules of all Policies, in order: the limits per window. In-flight rules are in InFlight,
+	// which only the faces that enforce them read.
 	Rules []*Rule
+	// InFlight are the in-flight rules of all Policies, in order (Rule.InFlight set).
+	InFlight []*Rule
 	// NeedsForwardedFor says whether some rule keys on the ForwardedFor attribute.
 	NeedsForwardedFor bool
 	// Total is how many policies the document had, selected or not.
@@ -54,6 +57,7 @@ type Policy struct {
 	// HeadersOnRefusal keeps this policy's RateLimit fields off admitted responses.
 	HeadersOnRefusal bool
 	Rules            []*Rule
+	InFlight         []*Rule
 	// Replicas holds the live replica count of the policy's heartbeat group (0 until learnt).
 	// It outlives reloads: Sets built by the same Builder share it.
 	Replicas *atomic.Int64
@@ -91,6 +95,9 @@ type Rule struct {
 	// CountRefused keeps what the rule counted of a request another rule refused; otherwise
 	// it goes back (decide.Decision.GiveBack). A candidate has its rule's.
 	CountRefused bool
+	// InFlight, when not nil, makes the rule bound the requests of a key in progress at once:
+	// Limit is then empty, and the rule is in Set.InFlight, not Set.Rules.
+	InFlight *limiter.InFlight
 	// Cost, when not nil, says the rule's cost comes from the response: Limit counts units
 	// (such as tokens) that a request holds before it is forwarded and settles after. Nil:
 	// every request costs one unit. A rule with a Cost has no Candidate.
@@ -309,6 +316,11 @@ func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*
 			for _, k := range r.Key {
 				s.NeedsForwardedFor = s.NeedsForwardedFor || k.Attribute == AttrForwardedFor
 			}
+			if r.InFlight != nil {
+				p.InFlight = append(p.InFlight, r)
+				s.InFlight = append(s.InFlight, r)
+				continue
+			}
 			track(r)
 			if r.Candidate != nil {
 				track(r.Candidate)
@@ -358,7 +370,13 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 	default:
 		return nil, fmt.Errorf("unknown mode %q", cr.Mode)
 	}
-	if err := r.Limit.Validate(); err != nil {
+	if cr.InFlight != 0 {
+		if cr.InFlight > limiter.MaxInFlight {
+			return nil, fmt.Errorf("checking limit: inFlight %d above %d", cr.InFlight, limiter.MaxInFlight)
+		}
+		r.Limit, r.WindowSeconds = limiter.Limit{}, 0
+		r.InFlight = &limiter.InFlight{Max: cr.InFlight, FailureMode: p.FailureMode, Shadow: r.Shadow}
+	} else if err := r.Limit.Validate(); err != nil {
 		return nil, fmt.Errorf("checking limit: %w", err)
 	}
 	cost, err := newCost(cr.Cost)

@@ -1,0 +1,140 @@
+package decide
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+)
+
+// Slotter takes and gives back the slots of in-flight rules; *limiter.Limiter is one.
+type Slotter interface {
+	Acquire(ctx context.Context, key string, lim limiter.InFlight) (limiter.SlotResult, *limiter.Slot, error)
+	Release(ctx context.Context, s *limiter.Slot)
+}
+
+// errNoSlots is the error of an in-flight rule decided by an Allower that keeps no slots.
+var errNoSlots = errors.New("this limiter keeps no in-flight slots")
+
+// SlotOutcome is one in-flight rule's decision.
+type SlotOutcome struct {
+	Rule   *ruleset.Rule
+	Result limiter.SlotResult
+}
+
+// Refuses says whether this outcome refuses the request: an Enforce rule whose key is full.
+func (o *SlotOutcome) Refuses() bool { return !o.Result.Allowed }
+
+// Slots are what a request's in-flight rules decided, and the slots it holds until it ends.
+type Slots struct {
+	// Outcomes has one entry per matching in-flight rule, in rule order, up to the first that
+	// refused.
+	Outcomes []SlotOutcome
+	// Refused is the refusing outcome, or nil when the request may proceed.
+	Refused *SlotOutcome
+
+	slotter Slotter
+	held    []*limiter.Slot
+}
+
+// AcquireSlots takes a slot of every in-flight rule of set that req matches, in rule order (one
+// Redis call each). When one refuses, the slots taken already go back at once and Refused says
+// which; the request then holds nothing. A request that matches none holds nothing and costs
+// nothing. Release what it returns when the request ends, whatever the verdict.
+func (e *Engine) AcquireSlots(ctx context.Context, set *ruleset.Set, req *Request) *Slots {
+	s := &Slots{}
+	if set == nil || len(set.InFlight) == 0 {
+		return s
+	}
+	sl, _ := e.Limiter.(Slotter)
+	s.slotter = sl
+	a := attrs{req: req, hops: e.TrustedHops}
+	for _, r := range set.InFlight {
+		if !Matches(r.Match, req) {
+			continue
+		}
+		key := limiter.Key(set.Namespace, r.Policy.Name, r.StateName, a.parts(r.Key)...)
+		var res limiter.SlotResult
+		var slot *limiter.Slot
+		err := errNoSlots
+		if sl != nil {
+			res, slot, err = sl.Acquire(ctx, key, *r.InFlight)
+		}
+		if err != nil {
+			// An invalid limit, a closed limiter or none that keeps slots: decided as a Redis
+			// failure would be.
+			res = limiter.SlotResult{Allowed: r.InFlight.FailureMode != limiter.FailureModeClosed || r.Shadow, Err: err}
+		}
+		if e.ObserveSlot != nil {
+			e.ObserveSlot(r, res)
+		}
+		s.Outcomes = append(s.Outcomes, SlotOutcome{Rule: r, Result: res})
+		if slot != nil {
+			s.held = append(s.held, slot)
+		}
+		if !res.Allowed {
+			s.Refused = &s.Outcomes[len(s.Outcomes)-1]
+			s.Release(ctx)
+			return s
+		}
+	}
+	return s
+}
+
+// Lost is the channels that close when a held slot stops counting before the request ends
+// (see limiter.Slot.Lost): the face ends the request then.
+func (s *Slots) Lost() []<-chan struct{} {
+	out := make([]<-chan struct{}, len(s.held))
+	for i, sl := range s.held {
+		out[i] = sl.Lost()
+	}
+	return out
+}
+
+// Held says how many slots the request holds.
+func (s *Slots) Held() int { return len(s.held) }
+
+// Release gives back every slot the request holds (one ZREM each). Later calls do nothing.
+func (s *Slots) Release(ctx context.Context) {
+	for _, sl := range s.held {
+		s.slotter.Release(ctx, sl)
+	}
+	s.held = nil
+}
+
+// WriteFields adds the in-flight rules' RateLimit fields to f, in the draft's
+// concurrent-requests quota unit: "<policy>/<rule>";q=<max>;qu="concurrent-requests" and
+// "<policy>/<rule>";r=<free slots>;t=<seconds>. On a refusal Retry-After is 1 s: a slot may
+// free at any time. Shadow rules are left out, and on an admitted request the rules of policies
+// that publish their limits on refusal only.
+func (s *Slots) WriteFields(f *Fields) {
+	for i := range s.Outcomes {
+		o := &s.Outcomes[i]
+		if o.Rule.Shadow || s.Refused == nil && o.Rule.Policy.HeadersOnRefusal {
+			continue
+		}
+		pol, rl := []byte(f.Policy), []byte(f.RateLimit)
+		if len(pol) > 0 {
+			pol = append(pol, ", "...)
+			rl = append(rl, ", "...)
+		}
+		pol = appendSFString(pol, o.Rule.ID)
+		pol = append(pol, ";q="...)
+		pol = strconv.AppendInt(pol, o.Rule.InFlight.Max, 10)
+		pol = append(pol, `;qu="concurrent-requests"`...)
+		rl = appendSFString(rl, o.Rule.ID)
+		rl = append(rl, ";r="...)
+		free := int64(0)
+		if !o.Result.Full {
+			free = max(o.Rule.InFlight.Max-o.Result.InUse, 0)
+		}
+		rl = strconv.AppendInt(rl, free, 10)
+		rl = append(rl, ";t=1"...)
+		f.Policy, f.RateLimit = string(pol), string(rl)
+	}
+	if s.Refused != nil {
+		f.RetryAfter = strconv.FormatInt(max(CeilSeconds(s.Refused.Result.RetryAfter), 1), 10)
+	}
+}
