@@ -156,7 +156,7 @@ func slimPod(obj any) (any, error) {
 		return obj, nil
 	}
 	sidecar := hasSidecar(p)
-	slimMeta(&p.ObjectMeta, p.Labels, nil)
+	slimMeta(&p.ObjectMeta, boundedLabels(p.Labels), nil)
 	p.Spec = corev1.PodSpec{}
 	if sidecar {
 		p.Spec.Containers = []corev1.Container{{Name: contract.ContainerName}}
@@ -182,4 +182,31 @@ var podChanged = predicate.Funcs{
 		}
 		return podReady(o) != podReady(n) || hasSidecar(o) != hasSidecar(n) || !maps.Equal(o.Labels, n.Labels)
 	},
+}
+
+// maxPodLabelBytes bounds what the cache keeps of one pod's labels: a tenant writes them, as
+// many as an object holds (about 1.5 MB), on as many pods as its quota allows.
+const maxPodLabelBytes = 4 << 10
+
+// boundedLabels is lbls when they fit in maxPodLabelBytes, else those that fit, by key order:
+// a selector on a label left out no longer matches the pod, which only hides the tenant's own
+// pod from its own policy's check.
+func boundedLabels(lbls map[string]string) map[string]string {
+	size := 0
+	for k, v := range lbls {
+		size += len(k) + len(v)
+	}
+	if size <= maxPodLabelBytes {
+		return lbls
+	}
+	keys := slices.Sorted(maps.Keys(lbls))
+	out := map[string]string{}
+	size = 0
+	for _, k := range keys {
+		if size += len(k) + len(lbls[k]); size > maxPodLabelBytes {
+			break
+		}
+		out[k] = lbls[k]
+	}
+	return out
 }

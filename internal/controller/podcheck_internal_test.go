@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -121,4 +123,25 @@ func TestPodChangedLetsThroughWhatMatters(t *testing.T) {
 
 func updateEvent(o, n *corev1.Pod) event.UpdateEvent {
 	return event.UpdateEvent{ObjectOld: o, ObjectNew: n}
+}
+
+func TestSlimPodBoundsTheLabelsATenantWrites(t *testing.T) {
+	g := NewWithT(t)
+	labels := map[string]string{"app": "checkout"}
+	for i := range 2000 {
+		labels[fmt.Sprintf("pad-%04d", i)] = strings.Repeat("x", 63)
+	}
+	p := testPod("p", labels, true, "")
+	out, err := slimPod(&p)
+	g.Expect(err).NotTo(HaveOccurred())
+	kept := out.(*corev1.Pod).Labels
+	size := 0
+	for k, v := range kept {
+		size += len(k) + len(v)
+	}
+	g.Expect(size).To(BeNumerically("<=", maxPodLabelBytes))
+	g.Expect(kept).To(HaveKeyWithValue("app", "checkout"), "kept by key order")
+	small := testPod("q", map[string]string{"app": "x"}, true, "")
+	out, _ = slimPod(&small)
+	g.Expect(out.(*corev1.Pod).Labels).To(Equal(map[string]string{"app": "x"}))
 }
