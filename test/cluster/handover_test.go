@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -111,35 +110,7 @@ func rollWithLoad(t *testing.T, g *WithT, ctx context.Context, ns, ip string, ol
 	t.Helper()
 	c := suite.client
 	url := fmt.Sprintf("http://%s:80/", ip)
-	load, stopLoad := context.WithCancel(ctx)
-	var (
-		mu     sync.Mutex
-		ok     int
-		failed []string
-		wg     sync.WaitGroup
-	)
-	for range 2 {
-		wg.Go(func() {
-			hc := &http.Client{Timeout: 10 * time.Second}
-			for load.Err() == nil {
-				code, err := get(load, hc, url)
-				if load.Err() != nil {
-					return
-				}
-				mu.Lock()
-				switch {
-				case err != nil:
-					failed = append(failed, err.Error())
-				case code != http.StatusOK:
-					failed = append(failed, fmt.Sprintf("status %d", code))
-				default:
-					ok++
-				}
-				mu.Unlock()
-				time.Sleep(10 * time.Millisecond)
-			}
-		})
-	}
+	ld := startLoad(ctx, url, 2)
 	t0 := time.Now()
 	var dep appsv1.Deployment
 	g.Expect(c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "checkout"}, &dep)).To(Succeed())
@@ -154,8 +125,7 @@ func rollWithLoad(t *testing.T, g *WithT, ctx context.Context, ns, ip string, ol
 		}
 	}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
 	time.Sleep(2 * time.Second)
-	stopLoad()
-	wg.Wait()
+	ok, failed := ld.stop()
 	logf("redline.dev/inject=%s, the Service's targetPort unchanged: rolled in %s, %d requests answered 200, %d failed %v",
 		inject, since(t0), ok, len(failed), first(failed, 5))
 	g.Expect(ok).To(BeNumerically(">", 0))

@@ -33,35 +33,7 @@ func TestRollingUpdateLosesNoRequest(t *testing.T) {
 	url := fmt.Sprintf("http://%s:80/", svc.Spec.ClusterIP)
 	awaitServedByAll(g, ctx, svc.Spec.ClusterIP, before)
 
-	load, stopLoad := context.WithCancel(ctx)
-	var (
-		mu     sync.Mutex
-		ok     int
-		failed []string
-		wg     sync.WaitGroup
-	)
-	for range 2 {
-		wg.Go(func() {
-			hc := &http.Client{Timeout: 10 * time.Second}
-			for load.Err() == nil {
-				code, err := get(load, hc, url)
-				if load.Err() != nil {
-					return
-				}
-				mu.Lock()
-				switch {
-				case err != nil:
-					failed = append(failed, err.Error())
-				case code != http.StatusOK:
-					failed = append(failed, fmt.Sprintf("status %d", code))
-				default:
-					ok++
-				}
-				mu.Unlock()
-				time.Sleep(10 * time.Millisecond)
-			}
-		})
-	}
+	ld := startLoad(ctx, url, 2)
 
 	t0 := time.Now()
 	var dep appsv1.Deployment
@@ -84,8 +56,7 @@ func TestRollingUpdateLosesNoRequest(t *testing.T) {
 		}
 	}).WithContext(ctx).WithTimeout(3 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
 	time.Sleep(2 * time.Second)
-	stopLoad()
-	wg.Wait()
+	ok, failed := ld.stop()
 	for _, p := range after {
 		for _, o := range before {
 			g.Expect(p.Name).NotTo(Equal(o.Name), "every pod should be new")
@@ -114,4 +85,50 @@ func first(s []string, n int) []string {
 		return s[:n]
 	}
 	return s
+}
+
+// load is clients sending GET (outside the policy) through a Service on kept-alive connections,
+// each request's answer counted, until stop.
+type load struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	ok     int
+	failed []string
+}
+
+// startLoad starts clients sending GET url one after another, 10 ms apart.
+func startLoad(ctx context.Context, url string, clients int) *load {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &load{cancel: cancel}
+	for range clients {
+		l.wg.Go(func() {
+			hc := &http.Client{Timeout: 10 * time.Second}
+			for ctx.Err() == nil {
+				code, err := get(ctx, hc, url)
+				if ctx.Err() != nil {
+					return
+				}
+				l.mu.Lock()
+				switch {
+				case err != nil:
+					l.failed = append(l.failed, err.Error())
+				case code != http.StatusOK:
+					l.failed = append(l.failed, fmt.Sprintf("status %d", code))
+				default:
+					l.ok++
+				}
+				l.mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+	return l
+}
+
+// stop ends the clients and returns the requests answered 200 and why the others failed.
+func (l *load) stop() (int, []string) {
+	l.cancel()
+	l.wg.Wait()
+	return l.ok, l.failed
 }

@@ -3,9 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,33 +34,7 @@ func TestRedlineUpgradeLosesNoRequest(t *testing.T) {
 	awaitServedByAll(g, ctx, svc.Spec.ClusterIP, pods)
 	url := fmt.Sprintf("http://%s:80/", svc.Spec.ClusterIP)
 
-	load, stopLoad := context.WithCancel(ctx)
-	var (
-		mu     sync.Mutex
-		ok     int
-		failed []string
-		wg     sync.WaitGroup
-	)
-	wg.Go(func() {
-		hc := &http.Client{Timeout: 10 * time.Second}
-		for load.Err() == nil {
-			code, err := get(load, hc, url)
-			if load.Err() != nil {
-				return
-			}
-			mu.Lock()
-			switch {
-			case err != nil:
-				failed = append(failed, err.Error())
-			case code != http.StatusOK:
-				failed = append(failed, fmt.Sprintf("status %d", code))
-			default:
-				ok++
-			}
-			mu.Unlock()
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
+	ld := startLoad(ctx, url, 1)
 
 	cfg, err := helmConfig()
 	g.Expect(err).NotTo(HaveOccurred())
@@ -99,8 +71,7 @@ func TestRedlineUpgradeLosesNoRequest(t *testing.T) {
 		g.Expect(hasSidecar(p)).To(BeTrue(), "pod %s, created during the upgrade or before, should carry the sidecar", p.Name)
 	}
 	time.Sleep(2 * time.Second)
-	stopLoad()
-	wg.Wait()
+	ok, failed := ld.stop()
 	logf("helm upgrade --wait rolled the managers in %s; %d requests answered 200, %d failed %v", took, ok, len(failed), first(failed, 5))
 	g.Expect(ok).To(BeNumerically(">", 0))
 	g.Expect(failed).To(BeEmpty(), "requests failed at the client during Redline's upgrade")
