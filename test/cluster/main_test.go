@@ -113,6 +113,9 @@ func setUp() error {
 }
 
 func tearDown() error {
+	if suite.lock == nil {
+		return nil // another suite's cluster: not ours to tear down
+	}
 	var errs []error
 	if suite.redis != nil {
 		errs = append(errs, suite.redis.stop())
@@ -131,20 +134,35 @@ func tearDown() error {
 	return errors.Join(errs...)
 }
 
-// lockMachine takes the machine's one cluster: a second suite started beside this one fails at
-// once instead of tearing this one's cluster down.
+// lockWait bounds how long a suite waits for another suite's cluster to go: within the
+// Makefile's 30-minute test timeout, with room for this suite's own run.
+const lockWait = 20 * time.Minute
+
+// lockMachine takes the machine's one cluster. A second suite started beside this one waits
+// for the first to finish (up to lockWait) instead of tearing its cluster down, and touches
+// nothing of it if the wait runs out.
 func lockMachine() error {
 	path := filepath.Join(os.TempDir(), "redline-cluster.lock")
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("opening %s: %w", path, err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("another cluster suite holds %s (one cluster per machine): %w", path, err)
+	deadline := time.Now().Add(lockWait)
+	for waited := false; ; waited = true {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			suite.lock = f
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			_ = f.Close()
+			return fmt.Errorf("another cluster suite holds %s (one cluster per machine): %w", path, err)
+		}
+		if !waited {
+			logf("another cluster suite holds %s: waiting up to %s for it to finish", path, lockWait)
+		}
+		time.Sleep(5 * time.Second)
 	}
-	suite.lock = f
-	return nil
 }
 
 // keepLogs copies the cluster's logs (its components' and its pods') out of the directory
