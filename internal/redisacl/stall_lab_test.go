@@ -301,6 +301,20 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 	add("TokenBucket", tat, -1, -1, -1, -1, -1)
 	add("TokenBucket", tat, 0, 0, 0, 0, 0)
 	add("TokenBucket", tat)
+	// Dry runs: the same keys as the decisions, read only, with hostile arguments.
+	for _, a := range [][]any{{100, hour, 1, 0}, {"1e300", hour, "1e300", 0}, {"nan", "nan", "nan", "nan"}, {100, "-1", 1, 0}, {}} {
+		add("PeekFixedWindow", []string{l.state}, a...)
+		add("PeekSlidingWindowCounter", []string{l.state}, a...)
+	}
+	add("PeekSlidingWindowLog", log, 100, hour, 1, 0)     // over the limit: searches the log
+	add("PeekSlidingWindowLog", log, 100, 60000, 1, 0)    // a million expired: trims nothing
+	add("PeekSlidingWindowLog", log, "1e300", hour, 1, 0) // would admit
+	add("PeekSlidingWindowLog", log, "nan", hour, "nan", "nan")
+	add("PeekSlidingWindowLog", log, 100, "nan", 1, 0)
+	add("PeekSlidingWindowLog", log)
+	for _, a := range [][]any{{100, 1000, 1, 0, 100}, {"nan", "nan", "nan", "nan", "nan"}, {"1e300", 1, "1e300", 0, "1e300"}, {0, 0, 0, 0, 0}, {}} {
+		add("PeekTokenBucket", tat, a...)
+	}
 	// Give-backs: a TAT of 64 MB of digits, and a log of millions, by its newest and a middle
 	// score (the members there and every later one are bounded), and hostile arguments.
 	for _, tk := range [][]string{tat, {l.heldTat}} {

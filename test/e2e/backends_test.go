@@ -75,12 +75,20 @@ var _ = Describe("Namespaces on Redis backends of their own", func() {
 				if t.srv != nil {
 					want = t.srv.URL()
 				}
-				Expect(podRedisURL(ctx, &pod)).To(Equal(want), "the injector gives %s's pods its backend's URL", t.ns)
+				// Every pod names its namespace's ConfigMap alike; the manager writes the
+				// backend's URL there, which the sidecar takes over the cluster's.
+				Eventually(func() string { return podRedisURL(ctx, &pod) }).WithTimeout(time.Minute).WithPolling(100*time.Millisecond).
+					Should(Equal(want), "%s's pods get its backend's URL", t.ns)
 			}
 			// Each namespace's Redis user is on its backend before its sidecars start.
 			waitIsolated(ctx, t.ns)
 			t.cars, err = st.RunSidecars(ctx, pods, upstream.Addr)
 			Expect(err).NotTo(HaveOccurred())
+			if t.srv != nil {
+				for _, sc := range t.cars {
+					Expect(sc.Env).To(ContainElement("REDLINE_NAMESPACE_REDIS_URL="+t.srv.URL()), "the sidecar process is given its namespace's Redis")
+				}
+			}
 			for _, sc := range t.cars {
 				t.proxies = append(t.proxies, sc.ProxyURL)
 			}
@@ -181,29 +189,27 @@ func degradedDecisions(ctx context.Context, cars []*stack.Sidecar) float64 {
 	return total
 }
 
-// podRedisURL is the Redis URL the injector gave the pod's sidecar.
+// podRedisURL is the Redis URL the pod's sidecar starts on: its namespace's, from the
+// ConfigMap the manager writes (optional, as kubelet reads it), else the cluster's in its spec.
 func podRedisURL(ctx context.Context, pod *corev1.Pod) string {
 	GinkgoHelper()
+	var cluster, namespace string
 	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
 		for _, e := range c.Env {
-			if e.Name != "REDLINE_REDIS_URL" {
-				continue
-			}
-			if e.ValueFrom == nil || e.ValueFrom.ConfigMapKeyRef == nil {
-				return e.Value
-			}
-			// A key of a ConfigMap of the pod's namespace, which the manager writes (kubelet
-			// waits for it as this does).
-			ref := e.ValueFrom.ConfigMapKeyRef
-			var url string
-			Eventually(func(g Gomega) {
+			switch {
+			case e.Name == "REDLINE_REDIS_URL":
+				cluster = e.Value
+			case e.Name == "REDLINE_NAMESPACE_REDIS_URL" && e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil:
+				ref := e.ValueFrom.ConfigMapKeyRef
 				var cm corev1.ConfigMap
-				g.Expect(st.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &cm)).To(Succeed())
-				g.Expect(cm.Data).To(HaveKey(ref.Key))
-				url = cm.Data[ref.Key]
-			}).WithTimeout(time.Minute).WithPolling(100 * time.Millisecond).Should(Succeed())
-			return url
+				err := st.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: ref.Name}, &cm)
+				Expect(client.IgnoreNotFound(err)).To(Succeed())
+				namespace = cm.Data[ref.Key]
+			}
 		}
 	}
-	return ""
+	if namespace != "" {
+		return namespace
+	}
+	return cluster
 }

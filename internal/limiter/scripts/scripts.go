@@ -115,6 +115,38 @@ var (
 	SlotRenew   = sync.OnceValue(func() Script { return New("SlotRenew", source("lua/slot_renew.lua")) })
 )
 
+// peekFiles names the dry-run twin of each algorithm's script: what a plain decision would
+// answer, read on Redis's clock from the same key, writing nothing (see lua/peek_*.lua).
+var peekFiles = []struct{ name, file string }{
+	{"FixedWindow", "lua/peek_fixed_window.lua"},
+	{"SlidingWindowLog", "lua/peek_sliding_window_log.lua"},
+	{"SlidingWindowCounter", "lua/peek_sliding_window_counter.lua"},
+	{"TokenBucket", "lua/peek_token_bucket.lua"},
+}
+
+var peekScripts = sync.OnceValue(func() []Script {
+	out := make([]Script, 0, len(peekFiles))
+	for _, f := range peekFiles {
+		out = append(out, New("Peek"+f.name, source(f.file)))
+	}
+	return out
+})
+
+// Peeks returns the dry-run twins of the limiter's scripts, in All's order. Like LeaseReturn,
+// they are loaded by Exec on NOSCRIPT and by the manager with every sidecar script, and not
+// recorded.
+func Peeks() []Script { return slices.Clone(peekScripts()) }
+
+// PeekFor returns the dry-run twin of the script of algorithm name.
+func PeekFor(name string) (Script, bool) {
+	for _, s := range peekScripts() {
+		if s.Name == "Peek"+name {
+			return s, true
+		}
+	}
+	return Script{}, false
+}
+
 // All returns the limiter's scripts, one per algorithm, in a stable order.
 func All() []Script { return slices.Clone(limiterScripts()) }
 

@@ -171,7 +171,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", fleet.DefaultInterval, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
 	fs.DurationVar(&c.InFlightExpiry, "in-flight-expiry", limiter.DefaultSlotExpiry, "how long an in-flight rule's slot counts without a renewal (2s to 10m), renewed every quarter of it: a dead sidecar's slots return this long after their last renewal at most")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")
-	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+")")
+	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+"); $"+contract.EnvNamespaceRedisURL+", set by the injector from the namespace's redline-sidecar-redis ConfigMap, wins, with the TLS settings beside it replacing every --redis-tls-* flag")
 	fs.StringVar(&c.RedisCredsDir, contract.FlagRedisCredentialsDir, "", "directory of the mounted Redis credentials Secret (files username and password; with Sentinel, sentinel-username and sentinel-password for the sentinels), read at every new connection so a rotated password needs no restart; without a password file there, $"+contract.EnvRedisPassword)
 	fs.IntVar(&c.RedisPoolSize, contract.FlagRedisPoolSize, contract.DefaultRedisPoolSize, "most Redis connections per node, a hard bound; they open when a call needs one")
 	fs.Int64Var(&c.FallbackReplicas, contract.FlagFallbackReplicas, 0, fmt.Sprintf("replicas LocalFallback divides a limit by while no heartbeat of the policy's replicas has been heard, as in a pod started during a Redis outage; heard heartbeats win (0: 1; default $%s, which the injector sets to the workload's largest replica count)", contract.EnvFallbackReplicas))
@@ -227,6 +227,7 @@ func (c *Config) finish(fs *flag.FlagSet, level string, getenv func(string) stri
 		// ruleset.Builder.Namespace).
 		errs = append(errs, fmt.Errorf("no namespace: set $%s to the pod's namespace (the injector sets it from the downward API)", contract.EnvPodNamespace))
 	}
+	c.namespaceRedis(getenv)
 	if c.RedisURL == "" {
 		errs = append(errs, fmt.Errorf("no Redis URL: set $%s or --redis-url", contract.EnvRedisURL))
 	}
@@ -322,6 +323,27 @@ func (c *Config) redisTLSErrors() []error {
 		errs = append(errs, fmt.Errorf("the --redis-tls-* flags need a rediss:// or rediss+sentinel:// Redis URL, got %s", redisconn.RedactURL(c.RedisURL)))
 	}
 	return errs
+}
+
+// namespaceRedis takes the Redis of the pod's namespace where its ConfigMap names one: the
+// URL and all five TLS settings together, an empty one unset, so that nothing of the cluster's
+// Redis (its CA, its server name) is applied to the namespace's. Without it the URL and flags
+// stand: the cluster's Redis, which every injected pod is given alike, and what pods injected
+// before the namespace's settings came this way were given (their flags expanded from the
+// same ConfigMap by kubelet).
+func (c *Config) namespaceRedis(getenv func(string) string) {
+	url := getenv(contract.EnvNamespaceRedisURL)
+	if url == "" {
+		return
+	}
+	c.RedisURL = url
+	c.RedisTLS = redisconn.TLSOptions{
+		ServerName: getenv(contract.EnvNamespaceRedisTLSServerName),
+		MinVersion: getenv(contract.EnvNamespaceRedisTLSMinVersion),
+		CAFile:     getenv(contract.EnvNamespaceRedisTLSCAFile),
+		CertFile:   getenv(contract.EnvNamespaceRedisTLSCertFile),
+		KeyFile:    getenv(contract.EnvNamespaceRedisTLSKeyFile),
+	}
 }
 
 // inFlightErrors checks the in-flight slots' flags.

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"io"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -178,4 +179,60 @@ func TestParseConfigWorkloadEnv(t *testing.T) {
 		_, err := app.ParseConfig([]string{"--upstream=127.0.0.1:1"}, with(kv...), io.Discard)
 		g.Expect(err).To(MatchError(ContainSubstring(kv[0][len("REDLINE_"):])), "%s=%s", kv[0], kv[1])
 	}
+}
+
+// The namespace's Redis, from its ConfigMap, replaces the cluster's URL and every TLS flag;
+// without it (no ConfigMap yet) the cluster's stand; pods injected before either way start as
+// they did.
+func TestNamespaceRedisReplacesTheClusters(t *testing.T) {
+	base := []string{"--upstream=127.0.0.1:8080"}
+	clusterTLS := append(slices.Clone(base), "--redis-tls-ca-file=/var/run/redline/redis-tls/ca.crt",
+		"--redis-tls-server-name=redis.internal", "--redis-tls-min-version=1.3")
+	cluster := map[string]string{"REDLINE_REDIS_URL": "rediss://redis.redline-system:6380", "POD_NAMESPACE": "shop"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		url  string
+		tls  redisconn.TLSOptions
+	}{{
+		name: "no ConfigMap: the cluster's Redis and flags",
+		args: clusterTLS, env: cluster, url: "rediss://redis.redline-system:6380",
+		tls: redisconn.TLSOptions{CAFile: "/var/run/redline/redis-tls/ca.crt", ServerName: "redis.internal", MinVersion: "1.3"},
+	}, {
+		name: "a namespace's Redis without TLS: none of the cluster's TLS settings",
+		args: clusterTLS, url: "redis://orders:6379",
+		env: with(cluster, map[string]string{"REDLINE_NAMESPACE_REDIS_URL": "redis://orders:6379",
+			"REDLINE_NAMESPACE_REDIS_TLS_CA_FILE": "", "REDLINE_NAMESPACE_REDIS_TLS_SERVER_NAME": "", "REDLINE_NAMESPACE_REDIS_TLS_MIN_VERSION": ""}),
+	}, {
+		name: "a namespace's Redis over TLS: its names",
+		args: clusterTLS, url: "rediss://orders:6380",
+		env: with(cluster, map[string]string{"REDLINE_NAMESPACE_REDIS_URL": "rediss://orders:6380",
+			"REDLINE_NAMESPACE_REDIS_TLS_SERVER_NAME": "orders.internal", "REDLINE_NAMESPACE_REDIS_TLS_MIN_VERSION": "1.2"}),
+		tls: redisconn.TLSOptions{ServerName: "orders.internal", MinVersion: "1.2"},
+	}, {
+		name: "an empty URL in the ConfigMap: the cluster's",
+		args: clusterTLS, env: with(cluster, map[string]string{"REDLINE_NAMESPACE_REDIS_URL": "", "REDLINE_NAMESPACE_REDIS_TLS_SERVER_NAME": "x"}),
+		url: "rediss://redis.redline-system:6380",
+		tls: redisconn.TLSOptions{CAFile: "/var/run/redline/redis-tls/ca.crt", ServerName: "redis.internal", MinVersion: "1.3"},
+	}, {
+		name: "a pod a RedisBackend's namespace got from the previous injector: flags kubelet expanded from the ConfigMap",
+		args: append(slices.Clone(base), "--redis-tls-server-name=orders.internal"),
+		env:  map[string]string{"REDLINE_REDIS_URL": "rediss://orders:6380", "REDLINE_REDIS_TLS_SERVER_NAME": "orders.internal", "POD_NAMESPACE": "shop"},
+		url:  "rediss://orders:6380", tls: redisconn.TLSOptions{ServerName: "orders.internal"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			c, err := app.ParseConfig(tc.args, env(tc.env), io.Discard)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(c.RedisURL).To(Equal(tc.url))
+			g.Expect(c.RedisTLS).To(Equal(tc.tls))
+		})
+	}
+}
+
+func with(base, more map[string]string) map[string]string {
+	out := maps.Clone(base)
+	maps.Copy(out, more)
+	return out
 }

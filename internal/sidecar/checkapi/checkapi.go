@@ -73,6 +73,10 @@ type Request struct {
 	Reserve *Reserve `json:"reserve,omitempty"`
 	// Settle ends a hold an earlier check took; nothing else may be given with it.
 	Settle *Settle `json:"settle,omitempty"`
+	// DryRun answers what the decision would be (allowed, remaining, reset, the refusing rule)
+	// and counts nothing: no quota is spent, no lease, hold or slot taken, and no metric or
+	// decision log hears of it. Not with Reserve or Settle.
+	DryRun bool `json:"dryRun,omitempty"`
 }
 
 // Hit names one rule and its key parts.
@@ -100,6 +104,8 @@ type Response struct {
 	Hold *Hold `json:"hold,omitempty"`
 	// Settled is what a settle did.
 	Settled *Settled `json:"settled,omitempty"`
+	// DryRun says the decision was a dry run: nothing was counted.
+	DryRun bool `json:"dryRun,omitempty"`
 }
 
 // Result is one rule's decision.
@@ -152,9 +158,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var d decide.Decision
 	var hold *Hold
-	if req.Reserve != nil {
+	switch {
+	case req.DryRun:
+		d, err = h.dryRun(r, set, req)
+	case req.Reserve != nil:
 		d, hold, err = h.reserve(r, set, req)
-	} else {
+	default:
 		d, err = h.decide(r, set, req)
 	}
 	if rh, ok := errors.AsType[*decide.RepeatedHeaderError](err); ok {
@@ -179,14 +188,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		status := http.StatusBadRequest
-		if errors.Is(err, errNoHolds) {
+		if errors.Is(err, errNoHolds) || errors.Is(err, decide.ErrNoDryRun) {
 			status = http.StatusServiceUnavailable
 		}
 		writeError(w, status, err.Error())
 		return
 	}
 	resp := render(&d)
-	resp.Hold = hold
+	resp.Hold, resp.DryRun = hold, req.DryRun
 	body, err := json.Marshal(resp)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, fmt.Sprintf("encoding decision: %v", err))
@@ -229,6 +238,9 @@ func Decode(r io.Reader) (*Request, error) {
 	if err := checkHolds(&req); err != nil {
 		return nil, err
 	}
+	if req.DryRun && (req.Reserve != nil || req.Settle != nil) {
+		return nil, errors.New("dryRun decides as a plain check: not with reserve or settle")
+	}
 	return &req, nil
 }
 
@@ -245,6 +257,23 @@ func (h *Handler) decide(r *http.Request, set *ruleset.Set, req *Request) (decid
 		return decide.Decision{}, err
 	}
 	return h.Engine.Decide(r.Context(), set, dr, cost), nil
+}
+
+// dryRun is decide without counting anything (decide.Engine.DryRun): the same rules, keys and
+// key-header checks.
+func (h *Handler) dryRun(r *http.Request, set *ruleset.Set, req *Request) (decide.Decision, error) {
+	cost := max(req.Cost, 1)
+	hits, dr, err := parse(req)
+	if err != nil {
+		return decide.Decision{}, err
+	}
+	if hits != nil {
+		return h.Engine.DryRunHits(r.Context(), set, hits, cost)
+	}
+	if err := decide.CheckKeyHeaders(set, dr); err != nil {
+		return decide.Decision{}, err
+	}
+	return h.Engine.DryRun(r.Context(), set, dr, cost)
 }
 
 // parse reads what a check decides: rule hits, or else a described request.

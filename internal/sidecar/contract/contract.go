@@ -225,8 +225,24 @@ const (
 
 // Environment variables set on the sidecar.
 const (
-	// EnvRedisURL is the Redis URL (from the manager's --sidecar-redis-url).
+	// EnvRedisURL is the Redis URL (from the manager's --sidecar-redis-url): the cluster's
+	// Redis, which a namespace's own (EnvNamespaceRedisURL) replaces.
 	EnvRedisURL = "REDLINE_REDIS_URL"
+	// EnvNamespaceRedisURL is the Redis of the pod's namespace, from its ConfigMap
+	// (the manager's redline-sidecar-redis, key url), optional: set and not empty, it replaces
+	// EnvRedisURL and --redis-url, and the EnvNamespaceRedisTLS* variables replace every
+	// --redis-tls-* flag (empty: unset). Unset (no ConfigMap yet) the sidecar keeps the
+	// cluster's Redis and flags. Every injected pod names these variables alike, so that the
+	// patch tells nothing of which Redis serves its namespace.
+	EnvNamespaceRedisURL = "REDLINE_NAMESPACE_REDIS_URL"
+	// The TLS settings of the namespace's Redis (see EnvNamespaceRedisURL): the values of
+	// --redis-tls-server-name, --redis-tls-min-version, --redis-tls-ca-file,
+	// --redis-tls-cert-file and --redis-tls-key-file.
+	EnvNamespaceRedisTLSServerName = "REDLINE_NAMESPACE_REDIS_TLS_SERVER_NAME"
+	EnvNamespaceRedisTLSMinVersion = "REDLINE_NAMESPACE_REDIS_TLS_MIN_VERSION"
+	EnvNamespaceRedisTLSCAFile     = "REDLINE_NAMESPACE_REDIS_TLS_CA_FILE"
+	EnvNamespaceRedisTLSCertFile   = "REDLINE_NAMESPACE_REDIS_TLS_CERT_FILE"
+	EnvNamespaceRedisTLSKeyFile    = "REDLINE_NAMESPACE_REDIS_TLS_KEY_FILE"
 	// EnvRedisPassword comes from key RedisSecretKey of a Secret in the pod's namespace; it is
 	// unset when that Secret does not exist.
 	EnvRedisPassword = "REDLINE_REDIS_PASSWORD"

@@ -16,15 +16,10 @@ import (
 // params is what a pod's annotations ask for, checked, with the manager's --sidecar-*
 // defaults where the annotations say nothing.
 type params struct {
-	// redisURL is what the sidecar is given: the namespace's Redis's, or Config.RedisURL; and
-	// redisTLS how it reaches it (nothing for a Redis without TLS).
-	redisURL string
-	redisTLS SidecarTLS
-	// redisFromConfigMap: the namespace is a RedisBackend's, whose URL and TLS names reach
-	// the sidecar from the namespace's RedisConfigMapName, never as values in the pod spec
-	// (redisURL and redisTLS's names are then only what the injector decides with).
-	redisFromConfigMap bool
-	upstreamPort       int32
+	// redisTLS is how the sidecar reaches the cluster's Redis (nothing for a Redis without
+	// TLS); a namespace's own Redis replaces it from RedisConfigMapName.
+	redisTLS     SidecarTLS
+	upstreamPort int32
 	// upstreamProtocol is empty unless the pod sets it (the sidecar's default is HTTP1).
 	upstreamProtocol string
 	listenPort       int32

@@ -58,17 +58,18 @@ var _ = Describe("The namespace's Redis backend", func() {
 		cfg.Backends = backendOf{URL: "rediss://payments.redis:6380", Backend: true, TLSServerName: "payments.internal"}
 		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(ns, "tls-backend"))
 		Expect(err).NotTo(HaveOccurred())
-		Expect(podJSON(out)).NotTo(Or(ContainSubstring("payments"), ContainSubstring("redis.internal"), ContainSubstring("1.3")),
-			"the pod spec names the ConfigMap, not what is in it")
+		Expect(podJSON(out)).NotTo(ContainSubstring("payments"), "the pod spec names the ConfigMap, not what is in it")
 		Expect(slices.ContainsFunc(out.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == contract.RedisTLSVolume })).To(BeTrue())
 
-		By("the manager writing the namespace's ConfigMap: the sidecar's environment and flags, as kubelet resolves them")
+		By("the manager writing the namespace's ConfigMap: the sidecar's settings, from its environment and flags as kubelet resolves them")
 		reconcileRedisConfigMap(ctx, cfg, ns)
 		env, args := kubeletView(ctx, out)
-		Expect(env).To(HaveKeyWithValue(contract.EnvRedisURL, "rediss://payments.redis:6380"))
-		Expect(args).To(ContainElements(
-			"--"+contract.FlagRedisTLSServerName+"=payments.internal",
-			"--"+contract.FlagRedisTLSMinVersion+"=1.3"), "the sidecars' minimum version where the backend sets none")
+		env[contract.EnvPodNamespace] = ns
+		sc, err := app.ParseConfig(args, func(k string) string { return env[k] }, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sc.RedisURL).To(Equal("rediss://payments.redis:6380"))
+		Expect(sc.RedisTLS.ServerName).To(Equal("payments.internal"))
+		Expect(sc.RedisTLS.MinVersion).To(Equal("1.3"), "the sidecars' minimum version where the backend sets none")
 		Expect(k8s.Create(ctx, out)).To(Succeed(), "the API server accepts it")
 	})
 
@@ -110,11 +111,41 @@ var _ = Describe("The namespace's Redis backend", func() {
 		By("the sidecar, as kubelet runs it, gets no TLS setting")
 		reconcileRedisConfigMap(ctx, cfg, plain)
 		env, args := kubeletView(ctx, out)
-		Expect(env).To(HaveKeyWithValue(contract.EnvRedisURL, "redis://payments.redis:6379"))
 		env[contract.EnvPodNamespace] = plain
 		sc, err := app.ParseConfig(args, func(k string) string { return env[k] }, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(sc.RedisTLS.IsZero()).To(BeTrue(), "TLS settings %+v", sc.RedisTLS)
+		Expect(sc.RedisURL).To(Equal("redis://payments.redis:6379"))
+		Expect(sc.RedisTLS.IsZero()).To(BeTrue(), "none of the cluster Redis's TLS settings: %+v", sc.RedisTLS)
+	})
+
+	It("gives a pod the same patch, byte for byte, whether a RedisBackend serves its namespace or not", func(ctx SpecContext) {
+		const same = "backends-same"
+		createNamespace(same)
+		onDefault := tlsConfig()
+		onDefault.Backends = backendOf{}
+		onBackend := tlsConfig()
+		onBackend.Backends = backendOf{URL: "rediss://payments.redis:6380", Backend: true, TLSServerName: "payments.internal", TLSMinVersion: "1.2"}
+		onPlainBackend := tlsConfig()
+		onPlainBackend.Backends = backendOf{URL: "redis://payments.redis:6379", Backend: true}
+		var patches []string
+		for _, cfg := range []podinject.Config{onDefault, onBackend, onPlainBackend} {
+			out, warnings, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(same, "same-pod"))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(warnings).To(BeEmpty())
+			patches = append(patches, podJSON(out))
+		}
+		Expect(patches[1]).To(Equal(patches[0]))
+		Expect(patches[2]).To(Equal(patches[0]))
+
+		By("before the manager has written the namespace's ConfigMap, the sidecar starts on the cluster's Redis")
+		out, _, err := podinject.NewInjector(onBackend, true).Inject(ctx, annotatedPod(same, "same-pod"))
+		Expect(err).NotTo(HaveOccurred())
+		env, args := kubeletView(ctx, out)
+		env[contract.EnvPodNamespace] = same
+		sc, err := app.ParseConfig(args, func(k string) string { return env[k] }, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sc.RedisURL).To(Equal(onDefault.RedisURL))
+		Expect(sc.RedisTLS.ServerName).To(Equal("redis.internal"))
 	})
 
 	It("gives the manager's Redis's pods its URL and TLS names", func(ctx SpecContext) {

@@ -51,8 +51,12 @@ type poolSizer struct {
 
 // warn returns a warning when the annotation's pool overspends the workload's share. Any
 // lookup failure gives no warning (and is logged): it informs, never gates.
-func (s *poolSizer) warn(ctx context.Context, pod *corev1.Pod, pool int, budget *connbudget.Publisher) []string {
-	if s == nil || budget == nil || !s.verifiedClients {
+func (s *poolSizer) warn(ctx context.Context, pod *corev1.Pod, pool int, budgetOf func(context.Context, string) *connbudget.Publisher) []string {
+	if s == nil || !s.verifiedClients {
+		return nil
+	}
+	budget := budgetOf(ctx, pod.Namespace)
+	if budget == nil {
 		return nil
 	}
 	snap := budget.Load()

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -34,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/redline-dev/redline/internal/connbudget"
+	"github.com/redline-dev/redline/internal/sidecar/app"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
@@ -114,16 +116,36 @@ func anyClient(certs ...tls.Certificate) *http.Client {
 	}}
 }
 
+// patchOps are the operations of a JSON patch, each as its bytes, sorted: the order the
+// webhook lists them in is the patch library's map order.
+func patchOps(patch []byte) []string {
+	GinkgoHelper()
+	var ops []json.RawMessage
+	Expect(json.Unmarshal(patch, &ops)).To(Succeed())
+	out := make([]string, 0, len(ops))
+	for _, op := range ops {
+		out = append(out, string(op))
+	}
+	slices.Sort(out)
+	return out
+}
+
 var _ = Describe("A review anyone can send", func() {
 	const victim = "forged-victim"
 	backend := podinject.NamespaceRedis{URL: "rediss://victim-orders.redis.example:6380", Backend: true, TLSServerName: "victim-orders.internal", TLSMinVersion: "1.3"}
 
-	It("of another namespace's pod gets a patch that names nothing of that namespace's Redis", func(ctx SpecContext) {
+	It("of another namespace's pod gets the patch of any namespace, whichever Redis serves it", func(ctx SpecContext) {
+		const bystander = "forged-bystander"
 		createNamespace(victim)
+		createNamespace(bystander)
 		cfg := tlsConfig()
 		cfg.SidecarRedisTLS.MinVersion = "1.2"
 		cfg.Backends = nsBackends{victim: backend}
 		url := serveWebhook(cfg)
+		// The same namespace's review, sent to a webhook for which no RedisBackend serves it.
+		noBackends := cfg
+		noBackends.Backends = nsBackends{}
+		plainURL := serveWebhook(noBackends)
 
 		resp, err := send(anyClient(), url, review(victim, "forged"))
 		Expect(err).NotTo(HaveOccurred())
@@ -133,18 +155,40 @@ var _ = Describe("A review anyone can send", func() {
 		if resp.Result != nil {
 			said = append(said, resp.Result.Message)
 		}
-		for _, secret := range []string{"victim-orders", "rediss://", "1.3"} {
+		for _, secret := range []string{"victim-orders", "1.3"} {
 			Expect(said).NotTo(ContainElement(ContainSubstring(secret)), "the response reveals the backend's %s", secret)
 		}
 		Expect(string(resp.Patch)).To(ContainSubstring(podinject.RedisConfigMapName), "it names the ConfigMap of the pod's namespace")
+		plain, err := send(anyClient(), plainURL, review(victim, "forged"))
+		Expect(err).NotTo(HaveOccurred())
+		// The patch's operations come in map order: the same operations, byte for byte.
+		Expect(patchOps(resp.Patch)).To(Equal(patchOps(plain.Patch)), "the patch of a namespace the cluster's Redis serves")
+		Expect(resp.Warnings).To(Equal(plain.Warnings))
+		other, err := send(anyClient(), url, review(bystander, "forged"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(patchOps(resp.Patch)).To(Equal(patchOps(other.Patch)), "and of another namespace without a backend")
 
 		By("a real pod of that namespace: its sidecar gets the backend's settings")
 		reconcileRedisConfigMap(ctx, cfg, victim)
 		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(victim, "real"))
 		Expect(err).NotTo(HaveOccurred())
 		env, args := kubeletView(ctx, out)
-		Expect(env).To(HaveKeyWithValue("REDLINE_REDIS_URL", backend.URL))
-		Expect(args).To(ContainElements("--redis-tls-server-name=victim-orders.internal", "--redis-tls-min-version=1.3"))
+		env[contract.EnvPodNamespace] = victim
+		sc, err := app.ParseConfig(args, func(k string) string { return env[k] }, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sc.RedisURL).To(Equal(backend.URL))
+		Expect(sc.RedisTLS.ServerName).To(Equal("victim-orders.internal"))
+		Expect(sc.RedisTLS.MinVersion).To(Equal("1.3"))
+
+		By("a real pod of the bystander's namespace, before any ConfigMap there: the cluster's Redis")
+		out, _, err = podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(bystander, "real"))
+		Expect(err).NotTo(HaveOccurred())
+		env, args = kubeletView(ctx, out)
+		env[contract.EnvPodNamespace] = bystander
+		sc, err = app.ParseConfig(args, func(k string) string { return env[k] }, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sc.RedisURL).To(Equal(cfg.RedisURL))
+		Expect(sc.RedisTLS.MinVersion).To(Equal("1.2"))
 	})
 
 	It("of another namespace's Deployment's pod learns neither its pool nor its replicas", func(ctx SpecContext) {

@@ -1,7 +1,6 @@
 package podinject
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
@@ -58,24 +58,15 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 	if err != nil {
 		return pod, nil, err
 	}
-	budget, tls := in.cfg.Budget, in.cfg.SidecarRedisTLS
-	if in.cfg.Backends != nil {
-		nr, err := in.cfg.Backends.Redis(ctx, pod.Namespace)
-		if err != nil {
-			return pod, nil, fmt.Errorf("the Redis that serves namespace %s is unknown, so its sidecar cannot be configured: %w", pod.Namespace, err)
-		}
-		p.redisURL, budget = nr.URL, nr.Budget
-		if nr.Backend {
-			// Anyone who reaches the webhook can send it a review of a pod in any namespace:
-			// a RedisBackend's URL, whether it uses TLS, and its TLS names reach the sidecar
-			// through the ConfigMap the manager writes in the pod's own namespace, so that the
-			// patch names nothing but that ConfigMap (see NamespaceRedisReconciler).
-			p.redisFromConfigMap = true
-			p.redisTLS = tls.fromConfigMap()
-		}
-	}
-	if !p.redisFromConfigMap && redisconn.URLUsesTLS(cmp.Or(p.redisURL, in.cfg.RedisURL)) {
-		p.redisTLS = tls // a Redis without TLS gets no TLS flags or Secret
+	// Anyone who reaches the webhook can send it a review of a pod in any namespace: the
+	// patch depends on the pod and the manager's flags alone. Which Redis serves the
+	// namespace, whether it uses TLS and its names reach the sidecar through the ConfigMap the
+	// manager writes in the pod's own namespace, which every patch names alike
+	// (namespaceRedisEnv, NamespaceRedisReconciler); the cluster's Redis is the default.
+	if redisconn.URLUsesTLS(in.cfg.RedisURL) {
+		p.redisTLS = in.cfg.SidecarRedisTLS // a Redis without TLS gets no TLS flags
+	} else {
+		p.redisTLS = SidecarTLS{Secret: in.cfg.SidecarRedisTLS.Secret, ClientCertificate: in.cfg.SidecarRedisTLS.ClientCertificate}
 	}
 	// The budget's pool and the fallback's replicas reach the sidecar from its workload's
 	// keys of the namespace's ConfigMap, which the patch names and never carries: a review
@@ -83,7 +74,7 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 	explicitPool := p.redisPoolSize > 0
 	p.workloadEnv = workloadEnv(pod, explicitPool)
 	if explicitPool {
-		warnings = in.sizer.warn(ctx, pod, p.redisPoolSize, budget)
+		warnings = in.sizer.warn(ctx, pod, p.redisPoolSize, in.budgetOf)
 	} else if in.cfg.SidecarRedisPoolSize > 0 {
 		// The manager's default, until (and unless) the budget's pool is in the ConfigMap:
 		// also what the budget reconciler counts for a workload it cannot size.
@@ -104,4 +95,18 @@ func (in *Injector) inject(ctx context.Context, pod *corev1.Pod, namespaceOptedI
 		}
 	}
 	return out, warnings, nil
+}
+
+// budgetOf is the connection budget of the Redis that serves namespace ns, for the warning
+// about an overspending pool, which only the API server is given (poolSizer.warn); nil when
+// it is unknown.
+func (in *Injector) budgetOf(ctx context.Context, ns string) *connbudget.Publisher {
+	if in.cfg.Backends == nil {
+		return in.cfg.Budget
+	}
+	nr, err := in.cfg.Backends.Redis(ctx, ns)
+	if err != nil {
+		return nil
+	}
+	return nr.Budget
 }

@@ -35,10 +35,11 @@ import (
 )
 
 // RedisConfigMapName names the ConfigMap the manager writes in each namespace a RedisBackend
-// serves: the backend's URL and TLS names, which the sidecars of the namespace's pods read
-// through environment variables (valueFrom) rather than from their pod spec. The webhook
-// answers whoever reaches it, and a review it is sent can name a pod of any namespace: its
-// patch then names this ConfigMap, of that namespace, and tells nothing of what is in it.
+// serves or that has injected workloads: its Redis's URL and TLS names, which every injected
+// sidecar reads through optional environment variables (valueFrom, contract.EnvNamespaceRedisURL)
+// and takes over the cluster's Redis its pod spec names. The webhook answers whoever reaches
+// it, and a review it is sent can name a pod of any namespace: every patch names this
+// ConfigMap alike, whichever Redis serves the namespace, and tells nothing of what is in it.
 const RedisConfigMapName = "redline-sidecar-redis"
 
 // Keys of RedisConfigMapName.
@@ -58,15 +59,6 @@ const (
 	RedisConfigMapTLSKeyFileKey  = "tls-key-file"
 )
 
-// The variables the TLS flags of a RedisBackend's sidecar are expanded from.
-const (
-	envRedisTLSServerName = "REDLINE_REDIS_TLS_SERVER_NAME"
-	envRedisTLSMinVersion = "REDLINE_REDIS_TLS_MIN_VERSION"
-	envRedisTLSCAFile     = "REDLINE_REDIS_TLS_CA_FILE"
-	envRedisTLSCertFile   = "REDLINE_REDIS_TLS_CERT_FILE"
-	envRedisTLSKeyFile    = "REDLINE_REDIS_TLS_KEY_FILE"
-)
-
 // Labels of RedisConfigMapName.
 const (
 	managedByLabel = "app.kubernetes.io/managed-by"
@@ -77,8 +69,8 @@ const (
 // namespace the manager's Redis serves (one a RedisBackend served before) gets the manager's
 // Redis, so that its sidecars injected then still find their settings when they restart.
 //
-// The pod's patch is the same whether the Redis uses TLS or not (sidecarContainer): a Redis
-// without TLS gets every TLS key empty, which leaves the sidecar's TLS flags unset.
+// The pod's patch is the same whichever Redis serves the namespace (sidecarContainer): a
+// Redis without TLS gets every TLS key empty, which the sidecar reads as no TLS setting.
 func redisConfigMapData(cfg *Config, nr NamespaceRedis) map[string]string {
 	url, tls := cmp.Or(nr.URL, cfg.RedisURL), cfg.SidecarRedisTLS
 	if nr.Backend {

@@ -22,10 +22,11 @@ import (
 // from a Secret of the pod's own namespace, named the same in every namespace, with the keys
 // of a kubernetes.io/tls Secret and its CA (contract.RedisTLSCAKey, RedisTLSCertKey,
 // RedisTLSKeyKey): what cert-manager writes for a Certificate in that namespace. It is mounted
-// read-only (contract.RedisTLSVolume) and not optional: a pod of a namespace that lacks the
-// Secret or one of its keys stays in ContainerCreating with an event naming them, rather
-// than running a sidecar that cannot verify Redis. The server name and the minimum version
-// are the same everywhere and pass as flags.
+// read-only (contract.RedisTLSVolume), optional: whether a namespace's Redis uses TLS is in its
+// ConfigMap (RedisConfigMapName), not in the pod's patch, and a namespace whose Redis has no
+// TLS has no such Secret; a sidecar whose Redis uses TLS and finds no CA file there exits
+// saying so. The flags (server name, minimum version, the files) are the cluster Redis's,
+// the same in every pod; a namespace's own Redis replaces them all from its ConfigMap.
 type SidecarTLS struct {
 	// Secret names the Secret in each injected pod's namespace; empty mounts nothing (the
 	// system's CAs, no client certificate).
@@ -35,25 +36,13 @@ type SidecarTLS struct {
 	ClientCertificate bool
 	// ServerName and MinVersion are redisconn.TLSOptions' (empty: the sidecar's defaults).
 	ServerName, MinVersion string
-
-	// byNamespace: every setting comes from the namespace's RedisConfigMapName, whose keys
-	// are empty for a Redis without TLS (a RedisBackend's), and the Secret's volume is
-	// optional, so that the pod's patch is the same whether its Redis uses TLS or not.
-	byNamespace bool
-}
-
-// fromConfigMap is t with every flag expanded from the variables set from the namespace's
-// RedisConfigMapName (see byNamespace).
-func (t SidecarTLS) fromConfigMap() SidecarTLS {
-	t.ServerName, t.MinVersion, t.byNamespace = envRef(envRedisTLSServerName), envRef(envRedisTLSMinVersion), true
-	return t
 }
 
 // bindFlags registers the --sidecar-redis-tls-* flags.
 func (t *SidecarTLS) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&t.Secret, "sidecar-redis-tls-secret", t.Secret, "With a rediss:// sidecar URL: Secret in each injected pod's namespace whose key "+contract.RedisTLSCAKey+
 		" is the CA sidecars verify Redis with (and "+contract.RedisTLSCertKey+", "+contract.RedisTLSKeyKey+" with --sidecar-redis-tls-client-cert), mounted read-only at "+contract.RedisTLSDir+
-		"; not optional: a pod of a namespace without it does not start. Empty: the system's CAs.")
+		"; optional (a namespace whose own Redis has no TLS has none): the sidecar of a namespace without it, whose Redis uses TLS, exits saying so. Empty: the system's CAs.")
 	fs.BoolVar(&t.ClientCertificate, "sidecar-redis-tls-client-cert", t.ClientCertificate, "Sidecars present the client certificate of --sidecar-redis-tls-secret (keys "+contract.RedisTLSCertKey+", "+contract.RedisTLSKeyKey+"), for a Redis that requires one.")
 	fs.StringVar(&t.ServerName, "sidecar-redis-tls-server-name", t.ServerName, "The name sidecars verify in Redis's certificates (default: --redis-tls-server-name when --sidecar-redis-url is not set; empty: the host each connection dials).")
 	fs.StringVar(&t.MinVersion, "sidecar-redis-tls-min-version", t.MinVersion, "Oldest TLS version sidecars accept, 1.2 or 1.3 (default: --redis-tls-min-version when --sidecar-redis-url is not set; empty: 1.2).")
@@ -106,10 +95,6 @@ func (t SidecarTLS) validate(redisURL string) []error {
 // args are the sidecar's TLS flags.
 func (t SidecarTLS) args() []string {
 	o := t.options()
-	if t.byNamespace {
-		o = redisconn.TLSOptions{CAFile: envRef(envRedisTLSCAFile), CertFile: envRef(envRedisTLSCertFile), KeyFile: envRef(envRedisTLSKeyFile),
-			ServerName: t.ServerName, MinVersion: t.MinVersion}
-	}
 	var args []string
 	for _, f := range []struct{ flag, value string }{
 		{contract.FlagRedisTLSCAFile, o.CAFile},
@@ -145,12 +130,10 @@ func (t SidecarTLS) volume() (v corev1.Volume, ok bool) {
 			corev1.KeyToPath{Key: contract.RedisTLSKeyKey, Path: contract.RedisTLSKeyKey})
 	}
 	return corev1.Volume{Name: contract.RedisTLSVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-		// Not optional (see SidecarTLS), but where the namespace's ConfigMap says whether it
-		// is used (byNamespace): a namespace whose Redis has no TLS has no such Secret, and a
-		// sidecar whose Redis has TLS and finds no CA file exits saying so. Listed keys only:
-		// a key missing is kubelet's error, with its name, and nothing else of the Secret
-		// reaches the pod.
-		SecretName: t.Secret, Optional: new(t.byNamespace), Items: items,
+		// Optional (see SidecarTLS): a namespace whose Redis has no TLS has no such Secret,
+		// and a sidecar whose Redis has TLS and finds no CA file exits saying so. Listed keys
+		// only: nothing else of the Secret reaches the pod.
+		SecretName: t.Secret, Optional: new(true), Items: items,
 		// Readable by the sidecar's non-root user whatever the pod's fsGroup, as the
 		// credentials are: the pod's other containers could mount the Secret of their own
 		// namespace anyway.

@@ -1,7 +1,6 @@
 package podinject
 
 import (
-	"cmp"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,20 +60,14 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	}
 	args = append(args, p.redisTLS.args()...)
 
+	// The cluster's Redis, then the namespace's from its ConfigMap, which the sidecar takes
+	// instead where it names one (contract.EnvNamespaceRedisURL): the same variables in every
+	// namespace's pods, whichever Redis serves it.
 	var env []corev1.EnvVar
-	switch url := cmp.Or(p.redisURL, cfg.RedisURL); {
-	case p.redisFromConfigMap:
-		// And what the TLS flags' $(VAR) references expand to (kubelet expands them in args),
-		// empty for a Redis without TLS.
-		env = append(env, configMapEnv(contract.EnvRedisURL, RedisConfigMapURLKey),
-			configMapEnv(envRedisTLSServerName, RedisConfigMapTLSServerNameKey),
-			configMapEnv(envRedisTLSMinVersion, RedisConfigMapTLSMinVersionKey),
-			configMapEnv(envRedisTLSCAFile, RedisConfigMapTLSCAFileKey),
-			configMapEnv(envRedisTLSCertFile, RedisConfigMapTLSCertFileKey),
-			configMapEnv(envRedisTLSKeyFile, RedisConfigMapTLSKeyFileKey))
-	case url != "":
-		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: url})
+	if cfg.RedisURL != "" {
+		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: cfg.RedisURL})
 	}
+	env = append(env, namespaceRedisEnv()...)
 	env = append(env, p.workloadEnv...)
 	env = append(env,
 		fieldEnv(contract.EnvPodName, "metadata.name"),
@@ -132,17 +125,27 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	return c
 }
 
-// configMapEnv is the variable name set from key of the namespace's RedisConfigMapName. Not
-// optional: a pod that starts before the manager has written it waits for it (kubelet retries,
-// with an event naming it), rather than run a sidecar with no Redis.
-func configMapEnv(name, key string) corev1.EnvVar {
-	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
-		LocalObjectReference: corev1.LocalObjectReference{Name: RedisConfigMapName}, Key: key, Optional: new(false),
-	}}}
+// namespaceRedisEnv are the variables the sidecar reads its namespace's Redis from, keys of
+// RedisConfigMapName. Optional: a pod that starts before the manager has written it (or in a
+// namespace the cluster's Redis serves) runs on the cluster's Redis.
+func namespaceRedisEnv() []corev1.EnvVar {
+	return []corev1.EnvVar{
+		configMapEnv(contract.EnvNamespaceRedisURL, RedisConfigMapURLKey),
+		configMapEnv(contract.EnvNamespaceRedisTLSServerName, RedisConfigMapTLSServerNameKey),
+		configMapEnv(contract.EnvNamespaceRedisTLSMinVersion, RedisConfigMapTLSMinVersionKey),
+		configMapEnv(contract.EnvNamespaceRedisTLSCAFile, RedisConfigMapTLSCAFileKey),
+		configMapEnv(contract.EnvNamespaceRedisTLSCertFile, RedisConfigMapTLSCertFileKey),
+		configMapEnv(contract.EnvNamespaceRedisTLSKeyFile, RedisConfigMapTLSKeyFileKey),
+	}
 }
 
-// envRef is kubelet's reference to the container's variable name in an argument.
-func envRef(name string) string { return "$(" + name + ")" }
+// configMapEnv is the variable name set, where it exists, from key of the namespace's
+// RedisConfigMapName.
+func configMapEnv(name, key string) corev1.EnvVar {
+	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: RedisConfigMapName}, Key: key, Optional: new(true),
+	}}}
+}
 
 func fieldEnv(name, path string) corev1.EnvVar {
 	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{
