@@ -63,6 +63,11 @@ func run(m *testing.M) int {
 	} else {
 		fmt.Fprintf(os.Stderr, "cluster suite: %v\n", err)
 	}
+	if suite.lock == nil {
+		// Another suite holds the machine's cluster: nothing here is this run's to keep or tear
+		// down (down.sh would stop the other suite's cluster under its tests).
+		return code
+	}
 	if code != 0 {
 		keepLogs()
 	}
