@@ -98,8 +98,9 @@ test: manifests generate vet envtest controller-gen ## Run every test: unit, env
 	cd hack/ratelimitcompare && go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-cluster
-test-cluster: images ## Run only the real-cluster suite (test/cluster): as root, a one-node cluster of this machine (hack/cluster; containerd, runc, CNI plugins, iptables, nftables, conntrack from Debian), the images, the chart, real pods.
+test-cluster: images ## Run only the real-cluster suite (test/cluster): as root, a one-node cluster of this machine (hack/cluster; containerd, runc, CNI plugins, iptables, nftables, conntrack from Debian), the images, the chart, metrics-server and cert-manager (built from Go modules, cached: hack/cluster/addons.sh), real pods.
 	@hack/setup-envtest.sh --with-node >/dev/null
+	@hack/cluster/addons.sh >/dev/null
 	cd test/cluster && IMAGES_DIR=$(IMAGES_DIR) go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-helm

@@ -96,6 +96,18 @@ TOKEN="$(openssl rand -hex 24)"
 printf '%s,redline-admin,redline-admin,"system:masters"\n' "$TOKEN" >"$CLUSTER_DIR/pki/tokens.csv"
 openssl genrsa -out "$CLUSTER_DIR/pki/sa.key" 2048 2>/dev/null
 openssl rsa -in "$CLUSTER_DIR/pki/sa.key" -pubout -out "$CLUSTER_DIR/pki/sa.pub" 2>/dev/null
+# The aggregation layer (metrics-server's metrics.k8s.io, which the HPA reads): the API server
+# calls an aggregated API server with a client certificate of a front-proxy CA, which that
+# server trusts for the user the request names (extension-apiserver-authentication).
+(
+  cd "$CLUSTER_DIR/pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout front-proxy-ca.key -out front-proxy-ca.crt \
+    -days 7 -subj /CN=redline-front-proxy-ca 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -keyout front-proxy-client.key -out front-proxy-client.csr \
+    -subj /CN=front-proxy-client 2>/dev/null
+  openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key \
+    -CAcreateserial -days 7 -extfile <(printf 'extendedKeyUsage=clientAuth\n') -out front-proxy-client.crt 2>/dev/null
+)
 
 start etcd "$KUBE_BIN/etcd" --name "$NODE_NAME" --data-dir "$CLUSTER_DIR/etcd" \
   --listen-client-urls "http://$NODE_IP:$ETCD_CLIENT_PORT" --advertise-client-urls "http://$NODE_IP:$ETCD_CLIENT_PORT" \
@@ -112,7 +124,12 @@ start kube-apiserver "$KUBE_BIN/kube-apiserver" \
   --service-cluster-ip-range "$SERVICE_CIDR" \
   --service-account-issuer https://kubernetes.default.svc \
   --service-account-key-file "$CLUSTER_DIR/pki/sa.pub" --service-account-signing-key-file "$CLUSTER_DIR/pki/sa.key" \
-  --kubelet-preferred-address-types InternalIP --profiling=false
+  --kubelet-preferred-address-types InternalIP --profiling=false \
+  --requestheader-client-ca-file "$CLUSTER_DIR/pki/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+  --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+  --requestheader-extra-headers-prefix X-Remote-Extra- \
+  --proxy-client-cert-file "$CLUSTER_DIR/pki/front-proxy-client.crt" --proxy-client-key-file "$CLUSTER_DIR/pki/front-proxy-client.key" \
+  --enable-aggregator-routing=true
 wait_for "the API server's certificate" 60 test -s "$CLUSTER_DIR/pki/apiserver.crt"
 cat >"$KUBECONFIG_FILE" <<EOF
 apiVersion: v1

@@ -67,14 +67,17 @@ func TestSharedLimitAcrossReplicas(t *testing.T) {
 		"one limit of 100 shared by 3 replicas")
 }
 
-// deploySample creates namespace ns with the sample policy and the sample workload (its
-// application swapped for ./echo) and returns the policy.
-func deploySample(t *testing.T, g *WithT, ctx context.Context, ns string) *unstructured.Unstructured {
+// deploySample creates namespace ns with the sample policy (changed by edits) and the sample
+// workload (its application swapped for ./echo) and returns the policy.
+func deploySample(t *testing.T, g *WithT, ctx context.Context, ns string, edits ...func(*unstructured.Unstructured)) *unstructured.Unstructured {
 	t.Helper()
 	c := suite.client
 	g.Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 	policy := sampleObjects(t, "config/samples/checkout_per_api_key.yaml")[0]
 	policy.SetNamespace(ns)
+	for _, edit := range edits {
+		edit(policy)
+	}
 	g.Expect(c.Create(ctx, policy)).To(Succeed())
 	for _, o := range sampleObjects(t, "config/samples/workload/checkout.yaml") {
 		o.SetNamespace(ns)

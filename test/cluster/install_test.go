@@ -66,12 +66,14 @@ func installChart(ctx context.Context) error {
 	return nil
 }
 
-func helmConfig() (*action.Configuration, error) {
+func helmConfig() (*action.Configuration, error) { return helmConfigIn(releaseNS) }
+
+// helmConfigIn is Helm's configuration for releases in namespace ns.
+func helmConfigIn(ns string) (*action.Configuration, error) {
 	flags := genericclioptions.NewConfigFlags(false)
-	ns := releaseNS
 	flags.KubeConfig, flags.Namespace = &suite.kubeconfig, &ns
 	cfg := &action.Configuration{}
-	if err := cfg.Init(flags, releaseNS, "secret", func(format string, v ...any) {
+	if err := cfg.Init(flags, ns, "secret", func(format string, v ...any) {
 		fmt.Fprintf(os.Stderr, "[helm] "+format+"\n", v...)
 	}); err != nil {
 		return nil, fmt.Errorf("initialising helm: %w", err)

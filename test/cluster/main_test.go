@@ -3,7 +3,8 @@
 // built, imported into containerd; the chart installed with Helm as a library at its defaults
 // but for where Redis is and the sidecars' Redis timeout (installValues says why); a Redis on
 // the host, bound to the cluster's bridge; workloads as pods behind Services that kube-proxy
-// routes.
+// routes; metrics-server, for the HPAs, and cert-manager, for the chart's certManager mode, built
+// from their Go modules with their own charts (hack/cluster/addons.sh).
 //
 // It is a module of its own (Helm's dependency graph), run by `make test-cluster` as root. A
 // missing prerequisite (root, the node's binaries, containerd, the images, redis-server) fails
@@ -63,6 +64,11 @@ func run(m *testing.M) int {
 	} else {
 		fmt.Fprintf(os.Stderr, "cluster suite: %v\n", err)
 	}
+	if suite.lock == nil {
+		// Another suite holds the machine's cluster: nothing here is this run's to keep or tear
+		// down (down.sh would stop the other suite's cluster under its tests).
+		return code
+	}
 	if code != 0 {
 		keepLogs()
 	}
@@ -109,7 +115,10 @@ func setUp() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	return installChart(ctx)
+	if err := installChart(ctx); err != nil {
+		return err
+	}
+	return installMetricsServer(ctx)
 }
 
 func tearDown() error {
@@ -185,8 +194,8 @@ func keepLogs() {
 	logf("the cluster's logs are kept in %s", keep)
 }
 
-// imageArchives are the images `make images` wrote (IMAGES_DIR, bin/images by default) and the
-// suite's application image, built here.
+// imageArchives are the images `make images` wrote (IMAGES_DIR, bin/images by default), the
+// suite's application image, built here, and the add-ons' (hack/cluster/addons.sh).
 func imageArchives() ([]string, error) {
 	dir := os.Getenv("IMAGES_DIR")
 	if dir == "" {
@@ -204,7 +213,11 @@ func imageArchives() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(out, echo), nil
+	addons, err := addonArchives()
+	if err != nil {
+		return nil, err
+	}
+	return append(append(out, echo), addons...), nil
 }
 
 // buildEchoImage packs ./echo with hack/images, as make images packs the manager.
