@@ -28,6 +28,12 @@ WANT=("$@")
 
 log() { printf '[addons] %s\n' "$*" >&2; }
 
+# One build at a time per store: a second caller (make test-cluster while .ci/run's background
+# build runs) waits for the first and then finds its results.
+mkdir -p "$STORE"
+exec 9>"$STORE/.lock"
+flock 9
+
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
