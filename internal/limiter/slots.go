@@ -108,6 +108,9 @@ type Slot struct {
 // another may hold its place.
 func (s *Slot) Lost() <-chan struct{} { return s.lost }
 
+// Key is the limiter key the slot counts under.
+func (s *Slot) Key() string { return s.key }
+
 func (s *Slot) lose() { s.lostOnce.Do(func() { close(s.lost) }) }
 
 // Acquire takes a slot of key under lim. Refused (Full, not Shadow): no Slot. While Redis cannot

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
@@ -45,3 +46,24 @@ func (m *Metrics) ObserveSlot(r *ruleset.Rule, res limiter.SlotResult) {
 	}
 	m.slotDecisions.WithLabelValues(r.Policy.Name, r.Name, result).Inc()
 }
+
+// WatchSlotRegistry registers, for one face (FaceCheck, FaceRLS), the slots it keeps for its
+// clients to release (a gauge, read at scrape time), and returns the registry's Expired hook:
+// slots the sidecar released because their client neither renewed nor released them in time.
+func (m *Metrics) WatchSlotRegistry(face string, g *decide.SlotRegistry) func(slots int) {
+	expired := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "in_flight_leases_expired_total", ConstLabels: prometheus.Labels{labelFace: face},
+		Help: "In-flight slots a face kept for its clients (a /v1/check acquire, an Envoy descriptor) that the sidecar released because the client neither renewed nor released them within their lease.",
+	})
+	m.Registry.MustRegister(expired, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Name: "in_flight_kept_slots", ConstLabels: prometheus.Labels{labelFace: face},
+		Help: "In-flight slots a face keeps now for its clients to release.",
+	}, func() float64 {
+		_, n := g.Len()
+		return float64(n)
+	}))
+	return func(n int) { expired.Add(float64(n)) }
+}
+
+// labelFace names the face of a registry's metrics.
+const labelFace = "face"
