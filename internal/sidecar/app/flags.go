@@ -79,8 +79,8 @@ type Config struct {
 	// InFlightEnvoyHold is how long a slot taken for Envoy's rate limit service is kept
 	// without its stream-done call (decide.SlotRegistry.Lease of that face).
 	InFlightEnvoyHold time.Duration
-	ShareKeys      int
-	LogLevel       slog.Level
+	ShareKeys         int
+	LogLevel          slog.Level
 	// DecisionLog is the decision log's mode (decide.DecisionLogOff, Refused or All), of which
 	// DecisionLogSample is kept, at most DecisionLogRate lines a second.
 	DecisionLog       string
