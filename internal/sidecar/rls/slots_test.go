@@ -149,7 +149,9 @@ func TestEnvoySlotsAndWindowsDecideAsOne(t *testing.T) {
 func TestEnvoyTokenBudgetWithInFlight(t *testing.T) {
 	g := NewWithT(t)
 	s := slotServer(t, &clock{now: time.Now()}, sidecartest.BudgetRule("tokens", "x-user", "FixedWindow", 1_000, 100, 1, policydoc.OnErrorUsed))
-	start := func() *rlsv3.RateLimitResponse { return ask(g, s, slotDesc("tokens", "a", false), slotDesc("slots", "a", false)) }
+	start := func() *rlsv3.RateLimitResponse {
+		return ask(g, s, slotDesc("tokens", "a", false), slotDesc("slots", "a", false))
+	}
 	g.Expect(start().OverallCode).To(Equal(ok))
 	g.Expect(start().OverallCode).To(Equal(ok))
 	g.Expect(s.Holds.Len()).To(Equal(2))
