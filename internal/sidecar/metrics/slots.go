@@ -26,6 +26,10 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 			Help: "In-flight slots lost before their request ended (found expired in Redis at a renewal, or not renewed before their expiry): their requests were ended.",
 		}, func() float64 { return float64(stats().Lost) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: ns, Name: "in_flight_slots_reasserted_total",
+			Help: "In-flight slots a renewal added back because Redis no longer counted them (a failover to a replica that had not received them, a restart) and their key had room: their requests ran on.",
+		}, func() float64 { return float64(stats().Reasserted) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: ns, Name: "in_flight_renewal_errors_total",
 			Help: "Renewal calls of in-flight slots that failed (one call renews a key's slots); a slot not renewed before its expiry is lost.",
 		}, func() float64 { return float64(stats().RenewErrors) }),
