@@ -112,7 +112,7 @@ type SlotResult struct {
 // request ends.
 type Slot struct {
 	key, id  string
-	max      int64 // the limit it was taken under
+	max      int64     // the limit it was taken under
 	book     *slotBook // of the limiter that took it, whichever releases it
 	lost     chan struct{}
 	lostOnce sync.Once
