@@ -80,7 +80,7 @@ var ErrSlotsFull = errors.New("this replica holds as many in-flight slots as it 
 // ErrSlotsSettling is the SlotResult.Err of an Acquire decided by the failure mode because Redis
 // answered again after failing a moment ago, and the other replicas may not have re-asserted
 // their slots yet.
-var ErrSlotsSettling = errors.New("Redis answers again after failing: in-flight slots are being re-asserted")
+var ErrSlotsSettling = errors.New("in-flight slots are being re-asserted: Redis answers again after failing")
 
 // slotScripts are the slot scripts, for Exec to load after NOSCRIPT.
 var slotScripts = []scripts.Script{scripts.SlotAcquire(), scripts.SlotRenew()}

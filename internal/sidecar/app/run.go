@@ -236,9 +236,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 	})
 	bgWG.Go(func() { heartbeat(bg, cfg, log, client, store, instance, beat, m, lim) })
-	for _, g := range slotRegs {
-		bgWG.Go(func() { g.Run(bg) })
-	}
+	sweepSlots(bg, &bgWG, slotRegs)
 
 	serveErr := make(chan error, 4)
 	serve := func(name string, f func() error) {
@@ -305,4 +303,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	lim.Close()
 	log.Info("sidecar stopped")
 	return runErr
+}
+
+// sweepSlots runs each registry's sweep until ctx ends (decide.SlotRegistry.Run).
+func sweepSlots(ctx context.Context, wg *sync.WaitGroup, regs []*decide.SlotRegistry) {
+	for _, g := range regs {
+		wg.Go(func() { g.Run(ctx) })
+	}
 }
