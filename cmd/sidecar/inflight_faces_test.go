@@ -135,6 +135,11 @@ func TestInFlightThroughTheDecisionFaces(t *testing.T) {
 	g.Eventually(on.cur.Load, time.Minute, 10*time.Millisecond).Should(Equal(int64(n)))
 	g.Eventually(refused.Load, time.Minute, 10*time.Millisecond).Should(BeNumerically(">", 4*24))
 	g.Expect(on.cur.Load()).To(Equal(int64(n)))
+	held := 0.0
+	for _, s := range scs {
+		held += s.metric(t, `redline_sidecar_in_flight{policy="p",rule="slots"}`)
+	}
+	g.Expect(held).To(BeNumerically("==", n), "the per-rule gauges sum to the requests in progress")
 	close(gate)
 	wg.Wait()
 	g.Expect(wrong.Load()).To(BeNil())
@@ -148,6 +153,7 @@ func TestInFlightThroughTheDecisionFaces(t *testing.T) {
 	for _, s := range scs {
 		g.Expect(s.metric(t, "redline_sidecar_in_flight_slots")).To(BeZero())
 		g.Expect(s.metric(t, `redline_sidecar_in_flight_kept_slots{face="check"}`)).To(BeZero())
+		g.Expect(s.metric(t, `redline_sidecar_in_flight{policy="p",rule="slots"}`)).To(BeZero())
 	}
 }
 

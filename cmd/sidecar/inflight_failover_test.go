@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"syscall"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,4 +112,60 @@ func TestInFlightThroughASentinelFailover(t *testing.T) {
 	g.Expect(up.peak.Load()).To(Equal(int64(n)), "the most requests of the key in progress at once")
 	t.Logf("peak %d (limit %d); %d refused, %d served after the streams ended", up.peak.Load(), n, refused.Load(), served.Load())
 	g.Eventually(func() int64 { return nc.ZCard(ctx, key).Val() }, time.Minute, 50*time.Millisecond).Should(BeZero(), "every slot went back")
+}
+
+// A sidecar stopped (SIGSTOP) past the expiry cannot end anything while stopped: its slot
+// expires on Redis's clock and another sidecar's request takes the place, so the application
+// serves two of a key limited to one for that time (as documented). Once it runs again its
+// renewal finds the place taken: the slot is lost and its request ended, and one is served.
+func TestInFlightStoppedSidecarEndsItsRequests(t *testing.T) {
+	g := NewWithT(t)
+	e := newEnv(t, "web")
+	e.write(t, inFlightDocument(e.namespace, 1, 0))
+	up := newGauge(t)
+	a := start(t, "pod-a", e, shared.URL(), up.Listener.Addr().String(), true, "--in-flight-expiry=2s")
+	b := start(t, "pod-b", e, shared.URL(), up.Listener.Addr().String(), true, "--in-flight-expiry=2s")
+	ctx := ctxTimeout(t, 3*time.Minute)
+	first, err := get(ctx, a.proxy+"/hold", "k")
+	g.Expect(err).NotTo(HaveOccurred())
+	defer first.Body.Close()
+	g.Expect(first.StatusCode).To(Equal(http.StatusOK))
+	firstBody := bufio.NewReader(first.Body)
+	_, err = firstBody.ReadString('\n')
+	g.Expect(err).NotTo(HaveOccurred())
+
+	g.Expect(a.cmd.Process.Signal(syscall.SIGSTOP)).To(Succeed())
+	stopped := true
+	defer func() {
+		if stopped {
+			_ = a.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	var second *http.Response
+	g.Eventually(func() int {
+		resp, err := get(ctx, b.proxy+"/hold", "k")
+		if err != nil {
+			return 0
+		}
+		if resp.StatusCode != http.StatusOK {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		second = resp
+		return resp.StatusCode
+	}, 2*time.Minute, 100*time.Millisecond).Should(Equal(http.StatusOK))
+	defer second.Body.Close()
+	_, err = bufio.NewReader(second.Body).ReadString('\n')
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(up.cur.Load()).To(Equal(int64(2)), "while a is stopped, its request runs beside b's")
+
+	g.Expect(a.cmd.Process.Signal(syscall.SIGCONT)).To(Succeed())
+	stopped = false
+	g.Eventually(up.cur.Load, time.Minute, 20*time.Millisecond).Should(Equal(int64(1)), "a ended its request")
+	_, err = io.ReadAll(firstBody)
+	g.Expect(err).To(HaveOccurred(), "a's response was cut, not ended as if whole")
+	g.Expect(a.metric(t, "redline_sidecar_in_flight_slots_lost_total")).To(BeNumerically("==", 1))
+	g.Expect(a.metric(t, "redline_sidecar_in_flight_slots_reasserted_total")).To(BeZero(), "its place was taken")
+	g.Expect(b.metric(t, `redline_sidecar_in_flight{policy="p",rule="slots"}`)).To(BeNumerically("==", 1))
 }

@@ -95,6 +95,7 @@ func SidecarRegistry() (*prometheus.Registry, error) {
 	m.WatchDecisionLog(func() int64 { return 0 })
 	m.WatchSlots(func() limiter.SlotStats { return limiter.SlotStats{} })
 	m.ObserveSlot(set.Rules[0], limiter.SlotResult{Allowed: true})
+	m.SlotsHeld(set.Rules[0], 0)
 	m.WatchSlotRegistry(sidecarmetrics.FaceCheck, &decide.SlotRegistry{})
 	// Serving /metrics registers the handler's own error counter.
 	_ = m.Handler()

@@ -158,7 +158,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 		return decisionLog.Dropped()
 	})
-	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, Log: decisionLog}
+	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld, Log: decisionLog}
 	memory := memoryBudget(cfg, log)
 	m.WatchMemory(memory.Stats)
 	ph, err := proxy.New(proxy.Options{

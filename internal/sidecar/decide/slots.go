@@ -38,6 +38,8 @@ type Slots struct {
 
 	slotter Slotter
 	held    []*limiter.Slot
+	rules   []*ruleset.Rule // of each held slot
+	onSlots func(r *ruleset.Rule, delta int)
 }
 
 // AcquireSlots takes a slot of every in-flight rule of set that req matches, in rule order (one
@@ -98,7 +100,7 @@ func SplitHits(set *ruleset.Set, hits []Hit) (slots, others []Hit, slotAt, other
 // when it may not, s.Refused is set and every slot s held went back.
 func (e *Engine) acquire(ctx context.Context, s *Slots, namespace string, r *ruleset.Rule, parts []string) bool {
 	sl, _ := e.Limiter.(Slotter)
-	s.slotter = sl
+	s.slotter, s.onSlots = sl, e.OnSlots
 	key := limiter.Key(namespace, r.Policy.Name, r.StateName, parts...)
 	var res limiter.SlotResult
 	var slot *limiter.Slot
@@ -116,7 +118,10 @@ func (e *Engine) acquire(ctx context.Context, s *Slots, namespace string, r *rul
 	}
 	s.Outcomes = append(s.Outcomes, SlotOutcome{Rule: r, Result: res})
 	if slot != nil {
-		s.held = append(s.held, slot)
+		s.held, s.rules = append(s.held, slot), append(s.rules, r)
+		if s.onSlots != nil {
+			s.onSlots(r, 1)
+		}
 	}
 	if !res.Allowed {
 		s.Refused = &s.Outcomes[len(s.Outcomes)-1]
@@ -131,9 +136,9 @@ func (e *Engine) acquire(ctx context.Context, s *Slots, namespace string, r *rul
 func (s *Slots) Split() []KeyedSlots {
 	out := make([]KeyedSlots, len(s.held))
 	for i, sl := range s.held {
-		out[i] = KeyedSlots{Key: sl.Key(), Slots: &Slots{slotter: s.slotter, held: []*limiter.Slot{sl}}}
+		out[i] = KeyedSlots{Key: sl.Key(), Slots: &Slots{slotter: s.slotter, held: []*limiter.Slot{sl}, rules: s.rules[i : i+1], onSlots: s.onSlots}}
 	}
-	s.held = nil
+	s.held, s.rules = nil, nil
 	return out
 }
 
@@ -170,10 +175,13 @@ func (s *Slots) Held() int { return len(s.held) }
 
 // Release gives back every slot the request holds (one ZREM each). Later calls do nothing.
 func (s *Slots) Release(ctx context.Context) {
-	for _, sl := range s.held {
+	for i, sl := range s.held {
 		s.slotter.Release(ctx, sl)
+		if s.onSlots != nil {
+			s.onSlots(s.rules[i], -1)
+		}
 	}
-	s.held = nil
+	s.held, s.rules = nil, nil
 }
 
 // WriteFields adds the in-flight rules' RateLimit fields to f, in the draft's

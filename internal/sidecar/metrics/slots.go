@@ -16,7 +16,11 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 		Namespace: ns, Name: "in_flight_decisions_total",
 		Help: "Decisions of in-flight rules by policy, rule and result (allowed: the request took a slot, or its failure mode let it through; refused: the key had as many requests in progress as the rule allows; shadow_refused: the same under mode: Shadow, let through).",
 	}, []string{labelPolicy, labelRule, labelResult})
-	m.Registry.MustRegister(m.slotDecisions,
+	m.slotsHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "in_flight",
+		Help: "Requests of an in-flight rule in progress through this sidecar now (the slots it holds), by policy and rule: summed over the replicas, what the key's limit bounds.",
+	}, []string{labelPolicy, labelRule})
+	m.Registry.MustRegister(m.slotDecisions, m.slotsHeld,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Name: "in_flight_slots",
 			Help: "In-flight slots this sidecar holds now: requests of in-flight rules in progress through it.",
@@ -34,6 +38,13 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 			Help: "Renewal calls of in-flight slots that failed (one call renews a key's slots); a slot not renewed before its expiry is lost.",
 		}, func() float64 { return float64(stats().RenewErrors) }),
 	)
+}
+
+// SlotsHeld moves rule r's gauge of requests in progress by delta (decide.Engine.OnSlots).
+func (m *Metrics) SlotsHeld(r *ruleset.Rule, delta int) {
+	if m.slotsHeld != nil {
+		m.slotsHeld.WithLabelValues(r.Policy.Name, r.Name).Add(float64(delta))
+	}
 }
 
 // ObserveSlot counts one in-flight rule's decision.
