@@ -6,8 +6,8 @@ import (
 	"io"
 	"net/http"
 	"sync"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
