@@ -378,8 +378,9 @@ type Limit struct {
 	// at most 100000: a request holds a slot from its decision until its response ends
 	// (streams and upgrades included), and one over the limit is refused at once with 429.
 	// Instead of requests and window; the rule's algorithm does not apply. Enforced by the
-	// sidecar's proxy only, for now: a slot of a sidecar that died returns within its
-	// expiry (10s), never while a live sidecar renews it.
+	// sidecar's proxy, /v1/check (acquire, renew, release) and Envoy's rate limit service
+	// (apply_on_stream_done): a slot of a sidecar that died returns within its expiry (10s),
+	// never while a live sidecar renews it.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100000
 	// +optional

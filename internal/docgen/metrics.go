@@ -17,6 +17,7 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/redisconn"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/membudget"
 	sidecarmetrics "github.com/redline-dev/redline/internal/sidecar/metrics"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
@@ -94,6 +95,8 @@ func SidecarRegistry() (*prometheus.Registry, error) {
 	m.WatchDecisionLog(func() int64 { return 0 })
 	m.WatchSlots(func() limiter.SlotStats { return limiter.SlotStats{} })
 	m.ObserveSlot(set.Rules[0], limiter.SlotResult{Allowed: true})
+	m.SlotsHeld(set.Rules[0], 0)
+	m.WatchSlotRegistry(sidecarmetrics.FaceCheck, &decide.SlotRegistry{})
 	// Serving /metrics registers the handler's own error counter.
 	_ = m.Handler()
 	return m.Registry, nil

@@ -182,6 +182,13 @@ type Limiter struct {
 	holdSeq   atomic.Uint64
 	slotBook  *slotBook // the in-flight slots this replica holds (see slots.go)
 	slotStats slotCounters
+	// slotsSuspect says Redis failed a slot call since the last complete renewal (see
+	// reassertSlots); slotRenewMu lets one renewal run at a time.
+	slotsSuspect atomic.Bool
+	slotRenewMu  sync.Mutex
+	// slotFence is when new slots may be taken again after a renewal that followed a failure
+	// (UnixNano on the local clock).
+	slotFence atomic.Int64
 }
 
 // New returns a Limiter over client. The client stays the caller's to close.

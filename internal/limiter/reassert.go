@@ -20,6 +20,8 @@ const reassertBatch = 256
 // when another replica saw Redis lose counts; the limiter calls it itself when a reply shows a
 // loss and when Redis answers again after failing.
 func (l *Limiter) Reassert() {
+	// Slots too: the next Acquire renews them first (see slots.go).
+	l.slotsSuspect.Store(true)
 	if l.reassert == nil {
 		return
 	}

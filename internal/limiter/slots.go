@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,8 +33,18 @@ import (
 //   - Release takes it off with one ZREM: the slot is free at once.
 //   - Every SlotExpiry/4 the replica renews all its slots (slotRenewer): one EVALSHA of
 //     lua/slot_renew.lua per key (512 ids a call at most), all of them in one pipeline (one per
-//     node on a cluster). A slot found expired is lost: another request may hold its place, so
-//     it is not renewed, and its Slot's Lost channel closes: the face ends its request.
+//     node on a cluster).
+//   - Re-asserted as shares are: a slot Redis no longer counts (a failover to a replica that
+//     had not received it, a restart) is added back by the renewal when its key has room, so
+//     its request runs on. Without room another request holds its place: the slot is lost, and
+//     its Slot's Lost channel closes: the face ends its request. After this replica saw Redis
+//     fail (a call or a renewal, or a loss another replica signalled through Reassert), it
+//     renews all its slots before it takes another, so that it never grants a place its own
+//     running requests held on the node that failed; and for SlotExpiry/2 after that renewal
+//     (two renewal intervals, in which every live replica's renewer re-asserts its own) its
+//     new requests are decided by the failure mode, not by a count that may lack the slots of
+//     other replicas. Closed refuses them: no instant over N after a failover, at the cost of
+//     SlotExpiry/2 of refusals once Redis answers again.
 //   - A slot whose renewals fail (Redis unreachable, a partition) is given up on the local
 //     clock before Redis lets it go: when its expiry would pass before the next renewal, its
 //     Lost channel closes. A SIGKILLed replica renews nothing: its slots return at most
@@ -66,6 +77,11 @@ const (
 // slots already.
 var ErrSlotsFull = errors.New("this replica holds as many in-flight slots as it may")
 
+// ErrSlotsSettling is the SlotResult.Err of an Acquire decided by the failure mode because Redis
+// answered again after failing a moment ago, and the other replicas may not have re-asserted
+// their slots yet.
+var ErrSlotsSettling = errors.New("in-flight slots are being re-asserted: Redis answers again after failing")
+
 // slotScripts are the slot scripts, for Exec to load after NOSCRIPT.
 var slotScripts = []scripts.Script{scripts.SlotAcquire(), scripts.SlotRenew()}
 
@@ -96,6 +112,7 @@ type SlotResult struct {
 // request ends.
 type Slot struct {
 	key, id  string
+	max      int64     // the limit it was taken under
 	book     *slotBook // of the limiter that took it, whichever releases it
 	lost     chan struct{}
 	lostOnce sync.Once
@@ -107,6 +124,9 @@ type Slot struct {
 // a renewal, or it could not be renewed before its expiry. Its request should end, since
 // another may hold its place.
 func (s *Slot) Lost() <-chan struct{} { return s.lost }
+
+// Key is the limiter key the slot counts under.
+func (s *Slot) Key() string { return s.key }
 
 func (s *Slot) lose() { s.lostOnce.Do(func() { close(s.lost) }) }
 
@@ -120,7 +140,13 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 	if l.closed.Load() {
 		return SlotResult{}, nil, ErrClosed
 	}
-	s := &Slot{key: key, book: l.slotBook, lost: make(chan struct{}),
+	if err := l.reassertSlots(); err != nil {
+		return l.slotFailure(lim, fmt.Errorf("re-asserting this replica's slots before taking another: %w", err)), nil, nil
+	}
+	if time.Now().UnixNano() < l.slotFence.Load() {
+		return l.slotFailure(lim, ErrSlotsSettling), nil, nil
+	}
+	s := &Slot{key: key, max: lim.Max, book: l.slotBook, lost: make(chan struct{}),
 		id: l.opts.ReplicaID + ":" + l.holdTag + strconv.FormatUint(l.holdSeq.Add(1), 36)}
 	// Counted against MaxSlots at once, but in the book (which the renewals read) only once
 	// Redis holds it: a renewal before the ZADD would find it missing and lose it.
@@ -140,6 +166,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 	}
 	if err != nil {
 		l.slotBook.untake()
+		l.slotsSuspect.Store(true)
 		// The script may have run: take the slot off in case it did.
 		l.releaseID(ctx, key, s.id)
 		return l.slotFailure(lim, fmt.Errorf("taking an in-flight slot: %w", err)), nil, nil
@@ -181,6 +208,7 @@ func (l *Limiter) releaseID(ctx context.Context, key, id string) {
 	defer cancel()
 	if err := l.client.ZRem(ctx, key, id).Err(); err != nil {
 		l.slotStats.releaseErrors.Add(1)
+		l.slotsSuspect.Store(true)
 	}
 }
 
@@ -194,17 +222,20 @@ type SlotStats struct {
 	Lost uint64
 	// ReleaseErrors counts releases that failed (their slot returned at its expiry).
 	ReleaseErrors uint64
+	// Reasserted counts slots a renewal added back: Redis no longer counted them (a failover,
+	// a restart) and their key had room.
+	Reasserted uint64
 }
 
 type slotCounters struct {
-	renewals, renewErrors, lost, releaseErrors atomic.Uint64
+	renewals, renewErrors, lost, releaseErrors, reasserted atomic.Uint64
 }
 
 // SlotStats returns the slots' counters.
 func (l *Limiter) SlotStats() SlotStats {
 	return SlotStats{
 		Held: l.slotBook.len(), Renewals: l.slotStats.renewals.Load(), RenewErrors: l.slotStats.renewErrors.Load(),
-		Lost: l.slotStats.lost.Load(), ReleaseErrors: l.slotStats.releaseErrors.Load(),
+		Lost: l.slotStats.lost.Load(), ReleaseErrors: l.slotStats.releaseErrors.Load(), Reasserted: l.slotStats.reasserted.Load(),
 	}
 }
 
@@ -218,17 +249,35 @@ func (l *Limiter) slotRenewer() {
 		case <-l.quit:
 			return
 		case <-t.C:
-			l.renewSlots(every)
+			_ = l.renewSlots(every) // counted; a failure makes the next Acquire renew first
 		}
 	}
 }
 
-// renewSlots renews every held slot in one pipeline, and loses those Redis found expired and
-// those whose expiry would pass before the next round.
-func (l *Limiter) renewSlots(every time.Duration) {
+// reassertSlots renews every slot this replica holds when it saw Redis fail since its last
+// complete renewal (slotsSuspect): the node that answers now may be a promoted replica, or the
+// same one restarted, without some of them, and a slot taken before they are re-asserted could
+// take a place a running request of this replica holds. Callers that find it running wait for
+// it. Its error says the renewal did not reach every key.
+func (l *Limiter) reassertSlots() error {
+	if !l.slotsSuspect.Load() {
+		return nil
+	}
+	return l.renewSlots(l.opts.SlotExpiry / 4)
+}
+
+// renewSlots renews every held slot in one pipeline, re-asserts those Redis no longer counted
+// where their key has room, and loses the others and those whose expiry would pass before the
+// next round. One runs at a time. Its error is the first of a call that failed; when none did,
+// Redis is no longer suspect.
+func (l *Limiter) renewSlots(every time.Duration) error {
+	l.slotRenewMu.Lock()
+	defer l.slotRenewMu.Unlock()
+	suspect := l.slotsSuspect.Load()
 	byKey := l.slotBook.snapshot()
 	if len(byKey) == 0 {
-		return
+		l.settled(suspect)
+		return nil
 	}
 	l.slotStats.renewals.Add(1)
 	ttl := l.opts.SlotExpiry
@@ -239,8 +288,12 @@ func (l *Limiter) renewSlots(every time.Duration) {
 	for key, slots := range byKey {
 		for len(slots) > 0 {
 			n := min(len(slots), slotRenewIDs)
-			args := make([]any, 0, n+1)
-			args = append(args, ttl.Milliseconds())
+			args := make([]any, 0, n+2)
+			limit := slots[0].max
+			for _, s := range slots {
+				limit = min(limit, s.max) // a reload may have lowered it: re-assert under the least
+			}
+			args = append(args, ttl.Milliseconds(), limit)
 			for _, s := range slots[:n] {
 				args = append(args, s.id)
 			}
@@ -251,15 +304,25 @@ func (l *Limiter) renewSlots(every time.Duration) {
 	}
 	start := time.Now()
 	l.stats.scriptLoads.Add(scripts.Exec(ctx, l.client, cmds, slotScripts).Loads)
+	var first error
 	for i, cmd := range cmds {
-		lost, err := cmd.(*redis.Cmd).StringSlice()
+		out, err := cmd.(*redis.Cmd).Slice()
+		if err == nil && len(out) == 0 {
+			err = fmt.Errorf("%w: slot renewal answered nothing", errBadReply)
+		}
 		if err != nil {
 			l.slotStats.renewErrors.Add(1)
+			first = cmp.Or(first, err)
 			continue
 		}
-		gone := make(map[string]bool, len(lost))
-		for _, id := range lost {
-			gone[id] = true
+		if n, ok := out[0].(int64); ok && n > 0 {
+			l.slotStats.reasserted.Add(uint64(n))
+		}
+		gone := make(map[string]bool, len(out)-1)
+		for _, id := range out[1:] {
+			if s, ok := id.(string); ok {
+				gone[s] = true
+			}
 		}
 		for _, s := range sent[i] {
 			if gone[s.id] {
@@ -279,6 +342,21 @@ func (l *Limiter) renewSlots(every time.Duration) {
 			}
 		}
 	}
+	if first != nil {
+		l.slotsSuspect.Store(true)
+		return fmt.Errorf("renewing in-flight slots: %w", first)
+	}
+	l.settled(suspect)
+	return nil
+}
+
+// settled records a complete renewal; after one that followed a failure, new slots wait
+// SlotExpiry/2 for the other replicas to re-assert theirs (see the top of this file).
+func (l *Limiter) settled(suspect bool) {
+	if suspect {
+		l.slotFence.Store(time.Now().Add(l.opts.SlotExpiry / 2).UnixNano())
+	}
+	l.slotsSuspect.Store(false)
 }
 
 // loseSlot ends a slot that stopped counting before its release.

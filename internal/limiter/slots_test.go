@@ -141,29 +141,6 @@ func TestSlotsReturnOnlyAfterTheirHolderStopsRenewing(t *testing.T) {
 	other.Release(ctx, s)
 }
 
-// A slot Redis no longer holds (expired and taken, or removed) is lost at the next renewal:
-// its Lost channel closes so that its request ends, and it is never renewed back.
-func TestSlotLostWhenRedisNoLongerHoldsIt(t *testing.T) {
-	g := NewWithT(t)
-	ctx := context.Background()
-	c := newClient(t, shared.URL())
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
-	key := uniqueKey(t)
-	_, s, err := l.Acquire(ctx, key, inFlight(2))
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(s).NotTo(BeNil())
-	g.Expect(c.Del(ctx, key).Err()).To(Succeed())
-	select {
-	case <-s.Lost():
-	case <-time.After(time.Minute):
-		t.Fatal("the slot was not lost")
-	}
-	g.Expect(l.SlotStats().Lost).To(Equal(uint64(1)))
-	g.Expect(l.SlotStats().Held).To(BeZero())
-	g.Expect(c.Exists(ctx, key).Val()).To(BeZero(), "a lost slot is not renewed back")
-	l.Release(ctx, s)
-}
-
 // A key stuffed with dead members (the tenant's own key) still decides, sweeps a few of them a
 // call, and counts only live ones; the limit's max is bounded.
 func TestSlotsOnAStuffedKey(t *testing.T) {

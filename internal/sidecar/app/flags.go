@@ -76,8 +76,11 @@ type Config struct {
 	LeaseKeys    int
 	// InFlightExpiry is how long an in-flight slot counts without a renewal (limiter.Options.SlotExpiry).
 	InFlightExpiry time.Duration
-	ShareKeys      int
-	LogLevel       slog.Level
+	// InFlightEnvoyHold is how long a slot taken for Envoy's rate limit service is kept
+	// without its stream-done call (decide.SlotRegistry.Lease of that face).
+	InFlightEnvoyHold time.Duration
+	ShareKeys         int
+	LogLevel          slog.Level
 	// DecisionLog is the decision log's mode (decide.DecisionLogOff, Refused or All), of which
 	// DecisionLogSample is kept, at most DecisionLogRate lines a second.
 	DecisionLog       string
@@ -170,6 +173,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep serving (unready) this long before closing listeners, while endpoints update")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", fleet.DefaultInterval, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
 	fs.DurationVar(&c.InFlightExpiry, "in-flight-expiry", limiter.DefaultSlotExpiry, "how long an in-flight rule's slot counts without a renewal (2s to 10m), renewed every quarter of it: a dead sidecar's slots return this long after their last renewal at most")
+	fs.DurationVar(&c.InFlightEnvoyHold, "in-flight-envoy-hold", 10*time.Minute, "how long a slot taken for an Envoy descriptor of an in-flight rule is kept without its stream-done call (2s to 24h): Envoy cannot renew, so this bounds what an Envoy that never comes back holds, and a stream running longer loses its slot")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+"); $"+contract.EnvNamespaceRedisURL+", set by the injector from the namespace's redline-sidecar-redis ConfigMap, wins, with the TLS settings beside it replacing every --redis-tls-* flag")
 	fs.StringVar(&c.RedisCredsDir, contract.FlagRedisCredentialsDir, "", "directory of the mounted Redis credentials Secret (files username and password; with Sentinel, sentinel-username and sentinel-password for the sentinels), read at every new connection so a rotated password needs no restart; without a password file there, $"+contract.EnvRedisPassword)
@@ -348,8 +352,12 @@ func (c *Config) namespaceRedis(getenv func(string) string) {
 
 // inFlightErrors checks the in-flight slots' flags.
 func (c *Config) inFlightErrors() []error {
+	var errs []error
 	if c.InFlightExpiry < 2*time.Second || c.InFlightExpiry > 10*time.Minute {
-		return []error{errors.New("--in-flight-expiry must be 2s to 10m")}
+		errs = append(errs, errors.New("--in-flight-expiry must be 2s to 10m"))
 	}
-	return nil
+	if c.InFlightEnvoyHold < 2*time.Second || c.InFlightEnvoyHold > 24*time.Hour {
+		errs = append(errs, errors.New("--in-flight-envoy-hold must be 2s to 24h"))
+	}
+	return errs
 }

@@ -158,7 +158,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 		return decisionLog.Dropped()
 	})
-	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, Log: decisionLog}
+	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld, Log: decisionLog}
 	memory := memoryBudget(cfg, log)
 	m.WatchMemory(memory.Stats)
 	ph, err := proxy.New(proxy.Options{
@@ -188,9 +188,15 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	adminSrv := newAdminServer(admin, errLog)
 	adminSrv.ConnState = adminIdle.ConnState
 	var checkSrv *http.Server
+	// The slots the decision faces keep for their clients: released when a client neither
+	// renews nor releases them within their lease (a check client renews; Envoy cannot).
+	var slotRegs []*decide.SlotRegistry
 	if cfg.CheckListen != "" {
+		checkSlots := &decide.SlotRegistry{Memory: memory, Lease: cfg.InFlightExpiry}
+		checkSlots.Expired = m.WatchSlotRegistry(metrics.FaceCheck, checkSlots)
+		slotRegs = append(slotRegs, checkSlots)
 		check := http.NewServeMux()
-		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{Memory: memory, Refused: m.RegistryRefused(metrics.FaceCheck)}, OnUnsized: m.UnsizedRefused})
+		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{Memory: memory, Refused: m.RegistryRefused(metrics.FaceCheck)}, OnUnsized: m.UnsizedRefused, Slots: checkSlots})
 		check.Handle(checkapi.TopKeysPath, &checkapi.TopKeysHandler{Store: store})
 		checkSrv = newServer(check)
 		checkSrv.ConnState = checkIdle.ConnState
@@ -201,7 +207,10 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	var grpcSrv *grpc.Server
 	if cfg.GRPCListen != "" {
 		var hs *health.Server
-		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store, Holds: &decide.Registry{Memory: memory, Refused: m.RegistryRefused(metrics.FaceRLS)}, OnUnsized: m.UnsizedRefused}, rls.ServerOptions{
+		envoySlots := &decide.SlotRegistry{Memory: memory, Lease: cfg.InFlightEnvoyHold}
+		envoySlots.Expired = m.WatchSlotRegistry(metrics.FaceRLS, envoySlots)
+		slotRegs = append(slotRegs, envoySlots)
+		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store, Holds: &decide.Registry{Memory: memory, Refused: m.RegistryRefused(metrics.FaceRLS)}, OnUnsized: m.UnsizedRefused, Slots: envoySlots}, rls.ServerOptions{
 			IdleTimeout: cfg.IdleTimeout, HandshakeTimeout: cfg.ReadHeaderTimeout,
 			Exposed: !onLoopback(cfg.GRPCListen),
 		})
@@ -227,6 +236,7 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 	})
 	bgWG.Go(func() { heartbeat(bg, cfg, log, client, store, instance, beat, m, lim) })
+	sweepSlots(bg, &bgWG, slotRegs)
 
 	serveErr := make(chan error, 4)
 	serve := func(name string, f func() error) {
@@ -293,4 +303,11 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	lim.Close()
 	log.Info("sidecar stopped")
 	return runErr
+}
+
+// sweepSlots runs each registry's sweep until ctx ends (decide.SlotRegistry.Run).
+func sweepSlots(ctx context.Context, wg *sync.WaitGroup, regs []*decide.SlotRegistry) {
+	for _, g := range regs {
+		wg.Go(func() { g.Run(ctx) })
+	}
 }

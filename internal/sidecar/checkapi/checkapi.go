@@ -11,6 +11,7 @@ package checkapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,8 +76,14 @@ type Request struct {
 	Settle *Settle `json:"settle,omitempty"`
 	// DryRun answers what the decision would be (allowed, remaining, reset, the refusing rule)
 	// and counts nothing: no quota is spent, no lease, hold or slot taken, and no metric or
-	// decision log hears of it. Not with Reserve or Settle.
+	// decision log hears of it. Not with Reserve, Settle, Release or Renew.
 	DryRun bool `json:"dryRun,omitempty"`
+	// Release gives back the slots an earlier check took (see slots.go); nothing else may be
+	// given with it.
+	Release *SlotRef `json:"release,omitempty"`
+	// Renew extends the lease of the slots an earlier check took; nothing else may be given
+	// with it.
+	Renew *SlotRef `json:"renew,omitempty"`
 }
 
 // Hit names one rule and its key parts.
@@ -106,6 +113,11 @@ type Response struct {
 	Settled *Settled `json:"settled,omitempty"`
 	// DryRun says the decision was a dry run: nothing was counted.
 	DryRun bool `json:"dryRun,omitempty"`
+	// Slot is what an admitted check holds of its in-flight rules, to renew and release; and
+	// what a renew extended.
+	Slot *Slot `json:"slot,omitempty"`
+	// Released is what a release gave back.
+	Released *Released `json:"released,omitempty"`
 }
 
 // Result is one rule's decision.
@@ -121,6 +133,10 @@ type Result struct {
 	ResetSeconds      int64  `json:"resetSeconds"`
 	RetryAfterSeconds int64  `json:"retryAfterSeconds,omitempty"`
 	Source            string `json:"source"`
+	// Unit is "concurrent-requests" for an in-flight rule: Limit is then the most requests of
+	// the key in progress at once, Remaining the slots free after the decision, and
+	// WindowSeconds and ResetSeconds are 0.
+	Unit string `json:"unit,omitempty"`
 }
 
 // Handler serves POST /v1/check.
@@ -131,6 +147,9 @@ type Handler struct {
 	Holds *decide.Registry
 	// OnUnsized hears of each reserve refused for want of a size (metrics).
 	OnUnsized func(rule *ruleset.Rule, reason string)
+	// Slots keeps the slots of in-flight rules until their release (nil: a check that takes
+	// one is answered 503).
+	Slots *decide.SlotRegistry
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -147,8 +166,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if req.Settle != nil {
+	switch {
+	case req.Settle != nil:
 		h.settle(w, r, req.Settle)
+		return
+	case req.Release != nil:
+		h.release(w, r, req.Release)
+		return
+	case req.Renew != nil:
+		h.renew(w, r, req.Renew)
 		return
 	}
 	set := h.Store.Current()
@@ -156,16 +182,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "no policies loaded")
 		return
 	}
-	var d decide.Decision
-	var hold *Hold
-	switch {
-	case req.DryRun:
-		d, err = h.dryRun(r, set, req)
-	case req.Reserve != nil:
-		d, hold, err = h.reserve(r, set, req)
-	default:
-		d, err = h.decide(r, set, req)
-	}
+	d, hold, slots, err := h.decideAll(r, set, req)
 	if rh, ok := errors.AsType[*decide.RepeatedHeaderError](err); ok {
 		// Refused before anything is counted: the request has no one key.
 		body, _ := json.Marshal(map[string]string{"error": "repeated_key_header", "header": rh.Header})
@@ -194,15 +211,62 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, err.Error())
 		return
 	}
+	var slot *Slot
+	if d.Allowed && slots.Refused == nil {
+		if slot, err = h.keepSlots(slots); err != nil {
+			h.undo(r.Context(), &d, hold, slots)
+			refuseNoRoom(w, err)
+			return
+		}
+	}
 	resp := render(&d)
 	resp.Hold, resp.DryRun = hold, req.DryRun
-	body, err := json.Marshal(resp)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, fmt.Sprintf("encoding decision: %v", err))
-		return
+	resp.Slot = slot
+	slotOutcomes(resp, slots, d.Fields())
+	writeJSON(w, resp)
+}
+
+// decideAll decides a check by its rules per window and its in-flight rules, in the proxy's
+// order: a token budget's request takes its slots first, then its holds; any other decides
+// its rules per window first, so a request they refuse takes no slot. Whichever refuses, what
+// the other took goes back. slots is never nil.
+func (h *Handler) decideAll(r *http.Request, set *ruleset.Set, req *Request) (d decide.Decision, hold *Hold, slots *decide.Slots, err error) {
+	slots = &decide.Slots{}
+	if req.DryRun {
+		d, err = h.dryRun(r, set, req)
+		return d, nil, slots, err
 	}
-	w.Header()["Content-Type"] = []string{contentTypeJSON}
-	_, _ = w.Write(append(body, '\n'))
+	if req.Reserve != nil {
+		if slots, err = h.takeSlots(r.Context(), set, req); err != nil || slots.Refused != nil {
+			return d, nil, slots, err
+		}
+		d, hold, err = h.reserve(r, set, req)
+		if err != nil || !d.Allowed {
+			slots.Release(r.Context())
+		}
+		return d, hold, slots, err
+	}
+	if d, err = h.decide(r, set, req); err != nil || !d.Allowed {
+		return d, nil, slots, err
+	}
+	if slots, err = h.takeSlots(r.Context(), set, req); err != nil || slots.Refused != nil {
+		d.GiveBack(r.Context())
+	}
+	if slots == nil {
+		slots = &decide.Slots{}
+	}
+	return d, nil, slots, err
+}
+
+// undo gives back all an admitted check took: its slots, its hold and what its rules counted.
+func (h *Handler) undo(ctx context.Context, d *decide.Decision, hold *Hold, slots *decide.Slots) {
+	slots.Release(ctx)
+	if hold != nil && hold.ID != "" {
+		if hs := h.Holds.Take(hold.ID); hs != nil {
+			_, _ = hs.Settle(ctx, 0, true, false)
+		}
+	}
+	d.GiveBack(ctx)
 }
 
 // Decode reads one check request from r: exactly one JSON object with known fields, within
@@ -238,8 +302,11 @@ func Decode(r io.Reader) (*Request, error) {
 	if err := checkHolds(&req); err != nil {
 		return nil, err
 	}
-	if req.DryRun && (req.Reserve != nil || req.Settle != nil) {
-		return nil, errors.New("dryRun decides as a plain check: not with reserve or settle")
+	if req.DryRun && (req.Reserve != nil || req.Settle != nil || req.Release != nil || req.Renew != nil) {
+		return nil, errors.New("dryRun decides as a plain check: not with reserve, settle, release or renew")
+	}
+	if err := checkSlotRefs(&req); err != nil {
+		return nil, err
 	}
 	return &req, nil
 }
@@ -251,7 +318,8 @@ func (h *Handler) decide(r *http.Request, set *ruleset.Set, req *Request) (decid
 		return decide.Decision{}, err
 	}
 	if hits != nil {
-		return h.Engine.DecideHits(r.Context(), set, hits, cost)
+		_, windows, _, _ := decide.SplitHits(set, hits)
+		return h.Engine.DecideHits(r.Context(), set, windows, cost)
 	}
 	if err := decide.CheckKeyHeaders(set, dr); err != nil {
 		return decide.Decision{}, err
@@ -390,17 +458,7 @@ func render(d *decide.Decision) *Response {
 	for _, o := range d.WaitCandidates() {
 		resp.Candidates = append(resp.Candidates, result(o))
 	}
-	f := d.Fields()
-	if f.Policy != "" || f.RetryAfter != "" {
-		resp.Headers = map[string]string{}
-		if f.Policy != "" {
-			resp.Headers[decide.HeaderPolicy] = f.Policy
-			resp.Headers[decide.HeaderRateLimit] = f.RateLimit
-		}
-		if f.RetryAfter != "" {
-			resp.Headers[decide.HeaderRetryAfter] = f.RetryAfter
-		}
-	}
+	resp.Headers = headersOf(d.Fields())
 	return resp
 }
 

@@ -78,7 +78,7 @@ var errNoHolds = errors.New("this sidecar keeps no holds")
 // checkHolds checks reserve and settle in a decoded request.
 func checkHolds(req *Request) error {
 	if s := req.Settle; s != nil {
-		if req.Reserve != nil || req.Policy != "" || req.Rule != "" || len(req.Key) > 0 || len(req.Hits) > 0 ||
+		if req.Reserve != nil || req.Release != nil || req.Renew != nil || req.Policy != "" || req.Rule != "" || len(req.Key) > 0 || len(req.Hits) > 0 ||
 			req.Method != "" || req.Path != "" || len(req.Headers) > 0 || req.RemoteAddress != "" || req.Cost != 0 {
 			return errors.New("a settle names its hold and nothing else")
 		}
@@ -117,6 +117,7 @@ func (h *Handler) reserve(r *http.Request, set *ruleset.Set, req *Request) (deci
 	var d decide.Decision
 	var hs *decide.Holds
 	if hits != nil {
+		_, hits, _, _ = decide.SplitHits(set, hits) // in-flight rules take slots (slots.go)
 		for i := range hits {
 			hits[i].Cost = req.Cost
 		}

@@ -104,6 +104,9 @@ type Engine struct {
 	ObserveSettle func(*ruleset.Rule, limiter.Settled, error)
 	// ObserveSlot, if set, hears of every in-flight rule's decision (metrics).
 	ObserveSlot func(*ruleset.Rule, limiter.SlotResult)
+	// OnSlots, if set, hears of every slot a request takes (+1) and gives back (-1), by rule
+	// (the per-rule gauge of requests in progress).
+	OnSlots func(r *ruleset.Rule, delta int)
 	// Log, if set, writes the decisions it keeps (see DecisionLog).
 	Log *DecisionLog
 }

@@ -3,6 +3,7 @@ package decide
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/redline-dev/redline/internal/limiter"
@@ -37,6 +38,8 @@ type Slots struct {
 
 	slotter Slotter
 	held    []*limiter.Slot
+	rules   []*ruleset.Rule // of each held slot
+	onSlots func(r *ruleset.Rule, delta int)
 }
 
 // AcquireSlots takes a slot of every in-flight rule of set that req matches, in rule order (one
@@ -48,39 +51,113 @@ func (e *Engine) AcquireSlots(ctx context.Context, set *ruleset.Set, req *Reques
 	if set == nil || len(set.InFlight) == 0 {
 		return s
 	}
-	sl, _ := e.Limiter.(Slotter)
-	s.slotter = sl
 	a := attrs{req: req, hops: e.TrustedHops}
 	for _, r := range set.InFlight {
-		if !Matches(r.Match, req) {
-			continue
-		}
-		key := limiter.Key(set.Namespace, r.Policy.Name, r.StateName, a.parts(r.Key)...)
-		var res limiter.SlotResult
-		var slot *limiter.Slot
-		err := errNoSlots
-		if sl != nil {
-			res, slot, err = sl.Acquire(ctx, key, *r.InFlight)
-		}
-		if err != nil {
-			// An invalid limit, a closed limiter or none that keeps slots: decided as a Redis
-			// failure would be.
-			res = limiter.SlotResult{Allowed: r.InFlight.FailureMode != limiter.FailureModeClosed || r.Shadow, Err: err}
-		}
-		if e.ObserveSlot != nil {
-			e.ObserveSlot(r, res)
-		}
-		s.Outcomes = append(s.Outcomes, SlotOutcome{Rule: r, Result: res})
-		if slot != nil {
-			s.held = append(s.held, slot)
-		}
-		if !res.Allowed {
-			s.Refused = &s.Outcomes[len(s.Outcomes)-1]
-			s.Release(ctx)
+		if Matches(r.Match, req) && !e.acquire(ctx, s, set.Namespace, r, a.parts(r.Key)) {
 			return s
 		}
 	}
 	return s
+}
+
+// AcquireSlotHits takes a slot of every in-flight rule that hits name, with their key parts,
+// in the order given, as AcquireSlots does for a request. Hits naming a rule per window are
+// left out: DecideHits decides those. A hit naming no rule of the set is an ErrUnknownRule, and
+// nothing is taken then.
+func (e *Engine) AcquireSlotHits(ctx context.Context, set *ruleset.Set, hits []Hit) (*Slots, error) {
+	s := &Slots{}
+	if set == nil {
+		return s, errors.New("taking slots: no policies loaded")
+	}
+	rules := make([]*ruleset.Rule, len(hits))
+	for i, h := range hits {
+		if rules[i] = set.FindInFlight(h.Policy, h.Rule); rules[i] == nil && set.Find(h.Policy, h.Rule) == nil {
+			return s, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, h.Policy, h.Rule)
+		}
+	}
+	for i, r := range rules {
+		if r != nil && !e.acquire(ctx, s, set.Namespace, r, hits[i].Key) {
+			return s, nil
+		}
+	}
+	return s, nil
+}
+
+// SplitHits says which of hits name in-flight rules of set (slots) and which do not (others),
+// each in the order given, with the index in hits of each.
+func SplitHits(set *ruleset.Set, hits []Hit) (slots, others []Hit, slotAt, otherAt []int) {
+	for i, h := range hits {
+		if set != nil && set.FindInFlight(h.Policy, h.Rule) != nil {
+			slots, slotAt = append(slots, h), append(slotAt, i)
+			continue
+		}
+		others, otherAt = append(others, h), append(otherAt, i)
+	}
+	return slots, others, slotAt, otherAt
+}
+
+// acquire takes a slot of r for key parts into s, and says whether the request may go on;
+// when it may not, s.Refused is set and every slot s held went back.
+func (e *Engine) acquire(ctx context.Context, s *Slots, namespace string, r *ruleset.Rule, parts []string) bool {
+	sl, _ := e.Limiter.(Slotter)
+	s.slotter, s.onSlots = sl, e.OnSlots
+	key := limiter.Key(namespace, r.Policy.Name, r.StateName, parts...)
+	var res limiter.SlotResult
+	var slot *limiter.Slot
+	err := errNoSlots
+	if sl != nil {
+		res, slot, err = sl.Acquire(ctx, key, *r.InFlight)
+	}
+	if err != nil {
+		// An invalid limit, a closed limiter or none that keeps slots: decided as a Redis
+		// failure would be.
+		res = limiter.SlotResult{Allowed: r.InFlight.FailureMode != limiter.FailureModeClosed || r.Shadow, Err: err}
+	}
+	if e.ObserveSlot != nil {
+		e.ObserveSlot(r, res)
+	}
+	s.Outcomes = append(s.Outcomes, SlotOutcome{Rule: r, Result: res})
+	if slot != nil {
+		s.held, s.rules = append(s.held, slot), append(s.rules, r)
+		if s.onSlots != nil {
+			s.onSlots(r, 1)
+		}
+	}
+	if !res.Allowed {
+		s.Refused = &s.Outcomes[len(s.Outcomes)-1]
+		s.Release(ctx)
+		return false
+	}
+	return true
+}
+
+// Split hands each slot s holds to a Slots of its own, with the limiter key it counts under, in
+// the order taken; s then holds nothing. Envoy gives back each descriptor's slot on its own.
+func (s *Slots) Split() []KeyedSlots {
+	out := make([]KeyedSlots, len(s.held))
+	for i, sl := range s.held {
+		out[i] = KeyedSlots{Key: sl.Key(), Slots: &Slots{slotter: s.slotter, held: []*limiter.Slot{sl}, rules: s.rules[i : i+1], onSlots: s.onSlots}}
+	}
+	s.held, s.rules = nil, nil
+	return out
+}
+
+// KeyedSlots is a Slots whose one slot counts under Key.
+type KeyedSlots struct {
+	Key   string
+	Slots *Slots
+}
+
+// LostAny says whether a slot s holds stopped counting before its release.
+func (s *Slots) LostAny() bool {
+	for _, sl := range s.held {
+		select {
+		case <-sl.Lost():
+			return true
+		default:
+		}
+	}
+	return false
 }
 
 // Lost is the channels that close when a held slot stops counting before the request ends
@@ -98,10 +175,13 @@ func (s *Slots) Held() int { return len(s.held) }
 
 // Release gives back every slot the request holds (one ZREM each). Later calls do nothing.
 func (s *Slots) Release(ctx context.Context) {
-	for _, sl := range s.held {
+	for i, sl := range s.held {
 		s.slotter.Release(ctx, sl)
+		if s.onSlots != nil {
+			s.onSlots(s.rules[i], -1)
+		}
 	}
-	s.held = nil
+	s.held, s.rules = nil, nil
 }
 
 // WriteFields adds the in-flight rules' RateLimit fields to f, in the draft's
@@ -137,4 +217,9 @@ func (s *Slots) WriteFields(f *Fields) {
 	if s.Refused != nil {
 		f.RetryAfter = strconv.FormatInt(max(CeilSeconds(s.Refused.Result.RetryAfter), 1), 10)
 	}
+}
+
+// SlotKey is the limiter key of in-flight rule r for key parts.
+func SlotKey(set *ruleset.Set, r *ruleset.Rule, parts []string) string {
+	return limiter.Key(set.Namespace, r.Policy.Name, r.StateName, parts...)
 }

@@ -61,8 +61,10 @@ type Metrics struct {
 	unsized      *prometheus.CounterVec
 	// slotDecisions counts in-flight rules' decisions, once WatchSlots registered it.
 	slotDecisions *prometheus.CounterVec
-	policyMu      sync.Mutex
-	policies      map[string]bool // the policies whose restoration counters show
+	// slotsHeld is the per-rule gauge of slots held, once WatchSlots registered it.
+	slotsHeld *prometheus.GaugeVec
+	policyMu  sync.Mutex
+	policies  map[string]bool // the policies whose restoration counters show
 }
 
 // New registers the collectors. stats reads the limiter's counters and store the set in force

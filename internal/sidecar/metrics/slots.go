@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
@@ -15,7 +16,11 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 		Namespace: ns, Name: "in_flight_decisions_total",
 		Help: "Decisions of in-flight rules by policy, rule and result (allowed: the request took a slot, or its failure mode let it through; refused: the key had as many requests in progress as the rule allows; shadow_refused: the same under mode: Shadow, let through).",
 	}, []string{labelPolicy, labelRule, labelResult})
-	m.Registry.MustRegister(m.slotDecisions,
+	m.slotsHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "in_flight",
+		Help: "Requests of an in-flight rule in progress through this sidecar now (the slots it holds), by policy and rule: summed over the replicas, what the key's limit bounds.",
+	}, []string{labelPolicy, labelRule})
+	m.Registry.MustRegister(m.slotDecisions, m.slotsHeld,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Name: "in_flight_slots",
 			Help: "In-flight slots this sidecar holds now: requests of in-flight rules in progress through it.",
@@ -25,10 +30,21 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 			Help: "In-flight slots lost before their request ended (found expired in Redis at a renewal, or not renewed before their expiry): their requests were ended.",
 		}, func() float64 { return float64(stats().Lost) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: ns, Name: "in_flight_slots_reasserted_total",
+			Help: "In-flight slots a renewal added back because Redis no longer counted them (a failover to a replica that had not received them, a restart) and their key had room: their requests ran on.",
+		}, func() float64 { return float64(stats().Reasserted) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: ns, Name: "in_flight_renewal_errors_total",
 			Help: "Renewal calls of in-flight slots that failed (one call renews a key's slots); a slot not renewed before its expiry is lost.",
 		}, func() float64 { return float64(stats().RenewErrors) }),
 	)
+}
+
+// SlotsHeld moves rule r's gauge of requests in progress by delta (decide.Engine.OnSlots).
+func (m *Metrics) SlotsHeld(r *ruleset.Rule, delta int) {
+	if m.slotsHeld != nil {
+		m.slotsHeld.WithLabelValues(r.Policy.Name, r.Name).Add(float64(delta))
+	}
 }
 
 // ObserveSlot counts one in-flight rule's decision.
@@ -45,3 +61,24 @@ func (m *Metrics) ObserveSlot(r *ruleset.Rule, res limiter.SlotResult) {
 	}
 	m.slotDecisions.WithLabelValues(r.Policy.Name, r.Name, result).Inc()
 }
+
+// WatchSlotRegistry registers, for one face (FaceCheck, FaceRLS), the slots it keeps for its
+// clients to release (a gauge, read at scrape time), and returns the registry's Expired hook:
+// slots the sidecar released because their client neither renewed nor released them in time.
+func (m *Metrics) WatchSlotRegistry(face string, g *decide.SlotRegistry) func(slots int) {
+	expired := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "in_flight_leases_expired_total", ConstLabels: prometheus.Labels{labelFace: face},
+		Help: "In-flight slots a face kept for its clients (a /v1/check acquire, an Envoy descriptor) that the sidecar released because the client neither renewed nor released them within their lease.",
+	})
+	m.Registry.MustRegister(expired, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Name: "in_flight_kept_slots", ConstLabels: prometheus.Labels{labelFace: face},
+		Help: "In-flight slots a face keeps now for its clients to release.",
+	}, func() float64 {
+		_, n := g.Len()
+		return float64(n)
+	}))
+	return func(n int) { expired.Add(float64(n)) }
+}
+
+// labelFace names the face of a registry's metrics.
+const labelFace = "face"

@@ -82,6 +82,9 @@ type Server struct {
 	Holds *decide.Registry
 	// OnUnsized hears of each descriptor refused for want of a size (metrics).
 	OnUnsized func(rule *ruleset.Rule, reason string)
+	// Slots keeps the slots of in-flight descriptors until their stream is done (nil: such
+	// descriptors are answered OK, counting nothing).
+	Slots *decide.SlotRegistry
 }
 
 // ReasonDescriptorWithoutSize is the reason a token budget's descriptor is refused under
@@ -105,15 +108,24 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	hits := make([]decide.Hit, 0, len(req.Descriptors))
 	at := make([]int, 0, len(req.Descriptors)) // at[i] is the descriptor of hits[i]
+	var slotHits []slotHit
 	holds, unsized := false, false
 	for i, desc := range req.Descriptors {
 		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		hit, ok := HitFor(desc)
-		if !ok || desc.GetIsNegativeHits() {
+		if !ok {
+			continue
+		}
+		if r := set.FindInFlight(hit.Policy, hit.Rule); r != nil && s.Slots != nil {
+			if desc.GetIsNegativeHits() {
+				s.releaseSlots(ctx, set, r, hit, Cost(req.GetHitsAddend(), desc.GetHitsAddend()))
+				continue
+			}
+			slotHits = append(slotHits, slotHit{hit: hit, at: i})
 			continue
 		}
 		r := set.Find(hit.Policy, hit.Rule)
-		if r == nil {
+		if r == nil || desc.GetIsNegativeHits() {
 			continue
 		}
 		hit.Cost = Cost(req.GetHitsAddend(), desc.GetHitsAddend())
@@ -142,17 +154,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		return resp, nil
 	}
-	if len(hits) == 0 {
+	if len(hits) == 0 && len(slotHits) == 0 {
 		return resp, nil
 	}
-	var d decide.Decision
-	var err error
-	var full *noRoom
-	if holds {
-		d, full, err = s.reserve(ctx, set, hits)
-	} else {
-		d, err = s.Engine.DecideHits(ctx, set, hits, 1)
-	}
+	d, full, slots, err := s.decideAll(ctx, set, hits, slotHits, holds)
 	if err != nil {
 		if errors.Is(err, decide.ErrUnknownRule) { // the set changed since Find: nothing enforces it
 			return resp, nil
@@ -173,6 +178,14 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	f := d.Fields()
+	if slots != nil {
+		slotStatuses(resp, slots, slotHits)
+		if slots.Refused != nil {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			f.RetryAfter = ""
+		}
+		slots.WriteFields(&f)
+	}
 	if f.Policy != "" {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			&corev3.HeaderValue{Key: decide.HeaderPolicy, Value: f.Policy},

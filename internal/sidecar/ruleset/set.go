@@ -444,6 +444,21 @@ func (s *Set) Find(policy, rule string) *Rule {
 	return nil
 }
 
+// FindInFlight returns the in-flight rule of that policy and name, or nil.
+func (s *Set) FindInFlight(policy, rule string) *Rule {
+	for _, p := range s.Policies {
+		if p.Name != policy {
+			continue
+		}
+		for _, r := range p.InFlight {
+			if r.Name == rule {
+				return r
+			}
+		}
+	}
+	return nil
+}
+
 // PolicyNames returns the names of the selected policies.
 func (s *Set) PolicyNames() []string {
 	out := make([]string, len(s.Policies))

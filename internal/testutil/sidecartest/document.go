@@ -31,7 +31,7 @@ func DocumentAlgorithm(namespace, policy, rule, app string, requests int64, wind
 		FailureMode: mode,
 		Rules: []policydoc.Rule{{
 			Name: rule, Key: []policydoc.KeyPart{{Header: keyHeader}}, Algorithm: algorithm,
-			Requests: requests, WindowMS: window.Milliseconds(), Mode: "Enforce",
+			Requests: requests, WindowMS: window.Milliseconds(), Mode: modeEnforce,
 		}},
 	}
 	_, data, err := policydoc.Build(namespace, []policydoc.Policy{p}, map[string]string{})
@@ -67,7 +67,7 @@ func DocumentPathPrefix(namespace, policy, rule, app string, requests int64, win
 		Selector: policydoc.Selector{MatchLabels: map[string]string{labelApp: app}},
 		Rules: []policydoc.Rule{{
 			Name: rule, Match: &policydoc.Match{PathPrefix: pathPrefix}, Key: []policydoc.KeyPart{{Header: keyHeader}},
-			Algorithm: "FixedWindow", Requests: requests, WindowMS: window.Milliseconds(), Mode: "Enforce",
+			Algorithm: "FixedWindow", Requests: requests, WindowMS: window.Milliseconds(), Mode: modeEnforce,
 		}},
 	}
 	_, data, err := policydoc.Build(namespace, []policydoc.Policy{p}, map[string]string{})

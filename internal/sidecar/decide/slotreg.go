@@ -1,0 +1,227 @@
+package decide
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
+)
+
+// SlotRegistry keeps the in-flight slots of requests that end by a later call rather than in
+// the sidecar: /v1/check's acquire, renew and release (by id), and Envoy's
+// apply_on_stream_done (the oldest slot of a key, given back by the descriptor's negative hits).
+//
+// A slot kept here is still a slot of the limiter: the limiter renews it in Redis with all the
+// others of this replica while it is kept, so it counts as long as its client does. What the
+// client owes is a lease: an entry not renewed (Renew) before its lease runs out is released by
+// Sweep, which Run calls every second. A client that never comes back (a gateway that crashed,
+// an Envoy restarted mid-stream) so holds its slot at most one lease and a second; a sidecar
+// that dies holds it at most the limiter's slot expiry after its last renewal.
+//
+// Bounds, with the sidecar's one memory budget (Memory): each entry draws HoldBytes for each
+// slot it keeps, as a hold kept for a settle does; one that does not fit is refused
+// (ErrNoMemory) and its caller gives its slots back. Without a memory budget, Max bounds the
+// entries (ErrTooManySlots). Ids are 128 random bits: an id is found only by whoever it was
+// given to, never guessed into someone else's slot.
+type SlotRegistry struct {
+	// Memory is the budget every entry draws from (nil: none, and Max bounds the entries).
+	Memory *membudget.Budget
+	// Max is the most entries kept (0: none beside a memory budget, else DefaultMaxHolds).
+	Max int
+	// Lease is how long an entry is kept without a renewal.
+	Lease time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Expired, if set, hears of every entry released for its lease running out (metrics).
+	Expired func(slots int)
+
+	mu    sync.Mutex
+	byID  map[string]*slotEntry
+	byKey map[string]*list.List // of *slotEntry, oldest first; entries put with a key only
+}
+
+type slotEntry struct {
+	id, key  string
+	slots    *Slots
+	deadline time.Time
+	bytes    int64
+	inKey    *list.Element
+}
+
+// ErrTooManySlots is wrapped by Put's error when a registry without a memory budget is full.
+var ErrTooManySlots = errors.New("too many in-flight slots kept on this sidecar")
+
+// ErrNoSuchSlot is the error of Renew for an id that names no entry.
+var ErrNoSuchSlot = errors.New("no such slot: released already, or its lease ran out")
+
+// ErrSlotLost is the error of Renew for an entry whose slot stopped counting (Redis no longer
+// held it, or it could not be renewed in time): it is released, and its request should end.
+var ErrSlotLost = errors.New("slot lost: it stopped counting before its release; end the request")
+
+func (g *SlotRegistry) now() time.Time {
+	if g.Now != nil {
+		return g.Now()
+	}
+	return time.Now()
+}
+
+// Put keeps s under a new id until its lease runs out, and as the newest entry of key ("" for
+// none). Its error is a *RefusedError when there is no room for it; s is then not kept, and
+// its caller releases it.
+func (g *SlotRegistry) Put(s *Slots, key string) (id string, deadline time.Time, err error) {
+	now := g.now()
+	bytes := HoldBytes * int64(max(s.Held(), 1))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.byID == nil {
+		g.byID, g.byKey = map[string]*slotEntry{}, map[string]*list.List{}
+	}
+	limit := g.Max
+	if limit == 0 && g.Memory == nil {
+		limit = DefaultMaxHolds
+	}
+	if limit > 0 && len(g.byID) >= limit {
+		return "", time.Time{}, &RefusedError{Err: ErrTooManySlots, RetryAfter: g.Lease}
+	}
+	if !g.Memory.Draw(bytes, nil) {
+		return "", time.Time{}, &RefusedError{Err: ErrNoMemory, RetryAfter: g.Lease}
+	}
+	e := &slotEntry{id: newHoldID(), key: key, slots: s, deadline: now.Add(g.Lease), bytes: bytes}
+	g.byID[e.id] = e
+	if key != "" {
+		l := g.byKey[key]
+		if l == nil {
+			l = list.New()
+			g.byKey[key] = l
+		}
+		e.inKey = l.PushBack(e)
+	}
+	return e.id, e.deadline, nil
+}
+
+// Renew extends the lease of id's entry from now, and answers how many slots it holds and its
+// new deadline. ErrNoSuchSlot: no entry has that id. ErrSlotLost: its slot stopped counting;
+// the entry is gone and its slots are given back.
+func (g *SlotRegistry) Renew(ctx context.Context, id string) (held int, deadline time.Time, err error) {
+	now := g.now()
+	g.mu.Lock()
+	e := g.byID[id]
+	switch {
+	case e == nil:
+		g.mu.Unlock()
+		return 0, time.Time{}, ErrNoSuchSlot
+	case e.slots.LostAny():
+		g.remove(e)
+		g.mu.Unlock()
+		e.slots.Release(ctx)
+		return 0, time.Time{}, ErrSlotLost
+	}
+	e.deadline = now.Add(g.Lease)
+	held, deadline = e.slots.Held(), e.deadline
+	g.mu.Unlock()
+	return held, deadline, nil
+}
+
+// Take takes id's entry out, or returns nil when there is none; its caller releases it.
+func (g *SlotRegistry) Take(id string) *Slots {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.byID[id]
+	if e == nil {
+		return nil
+	}
+	g.remove(e)
+	return e.slots
+}
+
+// TakeOldest takes out the oldest entry put under key, or returns nil when there is none.
+func (g *SlotRegistry) TakeOldest(key string) *Slots {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	l := g.byKey[key]
+	if l == nil {
+		return nil
+	}
+	e := l.Front().Value.(*slotEntry)
+	g.remove(e)
+	return e.slots
+}
+
+// remove forgets e and returns what it drew; g.mu is held.
+func (g *SlotRegistry) remove(e *slotEntry) {
+	delete(g.byID, e.id)
+	if e.inKey != nil {
+		l := g.byKey[e.key]
+		l.Remove(e.inKey)
+		if l.Len() == 0 {
+			delete(g.byKey, e.key)
+		}
+	}
+	g.Memory.Return(e.bytes)
+}
+
+// Len is how many entries are kept, and how many slots they hold.
+func (g *SlotRegistry) Len() (entries, slots int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, e := range g.byID {
+		slots += e.slots.Held()
+	}
+	return len(g.byID), slots
+}
+
+// Sweep releases every entry whose lease ran out before now, and says how many slots went back.
+// The walk is over every entry: they are at most what the memory budget (or Max) has room for.
+func (g *SlotRegistry) Sweep(ctx context.Context) int {
+	now := g.now()
+	var gone []*Slots
+	g.mu.Lock()
+	for _, e := range g.byID {
+		if now.After(e.deadline) {
+			g.remove(e)
+			gone = append(gone, e.slots)
+		}
+	}
+	g.mu.Unlock()
+	n := 0
+	for _, s := range gone {
+		n += s.Held()
+		s.Release(ctx)
+	}
+	if n > 0 && g.Expired != nil {
+		g.Expired(n)
+	}
+	return n
+}
+
+// Run sweeps every second until ctx ends, then releases every entry: the sidecar is stopping,
+// and nobody will release them.
+func (g *SlotRegistry) Run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			g.releaseAll(context.WithoutCancel(ctx))
+			return
+		case <-t.C:
+			g.Sweep(ctx)
+		}
+	}
+}
+
+func (g *SlotRegistry) releaseAll(ctx context.Context) {
+	g.mu.Lock()
+	var all []*Slots
+	for _, e := range g.byID {
+		g.remove(e)
+		all = append(all, e.slots)
+	}
+	g.mu.Unlock()
+	for _, s := range all {
+		s.Release(ctx)
+	}
+}

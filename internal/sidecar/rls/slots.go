@@ -1,0 +1,126 @@
+package rls
+
+import (
+	"context"
+	"errors"
+	"math"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/redline-dev/redline/internal/sidecar/decide"
+	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+)
+
+// In-flight rules follow Envoy's concurrency emulation with apply_on_stream_done: the
+// descriptor sent when the request starts (without is_negative_hits; its hits_addend does not
+// matter, a request holds one slot) takes a slot of the rule's key, kept here under that key;
+// the same descriptor sent when the stream is done, with is_negative_hits, gives back the
+// oldest slot kept under its key (hits_addend of them, 1 when unset). Envoy never renews: a
+// slot whose stream-done call never comes (an Envoy restarted mid-stream) is released when
+// its lease runs out (Slots.Lease, the flag --in-flight-envoy-hold).
+
+// slotHit is an in-flight descriptor that starts a request.
+type slotHit struct {
+	hit decide.Hit
+	at  int // its descriptor's index
+}
+
+// releaseSlots gives back up to n of the oldest slots kept under hit's key.
+func (s *Server) releaseSlots(ctx context.Context, set *ruleset.Set, r *ruleset.Rule, hit decide.Hit, n int64) {
+	key := decide.SlotKey(set, r, hit.Key)
+	for ; n > 0; n-- {
+		sl := s.Slots.TakeOldest(key)
+		if sl == nil {
+			return
+		}
+		sl.Release(ctx)
+	}
+}
+
+// takeSlots takes a slot of each in-flight descriptor and keeps each under its key for its
+// stream-done call. When a rule refuses, or there is no room to keep a slot, every slot taken
+// goes back (slots.Refused says which rule refused; err is the registry's error).
+func (s *Server) takeSlots(ctx context.Context, set *ruleset.Set, hits []slotHit) (slots *decide.Slots, ids []string, err error) {
+	dh := make([]decide.Hit, len(hits))
+	for i, h := range hits {
+		dh[i] = h.hit
+	}
+	slots, err = s.Engine.AcquireSlotHits(ctx, set, dh)
+	if err != nil || slots.Refused != nil {
+		return slots, nil, err
+	}
+	for _, k := range slots.Split() {
+		id, _, err := s.Slots.Put(k.Slots, k.Key)
+		if err != nil {
+			k.Slots.Release(ctx)
+			s.dropSlots(ctx, ids)
+			return slots, nil, err
+		}
+		ids = append(ids, id)
+	}
+	return slots, ids, nil
+}
+
+// dropSlots takes back and releases the slots kept under ids.
+func (s *Server) dropSlots(ctx context.Context, ids []string) {
+	for _, id := range ids {
+		if sl := s.Slots.Take(id); sl != nil {
+			sl.Release(ctx)
+		}
+	}
+}
+
+// slotStatuses fills the statuses of the in-flight descriptors from what their rules decided.
+func slotStatuses(resp *rlsv3.RateLimitResponse, slots *decide.Slots, hits []slotHit) {
+	for i, o := range slots.Outcomes {
+		st := resp.Statuses[hits[i].at]
+		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: o.Rule.ID, RequestsPerUnit: uint32(min(o.Rule.InFlight.Max, math.MaxUint32))}
+		if !o.Result.Full {
+			st.LimitRemaining = uint32(max(min(o.Rule.InFlight.Max-o.Result.InUse, math.MaxUint32), 0))
+		}
+		if o.Refuses() {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+	}
+}
+
+// decideAll decides the rules per window of hits and takes the slots of slotHits, in the
+// proxy's order: with token budgets' holds, the slots first, then the holds; otherwise the
+// rules per window first, so a request they refuse takes no slot. Whichever refuses, what the
+// other took goes back. When the registry has no room for a slot or hold, full says so and the
+// request is refused as a whole.
+func (s *Server) decideAll(ctx context.Context, set *ruleset.Set, hits []decide.Hit, slotHits []slotHit, holds bool) (d decide.Decision, full *noRoom, slots *decide.Slots, err error) {
+	var ids []string
+	if holds {
+		if slots, ids, full, err = s.slotsOf(ctx, set, slotHits); err != nil || full != nil || slots.Refused != nil {
+			return decide.Decision{}, full, slots, err
+		}
+		d, full, err = s.reserve(ctx, set, hits)
+		if err != nil || full != nil || !d.Allowed {
+			s.dropSlots(ctx, ids)
+		}
+		return d, full, slots, err
+	}
+	d = decide.Decision{Allowed: true}
+	if len(hits) > 0 {
+		if d, err = s.Engine.DecideHits(ctx, set, hits, 1); err != nil || !d.Allowed {
+			return d, nil, nil, err
+		}
+	}
+	if slots, _, full, err = s.slotsOf(ctx, set, slotHits); err != nil || full != nil || slots.Refused != nil {
+		d.GiveBack(ctx)
+	}
+	return d, full, slots, err
+}
+
+// slotsOf is takeSlots with the registry's refusal as a noRoom.
+func (s *Server) slotsOf(ctx context.Context, set *ruleset.Set, slotHits []slotHit) (*decide.Slots, []string, *noRoom, error) {
+	if len(slotHits) == 0 {
+		return &decide.Slots{}, nil, nil, nil
+	}
+	slots, ids, err := s.takeSlots(ctx, set, slotHits)
+	if re, ok := errors.AsType[*decide.RefusedError](err); ok {
+		return slots, nil, &noRoom{Err: re}, nil
+	}
+	return slots, ids, nil, err
+}
