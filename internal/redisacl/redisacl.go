@@ -85,10 +85,11 @@ var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*['"]([A-Za-z]+)['"]`)
 var anyCall = regexp.MustCompile(`redis\.p?call\(`)
 
 // SidecarScripts are the scripts a sidecar runs: the limiter's algorithms, the returns (lease
-// and give-back), the holds' settles, the in-flight slots' and the heartbeat. The manager loads them all on every node, since a namespace's user cannot.
+// and give-back), the holds' settles, the in-flight slots', the calendar windows' and the heartbeat. The manager loads them all on every node, since a namespace's user cannot.
 func SidecarScripts() []scripts.Script {
 	return slices.Concat(scripts.All(), []scripts.Script{scripts.LeaseReturn(), scripts.HoldSettle(), scripts.HoldSettleTokenBucket(), scripts.HoldSettleSlidingWindowLog(),
-		scripts.TokenReturn(), scripts.LogReturn(), scripts.SlotAcquire(), scripts.SlotRenew()}, fleet.Scripts())
+		scripts.TokenReturn(), scripts.LogReturn(), scripts.SlotAcquire(), scripts.SlotRenew(),
+		scripts.CalendarWindow(), scripts.CalendarReturn()}, fleet.Scripts())
 }
 
 // Commands returns the commands a namespace's user may run, sorted, in ACL syntax (lower case,
