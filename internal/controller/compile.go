@@ -177,7 +177,7 @@ func checkLimit(alg v1alpha1.Algorithm, l v1alpha1.Limit, field string) (int64, 
 	case l.Calendar != nil && l.Window.Duration != 0:
 		return 0, fmt.Errorf("%s sets either window or calendar, not both", field)
 	case window < v1alpha1.MinWindow || window > maxWindow:
-		return 0, fmt.Errorf("%s.window %s must be between 1s and %s with algorithm %s (744h, 31 days, with SlidingWindowCounter only)", field, window, maxWindow, alg)
+		return 0, fmt.Errorf("%s.window %s must be between 1s and 24h, or 744h (31 days) with algorithm SlidingWindowCounter (the rule's is %s)", field, window, alg)
 	case l.Burst != nil && (*l.Burst < 1 || *l.Burst > v1alpha1.MaxRequests):
 		return 0, fmt.Errorf("%s.burst must be between 1 and %d", field, v1alpha1.MaxRequests)
 	case l.Burst != nil && alg != v1alpha1.TokenBucket:
