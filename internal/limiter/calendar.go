@@ -55,6 +55,7 @@ func periodKey(sk string, startMS int64) string {
 const (
 	longWindow        = 24 * time.Hour
 	longRefusalRepeat = time.Second
+	maxLongWindow     = 32 * 24 * time.Hour
 )
 
 var calendarSHA any = scripts.CalendarWindow().SHA

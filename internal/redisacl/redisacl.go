@@ -19,12 +19,13 @@
 // a plain command of the grant can cost on a tenant's own key it stuffed (measured on Redis 7.0,
 // BenchmarkTenantStall):
 //   - O(1) or O(log N) whatever the key: TIME, TYPE, HLEN, ZCARD, ZSCORE, ZCOUNT, UNLINK (frees
-//     a large value in the background), PING and the connection's own;
+//     a large value in the background), INCRBY and DECRBY (a value longer than 20 bytes is
+//     refused as not an integer before it is read), PING and the connection's own;
 //   - as long as the arguments: HSET, HDEL, HINCRBY, HMGET, HGET, ZADD, ZREM, SET (one ZADD of
 //     a million members held every tenant 2 to 6 s); no ACL bounds an argument count;
 //   - as long as the key: HGETALL, ZRANGE and ZRANGEBYSCORE over all of it, GETRANGE 0 -1 (each
-//     reply carries it all); and freeing a large value on Redis's thread when PEXPIRE (in the past,
-//     or when it expires) or SET (over it) drop it, unless the server runs with
+//     reply carries it all); and freeing a large value on Redis's thread when PEXPIRE or
+//     PEXPIREAT (in the past, or when it expires) or SET (over it) drop it, unless the server runs with
 //     lazyfree-lazy-expire and lazyfree-lazy-server-del. A tenant needs no script for any of
 //     these: what bounds them is a Redis per tenant.
 //

@@ -12,7 +12,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if now >= stop then
   return {0, 0}
 end
-local cur = tonumber(redis.call('GET', KEYS[1])) or 0
+local cur = tonumber(redis.call('GETRANGE', KEYS[1], 0, 31)) or 0 -- as calendar_window.lua
 local n = math.min(units, cur)
 if n > 0 then
   redis.call('DECRBY', KEYS[1], n)
