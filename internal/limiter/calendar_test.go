@@ -207,3 +207,33 @@ func TestCalendarNewDayAtTheZonesMidnight(t *testing.T) {
 		t.Fatalf("the next day: admitted %d of 6, period %s; want 4, 24h", got, r.Period)
 	}
 }
+
+// TestCalendarGiveBack: what a period admitted for a request another rule refused goes back to
+// that period, so the next request of the key passes.
+func TestCalendarGiveBack(t *testing.T) {
+	s := startAt(t, "2028-02-29T12:00:00Z")
+	l := newLimiter(t, newClient(t, s.URL()), limiter.Options{})
+	key := uniqueKey(t)
+	lim := calendarLimit(t, 3, calendar.Spec{Unit: calendar.Month})
+	var first limiter.Result
+	for i := range 4 {
+		r, err := l.Allow(context.Background(), key, lim, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed != (i < 3) {
+			t.Fatalf("request %d: allowed %v", i, r.Allowed)
+		}
+		if i == 0 {
+			first = r
+		}
+	}
+	back, err := l.GiveBack(context.Background(), []limiter.Refund{{Key: key, Limit: lim, Result: first}})
+	if err != nil || back != 1 {
+		t.Fatalf("gave back %d, %v; want 1", back, err)
+	}
+	r, err := l.Allow(context.Background(), key, calendarLimit(t, 3, calendar.Spec{Unit: calendar.Month}), 1)
+	if err != nil || !r.Allowed || r.Remaining != 0 {
+		t.Fatalf("after the give-back: %+v, %v; want admitted with none left", r, err)
+	}
+}
