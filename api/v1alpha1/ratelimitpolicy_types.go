@@ -1,8 +1,6 @@
 package v1alpha1
 
 import (
-	"time"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -125,6 +123,10 @@ type RateLimitPolicySpec struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.inFlight) || !has(self.candidate)",message="limit.inFlight cannot have a candidate (not supported yet); try the new limit as a rule of its own with mode: Shadow"
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.inFlight) || !has(self.refused)",message="limit.inFlight cannot go with refused: a slot always goes back when its request is refused or ends; leave refused unset"
 // +kubebuilder:validation:XValidation:rule="!has(self.candidate) || !has(self.candidate.limit.inFlight)",message="candidate.limit.inFlight is not supported: a candidate is a limit per window (requests and window)"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.window) || !self.limit.window.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$') || duration(self.limit.window) <= duration('24h') || (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter') == 'SlidingWindowCounter'",message="limit.window longer than 24h needs algorithm SlidingWindowCounter (a rolling window); for calendar days, weeks or months use limit.calendar with FixedWindow"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.calendar) || (has(self.algorithm) && self.algorithm == 'FixedWindow')",message="limit.calendar needs algorithm FixedWindow: a calendar period is a fixed window that resets at its start"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.calendar) || !(has(self.cost) && has(self.cost.from) && self.cost.from == 'Response')",message="limit.calendar cannot go with cost.from: Response (not supported yet): count the budget per window, or per request"
+// +kubebuilder:validation:XValidation:rule="!has(self.candidate) || (!has(self.candidate.limit.calendar) && (!has(self.candidate.limit.window) || !self.candidate.limit.window.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$') || duration(self.candidate.limit.window) <= duration('24h')))",message="candidate.limit takes neither calendar nor a window longer than 24h (not supported yet)"
 type Rule struct {
 	// name identifies the rule in the policy, in metrics, in Redis keys and in refusals.
 	// A lowercase DNS label.
@@ -325,20 +327,6 @@ type KeyPart struct {
 	Constant string `json:"constant,omitempty"`
 }
 
-// Bounds of a Limit. The markers below repeat them as literals, which markers need; the
-// controller checks them again for objects stored before a bound existed.
-const (
-	// MaxRequests bounds requests and burst.
-	MaxRequests = 1_000_000_000
-	// MaxSlidingWindowLogRequests bounds requests of SlidingWindowLog, which stores one entry
-	// per request in the window in Redis: about 130 bytes each, so a full log of one key is
-	// about 1.3 MB.
-	MaxSlidingWindowLogRequests = 10_000
-	// MinWindow and MaxWindow bound window.
-	MinWindow = time.Second
-	MaxWindow = 24 * time.Hour
-)
-
 // DurationPattern is Go's time.ParseDuration syntax, which metav1.Duration decodes with: the
 // API server's own "duration" format also takes units Go refuses (d, w), and an object it
 // stores that the controller cannot decode would stop the controller's cache.
@@ -348,7 +336,8 @@ const DurationPattern = `^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|
 const MaxInFlight = 100_000
 
 // Limit is a number of requests per window, or of requests in progress at once.
-// +kubebuilder:validation:XValidation:rule="has(self.inFlight) ? !has(self.requests) && !has(self.window) && !has(self.burst) : has(self.requests) && has(self.window)",message="limit sets either requests and window (requests per window) or inFlight (requests in progress at once), not both: put each in a rule of its own"
+// +kubebuilder:validation:XValidation:rule="has(self.inFlight) ? !has(self.requests) && !has(self.window) && !has(self.burst) && !has(self.calendar) : has(self.requests) && (has(self.window) || has(self.calendar))",message="limit sets either requests and window (requests per window) or inFlight (requests in progress at once), not both: put each in a rule of its own"
+// +kubebuilder:validation:XValidation:rule="!has(self.window) || !has(self.calendar)",message="limit sets either window (a rolling or fixed length) or calendar (days, weeks or months of a time zone), not both"
 type Limit struct {
 	// requests admitted per window, at most 1000000000 (10000 for SlidingWindowLog). For
 	// TokenBucket, the refill: requests tokens per window. Under a rule's cost.from: Response
@@ -358,14 +347,20 @@ type Limit struct {
 	// +optional
 	Requests int64 `json:"requests,omitempty"`
 
-	// window is the length of the window, between 1s and 24h, in Go's duration syntax:
-	// numbers with units h, m, s, ms, us or ns, such as 30s, 5m, 1h30m or 24h.
+	// window is the length of the window, between 1s and 24h (744h, 31 days, with
+	// SlidingWindowCounter), in Go's duration syntax: numbers with units h, m, s, ms, us or ns,
+	// such as 30s, 5m, 1h30m, 24h or 168h. For days, weeks or months of a calendar: calendar.
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=20
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$')",message="limit.window must be a duration such as 30s, 5m, 1h30m or 24h, with units h, m, s, ms, us or ns; days and weeks are not units (write 24h for 1d)"
-	// +kubebuilder:validation:XValidation:rule="!self.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$') || (duration(self) >= duration('1s') && duration(self) <= duration('24h'))",message="limit.window must be between 1s and 24h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$')",message="limit.window must be a duration such as 30s, 5m, 1h30m or 24h, with units h, m, s, ms, us or ns; days and weeks are not units (write 24h for 1d, 168h for 7d), and calendar days, weeks and months are limit.calendar"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$') || (duration(self) >= duration('1s') && duration(self) <= duration('744h'))",message="limit.window must be between 1s and 744h (31 days; beyond 24h with algorithm SlidingWindowCounter only)"
 	// +optional
 	Window metav1.Duration `json:"window,omitzero"`
+
+	// calendar makes the window a day, week or month of a time zone's calendar (FixedWindow
+	// only), instead of window: requests per calendar period, reset at its start.
+	// +optional
+	Calendar *CalendarWindow `json:"calendar,omitempty"`
 
 	// burst is the bucket size of a TokenBucket: how many requests may pass at once after a
 	// quiet period. Defaults to requests. Only valid with TokenBucket.

@@ -6,8 +6,10 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/calendar"
 	"github.com/redline-dev/redline/internal/policydoc"
 )
 
@@ -128,7 +130,15 @@ func compileWindowLimit(r v1alpha1.Rule) (policydoc.Rule, error) {
 	default:
 		return policydoc.Rule{}, fmt.Errorf("refused %q must be Uncounted or Counted", r.Refused)
 	}
+	if r.Limit.Calendar != nil {
+		if out.Calendar, out.WindowMS, err = compileCalendar(alg, r.Limit.Calendar); err != nil {
+			return policydoc.Rule{}, err
+		}
+	}
 	if c := r.Candidate; c != nil {
+		if c.Limit.Calendar != nil || c.Limit.Window.Duration > v1alpha1.MaxWindow {
+			return policydoc.Rule{}, errors.New("candidate.limit takes neither calendar nor a window longer than 24h (not supported yet)")
+		}
 		calg := orDefault(c.Algorithm, alg)
 		cburst, err := checkLimit(calg, c.Limit, "candidate.limit")
 		if err != nil {
@@ -150,6 +160,13 @@ func checkLimit(alg v1alpha1.Algorithm, l v1alpha1.Limit, field string) (int64, 
 		return 0, fmt.Errorf("%s.inFlight is not supported here: a %s is requests per window (requests and window)", field, field)
 	}
 	window := l.Window.Duration
+	if l.Calendar != nil && window == 0 {
+		window = v1alpha1.MinWindow // checked by compileCalendar instead
+	}
+	maxWindow := v1alpha1.MaxWindow
+	if alg == v1alpha1.SlidingWindowCounter {
+		maxWindow = v1alpha1.MaxRollingWindow
+	}
 	maxRequests := int64(v1alpha1.MaxRequests)
 	if alg == v1alpha1.SlidingWindowLog {
 		maxRequests = v1alpha1.MaxSlidingWindowLogRequests
@@ -157,8 +174,10 @@ func checkLimit(alg v1alpha1.Algorithm, l v1alpha1.Limit, field string) (int64, 
 	switch {
 	case l.Requests < 1 || l.Requests > maxRequests:
 		return 0, fmt.Errorf("%s.requests must be between 1 and %d with algorithm %s", field, maxRequests, alg)
-	case window < v1alpha1.MinWindow || window > v1alpha1.MaxWindow:
-		return 0, fmt.Errorf("%s.window %s must be between 1s and 24h", field, window)
+	case l.Calendar != nil && l.Window.Duration != 0:
+		return 0, fmt.Errorf("%s sets either window or calendar, not both", field)
+	case window < v1alpha1.MinWindow || window > maxWindow:
+		return 0, fmt.Errorf("%s.window %s must be between 1s and 24h, or 744h (31 days) with algorithm SlidingWindowCounter (the rule's is %s)", field, window, alg)
 	case l.Burst != nil && (*l.Burst < 1 || *l.Burst > v1alpha1.MaxRequests):
 		return 0, fmt.Errorf("%s.burst must be between 1 and %d", field, v1alpha1.MaxRequests)
 	case l.Burst != nil && alg != v1alpha1.TokenBucket:
@@ -237,4 +256,37 @@ func compilePath(m *v1alpha1.RuleMatch) (*policydoc.Match, error) {
 	default:
 		return nil, fmt.Errorf("match.path.type %q must be PathPrefix or Exact", m.Path.Type)
 	}
+}
+
+// compileCalendar compiles a calendar window, loading its zone from the zone data the binaries
+// embed: the schema cannot tell a zone name from a made-up one, so an unknown zone stops here,
+// in the policy's status, and never reaches a sidecar (which would refuse the document).
+func compileCalendar(alg v1alpha1.Algorithm, c *v1alpha1.CalendarWindow) (*policydoc.Calendar, int64, error) {
+	if alg != v1alpha1.FixedWindow {
+		return nil, 0, fmt.Errorf("limit.calendar needs algorithm FixedWindow, not %s", alg)
+	}
+	out := &policydoc.Calendar{Unit: string(c.Unit), BillingDay: int(c.BillingDay)}
+	if c.TimeZone != "UTC" {
+		out.Zone = c.TimeZone
+	}
+	if c.Unit == v1alpha1.CalendarWeek {
+		out.FirstWeekday = int(time.Monday)
+		if c.FirstWeekday != "" {
+			d, ok := weekdays[c.FirstWeekday]
+			if !ok {
+				return nil, 0, fmt.Errorf("limit.calendar.firstWeekday %q is not a day of the week", c.FirstWeekday)
+			}
+			out.FirstWeekday = int(d)
+		}
+	}
+	cal, err := calendar.New(out.Spec())
+	if err != nil {
+		return nil, 0, fmt.Errorf("limit.calendar: %w", err)
+	}
+	return out, cal.MaxLength().Milliseconds(), nil
+}
+
+var weekdays = map[v1alpha1.Weekday]time.Weekday{
+	"Sunday": time.Sunday, "Monday": time.Monday, "Tuesday": time.Tuesday, "Wednesday": time.Wednesday,
+	"Thursday": time.Thursday, "Friday": time.Friday, "Saturday": time.Saturday,
 }

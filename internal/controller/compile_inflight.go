@@ -16,7 +16,7 @@ func compileInFlight(r v1alpha1.Rule) (policydoc.Rule, error) {
 	switch {
 	case n < 1 || n > v1alpha1.MaxInFlight:
 		return policydoc.Rule{}, fmt.Errorf("limit.inFlight %d must be between 1 and %d", n, v1alpha1.MaxInFlight)
-	case r.Limit.Requests != 0 || r.Limit.Window.Duration != 0 || r.Limit.Burst != nil:
+	case r.Limit.Requests != 0 || r.Limit.Window.Duration != 0 || r.Limit.Burst != nil || r.Limit.Calendar != nil:
 		return policydoc.Rule{}, errors.New("limit sets either requests and window (requests per window) or inFlight (requests in progress at once), not both: put each in a rule of its own")
 	case r.Cost != nil:
 		return policydoc.Rule{}, errors.New("limit.inFlight cannot go with cost: an in-flight rule counts requests in progress, not what they cost; put the budget in a rule of its own")

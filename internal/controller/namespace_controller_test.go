@@ -349,10 +349,10 @@ var _ = Describe("RateLimitPolicy controller", func() {
 			"limit sets either requests and window (requests per window) or inFlight"),
 		Entry("window under 1s", func(p *v1alpha1.RateLimitPolicy) {
 			p.Spec.Rules[0].Limit.Window = metav1.Duration{Duration: 500 * time.Millisecond}
-		}, "limit.window must be between 1s and 24h"),
-		Entry("window over 24h", func(p *v1alpha1.RateLimitPolicy) {
-			p.Spec.Rules[0].Limit.Window = metav1.Duration{Duration: 25 * time.Hour}
-		}, "limit.window must be between 1s and 24h"),
+		}, "limit.window must be between 1s and 744h"),
+		Entry("window over 744h", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Limit.Window = metav1.Duration{Duration: 745 * time.Hour}
+		}, "limit.window must be between 1s and 744h"),
 		Entry("burst without TokenBucket", func(p *v1alpha1.RateLimitPolicy) {
 			p.Spec.Rules[0].Limit.Burst = ptr.To[int64](10)
 		}, "limit.burst is only valid with algorithm TokenBucket"),

@@ -21,6 +21,7 @@ import (
 // the garbage collector as little as possible.
 type call struct {
 	alg    Algorithm
+	cal    bool // a calendar window's (see calendar.go): no lease, no share
 	window time.Duration
 	hold   int64    // ms grants wait in a state where a share was restored (ARGV[10])
 	args   []any    // the whole EVALSHA command
@@ -38,7 +39,7 @@ type call struct {
 }
 
 // decisionScripts are the algorithms' scripts, for scripts.Exec to load after NOSCRIPT.
-var decisionScripts = scripts.All()
+var decisionScripts = append(scripts.All(), scripts.CalendarWindow())
 
 // shaArgs holds each script's SHA already boxed, so that building a command does not allocate it.
 var shaArgs = func() map[Algorithm]any {
@@ -58,7 +59,7 @@ const (
 )
 
 func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *shares, ask *holdAsk) {
-	c.alg, c.window = limit.Algorithm, limit.Window
+	c.alg, c.window, c.cal = limit.Algorithm, limit.Window, false
 	c.state.Store(callPending)
 	c.ask, c.dlArg, c.known = ask, deadlineArg, 0
 	if ask == nil {
@@ -223,7 +224,7 @@ func (l *Limiter) answer(c *call) {
 	}
 	// An abandoned hold is left to expire: its record in Redis gives it back at its deadline, and
 	// a return now would give its units back twice.
-	if c.err == nil && c.g.units > 0 && l.leases != nil && c.alg.leases() && c.ask == nil {
+	if c.err == nil && c.g.units > 0 && l.leases != nil && c.alg.leases() && !c.cal && c.ask == nil {
 		start, _ := c.g.window(c.window)
 		l.leases.queueReturn(leaseReturn{key: c.args[3].(string), window: c.window, windowStart: start, units: c.g.units})
 	}
@@ -285,6 +286,8 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 		case errors.Is(err, errHeld):
 			l.stats.held.Add(1)
 			c.err = fmt.Errorf("running %s script: %w", c.alg, err)
+		case errors.Is(err, errCalendarMiss):
+			c.err = fmt.Errorf("running %s script: %w", c.alg, err)
 		case errors.Is(err, errStale):
 			l.stats.stale.Add(1)
 			c.err = fmt.Errorf("running %s script: %w", c.alg, err)
@@ -315,7 +318,7 @@ func isOutage(err error) bool {
 // when its reply shows that Redis lacked some of the shares: where one key lost counts, others
 // did too.
 func (l *Limiter) recordShare(c *call) {
-	if l.shares == nil || !c.alg.leases() {
+	if l.shares == nil || !c.alg.leases() || c.cal {
 		return
 	}
 	if c.g.units > 0 {

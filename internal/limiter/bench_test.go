@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/calendar"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -138,6 +139,36 @@ func BenchmarkLimiter(b *testing.B) {
 			b.ReportAllocs()
 			concurrently(b, n, func(i int64) error {
 				r, err := l.Allow(context.Background(), keys[i%benchKeys], bigLimit, 1)
+				if err == nil && r.Source != limiter.SourceRedis {
+					err = fmt.Errorf("decision from %s: %w", r.Source, r.Err)
+				}
+				return err
+			})
+			report(b, h)
+		})
+	}
+}
+
+// BenchmarkCalendarLimiter is BenchmarkLimiter on a calendar day (UTC): three candidate periods
+// computed per decision, one key per period, no lease.
+func BenchmarkCalendarLimiter(b *testing.B) {
+	cal, err := calendar.New(calendar.Spec{Unit: calendar.Day})
+	if err != nil {
+		b.Fatal(err)
+	}
+	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: bigLimit.Requests, Window: cal.MaxLength(), Calendar: cal}
+	for _, n := range callerCounts {
+		b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
+			c, h := benchClient(b)
+			l, err := limiter.New(c, limiter.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			keys := benchKeyNames("calendar")
+			b.ReportAllocs()
+			concurrently(b, n, func(i int64) error {
+				r, err := l.Allow(context.Background(), keys[i%benchKeys], lim, 1)
 				if err == nil && r.Source != limiter.SourceRedis {
 					err = fmt.Errorf("decision from %s: %w", r.Source, r.Err)
 				}

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 )
 
 // chargeTag ends the record of a charge, which no hold ever has: a record of 0 units, which the
@@ -18,6 +19,9 @@ const chargeTag = ":charge"
 func (l *Limiter) Charge(ctx context.Context, key string, limit Limit, units int64) (Settled, error) {
 	if err := limit.Validate(); err != nil {
 		return Settled{}, err
+	}
+	if limit.Calendar != nil {
+		return Settled{}, fmt.Errorf("%w: a calendar window takes no charges", ErrInvalidLimit)
 	}
 	units = min(units, MaxUsed)
 	if units <= 0 {

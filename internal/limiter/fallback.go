@@ -85,6 +85,15 @@ func (f *fallback) take(key string, limit Limit, cost, want, replicas int64, now
 			share:    max(1, limit.Capacity()/replicas),
 			window:   limit.Window,
 		}
+		if limit.Window > longWindow && limit.Window <= maxLongWindow {
+			// A long window (a month's quota, a calendar period) kept locally for its whole
+			// length would hand each replica its share of the whole quota again on every
+			// outage, on top of what Redis already counted: locally it is enforced at its
+			// daily pace instead, a day's share of the quota per day of outage. Up to the
+			// longest window the API has (a month); longer ones are the engine's own.
+			nw.window = longWindow
+			nw.share = max(1, int64(float64(limit.Capacity())*float64(longWindow)/float64(limit.Window))/replicas)
+		}
 		if prev, found, _ := f.cache.PeekOrAdd(key, nw); found && prev.limit == limit && prev.replicas == replicas {
 			nw = prev // another caller created it first
 		} else if found {

@@ -60,7 +60,7 @@ type Refund struct {
 func (r Result) Counted() int64 { return r.spent.units }
 
 // giveBackScripts are what GiveBack runs, for scripts.Exec to load after NOSCRIPT.
-var giveBackScripts = []scripts.Script{scripts.HoldSettle(), scripts.TokenReturn(), scripts.LogReturn()}
+var giveBackScripts = []scripts.Script{scripts.HoldSettle(), scripts.TokenReturn(), scripts.LogReturn(), scripts.CalendarReturn()}
 
 // giveBackTag ends the record a give-back names in the hold settle's script: no hold's record
 // ends with it (theirs end with a sequence number), so it never takes a hold's record.
@@ -81,7 +81,7 @@ func (l *Limiter) GiveBack(ctx context.Context, refunds []Refund) (int64, error)
 		if sp.units <= 0 {
 			continue
 		}
-		sk := stateKey(rf.Key, rf.Limit.Algorithm)
+		sk := limitKey(rf.Key, rf.Limit)
 		switch rf.Result.Source {
 		case SourceFallback:
 			if sp.local != nil {
@@ -136,6 +136,9 @@ type pendingBack struct {
 
 // giveBackCmd builds the script call that gives sp back to sk in Redis.
 func (l *Limiter) giveBackCmd(ctx context.Context, sk string, lim Limit, sp spent) *pendingBack {
+	if lim.Calendar != nil {
+		return calendarBackCmd(ctx, sk, lim, sp)
+	}
 	p := &pendingBack{key: sk, limit: lim, sp: sp}
 	switch lim.Algorithm {
 	case TokenBucket:
@@ -210,6 +213,9 @@ func spentOf(limit Limit, g grant, cost int64) spent {
 	switch limit.Algorithm {
 	case FixedWindow, SlidingWindowCounter:
 		sp.startMS, _ = g.window(limit.Window)
+		if limit.Calendar != nil {
+			sp.startMS, _ = limit.Calendar.PeriodMS(g.nowUS / 1000)
+		}
 	case SlidingWindowLog:
 		sp.startMS = g.nowUS / 1000
 	}

@@ -194,6 +194,9 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 	if err := limit.Validate(); err != nil {
 		return Result{}, nil, err
 	}
+	if limit.Calendar != nil {
+		return Result{}, nil, fmt.Errorf("%w: a calendar window takes no holds", ErrInvalidLimit)
+	}
 	if least < 1 || want < least {
 		return Result{}, nil, fmt.Errorf("%w: a hold needs 1 <= least <= want, got %d and %d", ErrInvalidLimit, least, want)
 	}

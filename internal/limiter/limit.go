@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/redline-dev/redline/internal/calendar"
 )
 
 // Algorithm names a rate limiting algorithm. The values match the API's enum.
@@ -38,6 +40,10 @@ type Limit struct {
 	// Replicas is the live replica count LocalFallback divides this limit by (0 counts as 1):
 	// the count of the limit's heartbeat group, as Announce returns it.
 	Replicas int64
+	// Calendar, when set, makes a FixedWindow count calendar periods (days, weeks, months in a
+	// time zone) instead of windows aligned on multiples of Window; Window is then the longest
+	// a period can be (Calendar.MaxLength), which bounds what needs one length (see calendar.go).
+	Calendar *calendar.Calendar
 	// Peers is the most live replicas of the limit's group seen lately (0: unknown). A key
 	// whose grants wait after a restore (Options.RestoreHold) decides again once that many
 	// replicas re-asserted their shares in it, instead of at the end of the hold.
@@ -103,6 +109,9 @@ type Result struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the limit is back to its full capacity.
 	ResetAfter time.Duration
+	// Period is the length of the calendar period Redis decided in (a 23-hour day, a 29-day
+	// month), for a limit with a Calendar; 0 otherwise.
+	Period time.Duration
 	// Source says where the decision came from.
 	Source Source
 	// Err is why Redis was not asked or did not answer, for logs and metrics, when Source is one
@@ -148,6 +157,9 @@ func (l Limit) Validate() error {
 	}
 	if l.Peers < 0 {
 		return fmt.Errorf("%w: peers must not be negative, got %d", ErrInvalidLimit, l.Peers)
+	}
+	if l.Calendar != nil && l.Algorithm != FixedWindow {
+		return fmt.Errorf("%w: a calendar window is a FixedWindow, not %s", ErrInvalidLimit, l.Algorithm)
 	}
 	if l.Burst < 0 {
 		return fmt.Errorf("%w: burst must not be negative, got %d", ErrInvalidLimit, l.Burst)
@@ -251,6 +263,9 @@ func decodeReply(n []int64) (Result, grant, error) {
 	}
 	if n[0] == 0 && n[2] == -2 {
 		return Result{}, grant{nowUS: g.nowUS}, errStale
+	}
+	if n[0] == 0 && n[2] == -4 {
+		return Result{}, grant{nowUS: g.nowUS}, errCalendarMiss
 	}
 	if n[0] == 0 && n[2] == -3 {
 		return Result{}, grant{nowUS: g.nowUS, restored: g.restored}, errHeld

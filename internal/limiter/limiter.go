@@ -278,9 +278,9 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 		// reaching a script at all, and costs no round trip.
 		return finish(Result{OverLimit: true, RetryAfter: -1, Source: SourceCapacity}, limit), nil
 	}
-	sk := stateKey(key, limit.Algorithm)
+	sk := limitKey(key, limit)
 	now := l.opts.Now()
-	if l.leases == nil || !limit.Algorithm.leases() {
+	if l.leases == nil || !limit.Algorithm.leases() || limit.Calendar != nil {
 		res, g, answered, err := l.ask(ctx, sk, limit, cost, cost, now, m, nil)
 		return finish(counted(res, limit, g, cost, answered), limit), err
 	}
@@ -321,6 +321,14 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 // failure mode when Redis cannot answer. answered says Redis decided (g is then its grant). h,
 // when not nil, makes it a Reserve's: a hold of up to h.want units.
 func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want int64, now time.Time, m *member, h *holdAsk) (Result, grant, bool, error) {
+	if limit.Calendar != nil && h == nil {
+		return l.askCalendar(ctx, sk, limit, cost, now, m)
+	}
+	return l.askAt(ctx, sk, limit, cost, want, now, m, h, 0)
+}
+
+// askAt is ask, for a calendar limit around atMS on Redis's clock (see askCalendar).
+func (l *Limiter) askAt(ctx context.Context, sk string, limit Limit, cost, want int64, now time.Time, m *member, h *holdAsk, atMS int64) (Result, grant, bool, error) {
 	if r, ok := l.precheck.check(sk, limit, cost, now); ok {
 		l.stats.precheck.Add(1)
 		return r, grant{}, false, nil
@@ -334,6 +342,9 @@ func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want in
 
 	c := l.calls.Get().(*call)
 	c.prepare(sk, limit, cost, want, l.shares, h)
+	if limit.Calendar != nil {
+		c.prepareCalendar(sk, limit, cost, atMS)
+	}
 	c.shard = sh
 	if m != nil && !m.arrived && ctx.Err() != nil {
 		// Given up before its batch left: decided here, never sent (as a queued call is).
@@ -402,17 +413,30 @@ func (l *Limiter) finishCall(c *call, sk string, limit Limit, cost int64, now ti
 	res, g, err := c.res, c.g, c.err
 	c.reset()
 	l.calls.Put(c)
+	if errors.Is(err, errCalendarMiss) {
+		return Result{}, g, false, err // askCalendar asks again around g's clock
+	}
 	if err != nil {
 		return l.degraded(sk, limit, cost, now, err, h), grant{}, false, nil
 	}
 	l.stats.redis.Add(1)
+	if limit.Calendar != nil {
+		start, end := limit.Calendar.PeriodMS(g.nowUS / 1000)
+		res.Period = time.Duration(end-start) * time.Millisecond
+	}
 	if res.OverLimit && res.RetryAfter > 0 {
 		// now was taken before the call, so the local refusal ends no later than Redis's would.
 		// Where leases run, units another replica gives back can free the window before its
 		// end: the refusal is repeated for one lease horizon at most, then Redis is asked again.
 		var repeatFor time.Duration
-		if l.leases != nil && limit.Algorithm.leases() {
+		if l.leases != nil && limit.Algorithm.leases() && limit.Calendar == nil {
 			repeatFor = l.opts.LeaseHorizon
+		}
+		if limit.Calendar != nil || limit.Window > longWindow {
+			// A refusal of a long window lasts to its end, days away, while units other
+			// replicas give back (a request another rule refused) may free it any time:
+			// repeated a second at most, which still spares Redis all but one call a second.
+			repeatFor = min(cmp.Or(repeatFor, longRefusalRepeat), longRefusalRepeat)
 		}
 		if h != nil {
 			// Holds go back whenever a request ends, on any replica: a refused hold is

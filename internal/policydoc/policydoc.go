@@ -19,6 +19,9 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
+
+	"github.com/redline-dev/redline/internal/calendar"
 )
 
 // Names of the per-namespace ConfigMap.
@@ -101,6 +104,26 @@ type Rule struct {
 	// one of them refuses a document with it and keeps its last good one, rather than take an
 	// in-flight rule for a limit per window.
 	InFlight int64 `json:"inFlight,omitempty"`
+	// Calendar, when set, makes a FixedWindow count the periods of a calendar (see package
+	// calendar); WindowMS is then the longest a period can be. Omitted when not set, so a
+	// document without calendar windows stays readable by sidecars that do not know the field;
+	// one of them refuses a document with it and keeps its last good one, rather than count a
+	// day of a time zone as 26 hours from the epoch.
+	Calendar *Calendar `json:"calendar,omitempty"`
+}
+
+// Calendar is a rule's calendar window: Unit Day, Week or Month in Zone (an IANA name, empty
+// for UTC), weeks from FirstWeekday (0 Sunday to 6 Saturday), months from BillingDay (1-31).
+type Calendar struct {
+	Unit         string `json:"unit"`
+	Zone         string `json:"zone,omitempty"`
+	FirstWeekday int    `json:"firstWeekday,omitempty"`
+	BillingDay   int    `json:"billingDay,omitempty"`
+}
+
+// Spec is c as package calendar takes it.
+func (c *Calendar) Spec() calendar.Spec {
+	return calendar.Spec{Unit: calendar.Unit(c.Unit), Zone: c.Zone, FirstWeekday: time.Weekday(c.FirstWeekday), BillingDay: c.BillingDay}
 }
 
 // MaxInFlight bounds Rule.InFlight.
@@ -248,6 +271,9 @@ func Parse(data []byte) (*Document, error) {
 			if err := r.validCost(); err != nil {
 				return nil, fmt.Errorf("policy %s rule %s: cost: %w", p.Name, r.Name, err)
 			}
+			if err := r.validCalendar(); err != nil {
+				return nil, fmt.Errorf("policy %s rule %s: calendar: %w", p.Name, r.Name, err)
+			}
 		}
 	}
 	return &doc, nil
@@ -273,6 +299,25 @@ func Decompress(gz []byte) ([]byte, error) {
 // Selects reports whether the policy targets a pod with these labels.
 func (p *Policy) Selects(podLabels map[string]string) bool {
 	return p.Selector.Matches(podLabels)
+}
+
+// validCalendar checks a calendar window (nil is valid): its zone is one this build knows, its
+// algorithm FixedWindow, and it has no cost from the response (holds are not taken on one).
+func (r *Rule) validCalendar() error {
+	if r.Calendar == nil {
+		return nil
+	}
+	if r.Algorithm != "FixedWindow" || r.Cost != nil {
+		return errors.New("a calendar window is a FixedWindow without a cost from the response")
+	}
+	c, err := calendar.New(r.Calendar.Spec())
+	if err != nil {
+		return err
+	}
+	if r.WindowMS != c.MaxLength().Milliseconds() {
+		return fmt.Errorf("windowMs %d, want the longest period, %d", r.WindowMS, c.MaxLength().Milliseconds())
+	}
+	return nil
 }
 
 // validInFlight checks an in-flight rule: nothing of a limit per window goes with it.

@@ -19,12 +19,13 @@
 // a plain command of the grant can cost on a tenant's own key it stuffed (measured on Redis 7.0,
 // BenchmarkTenantStall):
 //   - O(1) or O(log N) whatever the key: TIME, TYPE, HLEN, ZCARD, ZSCORE, ZCOUNT, UNLINK (frees
-//     a large value in the background), PING and the connection's own;
+//     a large value in the background), INCRBY and DECRBY (a value longer than 20 bytes is
+//     refused as not an integer before it is read), PING and the connection's own;
 //   - as long as the arguments: HSET, HDEL, HINCRBY, HMGET, HGET, ZADD, ZREM, SET (one ZADD of
 //     a million members held every tenant 2 to 6 s); no ACL bounds an argument count;
 //   - as long as the key: HGETALL, ZRANGE and ZRANGEBYSCORE over all of it, GETRANGE 0 -1 (each
-//     reply carries it all); and freeing a large value on Redis's thread when PEXPIRE (in the past,
-//     or when it expires) or SET (over it) drop it, unless the server runs with
+//     reply carries it all); and freeing a large value on Redis's thread when PEXPIRE or
+//     PEXPIREAT (in the past, or when it expires) or SET (over it) drop it, unless the server runs with
 //     lazyfree-lazy-expire and lazyfree-lazy-server-del. A tenant needs no script for any of
 //     these: what bounds them is a Redis per tenant.
 //
@@ -85,10 +86,11 @@ var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*['"]([A-Za-z]+)['"]`)
 var anyCall = regexp.MustCompile(`redis\.p?call\(`)
 
 // SidecarScripts are the scripts a sidecar runs: the limiter's algorithms, the returns (lease
-// and give-back), the holds' settles, the in-flight slots', the dry runs' and the heartbeat. The manager loads them all on every node, since a namespace's user cannot.
+// and give-back), the holds' settles, the in-flight slots', the calendar windows', the dry runs' and the heartbeat. The manager loads them all on every node, since a namespace's user cannot.
 func SidecarScripts() []scripts.Script {
 	return slices.Concat(scripts.All(), []scripts.Script{scripts.LeaseReturn(), scripts.HoldSettle(), scripts.HoldSettleTokenBucket(), scripts.HoldSettleSlidingWindowLog(),
-		scripts.TokenReturn(), scripts.LogReturn(), scripts.SlotAcquire(), scripts.SlotRenew()}, scripts.Peeks(), fleet.Scripts())
+		scripts.TokenReturn(), scripts.LogReturn(), scripts.SlotAcquire(), scripts.SlotRenew(),
+		scripts.CalendarWindow(), scripts.CalendarReturn()}, scripts.Peeks(), fleet.Scripts())
 }
 
 // Commands returns the commands a namespace's user may run, sorted, in ACL syntax (lower case,

@@ -259,6 +259,19 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 	} {
 		add("HoldSettleSlidingWindowLog", logHeld, a...)
 	}
+	// Calendar windows: periods whose keys hold the 64 MiB string (read 32 bytes of, never
+	// written: INCRBY and DECRBY refuse a non-integer), and hostile boundaries and counts.
+	cal := []string{l.tat, l.tat, l.tat}
+	add("CalendarWindow", cal, 100, 2*hour, 1, 0, l.start-hour, l.start, l.start+hour, l.start+2*hour)
+	add("CalendarWindow", cal, "1e15", "1e12", "1e15", 0, l.start-hour, l.start, l.start+hour, "1e16")
+	add("CalendarWindow", cal, "nan", "inf", "nan", 0, "nan", "nan", "nan", "nan")
+	add("CalendarWindow", cal, 100, hour, 1, 0, 0, 1, 2, 3) // Redis's clock in none of them
+	add("CalendarWindow", cal)
+	add("CalendarReturn", []string{l.tat}, 5, l.start+hour)
+	add("CalendarReturn", []string{l.tat}, "1e300", "inf")
+	add("CalendarReturn", []string{l.tat})
+	add("CalendarReturn", []string{l.tat}, 5, 1)                       // a period that ended
+	add("CalendarReturn", []string{l.tat + ":cal:0"}, 5, l.start+hour) // a period with no count
 	add("HoldSettleSlidingWindowLog", []string{l.log, l.logHolds}, 100, hour, "0:5:r1:a", 3, 0)
 	// Slots over the stuffed hold records (half of them live): take one, with every bound
 	// hostile, and renew the most ids a call reads, and more.

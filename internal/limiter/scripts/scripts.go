@@ -106,6 +106,16 @@ var (
 	})
 )
 
+// CalendarWindow decides a FixedWindow whose periods are calendar days, weeks or months, and
+// CalendarReturn gives units back to one of its periods (see lua/calendar_window.lua,
+// lua/calendar_return.lua). Not algorithms: a calendar window is a FixedWindow, and the
+// document's script map stays as older sidecars read it. Like LeaseReturn, loaded by Exec on
+// NOSCRIPT and by the manager with every sidecar script, and not recorded.
+var (
+	CalendarWindow = sync.OnceValue(func() Script { return New("CalendarWindow", source("lua/calendar_window.lua")) })
+	CalendarReturn = sync.OnceValue(func() Script { return New("CalendarReturn", source("lua/calendar_return.lua")) })
+)
+
 // SlotAcquire takes a slot of an in-flight limit and SlotRenew renews a replica's slots of one
 // key (see lua/slot_acquire.lua, lua/slot_renew.lua). A slot is given back with a plain ZREM.
 // Like LeaseReturn, loaded by Exec on NOSCRIPT and by the manager with every sidecar script,

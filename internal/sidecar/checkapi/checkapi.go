@@ -474,7 +474,7 @@ func result(o decide.Outcome) Result {
 	res := Result{
 		Policy: o.Rule.Policy.Name, Rule: o.Rule.Name, Mode: mode,
 		Allowed: o.Result.Allowed, OverLimit: o.Result.OverLimit,
-		Limit: o.Rule.Limit.Requests, WindowSeconds: o.Rule.WindowSeconds,
+		Limit: o.Rule.Limit.Requests, WindowSeconds: decide.WindowSeconds(&o),
 		Remaining: o.Result.Remaining, ResetSeconds: decide.CeilSeconds(o.Result.ResetAfter),
 		Source: o.Result.Source.String(),
 	}

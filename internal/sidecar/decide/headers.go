@@ -43,7 +43,7 @@ func (d *Decision) Fields() Fields {
 		pol = append(pol, ";q="...)
 		pol = strconv.AppendInt(pol, o.Rule.Limit.Requests, 10)
 		pol = append(pol, ";w="...)
-		pol = strconv.AppendInt(pol, o.Rule.WindowSeconds, 10)
+		pol = strconv.AppendInt(pol, WindowSeconds(o), 10)
 
 		rl = appendSFString(rl, o.Rule.ID)
 		rl = append(rl, ";r="...)
@@ -109,4 +109,13 @@ func appendSFString(b []byte, s string) []byte {
 		}
 	}
 	return append(b, '"')
+}
+
+// WindowSeconds is the window of o in whole seconds rounded up: its rule's, or the length of the
+// calendar period it was decided in (a 23-hour day, a 29-day month) when the decision says.
+func WindowSeconds(o *Outcome) int64 {
+	if o.Result.Period > 0 {
+		return CeilSeconds(o.Result.Period)
+	}
+	return o.Rule.WindowSeconds
 }

@@ -51,6 +51,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/redline-dev/redline/internal/calendar"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -273,6 +274,12 @@ func currentLimit(r *ruleset.Rule) *rlsv3.RateLimitResponse_RateLimit {
 		Name:            r.ID,
 		RequestsPerUnit: uint32(min(r.Limit.Requests, math.MaxUint32)),
 		Unit:            rlsv3.RateLimitResponse_RateLimit_SECOND,
+	}
+	if c := r.Limit.Calendar; c != nil {
+		// A calendar period in its own unit: a day, a week or a month, whatever its length.
+		l.Unit = map[calendar.Unit]rlsv3.RateLimitResponse_RateLimit_Unit{calendar.Day: rlsv3.RateLimitResponse_RateLimit_DAY,
+			calendar.Week: rlsv3.RateLimitResponse_RateLimit_WEEK, calendar.Month: rlsv3.RateLimitResponse_RateLimit_MONTH}[c.Spec().Unit]
+		return l
 	}
 	secs := r.WindowSeconds
 	for _, u := range []struct {

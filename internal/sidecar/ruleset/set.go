@@ -15,6 +15,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/redline-dev/redline/internal/calendar"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/topkeys"
@@ -79,7 +80,9 @@ type Rule struct {
 	Limit limiter.Limit
 	// Shadow rules decide and count but never refuse.
 	Shadow bool
-	// WindowSeconds is the window rounded up to whole seconds, for the w parameter.
+	// WindowSeconds is the window rounded up to whole seconds, for the w parameter; for a
+	// calendar window its usual length (a day, 7 days, 30 days), which a decision replaces with
+	// its period's own (decide.WindowSeconds).
 	WindowSeconds int64
 	// StateName is the rule name the rule's Redis keys are made with (limiter.Key): Name, or
 	// for a candidate Name + CandidateSuffix, so that the two never share a counter.
@@ -376,6 +379,8 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 		}
 		r.Limit, r.WindowSeconds = limiter.Limit{}, 0
 		r.InFlight = &limiter.InFlight{Max: cr.InFlight, FailureMode: p.FailureMode, Shadow: r.Shadow}
+	} else if err := r.setCalendar(cr.Calendar); err != nil {
+		return nil, err
 	} else if err := r.Limit.Validate(); err != nil {
 		return nil, fmt.Errorf("checking limit: %w", err)
 	}
@@ -466,4 +471,19 @@ func (s *Set) PolicyNames() []string {
 		out[i] = p.Name
 	}
 	return out
+}
+
+// setCalendar makes r count the periods of c (nil: none). Its WindowSeconds is the unit's usual
+// length: what a face says of a period when no decision told its own.
+func (r *Rule) setCalendar(c *policydoc.Calendar) error {
+	if c == nil {
+		return nil
+	}
+	cal, err := calendar.New(c.Spec())
+	if err != nil {
+		return fmt.Errorf("checking limit: %w", err)
+	}
+	r.Limit.Calendar = cal
+	r.WindowSeconds = map[calendar.Unit]int64{calendar.Day: 86400, calendar.Week: 7 * 86400, calendar.Month: 30 * 86400}[cal.Spec().Unit]
+	return nil
 }

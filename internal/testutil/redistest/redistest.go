@@ -30,6 +30,7 @@ type Server struct {
 	dir  string
 	proc *proc.Process // nil while it is not running
 	args []string
+	env  []string // the process's environment beyond none (StartAt's clock shift)
 	// tls is how the helper's own clients reach a TLS server (StartTLS); nil for plaintext.
 	tls *tls.Config
 }
@@ -178,7 +179,11 @@ func (t TLSServer) clientConfig() (*tls.Config, error) {
 // tls-replication on: a replica of it (--replicaof) dials its master over TLS.
 func StartTLS(t TLSServer, extra ...string) (*Server, error) { return start(&t, extra) }
 
-func start(t *TLSServer, extra []string) (*Server, error) {
+func start(t *TLSServer, extra []string) (*Server, error) { return startTLSEnv(t, nil, extra) }
+
+func startEnv(env, extra []string) (*Server, error) { return startTLSEnv(nil, env, extra) }
+
+func startTLSEnv(t *TLSServer, env, extra []string) (*Server, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
@@ -187,7 +192,7 @@ func start(t *TLSServer, extra []string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Port: port, dir: dir}
+	s := &Server{Port: port, dir: dir, env: env}
 	portArgs := []string{"--port", strconv.Itoa(port)}
 	if t != nil {
 		if s.tls, err = t.clientConfig(); err != nil {
@@ -218,7 +223,7 @@ func (s *Server) Start() error {
 	}
 	// Killed with the test binary, even by a timeout's SIGKILL: no servers left behind. The log
 	// (redis.log) is appended to, so a restarted server's keeps the earlier runs'.
-	p, err := proc.Start(s.dir, "redis", bin, s.args, nil)
+	p, err := proc.Start(s.dir, "redis", bin, s.args, s.env)
 	if err != nil {
 		return err
 	}

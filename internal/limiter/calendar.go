@@ -1,0 +1,103 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/redline-dev/redline/internal/limiter/scripts"
+)
+
+// Calendar windows (Limit.Calendar): a FixedWindow whose periods are days, weeks or months in a
+// time zone, 23 to 25 hours, 28 to 31 days long. Lua has no zone data, and the periods must be
+// those of Redis's clock like every other window, so the two meet half way: this process
+// computes three consecutive periods around its estimate of Redis's clock (redisClock, or its
+// own clock before the first reply), each with a key of its own named by its start, and the
+// script (lua/calendar_window.lua) reads TIME and counts in the one containing it. Every replica
+// computes the same periods from the same embedded zone data, so every replica names the same
+// key for the same instant on Redis's clock. When Redis's clock is in none of the three (the
+// estimate is off by more than a period), the script counts nothing and says its time; the call
+// is made once more around it.
+//
+// What a period's key holds is only what was admitted in it, and it expires at the period's end:
+// no roll, nothing of the period before, so none of the machinery of windows that roll applies.
+// A calendar window takes no leases (a lease's units would be counted in a period they might not
+// be admitted in, near a boundary the two clocks disagree on), keeps no shares (a period's count
+// lost with a Redis is for the rule's durability to prevent, not for shares that a month of pods
+// coming and going would not hold anyway), and takes no holds (a rule with cost from the response
+// cannot have a calendar window yet: the API refuses it).
+
+// calendarSuffix names the state of a calendar window: <key>:cal:<period start, ms>. Apart from
+// every other algorithm's, so a rule moving to or from a calendar starts afresh.
+const calendarSuffix = "cal"
+
+// errCalendarMiss is wrapped by the error of a calendar call whose periods did not hold Redis's
+// clock: nothing was counted.
+var errCalendarMiss = errors.New("redis's clock is in none of the calendar periods sent")
+
+// limitKey is the state key of key under limit.
+func limitKey(key string, limit Limit) string {
+	if limit.Calendar != nil {
+		return key + ":" + calendarSuffix
+	}
+	return stateKey(key, limit.Algorithm)
+}
+
+// periodKey is the key of the period starting at startMS of the calendar state sk.
+func periodKey(sk string, startMS int64) string {
+	return sk + ":" + strconv.FormatInt(startMS, 10)
+}
+
+// longWindow is where a window counts as long: a calendar's, or a rolling window of more than a
+// day. longRefusalRepeat bounds how long the pre-check repeats a refusal of one (see finishCall),
+// and the local fallback enforces a long window at its daily pace (see fallback.take).
+const (
+	longWindow        = 24 * time.Hour
+	longRefusalRepeat = time.Second
+	maxLongWindow     = 32 * 24 * time.Hour
+)
+
+var calendarSHA any = scripts.CalendarWindow().SHA
+
+// prepareCalendar makes c the calendar call of cost units of sk, around atMS on Redis's clock:
+// the periods before, at and after it. Its deadline is ARGV[4], two keys after a plain call's.
+func (c *call) prepareCalendar(sk string, limit Limit, cost, atMS int64) {
+	s1, e1 := limit.Calendar.PeriodMS(atMS)
+	s0, _ := limit.Calendar.PeriodMS(s1 - 1)
+	_, e2 := limit.Calendar.PeriodMS(e1)
+	c.cal, c.known, c.hold = true, 0, 0
+	c.dlArg = deadlineArg + 2
+	c.args = append(c.args[:0], "evalsha", calendarSHA, 3, periodKey(sk, s0), periodKey(sk, s1), periodKey(sk, e1),
+		limit.Requests, limit.Window.Milliseconds(), cost, noDeadline, s0, s1, e1, e2)
+}
+
+// redisNowMS is this process's estimate of Redis's clock, in ms: its own clock until a reply.
+func (l *Limiter) redisNowMS() int64 {
+	now := time.Now()
+	if us := l.clock.deadline(now); us > 0 {
+		return us / 1000
+	}
+	return now.UnixMilli()
+}
+
+// askCalendar is ask for a calendar limit: around the estimate of Redis's clock, and once more
+// around Redis's own when its clock was in none of the periods.
+func (l *Limiter) askCalendar(ctx context.Context, sk string, limit Limit, cost int64, now time.Time, m *member) (Result, grant, bool, error) {
+	res, g, answered, err := l.askAt(ctx, sk, limit, cost, cost, now, m, nil, l.redisNowMS())
+	if errors.Is(err, errCalendarMiss) {
+		res, g, answered, err = l.askAt(ctx, sk, limit, cost, cost, now, nil, nil, g.nowUS/1000)
+	}
+	if errors.Is(err, errCalendarMiss) {
+		// Redis's clock moved by more than a period between two calls: the failure mode decides.
+		return l.degraded(sk, limit, cost, now, err, nil), grant{}, false, nil
+	}
+	return res, g, answered, err
+}
+
+// calendarBackCmd builds the call that gives sp back to its period of the calendar state sk.
+func calendarBackCmd(ctx context.Context, sk string, lim Limit, sp spent) *pendingBack {
+	_, end := lim.Calendar.PeriodMS(sp.startMS)
+	return &pendingBack{key: sk, limit: lim, sp: sp,
+		cmd: scripts.EvalSha(ctx, scripts.CalendarReturn(), []string{periodKey(sk, sp.startMS)}, sp.units, end)}
+}
