@@ -3,8 +3,11 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
@@ -63,13 +66,51 @@ var calendarSHA any = scripts.CalendarWindow().SHA
 // prepareCalendar makes c the calendar call of cost units of sk, around atMS on Redis's clock:
 // the periods before, at and after it. Its deadline is ARGV[4], two keys after a plain call's.
 func (c *call) prepareCalendar(sk string, limit Limit, cost, atMS int64) {
+	keys, args := calendarArgs(sk, limit, cost, atMS)
+	c.cal, c.known, c.hold = true, 0, 0
+	c.dlArg = deadlineArg + 2
+	c.args = append(c.args[:0], "evalsha", calendarSHA, len(keys))
+	for _, k := range keys {
+		c.args = append(c.args, k)
+	}
+	c.args = append(c.args, args...)
+}
+
+// calendarArgs are the keys and arguments of a calendar call (lua/calendar_window.lua and its
+// dry run) of cost units of sk around atMS on Redis's clock: the periods before, at and after it.
+func calendarArgs(sk string, limit Limit, cost, atMS int64) ([]string, []any) {
 	s1, e1 := limit.Calendar.PeriodMS(atMS)
 	s0, _ := limit.Calendar.PeriodMS(s1 - 1)
 	_, e2 := limit.Calendar.PeriodMS(e1)
-	c.cal, c.known, c.hold = true, 0, 0
-	c.dlArg = deadlineArg + 2
-	c.args = append(c.args[:0], "evalsha", calendarSHA, 3, periodKey(sk, s0), periodKey(sk, s1), periodKey(sk, e1),
-		limit.Requests, limit.Window.Milliseconds(), cost, noDeadline, s0, s1, e1, e2)
+	return []string{periodKey(sk, s0), periodKey(sk, s1), periodKey(sk, e1)},
+		[]any{limit.Requests, limit.Window.Milliseconds(), cost, noDeadline, s0, s1, e1, e2}
+}
+
+// peekCalendar is Peek for a calendar limit: the dry run around the estimate of Redis's clock,
+// and once more around Redis's own when its clock was in none of the periods.
+func (l *Limiter) peekCalendar(ctx context.Context, sk string, limit Limit, cost int64) (Result, error) {
+	at := l.redisNowMS()
+	for range 2 {
+		keys, args := calendarArgs(sk, limit, cost, at)
+		cmd := scripts.EvalSha(ctx, scripts.PeekCalendarWindow(), keys, args...)
+		scripts.Exec(ctx, l.client, []redis.Cmder{cmd}, scripts.Peeks())
+		n, err := cmd.Int64Slice()
+		if err != nil {
+			return Result{}, fmt.Errorf("dry run of a calendar window on Redis: %w", err)
+		}
+		res, g, err := decodeReply(n)
+		if errors.Is(err, errCalendarMiss) {
+			at = g.nowUS / 1000
+			continue
+		}
+		if err != nil {
+			return Result{}, fmt.Errorf("dry run of a calendar window on Redis: %w", err)
+		}
+		start, end := limit.Calendar.PeriodMS(g.nowUS / 1000)
+		res.Period = time.Duration(end-start) * time.Millisecond
+		return finish(res, limit), nil
+	}
+	return Result{}, fmt.Errorf("dry run of a calendar window on Redis: %w", errCalendarMiss)
 }
 
 // redisNowMS is this process's estimate of Redis's clock, in ms: its own clock until a reply.

@@ -2,9 +2,12 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	. "github.com/onsi/gomega"
 
 	"github.com/redline-dev/redline/internal/calendar"
 	"github.com/redline-dev/redline/internal/limiter"
@@ -235,5 +238,36 @@ func TestCalendarGiveBack(t *testing.T) {
 	r, err := l.Allow(context.Background(), key, calendarLimit(t, 3, calendar.Spec{Unit: calendar.Month}), 1)
 	if err != nil || !r.Allowed || r.Remaining != 0 {
 		t.Fatalf("after the give-back: %+v, %v; want admitted with none left", r, err)
+	}
+}
+
+// TestCalendarPeek: a dry run of a calendar window answers what the next decision gets, through
+// the month's limit and past it, on Redis's clock years from the limiter's (each dry run first
+// misses the periods it sent and asks again around Redis's), and writes nothing.
+func TestCalendarPeek(t *testing.T) {
+	s := startAt(t, "2028-02-29T23:30:00+01:00")
+	c := newClient(t, s.URL())
+	l := newLimiter(t, c, limiter.Options{PrecheckSize: -1})
+	key := uniqueKey(t)
+	lim := calendarLimit(t, 5, calendar.Spec{Unit: calendar.Month, Zone: "Europe/Berlin"})
+	g := NewWithT(t)
+	ctx := context.Background()
+	for i, cost := range []int64{1, 2, 6, 1, 3, 1, 1} {
+		start := time.Now()
+		peek, err := l.Peek(ctx, key, lim, cost)
+		g.Expect(err).NotTo(HaveOccurred())
+		before := stateOf(t, c, key)
+		for range 20 {
+			_, err := l.Peek(ctx, key, lim, cost)
+			g.Expect(err).NotTo(HaveOccurred())
+		}
+		g.Expect(stateOf(t, c, key)).To(Equal(before), "step %d: dry runs changed the state", i)
+		got, err := l.Allow(ctx, key, lim, cost)
+		g.Expect(err).NotTo(HaveOccurred())
+		what := fmt.Sprintf("step %d, cost %d: dry run %+v, decision %+v", i, cost, peek, got)
+		sameAnswer(g, peek, got, time.Since(start), what)
+		if cost <= lim.Requests { // a cost past the limit is refused before Redis is asked
+			g.Expect(peek.Period).To(Equal(29*24*time.Hour), what)
+		}
 	}
 }

@@ -40,7 +40,7 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit, cost int64)
 	if cost > limit.Capacity() {
 		return finish(Result{OverLimit: true, RetryAfter: -1, Source: SourceCapacity}, limit), nil
 	}
-	sk := stateKey(key, limit.Algorithm)
+	sk := limitKey(key, limit)
 	now := l.opts.Now()
 	if l.leases != nil && limit.Algorithm.leases() {
 		if r, ok := l.leases.peek(sk, limit, cost, now); ok {
@@ -52,6 +52,9 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit, cost int64)
 	}
 	if l.breakers.of(ctx, sk).cb.State() == gobreaker.StateOpen {
 		return Result{}, ErrCircuitOpen
+	}
+	if limit.Calendar != nil {
+		return l.peekCalendar(ctx, sk, limit, cost)
 	}
 	s, ok := scripts.PeekFor(string(limit.Algorithm))
 	if !ok {

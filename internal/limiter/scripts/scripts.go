@@ -135,11 +135,16 @@ var peekFiles = []struct{ name, file string }{
 }
 
 var peekScripts = sync.OnceValue(func() []Script {
-	out := make([]Script, 0, len(peekFiles))
+	out := make([]Script, 0, len(peekFiles)+1)
 	for _, f := range peekFiles {
 		out = append(out, New("Peek"+f.name, source(f.file)))
 	}
-	return out
+	return append(out, PeekCalendarWindow())
+})
+
+// PeekCalendarWindow is the dry-run twin of CalendarWindow (lua/peek_calendar_window.lua).
+var PeekCalendarWindow = sync.OnceValue(func() Script {
+	return New("PeekCalendarWindow", source("lua/peek_calendar_window.lua"))
 })
 
 // Peeks returns the dry-run twins of the limiter's scripts, in All's order. Like LeaseReturn,
