@@ -267,6 +267,11 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 	add("CalendarWindow", cal, "nan", "inf", "nan", 0, "nan", "nan", "nan", "nan")
 	add("CalendarWindow", cal, 100, hour, 1, 0, 0, 1, 2, 3) // Redis's clock in none of them
 	add("CalendarWindow", cal)
+	add("PeekCalendarWindow", cal, 100, 2*hour, 1, 0, l.start-hour, l.start, l.start+hour, l.start+2*hour)
+	add("PeekCalendarWindow", cal, "1e15", "1e12", "1e15", 0, l.start-hour, l.start, l.start+hour, "1e16")
+	add("PeekCalendarWindow", cal, "nan", "inf", "nan", 0, "nan", "nan", "nan", "nan")
+	add("PeekCalendarWindow", cal, 100, hour, 1, 0, 0, 1, 2, 3)
+	add("PeekCalendarWindow", cal)
 	add("CalendarReturn", []string{l.tat}, 5, l.start+hour)
 	add("CalendarReturn", []string{l.tat}, "1e300", "inf")
 	add("CalendarReturn", []string{l.tat})
