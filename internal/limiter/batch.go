@@ -35,6 +35,10 @@ type call struct {
 	done   chan struct{}
 	self   [1]*call       // a batch of one, for deciding inline without allocating
 	cmd    [1]redis.Cmder // its command buffer
+	dur    Durability     // what its grant waits for (see durability.go)
+	// unacked says why the wait that followed the call's script did not acknowledge it, ""
+	// when it did or there was none.
+	unacked string
 }
 
 // decisionScripts are the algorithms' scripts, for scripts.Exec to load after NOSCRIPT.
@@ -58,7 +62,7 @@ const (
 )
 
 func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *shares, ask *holdAsk) {
-	c.alg, c.window = limit.Algorithm, limit.Window
+	c.alg, c.window, c.dur, c.unacked = limit.Algorithm, limit.Window, limit.Durability, ""
 	c.state.Store(callPending)
 	c.ask, c.dlArg, c.known = ask, deadlineArg, 0
 	if ask == nil {
@@ -235,6 +239,21 @@ func (l *Limiter) answer(c *call) {
 // NOSCRIPT. It returns the first error that says Redis itself is in trouble, for the breaker.
 // cmds is the caller's buffer, returned for reuse so that a batch costs no slice.
 func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, error) {
+	i := splitDurable(batch)
+	if i <= 0 { // none waits, or all do
+		return l.pipelineOf(batch, cmds, i == 0)
+	}
+	// The calls that wait leave beside the others, which do not wait for them.
+	var derr error
+	var wg sync.WaitGroup
+	wg.Go(func() { _, derr = l.pipelineOf(batch[i:], make([]redis.Cmder, 0, len(batch)-i), true) })
+	cmds, err := l.pipelineOf(batch[:i], cmds, false)
+	wg.Wait()
+	return cmds, cmp.Or(err, derr)
+}
+
+// pipelineOf sends batch's calls in one round trip, followed by their waits when durable.
+func (l *Limiter) pipelineOf(batch []*call, cmds []redis.Cmder, durable bool) ([]redis.Cmder, error) {
 	ctx := context.Background()
 	sent := time.Now()
 	deadline := noDeadline
@@ -256,7 +275,12 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 		cmd.SetFirstKeyPos(3)
 		cmds = append(cmds, cmd)
 	}
-	n := scripts.Exec(ctx, l.client, cmds, decisionScripts)
+	var n scripts.Counts
+	if durable {
+		n = l.execDurable(ctx, batch, cmds)
+	} else {
+		n = scripts.Exec(ctx, l.client, cmds, decisionScripts)
+	}
 	read := time.Now()
 	l.stats.pipelines.Add(n.RoundTrips)
 	l.stats.scriptLoads.Add(n.Loads)
@@ -275,6 +299,7 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 		}
 		c.res, c.g, err = decodeReply(vals)
 		l.clock.observe(c.g.nowUS, read)
+		l.countAck(c)
 		if err == nil && c.ask != nil && c.g.units > 0 {
 			err = c.ask.granted(c, local)
 		}

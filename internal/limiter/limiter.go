@@ -182,6 +182,10 @@ type Limiter struct {
 	holdSeq   atomic.Uint64
 	slotBook  *slotBook // the in-flight slots this replica holds (see slots.go)
 	slotStats slotCounters
+	// durability counts acknowledged and unacknowledged grants; waitClients read long enough
+	// for a wait (durability.go).
+	durability  durabilityCounters
+	waitClients waitClients
 }
 
 // New returns a Limiter over client. The client stays the caller's to close.

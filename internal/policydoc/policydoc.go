@@ -101,6 +101,11 @@ type Rule struct {
 	// one of them refuses a document with it and keeps its last good one, rather than take an
 	// in-flight rule for a limit per window.
 	InFlight int64 `json:"inFlight,omitempty"`
+	// Durability is what the rule's grants wait for (see durability.go). Omitted when none, so
+	// a document without it stays readable by sidecars that do not know the field; one of
+	// them refuses a document with it and keeps its last good one, rather than answer grants
+	// before the acknowledgement the rule asks for.
+	Durability *Durability `json:"durability,omitempty"`
 }
 
 // MaxInFlight bounds Rule.InFlight.
@@ -248,6 +253,9 @@ func Parse(data []byte) (*Document, error) {
 			if err := r.validCost(); err != nil {
 				return nil, fmt.Errorf("policy %s rule %s: cost: %w", p.Name, r.Name, err)
 			}
+			if err := r.Durability.valid(); err != nil {
+				return nil, fmt.Errorf("policy %s rule %s: durability: %w", p.Name, r.Name, err)
+			}
 		}
 	}
 	return &doc, nil
@@ -282,8 +290,8 @@ func (r *Rule) validInFlight() error {
 		return fmt.Errorf("inFlight %d not in 1..%d", r.InFlight, MaxInFlight)
 	case r.Algorithm != "" || r.Requests != 0 || r.WindowMS != 0 || r.Burst != 0:
 		return errors.New("inFlight with a limit per window")
-	case r.Candidate != nil || r.Cost != nil || r.CountRefused:
-		return errors.New("inFlight with a candidate, a cost or countRefused")
+	case r.Candidate != nil || r.Cost != nil || r.CountRefused || r.Durability != nil:
+		return errors.New("inFlight with a candidate, a cost, countRefused or durability")
 	case len(r.Key) == 0:
 		return errors.New("no key")
 	}

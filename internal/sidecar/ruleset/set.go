@@ -359,6 +359,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 			Burst:       cr.Burst,
 			FailureMode: p.FailureMode,
 			Shadow:      cr.Mode == "Shadow",
+			Durability:  durabilityOf(cr.Durability),
 		},
 		WindowSeconds: (cr.WindowMS + 999) / 1000,
 		StateName:     cr.Name,
@@ -451,4 +452,12 @@ func (s *Set) PolicyNames() []string {
 		out[i] = p.Name
 	}
 	return out
+}
+
+// durabilityOf is the limiter's form of a rule's durability (the document checked it).
+func durabilityOf(d *policydoc.Durability) limiter.Durability {
+	if d == nil {
+		return limiter.Durability{}
+	}
+	return limiter.Durability{Mode: limiter.DurabilityMode(d.Mode), Timeout: time.Duration(d.TimeoutMS) * time.Millisecond}
 }
