@@ -185,7 +185,7 @@ func TestCommandsCoverEveryScriptCall(t *testing.T) {
 	g.Expect(cmds).To(Equal([]string{
 		"auth", "client|setname", "cluster|nodes", "cluster|shards", "cluster|slots", "command", "evalsha",
 		"getrange", "hdel", "hello", "hget", "hgetall", "hincrby", "hlen", "hmget", "hset", "pexpire", "ping",
-		"select", "set", "time", "type", "unlink", "zadd", "zcard", "zcount", "zrange", "zrangebyscore", "zrem", "zscore",
+		"select", "set", "time", "type", "unlink", "wait", "waitaof", "zadd", "zcard", "zcount", "zrange", "zrangebyscore", "zrem", "zscore",
 	}))
 	rules, err := redisacl.Rules("shop", []string{"a", "b"})
 	g.Expect(err).NotTo(HaveOccurred())
