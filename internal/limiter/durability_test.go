@@ -228,3 +228,34 @@ func waitAOFKnown(v string) bool {
 	minor, _ := strconv.Atoi(f[1])
 	return major > 7 || major == 7 && minor >= 2
 }
+
+// On a long window a lease holds at most a thousandth of the limit: a sidecar killed without
+// giving it back strands no more than that until the window ends.
+func TestLongWindowLeasesStrandAtMostAThousandth(t *testing.T) {
+	g := NewWithT(t)
+	s := startServer(t)
+	c := newClient(t, s.URL())
+	exactWindow(t, c, durableLimit.Window, 30*time.Minute)
+	l, err := limiter.New(c, limiter.Options{LeaseHorizon: 2 * time.Second})
+	g.Expect(err).NotTo(HaveOccurred())
+	key := uniqueKey(t)
+	lim := durableLimit
+	lim.Replicas = 1
+	const n = 4500 // not a multiple of a lease
+	leased := 0
+	for i := range n {
+		r, err := l.Allow(context.Background(), key, lim, 1)
+		if err != nil || !r.Allowed {
+			t.Fatalf("admit %d: %+v, %v", i, r, err)
+		}
+		if r.Source == limiter.SourceLease {
+			leased++
+		}
+	}
+	g.Expect(leased).To(BeNumerically(">", 0), "the key leased")
+	// The sidecar dies here: what Redis counted beyond what it admitted is stranded.
+	stranded := countedNow(t, s.URL(), key) - n
+	l.Close()
+	g.Expect(stranded).To(BeNumerically("<=", lim.Requests/1000), "at most a thousandth of the limit")
+	t.Logf("24h window, limit %d: %d admitted (%d from leases), %d stranded in the lease", lim.Requests, n, leased, stranded)
+}

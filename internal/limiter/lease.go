@@ -27,7 +27,8 @@ import (
 //     times the horizon (16 units at least), never more than the shared budget left at its
 //     last grant divided by twice the live replicas, so near the limit leases shrink to one
 //     unit again, and never more than a twentieth of the limit divided by the live replicas,
-//     so all the units held at any moment are at most 5% of the limit;
+//     so all the units held at any moment are at most 5% of the limit; on a window of
+//     longWindowLease or longer a thousandth instead (see below);
 //   - a lease ends with the window its units were counted in: its deadline is the time the
 //     request left plus what was left of that window when the script ran on Redis's clock, so
 //     it ends no later than the window does, for a SlidingWindowCounter too, whose state lives
@@ -216,8 +217,25 @@ func (ls *leases) want(e *lease, limit Limit, cost int64, now time.Time) int64 {
 	// replica holds come to 5% of the limit at most, so however demand stops, the replicas
 	// admit at least 95% of what the limit allows.
 	replicas := max(limit.Replicas, 1)
-	w = min(w, e.remaining/(2*replicas), limit.Requests/(20*replicas), ls.max)
+	w = min(w, e.remaining/(2*replicas), limit.Requests/(leaseShare(limit.Window)*replicas), ls.max)
 	return max(w, cost)
+}
+
+// longWindowLease is the window from which leases shrink to a thousandth of the limit.
+const longWindowLease = time.Hour
+
+// leaseShare is what the units all replicas hold at once are a fraction of the limit at most
+// (1/leaseShare). A sidecar killed without giving its lease back (SIGKILL, a node lost) strands
+// its units until the window ends: on a minute that is soon, but over a day or a month pods
+// come and go many times, and each death would strand up to 5% of the period's quota. From an
+// hour on, all replicas together hold at most 0.1% of the limit, so a death strands at most
+// 0.1% divided by the live replicas, a failover of Redis strands nothing (the shares restore
+// every unit a live replica holds), and a hundred deaths in the period strand at most 10%.
+func leaseShare(window time.Duration) int64 {
+	if window >= longWindowLease {
+		return 1000
+	}
+	return 20
 }
 
 // settle records what the fetching caller got from Redis for limit and wakes the waiters. sent
