@@ -79,11 +79,11 @@ func LimiterKeyPrefix(namespace string) string { return "rl:{" + limiter.KeyPart
 // key positions.
 var connectionCommands = []string{
 	"hello", "auth", "ping", "client|setname", "select",
-	"cluster|slots", "cluster|shards", "cluster|nodes", "command", "wait", "waitaof",
+	"cluster|slots", "cluster|shards", "cluster|nodes", "command", "wait",
 }
 
-// newCommands are allowed commands a Redis before 7.2 does not know: Ensure leaves them out on
-// a node whose ACL SETUSER refuses them.
+// newCommands are allowed commands a Redis before 7.2 does not know: Rules grants them beside
+// Commands, and Ensure leaves them out on a node whose ACL SETUSER refuses them.
 var newCommands = []string{"waitaof"}
 
 // scriptCall finds the commands a script calls: redis.call('NAME', ...) or redis.pcall.
@@ -99,9 +99,10 @@ func SidecarScripts() []scripts.Script {
 		scripts.TokenReturn(), scripts.LogReturn(), scripts.SlotAcquire(), scripts.SlotRenew()}, fleet.Scripts())
 }
 
-// Commands returns the commands a namespace's user may run, sorted, in ACL syntax (lower case,
-// "container|sub" for a subcommand). It fails when a sidecar script calls a command whose name
-// is not a literal, which this package could not allow.
+// Commands returns the commands a namespace's user may run that every Redis 6+ knows (Rules adds
+// newCommands), sorted, in ACL syntax (lower case, "container|sub" for a subcommand). It fails
+// when a sidecar script calls a command whose name is not a literal, which this package could
+// not allow.
 var Commands = sync.OnceValues(func() ([]string, error) {
 	set := map[string]bool{"evalsha": true}
 	for _, c := range connectionCommands {
@@ -139,7 +140,7 @@ func Rules(namespace string, passwords []string) ([]string, error) {
 	for _, k := range KeyPatterns(namespace) {
 		rules = append(rules, "~"+k)
 	}
-	for _, c := range cmds {
+	for _, c := range slices.Concat(cmds, newCommands) {
 		rules = append(rules, "+"+c)
 	}
 	return rules, nil
