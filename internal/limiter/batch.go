@@ -182,8 +182,24 @@ func (l *Limiter) runShards(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 	return cmds
 }
 
-// runShard decides the calls of one shard through its breaker and wakes their callers.
+// runShard decides the calls of one shard through its breaker and wakes their callers. Calls
+// whose grants wait for an acknowledgement leave in a pipeline of their own, on a goroutine the
+// flusher does not wait for: a lagging replica holds up neither the others' answers nor the
+// flusher, only the callers of rules that asked to wait (each waits its timeout at most, plus
+// the read timeout; what bounds those goroutines is what bounds the callers).
 func (l *Limiter) runShard(group []*call, cmds []redis.Cmder) []redis.Cmder {
+	if i := splitDurable(group); i >= 0 {
+		durable := slices.Clone(group[i:]) // the flusher reuses its batch
+		go l.runShard1(durable, make([]redis.Cmder, 0, len(durable)))
+		if group = group[:i]; len(group) == 0 {
+			return cmds
+		}
+	}
+	return l.runShard1(group, cmds)
+}
+
+// runShard1 is runShard for calls that all wait, or all do not.
+func (l *Limiter) runShard1(group []*call, cmds []redis.Cmder) []redis.Cmder {
 	sh := group[0].shard
 	_, err := sh.cb.Execute(func() (struct{}, error) {
 		if err := l.resume(sh); err != nil {
@@ -238,23 +254,10 @@ func (l *Limiter) answer(c *call) {
 // pipeline sends the batch's EVALSHAs in one round trip through scripts.Exec, which answers
 // NOSCRIPT. It returns the first error that says Redis itself is in trouble, for the breaker.
 // cmds is the caller's buffer, returned for reuse so that a batch costs no slice.
+// A batch whose calls all wait for an acknowledgement (see runShard) sends the waits after them.
 func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, error) {
-	i := splitDurable(batch)
-	if i <= 0 { // none waits, or all do
-		return l.pipelineOf(batch, cmds, i == 0)
-	}
-	// The calls that wait leave beside the others, which do not wait for them.
-	var derr error
-	var wg sync.WaitGroup
-	wg.Go(func() { _, derr = l.pipelineOf(batch[i:], make([]redis.Cmder, 0, len(batch)-i), true) })
-	cmds, err := l.pipelineOf(batch[:i], cmds, false)
-	wg.Wait()
-	return cmds, cmp.Or(err, derr)
-}
-
-// pipelineOf sends batch's calls in one round trip, followed by their waits when durable.
-func (l *Limiter) pipelineOf(batch []*call, cmds []redis.Cmder, durable bool) ([]redis.Cmder, error) {
 	ctx := context.Background()
+	durable := batch[0].dur.Mode != ""
 	sent := time.Now()
 	deadline := noDeadline
 	if l.opts.CallDeadline > 0 {

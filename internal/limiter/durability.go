@@ -33,8 +33,9 @@ import (
 //     reason; the manager's RedisDurability condition says when a Redis cannot give it at all.
 //     Nothing falls back to a weaker command in silence: WAITAOF is sent as asked, and Redis
 //     7.0's "unknown command" is counted as unsupported.
-//   - Calls with durability leave in a pipeline of their own, beside the batch's others, so
-//     that a lagging replica slows only the rules that asked to wait for it.
+//   - Calls with durability leave in a pipeline of their own, on a goroutine of their own
+//     (runShard), so that a lagging replica slows neither the batch's other calls nor the
+//     flusher: only the rules that asked to wait for it.
 //   - A pipeline with a WAIT reads its replies for up to the client's read timeout plus the
 //     longest wait plus one second (an idle Redis at hz 1 notices a timed-out wait a second
 //     late), through a clone of the client that shares its connection pool.
