@@ -173,8 +173,8 @@ func boolInt(b bool) int {
 }
 
 // waitClients are clones of the limiter's client (or of a cluster master's) that read long
-// enough for a wait, sharing its connections. Bounded: timeouts and masters are few, and past
-// maxWaitClients every wait reads as long as the longest allowed.
+// enough for a wait, sharing its connections: one per master and timeout up to
+// maxWaitClients, and past it one more per master that reads as long as the longest wait.
 type waitClients struct {
 	mu sync.Mutex
 	m  map[string]*redis.Client
@@ -207,15 +207,18 @@ func (l *Limiter) waitClient(ctx context.Context, batch []*call, w waits) (redis
 		return c, nil
 	}
 	if len(l.waitClients.m) >= maxWaitClients {
-		wait = MaxDurabilityTimeout
+		// Full: further waits share their master's clone that reads as long as the longest
+		// wait allowed, one per master (the masters are bounded too, see breakers).
+		wait, name = MaxDurabilityTimeout, base.Options().Addr+"/max"
+		if c, ok := l.waitClients.m[name]; ok {
+			return c, nil
+		}
 	}
 	c := base.WithTimeout(read + wait + time.Second)
-	if len(l.waitClients.m) < maxWaitClients {
-		if l.waitClients.m == nil {
-			l.waitClients.m = map[string]*redis.Client{}
-		}
-		l.waitClients.m[name] = c
+	if l.waitClients.m == nil {
+		l.waitClients.m = map[string]*redis.Client{}
 	}
+	l.waitClients.m[name] = c
 	return c, nil
 }
 
