@@ -122,6 +122,7 @@ type RateLimitPolicySpec struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.inFlight) || !has(self.cost)",message="limit.inFlight cannot go with cost: an in-flight rule counts requests in progress, not what they cost; put the budget in a rule of its own"
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.inFlight) || !has(self.candidate)",message="limit.inFlight cannot have a candidate (not supported yet); try the new limit as a rule of its own with mode: Shadow"
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.inFlight) || !has(self.refused)",message="limit.inFlight cannot go with refused: a slot always goes back when its request is refused or ends; leave refused unset"
+// +kubebuilder:validation:XValidation:rule="!has(self.limit.inFlight) || !has(self.durability) || !has(self.durability.mode) || self.durability.mode == 'None'",message="limit.inFlight cannot go with durability: a slot lives seconds and is re-asserted after a failover; leave durability unset"
 // +kubebuilder:validation:XValidation:rule="!has(self.candidate) || !has(self.candidate.limit.inFlight)",message="candidate.limit.inFlight is not supported: a candidate is a limit per window (requests and window)"
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.window) || !self.limit.window.matches('^[-+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$') || duration(self.limit.window) <= duration('24h') || (has(self.algorithm) ? self.algorithm : 'SlidingWindowCounter') == 'SlidingWindowCounter'",message="limit.window longer than 24h needs algorithm SlidingWindowCounter (a rolling window); for calendar days, weeks or months use limit.calendar with FixedWindow"
 // +kubebuilder:validation:XValidation:rule="!has(self.limit.calendar) || (has(self.algorithm) && self.algorithm == 'FixedWindow')",message="limit.calendar needs algorithm FixedWindow: a calendar period is a fixed window that resets at its start"
@@ -184,6 +185,11 @@ type Rule struct {
 	// Uncounted (when not set: the request counts in no rule) or Counted (it counts here).
 	// +optional
 	Refused RefusedRequests `json:"refused,omitempty"`
+
+	// durability says what the rule's grants wait for: a replica's or the append-only file's
+	// acknowledgement, or nothing (when not set).
+	// +optional
+	Durability *Durability `json:"durability,omitempty"`
 }
 
 // PathMatchType says how match.path.value is compared with the request path: Gateway API's
@@ -392,43 +398,14 @@ type ScriptStatus struct {
 	SHA string `json:"sha"`
 }
 
-// Condition types of a RateLimitPolicy.
-const (
-	// ConditionAccepted is True when the spec compiled.
-	ConditionAccepted = "Accepted"
-	// ConditionProgrammed is True when the policy is in the namespace's ConfigMap and its
-	// scripts are loaded in Redis.
-	ConditionProgrammed = "Programmed"
-	// ConditionEnforced is True when sidecars report applying the current configuration.
-	ConditionEnforced = "Enforced"
-	// ConditionRedisConnectionBudget is False when the workloads the policy targets are part of
-	// a worst case (every injected workload at its maxReplicas, each pod with its full Redis
-	// pool) that exceeds Redis's maxclients.
-	ConditionRedisConnectionBudget = "RedisConnectionBudget"
-	// ConditionRedisMemoryPolicy is False when a Redis node can evict keys to make room
-	// (maxmemory set, maxmemory-policy not noeviction): another tenant's writes can then evict
-	// this policy's counts, and its clients are admitted again.
-	ConditionRedisMemoryPolicy = "RedisMemoryPolicy"
-)
-
-// ConditionTopKeys is True when the sidecars' top-keys summaries of the policy are merged
-// whole into status.rules; False when some were not read (over the manager's bound for the
-// namespace) or could not be decoded (written by something other than a sidecar).
-const ConditionTopKeys = "TopKeys"
-
-// ConditionTenantIsolation is True when the sidecars of the policy's namespace reach Redis as
-// a user of their own, limited to the namespace's keys; False when they share a credential
-// with other namespaces (Redis refuses ACLs, or the manager was told not to use them).
-const ConditionTenantIsolation = "TenantIsolation"
-
 // RateLimitPolicyStatus is what the controller observed about a policy.
 type RateLimitPolicyStatus struct {
 	// observedGeneration is the spec generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions: Accepted, Programmed, Enforced, RedisConnectionBudget, TenantIsolation and
-	// RedisMemoryPolicy.
+	// conditions: Accepted, Programmed, Enforced, RedisConnectionBudget, TenantIsolation,
+	// RedisMemoryPolicy and RedisDurability.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

@@ -67,6 +67,9 @@ func compileRule(r v1alpha1.Rule) (policydoc.Rule, error) {
 	if err != nil {
 		return policydoc.Rule{}, err
 	}
+	if out.Durability, err = compileDurability(r); err != nil {
+		return policydoc.Rule{}, err
+	}
 	switch r.TopKeys {
 	case "", v1alpha1.TopKeysHashes, v1alpha1.TopKeysValues:
 	default:

@@ -157,6 +157,7 @@ type MemoryPolicyReconciler struct {
 type memoryResult struct {
 	status          metav1.ConditionStatus
 	reason, message string
+	durable         []NodeDurability
 	err             error
 }
 
@@ -166,9 +167,10 @@ func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	defer r.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, durationOr(r.RedisTimeout, 5*time.Second))
 	type read struct {
-		label string
-		nodes []NodeMemory
-		err   error
+		label   string
+		nodes   []NodeMemory
+		durable []NodeDurability // durability_check.go
+		err     error
 	}
 	var (
 		mu    sync.Mutex
@@ -176,22 +178,24 @@ func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	)
 	readOne := func(ctx context.Context, name, label string, each NodeFunc) {
 		var (
-			nodes []NodeMemory
-			errs  []error
+			nodes   []NodeMemory
+			durable []NodeDurability
+			errs    []error
 		)
 		err := each(ctx, func(ctx context.Context, c *redis.Client) error {
 			n, err := ReadNodeMemory(ctx, c)
+			d, derr := ReadNodeDurability(ctx, c)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
+			if err = errors.Join(err, derr); err != nil {
 				errs = append(errs, err)
 				return nil
 			}
-			nodes = append(nodes, n)
+			nodes, durable = append(nodes, n), append(durable, d)
 			return nil
 		})
 		mu.Lock()
-		reads[name] = read{label: label, nodes: nodes, err: errors.Join(append(errs, err)...)}
+		reads[name] = read{label: label, nodes: nodes, durable: durable, err: errors.Join(append(errs, err)...)}
 		mu.Unlock()
 	}
 	if r.Backends == nil {
@@ -215,7 +219,7 @@ func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 			memoryEvictable.WithLabelValues(rd.label, n.Addr, n.Policy).Set(v)
 		}
 		status, reason, msg := memoryCondition(rd.nodes, rd.err)
-		results[name] = memoryResult{status: status, reason: reason, message: truncate(msg), err: rd.err}
+		results[name] = memoryResult{status: status, reason: reason, message: truncate(msg), durable: rd.durable, err: rd.err}
 		if rd.err != nil {
 			redisErrs = append(redisErrs, fmt.Errorf("%s: %w", rd.label, rd.err))
 		}
@@ -264,6 +268,9 @@ func (r *MemoryPolicyReconciler) setCondition(ctx context.Context, results map[s
 			Type: v1alpha1.ConditionRedisMemoryPolicy, Status: status, Reason: reason, Message: msg,
 		})
 		if err != nil {
+			errs = append(errs, err)
+		}
+		if err := r.setDurabilityCondition(ctx, p, res); err != nil {
 			errs = append(errs, err)
 		}
 		if !written {

@@ -36,6 +36,10 @@ type call struct {
 	done   chan struct{}
 	self   [1]*call       // a batch of one, for deciding inline without allocating
 	cmd    [1]redis.Cmder // its command buffer
+	dur    Durability     // what its grant waits for (see durability.go)
+	// unacked says why the wait that followed the call's script did not acknowledge it, ""
+	// when it did or there was none.
+	unacked string
 }
 
 // decisionScripts are the algorithms' scripts, for scripts.Exec to load after NOSCRIPT.
@@ -59,7 +63,7 @@ const (
 )
 
 func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *shares, ask *holdAsk) {
-	c.alg, c.window, c.cal = limit.Algorithm, limit.Window, false
+	c.alg, c.window, c.cal, c.dur, c.unacked = limit.Algorithm, limit.Window, false, limit.Durability, ""
 	c.state.Store(callPending)
 	c.ask, c.dlArg, c.known = ask, deadlineArg, 0
 	if ask == nil {
@@ -179,8 +183,24 @@ func (l *Limiter) runShards(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 	return cmds
 }
 
-// runShard decides the calls of one shard through its breaker and wakes their callers.
+// runShard decides the calls of one shard through its breaker and wakes their callers. Calls
+// whose grants wait for an acknowledgement leave in a pipeline of their own, on a goroutine the
+// flusher does not wait for: a lagging replica holds up neither the others' answers nor the
+// flusher, only the callers of rules that asked to wait (each waits its timeout at most, plus
+// the read timeout; what bounds those goroutines is what bounds the callers).
 func (l *Limiter) runShard(group []*call, cmds []redis.Cmder) []redis.Cmder {
+	if i := splitDurable(group); i >= 0 {
+		durable := slices.Clone(group[i:]) // the flusher reuses its batch
+		go l.runShard1(durable, make([]redis.Cmder, 0, len(durable)))
+		if group = group[:i]; len(group) == 0 {
+			return cmds
+		}
+	}
+	return l.runShard1(group, cmds)
+}
+
+// runShard1 is runShard for calls that all wait, or all do not.
+func (l *Limiter) runShard1(group []*call, cmds []redis.Cmder) []redis.Cmder {
 	sh := group[0].shard
 	_, err := sh.cb.Execute(func() (struct{}, error) {
 		if err := l.resume(sh); err != nil {
@@ -235,8 +255,10 @@ func (l *Limiter) answer(c *call) {
 // pipeline sends the batch's EVALSHAs in one round trip through scripts.Exec, which answers
 // NOSCRIPT. It returns the first error that says Redis itself is in trouble, for the breaker.
 // cmds is the caller's buffer, returned for reuse so that a batch costs no slice.
+// A batch whose calls all wait for an acknowledgement (see runShard) sends the waits after them.
 func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, error) {
 	ctx := context.Background()
+	durable := batch[0].dur.Mode != ""
 	sent := time.Now()
 	deadline := noDeadline
 	if l.opts.CallDeadline > 0 {
@@ -257,7 +279,12 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 		cmd.SetFirstKeyPos(3)
 		cmds = append(cmds, cmd)
 	}
-	n := scripts.Exec(ctx, l.client, cmds, decisionScripts)
+	var n scripts.Counts
+	if durable {
+		n = l.execDurable(ctx, batch, cmds)
+	} else {
+		n = scripts.Exec(ctx, l.client, cmds, decisionScripts)
+	}
 	read := time.Now()
 	l.stats.pipelines.Add(n.RoundTrips)
 	l.stats.scriptLoads.Add(n.Loads)
@@ -276,6 +303,7 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 		}
 		c.res, c.g, err = decodeReply(vals)
 		l.clock.observe(c.g.nowUS, read)
+		l.countAck(c)
 		if err == nil && c.ask != nil && c.g.units > 0 {
 			err = c.ask.granted(c, local)
 		}

@@ -27,7 +27,8 @@ import (
 //     times the horizon (16 units at least), never more than the shared budget left at its
 //     last grant divided by twice the live replicas, so near the limit leases shrink to one
 //     unit again, and never more than a twentieth of the limit divided by the live replicas,
-//     so all the units held at any moment are at most 5% of the limit;
+//     so all the units held at any moment are at most 5% of the limit; on a window of
+//     longWindowLease or longer a thousandth, or 16 units if that is more (see leaseCap);
 //   - a lease ends with the window its units were counted in: its deadline is the time the
 //     request left plus what was left of that window when the script ran on Redis's clock, so
 //     it ends no later than the window does, for a SlidingWindowCounter too, whose state lives
@@ -216,8 +217,30 @@ func (ls *leases) want(e *lease, limit Limit, cost int64, now time.Time) int64 {
 	// replica holds come to 5% of the limit at most, so however demand stops, the replicas
 	// admit at least 95% of what the limit allows.
 	replicas := max(limit.Replicas, 1)
-	w = min(w, e.remaining/(2*replicas), limit.Requests/(20*replicas), ls.max)
+	w = min(w, e.remaining/(2*replicas), leaseCap(limit, replicas), ls.max)
 	return max(w, cost)
+}
+
+// longWindowLease is the window from which leases shrink to a thousandth of the limit.
+const longWindowLease = time.Hour
+
+// leaseCap is the most one replica's lease holds: a twentieth of the limit shared among the
+// replicas, so that all of them hold 5% of it at most; from longWindowLease on, a thousandth
+// (0.1% in all), or minWarmLease units if that is more, and never more than the twentieth.
+//
+// A sidecar killed without giving its lease back (SIGKILL, a node lost) strands its units until
+// the window ends: on a minute that is soon, but over a day or a month pods come and go many
+// times, and each death would strand up to 5% of the period's quota divided by the replicas. On
+// a long window a death strands at most 0.1% of the limit divided by the live replicas (or 16
+// units, for a limit too small for a thousandth to be a lease), a hundred deaths in the period
+// at most 10%, and a failover or restart of Redis strands nothing: the shares restore every
+// unit a live replica holds.
+func leaseCap(limit Limit, replicas int64) int64 {
+	short := limit.Requests / (20 * replicas)
+	if limit.Window < longWindowLease {
+		return short
+	}
+	return max(limit.Requests/(1000*replicas), min(minWarmLease, short))
 }
 
 // settle records what the fetching caller got from Redis for limit and wakes the waiters. sent

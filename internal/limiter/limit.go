@@ -48,6 +48,8 @@ type Limit struct {
 	// whose grants wait after a restore (Options.RestoreHold) decides again once that many
 	// replicas re-asserted their shares in it, instead of at the end of the hold.
 	Peers int64
+	// Durability is what a grant of the limit waits for before it is answered (durability.go).
+	Durability Durability
 }
 
 // FailureMode says how a limit decides while Redis is unreachable. The values match the API's enum.
@@ -169,7 +171,7 @@ func (l Limit) Validate() error {
 	default:
 		return fmt.Errorf("%w: unknown failure mode %q", ErrInvalidLimit, l.FailureMode)
 	}
-	return nil
+	return l.Durability.valid()
 }
 
 // scriptArgs appends the script's ARGV for this limit and cost to dst; want, when above cost,

@@ -189,6 +189,10 @@ type Limiter struct {
 	// slotFence is when new slots may be taken again after a renewal that followed a failure
 	// (UnixNano on the local clock).
 	slotFence atomic.Int64
+	// durability counts acknowledged and unacknowledged grants; waitClients read long enough
+	// for a wait (durability.go).
+	durability  durabilityCounters
+	waitClients waitClients
 }
 
 // New returns a Limiter over client. The client stays the caller's to close.

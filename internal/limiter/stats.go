@@ -52,10 +52,21 @@ type Stats struct {
 	// GivenBackUnits counts units GiveBack gave back (requests another rule refused), and
 	// GiveBackErrors the give-backs that could not be made (their units stayed counted).
 	GivenBackUnits, GiveBackErrors uint64
+	// AckedGrants counts grants of a limit with Durability whose wait acknowledged them, and
+	// Unacked those whose wait did not (they stand: see durability.go), by reason.
+	AckedGrants uint64
+	Unacked     UnackedGrants
 	// BreakerOpen says the circuit breaker of some shard is open now.
 	BreakerOpen bool
 	// Shards are the circuit breakers, one per shard (see ShardState), by name.
 	Shards []ShardState
+}
+
+// UnackedGrants counts grants whose wait did not acknowledge them, by reason.
+type UnackedGrants struct {
+	// Timeout: no acknowledgement within the timeout. Unsupported: the server does not know
+	// WAITAOF (before Redis 7.2). Error: the server refused the wait or did not answer it.
+	Timeout, Unsupported, Error uint64
 }
 
 type counters struct {
@@ -107,7 +118,10 @@ func (l *Limiter) Stats() Stats {
 		DebtUnits:         l.stats.debt.Load(),
 		GivenBackUnits:    l.stats.givenBack.Load(),
 		GiveBackErrors:    l.stats.giveBackErrors.Load(),
-		BreakerOpen:       slices.ContainsFunc(shards, func(s ShardState) bool { return s.Open }),
-		Shards:            shards,
+		AckedGrants:       l.durability.acked.Load(),
+		Unacked: UnackedGrants{Timeout: l.durability.timeout.Load(), Unsupported: l.durability.unsupported.Load(),
+			Error: l.durability.failed.Load()},
+		BreakerOpen: slices.ContainsFunc(shards, func(s ShardState) bool { return s.Open }),
+		Shards:      shards,
 	}
 }

@@ -110,6 +110,11 @@ type Rule struct {
 	// one of them refuses a document with it and keeps its last good one, rather than count a
 	// day of a time zone as 26 hours from the epoch.
 	Calendar *Calendar `json:"calendar,omitempty"`
+	// Durability is what the rule's grants wait for (see durability.go). Omitted when none, so
+	// a document without it stays readable by sidecars that do not know the field; one of
+	// them refuses a document with it and keeps its last good one, rather than answer grants
+	// before the acknowledgement the rule asks for.
+	Durability *Durability `json:"durability,omitempty"`
 }
 
 // Calendar is a rule's calendar window: Unit Day, Week or Month in Zone (an IANA name, empty
@@ -274,6 +279,9 @@ func Parse(data []byte) (*Document, error) {
 			if err := r.validCalendar(); err != nil {
 				return nil, fmt.Errorf("policy %s rule %s: calendar: %w", p.Name, r.Name, err)
 			}
+			if err := r.Durability.valid(); err != nil {
+				return nil, fmt.Errorf("policy %s rule %s: durability: %w", p.Name, r.Name, err)
+			}
 		}
 	}
 	return &doc, nil
@@ -327,8 +335,8 @@ func (r *Rule) validInFlight() error {
 		return fmt.Errorf("inFlight %d not in 1..%d", r.InFlight, MaxInFlight)
 	case r.Algorithm != "" || r.Requests != 0 || r.WindowMS != 0 || r.Burst != 0:
 		return errors.New("inFlight with a limit per window")
-	case r.Candidate != nil || r.Cost != nil || r.CountRefused:
-		return errors.New("inFlight with a candidate, a cost or countRefused")
+	case r.Candidate != nil || r.Cost != nil || r.CountRefused || r.Durability != nil:
+		return errors.New("inFlight with a candidate, a cost, countRefused or durability")
 	case len(r.Key) == 0:
 		return errors.New("no key")
 	}

@@ -9,7 +9,11 @@
 //   - commands: EVALSHA, the commands the sidecar's scripts call (Redis checks a script's calls
 //     against the caller's ACL too, so these are allowed as plain commands as well, on the
 //     user's own keys only), and what a connection needs (HELLO, AUTH, PING, CLIENT SETNAME,
-//     SELECT, and on a cluster CLUSTER SLOTS/SHARDS/NODES and COMMAND for routing).
+//     SELECT, and on a cluster CLUSTER SLOTS/SHARDS/NODES and COMMAND for routing), and WAIT and
+//     WAITAOF, which a rule's durability sends after its grants: each blocks only the
+//     connection that sends it, for at most the timeout it names, and writes nothing.
+//     WAITAOF exists from Redis 7.2; a node that does not know it (ACL SETUSER refuses the
+//     whole rule set for an unknown command) gets the rest without it.
 //
 // Every script in Redis's cache can be run by anyone allowed EVALSHA (ACL cannot tell SHAs
 // apart), so each script Redline loads, the manager's own group read included, caps its work
@@ -76,8 +80,12 @@ func LimiterKeyPrefix(namespace string) string { return "rl:{" + limiter.KeyPart
 // key positions.
 var connectionCommands = []string{
 	"hello", "auth", "ping", "client|setname", "select",
-	"cluster|slots", "cluster|shards", "cluster|nodes", "command",
+	"cluster|slots", "cluster|shards", "cluster|nodes", "command", "wait",
 }
+
+// newCommands are allowed commands a Redis before 7.2 does not know: Rules grants them beside
+// Commands, and Ensure leaves them out on a node whose ACL SETUSER refuses them.
+var newCommands = []string{"waitaof"}
 
 // scriptCall finds the commands a script calls: redis.call('NAME', ...) or redis.pcall.
 var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*['"]([A-Za-z]+)['"]`)
@@ -93,9 +101,10 @@ func SidecarScripts() []scripts.Script {
 		scripts.CalendarWindow(), scripts.CalendarReturn()}, scripts.Peeks(), fleet.Scripts())
 }
 
-// Commands returns the commands a namespace's user may run, sorted, in ACL syntax (lower case,
-// "container|sub" for a subcommand). It fails when a sidecar script calls a command whose name
-// is not a literal, which this package could not allow.
+// Commands returns the commands a namespace's user may run that every Redis 6+ knows (Rules adds
+// newCommands), sorted, in ACL syntax (lower case, "container|sub" for a subcommand). It fails
+// when a sidecar script calls a command whose name is not a literal, which this package could
+// not allow.
 var Commands = sync.OnceValues(func() ([]string, error) {
 	set := map[string]bool{"evalsha": true}
 	for _, c := range connectionCommands {
@@ -133,7 +142,7 @@ func Rules(namespace string, passwords []string) ([]string, error) {
 	for _, k := range KeyPatterns(namespace) {
 		rules = append(rules, "~"+k)
 	}
-	for _, c := range cmds {
+	for _, c := range slices.Concat(cmds, newCommands) {
 		rules = append(rules, "+"+c)
 	}
 	return rules, nil
@@ -163,11 +172,27 @@ func Ensure(ctx context.Context, nodes []Node, namespace string, passwords []str
 	}
 	args := make([]any, 0, 3+len(rules))
 	args = append(args, "acl", "setuser", Username(namespace))
+	older := slices.Clone(args) // without newCommands
 	for _, r := range rules {
 		args = append(args, r)
+		if !slices.Contains(newCommands, strings.TrimPrefix(r, "+")) {
+			older = append(older, r)
+		}
 	}
 	return each(ctx, nodes, func(ctx context.Context, n Node) error {
-		return classify(n.Do(ctx, args...).Err())
+		err := n.Do(ctx, args...).Err()
+		if err != nil && redis.HasErrorPrefix(err, "Error in ACL SETUSER modifier") && refusesNew(err) {
+			err = n.Do(ctx, older...).Err() // a Redis before 7.2
+		}
+		return classify(err)
+	})
+}
+
+// refusesNew says whether ACL SETUSER refused one of newCommands as unknown.
+func refusesNew(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "unknown command") && slices.ContainsFunc(newCommands, func(c string) bool {
+		return strings.Contains(msg, "'+"+c+"'")
 	})
 }
 

@@ -185,12 +185,12 @@ func TestCommandsCoverEveryScriptCall(t *testing.T) {
 	g.Expect(cmds).To(Equal([]string{
 		"auth", "client|setname", "cluster|nodes", "cluster|shards", "cluster|slots", "command", "decrby", "evalsha",
 		"getrange", "hdel", "hello", "hget", "hgetall", "hincrby", "hlen", "hmget", "hset", "incrby", "pexpire", "pexpireat", "ping",
-		"select", "set", "time", "type", "unlink", "zadd", "zcard", "zcount", "zrange", "zrangebyscore", "zrem", "zscore",
+		"select", "set", "time", "type", "unlink", "wait", "zadd", "zcard", "zcount", "zrange", "zrangebyscore", "zrem", "zscore",
 	}))
 	rules, err := redisacl.Rules("shop", []string{"a", "b"})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(rules[:4]).To(Equal([]string{"reset", "on", ">a", ">b"}))
-	g.Expect(rules).To(ContainElements("~rl:{shop/*", "~rl:hb:{shop/*"))
+	g.Expect(rules).To(ContainElements("~rl:{shop/*", "~rl:hb:{shop/*", "+wait", "+waitaof"))
 	// The key prefixes are those of the keys the sidecar builds.
 	g.Expect(limiter.Key("shop", "p", "r", "x")).To(HavePrefix(redisacl.LimiterKeyPrefix("shop")))
 	g.Expect(fleet.GroupKey("shop", "p")).To(HavePrefix(fleet.KeyPrefix("shop")))

@@ -41,7 +41,29 @@ type Counts struct {
 // caches it again: a decision should not fail for want of a script Redline holds. Such a command
 // is replaced in cmds by one of the same type, *redis.IntSliceCmd or *redis.Cmd.
 func Exec(ctx context.Context, c redis.UniversalClient, cmds []redis.Cmder, known []Script) Counts {
+	n, _ := ExecThen(ctx, c, cmds, known, nil)
+	return n
+}
+
+// ExecThen is Exec with then's commands sent at the end of every round trip it makes, in the
+// same pipeline: WAIT and WAITAOF answer for the writes sent before them on their connection,
+// and a pipeline is one connection, so each round trip's answer for that round trip's scripts
+// (a retry after NOSCRIPT included). It returns each round trip's then commands, in order;
+// none when then is nil. Every round trip is a pipeline when then is set. On a cluster client
+// the commands of then, which have no key, go to a node of the client's choosing: pass the
+// client of the scripts' node.
+func ExecThen(ctx context.Context, c redis.UniversalClient, cmds []redis.Cmder, known []Script, then func() []redis.Cmder) (Counts, [][]redis.Cmder) {
 	var n Counts
+	var acks [][]redis.Cmder
+	send := func(ctx context.Context, c redis.UniversalClient, cmds []redis.Cmder) {
+		if then == nil {
+			sendCmds(ctx, c, cmds, nil)
+			return
+		}
+		t := then()
+		acks = append(acks, t)
+		sendCmds(ctx, c, cmds, t)
+	}
 	send(ctx, c, cmds)
 	n.RoundTrips++
 	var retry []int // rare: only after NOSCRIPT
@@ -51,7 +73,7 @@ func Exec(ctx context.Context, c redis.UniversalClient, cmds []redis.Cmder, know
 		}
 	}
 	if len(retry) == 0 {
-		return n
+		return n, acks
 	}
 	loaded := map[string]error{}
 	resend := make([]redis.Cmder, 0, len(retry))
@@ -80,7 +102,7 @@ func Exec(ctx context.Context, c redis.UniversalClient, cmds []redis.Cmder, know
 		sources = append(sources, s)
 	}
 	if len(resend) == 0 {
-		return n
+		return n, acks
 	}
 	send(ctx, c, resend)
 	n.RoundTrips++
@@ -97,17 +119,21 @@ func Exec(ctx context.Context, c redis.UniversalClient, cmds []redis.Cmder, know
 		send(ctx, c, last)
 		n.RoundTrips++
 	}
-	return n
+	return n, acks
 }
 
-// send sends cmds as one plain command or one pipeline; errors are read per command.
-func send(ctx context.Context, c redis.UniversalClient, cmds []redis.Cmder) {
-	if len(cmds) == 1 {
+// sendCmds sends cmds as one plain command or one pipeline, with then at its end; errors are
+// read per command.
+func sendCmds(ctx context.Context, c redis.UniversalClient, cmds, then []redis.Cmder) {
+	if len(cmds) == 1 && len(then) == 0 {
 		_ = c.Process(ctx, cmds[0])
 		return
 	}
 	pipe := c.Pipeline()
 	for _, cmd := range cmds {
+		_ = pipe.Process(ctx, cmd)
+	}
+	for _, cmd := range then {
 		_ = pipe.Process(ctx, cmd)
 	}
 	_, _ = pipe.Exec(ctx)

@@ -362,6 +362,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 			Burst:       cr.Burst,
 			FailureMode: p.FailureMode,
 			Shadow:      cr.Mode == "Shadow",
+			Durability:  durabilityOf(cr.Durability),
 		},
 		WindowSeconds: (cr.WindowMS + 999) / 1000,
 		StateName:     cr.Name,
@@ -486,4 +487,12 @@ func (r *Rule) setCalendar(c *policydoc.Calendar) error {
 	r.Limit.Calendar = cal
 	r.WindowSeconds = map[calendar.Unit]int64{calendar.Day: 86400, calendar.Week: 7 * 86400, calendar.Month: 30 * 86400}[cal.Spec().Unit]
 	return nil
+}
+
+// durabilityOf is the limiter's form of a rule's durability (the document checked it).
+func durabilityOf(d *policydoc.Durability) limiter.Durability {
+	if d == nil {
+		return limiter.Durability{}
+	}
+	return limiter.Durability{Mode: limiter.DurabilityMode(d.Mode), Timeout: time.Duration(d.TimeoutMS) * time.Millisecond}
 }
