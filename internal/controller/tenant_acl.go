@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/redisacl"
 )
 
@@ -71,16 +72,10 @@ type TenantACLReconciler struct {
 	Policies client.Reader
 	// APIReader reads the key Secret (not cached: it is one object, read once).
 	APIReader client.Reader
-	// Nodes runs a function on every Redis node (redisconn.Nodes.Each).
-	Nodes func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	// Sentinels, with Sentinel, runs a function on every sentinel as the admin
-	// (redisconn.Nodes.EachSentinel); nil otherwise. See tenant_sentinel.go.
-	Sentinels func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	// Backends, when set, gives each namespace its Redis, and Nodes and Sentinels are not
-	// used: a namespace's user lives on its backend's nodes only, and is removed from every
-	// other backend (a namespace moved to a Redis of its own keeps no way into the one it
-	// left).
-	Backends *Backends
+	// Backends gives each namespace its Redis: a namespace's user lives on its backend's nodes
+	// only (and sentinels, see tenant_sentinel.go), and is removed from every other backend (a
+	// namespace moved to a Redis of its own keeps no way into the one it left).
+	Backends *backend.Registry
 	// Mode is TenantACLAuto, TenantACLRequired or TenantACLOff.
 	Mode string
 	// SecretName is the Secret written in each namespace (the injector's --sidecar-redis-secret).
@@ -139,7 +134,7 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 			"--redis-tenant-acl=off: sidecars use the credential the admin put in Secret "+r.SecretName+
 				"; a tenant holding it can reach every namespace's Redis keys")
 	}
-	rctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
+	rctx, cancel := context.WithTimeout(ctx, backend.Timeout(r.RedisTimeout))
 	defer cancel()
 	if len(list.Items) == 0 {
 		return ctrl.Result{}, r.cleanup(rctx, ns)
@@ -168,7 +163,7 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if !fresh {
 		// Misses in a row are at most maxBackoff apart (relistDelay); an older one is over.
 		missed := done.missed
-		if now.Sub(done.at) > 2*r.maxBackoff() {
+		if now.Sub(done.at) > 2*backend.MaxBackoff(r.MaxBackoff) {
 			missed = 0
 		}
 		done = appliedUser{backend: target.id, period: period, gen: gen, at: now}
@@ -195,7 +190,7 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	switch {
 	case errors.Is(err, redisacl.ErrUnavailable):
 		log.FromContext(ctx).Info("redis refuses ACL commands: this namespace's sidecars keep the shared credential", "namespace", ns, "reason", err.Error())
-		return ctrl.Result{RequeueAfter: r.maxBackoff()}, r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonRedisACLUnavailable,
+		return ctrl.Result{RequeueAfter: backend.MaxBackoff(r.MaxBackoff)}, r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonRedisACLUnavailable,
 			truncate("Redis refuses ACL commands, so this namespace has no Redis user of its own: its sidecars use the credential the admin put in Secret "+
 				r.SecretName+", and any tenant holding it can read, change or delete every namespace's Redis keys. Cause: "+err.Error()))
 	case err != nil:
@@ -226,7 +221,7 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	if ok, reason, msg := sentinelIsolation(sentinelOpen); !ok {
 		log.FromContext(ctx).Info("the sentinels are unprotected: tenants are not isolated", "namespace", ns, "reason", sentinelOpen)
-		return ctrl.Result{RequeueAfter: r.maxBackoff()}, r.setCondition(ctx, ns, metav1.ConditionFalse, reason, truncate(msg))
+		return ctrl.Result{RequeueAfter: backend.MaxBackoff(r.MaxBackoff)}, r.setCondition(ctx, ns, metav1.ConditionFalse, reason, truncate(msg))
 	}
 	if open := done.open; len(open) > 0 {
 		return requeue, r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonRedisDefaultUserOpen,
@@ -283,20 +278,6 @@ func (r *TenantACLReconciler) rotation() time.Duration {
 	return 24 * time.Hour
 }
 
-func (r *TenantACLReconciler) redisTimeout() time.Duration {
-	if r.RedisTimeout > 0 {
-		return r.RedisTimeout
-	}
-	return 5 * time.Second
-}
-
-func (r *TenantACLReconciler) maxBackoff() time.Duration {
-	if r.MaxBackoff > 0 {
-		return r.MaxBackoff
-	}
-	return 30 * time.Second
-}
-
 // ProbeTenantACL says whether every Redis node answers ACL commands (for --redis-tenant-acl=required).
 func ProbeTenantACL(ctx context.Context, nodes func(ctx context.Context, fn func(context.Context, *redis.Client) error) error) error {
 	return nodes(ctx, func(ctx context.Context, c *redis.Client) error {
@@ -328,7 +309,7 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.secrets = secrets
 	restarts := make(chan event.GenericEvent, 1)
-	r.watcher = &redisRestartWatcher{targets: r.allTargets, interval: r.checkInterval(), timeout: r.redisTimeout(), events: restarts, gen: &r.restartGen}
+	r.watcher = &redisRestartWatcher{targets: r.allTargets, interval: r.checkInterval(), timeout: backend.Timeout(r.RedisTimeout), events: restarts, gen: &r.restartGen}
 	if err := mgr.Add(r.watcher); err != nil {
 		return fmt.Errorf("adding the redis restart watcher: %w", err)
 	}
@@ -340,13 +321,11 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				UpdateFunc: func(event.UpdateEvent) bool { return false },
 			})).
 		WatchesRawSource(source.Kind(secrets, client.Object(&corev1.Secret{}), handler.EnqueueRequestsFromMapFunc(tenantRequest))).
-		WatchesRawSource(source.Channel(restarts, handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
-	if r.Backends != nil {
+		WatchesRawSource(source.Channel(restarts, handler.EnqueueRequestsFromMapFunc(r.allNamespaces))).
 		// A backend dialed, replaced or removed, or a namespace moved to another.
-		b = b.WatchesRawSource(source.Channel(r.Backends.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
-	}
+		WatchesRawSource(source.Channel(r.Backends.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
 	b = b.WithOptions(controller.Options{
-		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, r.maxBackoff()),
+		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, backend.MaxBackoff(r.MaxBackoff)),
 	})
 	return b.Complete(r)
 }
@@ -375,10 +354,10 @@ func (r *TenantACLReconciler) allNamespaces(ctx context.Context, _ client.Object
 // costs an ACL SETUSER on every node per namespace every maxBackoff, no more.
 func (r *TenantACLReconciler) relistDelay(missed int) time.Duration {
 	d := r.checkInterval()
-	for i := 1; i < missed && d < r.maxBackoff(); i++ {
+	for i := 1; i < missed && d < backend.MaxBackoff(r.MaxBackoff); i++ {
 		d *= 2
 	}
-	return min(d, r.maxBackoff())
+	return min(d, backend.MaxBackoff(r.MaxBackoff))
 }
 
 func (r *TenantACLReconciler) checkInterval() time.Duration {
@@ -396,13 +375,8 @@ func tenantRequest(_ context.Context, o client.Object) []reconcile.Request {
 type TenantACLConfig struct {
 	// Mode is TenantACLAuto, TenantACLRequired or TenantACLOff.
 	Mode string
-	// Nodes runs a function on every Redis node (redisconn.Nodes.Each).
-	Nodes func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	// Sentinels runs a function on every sentinel (redisconn.Nodes.EachSentinel); nil
-	// without Sentinel.
-	Sentinels func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	// Backends, when set, replaces Nodes and Sentinels (see TenantACLReconciler.Backends).
-	Backends *Backends
+	// Backends are the namespaces' Redis (see TenantACLReconciler.Backends); required.
+	Backends *backend.Registry
 	// SecretName is the credentials Secret of each namespace (the injector's).
 	SecretName string
 	// KeySecret holds the key passwords are derived from, in the manager's namespace.
@@ -418,12 +392,15 @@ func SetupTenantACL(mgr ctrl.Manager, cfg TenantACLConfig) error {
 	default:
 		return fmt.Errorf("--redis-tenant-acl=%q: want auto, required or off", cfg.Mode)
 	}
+	if cfg.Backends == nil {
+		return errors.New("tenant ACLs need the namespaces' backends")
+	}
 	if cfg.SecretName == "" && cfg.Mode != TenantACLOff {
 		return errors.New("tenant ACLs need the sidecars' credentials Secret name (--sidecar-redis-secret)")
 	}
 	r := &TenantACLReconciler{
 		Client: mgr.GetClient(), Policies: mgr.GetCache(), APIReader: mgr.GetAPIReader(),
-		Nodes: cfg.Nodes, Sentinels: cfg.Sentinels, Backends: cfg.Backends, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
+		Backends: cfg.Backends, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
 		Rotation: cfg.Rotation, RedisTimeout: cfg.RedisTimeout, MaxBackoff: cfg.MaxBackoff,
 		CheckInterval: cfg.CheckInterval,
 	}

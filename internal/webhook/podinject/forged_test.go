@@ -33,6 +33,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
@@ -116,13 +117,13 @@ func anyClient(certs ...tls.Certificate) *http.Client {
 
 var _ = Describe("A review anyone can send", func() {
 	const victim = "forged-victim"
-	backend := podinject.NamespaceRedis{URL: "rediss://victim-orders.redis.example:6380", Backend: true, TLSServerName: "victim-orders.internal", TLSMinVersion: "1.3"}
+	victimRedis := backend.NamespaceRedis{URL: "rediss://victim-orders.redis.example:6380", Backend: true, TLSServerName: "victim-orders.internal", TLSMinVersion: "1.3"}
 
 	It("of another namespace's pod gets a patch that names nothing of that namespace's Redis", func(ctx SpecContext) {
 		createNamespace(victim)
 		cfg := tlsConfig()
 		cfg.SidecarRedisTLS.MinVersion = "1.2"
-		cfg.Backends = nsBackends{victim: backend}
+		cfg.Backends = nsBackends{victim: victimRedis}
 		url := serveWebhook(cfg)
 
 		resp, err := send(anyClient(), url, review(victim, "forged"))
@@ -143,7 +144,7 @@ var _ = Describe("A review anyone can send", func() {
 		out, _, err := podinject.NewInjector(cfg, true).Inject(ctx, annotatedPod(victim, "real"))
 		Expect(err).NotTo(HaveOccurred())
 		env, args := kubeletView(ctx, out)
-		Expect(env).To(HaveKeyWithValue("REDLINE_REDIS_URL", backend.URL))
+		Expect(env).To(HaveKeyWithValue("REDLINE_REDIS_URL", victimRedis.URL))
 		Expect(args).To(ContainElements("--redis-tls-server-name=victim-orders.internal", "--redis-tls-min-version=1.3"))
 	})
 
