@@ -95,11 +95,11 @@ func unlisted(seen, set []string) []string {
 
 // appliedUser returns the namespace's last ACL SETUSER, and whether it still holds: the same
 // period and restart generation, less than userRecheck ago.
-func (r *TenantACLReconciler) appliedUser(ns, backend string, period int64, gen uint64, now time.Time) (appliedUser, bool) {
+func (r *TenantACLReconciler) appliedUser(ns, backendID string, period int64, gen uint64, now time.Time) (appliedUser, bool) {
 	r.appliedMu.Lock()
 	defer r.appliedMu.Unlock()
 	a, ok := r.applied[ns]
-	return a, ok && a.backend == backend && a.period == period && a.gen == gen && now.Sub(a.at) < userRecheck
+	return a, ok && a.backend == backendID && a.period == period && a.gen == gen && now.Sub(a.at) < userRecheck
 }
 
 // lastApplied is the namespace's last successful ACL SETUSER, however old.
