@@ -103,9 +103,42 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
 	}
-	hits := make([]decide.Hit, 0, len(req.Descriptors))
-	at := make([]int, 0, len(req.Descriptors)) // at[i] is the descriptor of hits[i]
-	holds, unsized := false, false
+	hits, at, holds, unsized := s.collectHits(ctx, set, req, resp)
+	if unsized {
+		// refused as a whole before anything is held or counted
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		return resp, nil
+	}
+	if len(hits) == 0 {
+		return resp, nil
+	}
+	var d decide.Decision
+	var err error
+	var full *noRoom
+	if holds {
+		d, full, err = s.reserve(ctx, set, hits)
+	} else {
+		d, err = s.Engine.DecideHits(ctx, set, hits, 1)
+	}
+	if err != nil {
+		if errors.Is(err, decide.ErrUnknownRule) { // the set changed since Find: nothing enforces it
+			return resp, nil
+		}
+		return nil, status.Error(codes.Internal, fmt.Sprintf("deciding: %v", err))
+	}
+	writeDecision(resp, d, at)
+	if full != nil {
+		refuseNoRoom(set, resp, hits, at, full)
+	}
+	return resp, nil
+}
+
+// collectHits reads the descriptors of req that name a rule of set into hits (at[i] is the
+// descriptor of hits[i]), settles the ones that end a stream, and refuses in resp those a
+// token budget cannot size (unsized). holds says a hit opens a hold.
+func (s *Server) collectHits(ctx context.Context, set *ruleset.Set, req *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse) (hits []decide.Hit, at []int, holds, unsized bool) {
+	hits = make([]decide.Hit, 0, len(req.Descriptors))
+	at = make([]int, 0, len(req.Descriptors))
 	for i, desc := range req.Descriptors {
 		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		hit, ok := HitFor(desc)
@@ -137,28 +170,12 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		hits = append(hits, hit)
 		at = append(at, i)
 	}
-	if unsized {
-		// refused as a whole before anything is held or counted
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		return resp, nil
-	}
-	if len(hits) == 0 {
-		return resp, nil
-	}
-	var d decide.Decision
-	var err error
-	var full *noRoom
-	if holds {
-		d, full, err = s.reserve(ctx, set, hits)
-	} else {
-		d, err = s.Engine.DecideHits(ctx, set, hits, 1)
-	}
-	if err != nil {
-		if errors.Is(err, decide.ErrUnknownRule) { // the set changed since Find: nothing enforces it
-			return resp, nil
-		}
-		return nil, status.Error(codes.Internal, fmt.Sprintf("deciding: %v", err))
-	}
+	return hits, at, holds, unsized
+}
+
+// writeDecision puts d into resp: each hit's status (at[j] is the descriptor of outcome j),
+// the overall code and the RateLimit headers.
+func writeDecision(resp *rlsv3.RateLimitResponse, d decide.Decision, at []int) {
 	for j := range d.Outcomes {
 		o := &d.Outcomes[j]
 		st := resp.Statuses[at[j]]
@@ -181,10 +198,6 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if f.RetryAfter != "" {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: decide.HeaderRetryAfter, Value: f.RetryAfter})
 	}
-	if full != nil {
-		refuseNoRoom(set, resp, hits, at, full)
-	}
-	return resp, nil
 }
 
 // validate refuses what no well-formed Envoy request carries, before any work is done.
