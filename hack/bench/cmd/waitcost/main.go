@@ -105,6 +105,29 @@ type result struct {
 	unacked     int64 // WAITs that returned 0 replicas
 }
 
+// measureStalled measures each stalled mode at every concurrency, with its hz set on the
+// master meanwhile.
+func measureStalled(ctx context.Context, c *redis.Client, stalled []mode, concs []int, measure func(mode, int) error) error {
+	for _, m := range stalled {
+		if m.hz != 0 {
+			if err := c.ConfigSet(ctx, "hz", strconv.Itoa(m.hz)).Err(); err != nil {
+				return fmt.Errorf("CONFIG SET hz: %w", err)
+			}
+		}
+		for _, n := range concs {
+			if err := measure(m, n); err != nil {
+				return err
+			}
+		}
+		if m.hz != 0 {
+			if err := c.ConfigSet(ctx, "hz", "10").Err(); err != nil {
+				return fmt.Errorf("CONFIG SET hz: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
 func progress(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%s] %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
@@ -181,22 +204,8 @@ func run(concs []int, rounds int, cellTime time.Duration, cellOps int64, timeout
 	if err := replica.Pause(); err != nil {
 		return fmt.Errorf("stopping the replica: %w", err)
 	}
-	for _, m := range stalled {
-		if m.hz != 0 {
-			if err := c.ConfigSet(ctx, "hz", strconv.Itoa(m.hz)).Err(); err != nil {
-				return fmt.Errorf("CONFIG SET hz: %w", err)
-			}
-		}
-		for _, n := range concs {
-			if err := measure(m, n); err != nil {
-				return err
-			}
-		}
-		if m.hz != 0 {
-			if err := c.ConfigSet(ctx, "hz", "10").Err(); err != nil {
-				return fmt.Errorf("CONFIG SET hz: %w", err)
-			}
-		}
+	if err := measureStalled(ctx, c, stalled, concs, measure); err != nil {
+		return err
 	}
 	if err := replica.Resume(); err != nil {
 		return fmt.Errorf("resuming the replica: %w", err)
