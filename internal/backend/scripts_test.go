@@ -1,4 +1,4 @@
-package controller_test
+package backend_test
 
 import (
 	"context"
