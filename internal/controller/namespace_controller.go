@@ -1,5 +1,8 @@
-// Package controller reconciles RateLimitPolicies into the per-namespace ConfigMap that sidecars
-// read, and keeps the limiter's scripts loaded in Redis.
+// Package controller holds the manager's control loops: RateLimitPolicies compiled into the
+// per-namespace ConfigMap that sidecars read (NamespaceReconciler), the scripts kept loaded
+// (ScriptWatcher), the connection budget, the memory policy check, each namespace's Redis user
+// (TenantACLReconciler), RedisBackends and the top keys. Each namespace is served by its
+// backend in internal/backend's registry, which Setup is given.
 package controller
 
 import (
