@@ -108,7 +108,11 @@ func dialManagerRedis(o *manager.Options, tlsFileError func(error)) (*backend.Ba
 	creds := backend.Credentials{
 		Username: o.RedisUsername, Password: password, SentinelUsername: o.SentinelUser, SentinelPassword: sentinelPassword,
 	}
-	def, err := backend.DialURL("", o.RedisURL, o.RedisMaxClients, backend.ManagerOptions(creds, o.RedisTLS, tlsFileError), o.HeartbeatTTL)
+	opts := backend.ManagerOptions(creds, o.RedisTLS, tlsFileError)
+	// The nodes' clients (a node's own commands, the sentinels) keep redisconn's pool defaults.
+	nodeOpts := opts
+	nodeOpts.VerifyMaster, nodeOpts.PoolSize, nodeOpts.PoolTimeout = false, 0, 0
+	def, err := backend.DialURL("", o.RedisURL, o.RedisMaxClients, opts, nodeOpts, o.HeartbeatTTL)
 	if err != nil {
 		return nil, fmt.Errorf("configuring redis: %w", err)
 	}

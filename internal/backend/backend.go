@@ -172,19 +172,22 @@ func Dial(name string, spec v1alpha1.RedisBackendSpec, creds Credentials, heartb
 	} else {
 		tls = redisconn.TLSOptions{}
 	}
-	return DialURL(name, spec.URL, spec.MaxClients, ManagerOptions(creds, tls, onTLSError), heartbeatTTL)
+	opts := ManagerOptions(creds, tls, onTLSError)
+	nodeOpts := opts
+	nodeOpts.VerifyMaster = false
+	return DialURL(name, spec.URL, spec.MaxClients, opts, nodeOpts, heartbeatTTL)
 }
 
-// DialURL builds the manager's clients for the Redis at url with opts (ManagerOptions): the
-// client, and one per node (replicas and sentinels too) for what each node keeps of its own.
-// maxClients, when positive, is the Redis's maxclients for one that refuses CONFIG GET.
-func DialURL(name, url string, maxClients int64, opts redisconn.Options, heartbeatTTL time.Duration) (*Backend, error) {
+// DialURL builds the manager's clients for the Redis at url: the client with opts
+// (ManagerOptions), and with nodeOpts one per node (replicas and sentinels too) for what each
+// node keeps of its own. maxClients, when positive, is the Redis's maxclients for one that
+// refuses CONFIG GET.
+func DialURL(name, url string, maxClients int64, opts, nodeOpts redisconn.Options, heartbeatTTL time.Duration) (*Backend, error) {
 	c, err := redisconn.NewClient(url, opts)
 	if err != nil {
 		return nil, err
 	}
-	opts.VerifyMaster = false
-	nodes, err := redisconn.NewNodes(url, opts, c)
+	nodes, err := redisconn.NewNodes(url, nodeOpts, c)
 	if err != nil {
 		_ = c.Close()
 		return nil, err
