@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -24,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/manager"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -42,83 +42,110 @@ func run() error {
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	o := manager.BindFlags(fs, os.Getenv)
 	_ = fs.Parse(os.Args[1:]) // ExitOnError: a bad flag exits with its message
-	webhookCfg, redisTLS, redisURL, tenantACL := &o.Webhook, o.RedisTLS, o.RedisURL, o.TenantACL
 	zapOpts := o.Zap
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	log := ctrl.Log.WithName("setup")
+	if err := checkSidecarDefaults(o); err != nil {
+		return err
+	}
+	tlsFileError := func(err error) { log.Error(err, "redis TLS files changed but cannot be used") }
+	def, err := dialManagerRedis(o, tlsFileError)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = def.Close() }()
+	// Before the manager, which reaches the API server: a Redis that refuses ACLs stops it at once.
+	if err := probeTenantACL(o.TenantACL, def); err != nil {
+		return err
+	}
+	mgr, err := newManager(o)
+	if err != nil {
+		return err
+	}
+	if err := setup(mgr, o, def, tlsFileError); err != nil {
+		return err
+	}
+	log.Info("starting manager", "redis", redisconn.RedactURL(o.RedisURL), "leaderElection", o.LeaderElect)
+	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// checkSidecarDefaults completes and checks what the injector gives sidecars, before anything
+// connects: a bad sidecar default would be injected into every pod.
+func checkSidecarDefaults(o *manager.Options) error {
+	webhookCfg := &o.Webhook
 	if webhookCfg.RedisURL == "" {
 		// Sidecars use the manager's Redis, under the same name and versions (their CA and
 		// certificate come from their namespace's Secret, --sidecar-redis-tls-secret).
-		webhookCfg.RedisURL = redisURL
-		webhookCfg.SidecarRedisTLS.DefaultFrom(redisTLS)
+		webhookCfg.RedisURL = o.RedisURL
+		webhookCfg.SidecarRedisTLS.DefaultFrom(o.RedisTLS)
 	}
-	// Before anything connects: a bad sidecar default would be injected into every pod.
 	if err := webhookCfg.Validate(); err != nil {
 		return fmt.Errorf("checking the webhook and sidecar flags: %w", err)
 	}
-
 	// A password in the URL sidecars get would be every tenant's (their pods' environment). A
 	// sentinel URL's is no exception: with the sentinels' credential a tenant can SENTINEL
 	// MONITOR the group at a server of its own and collect every client's password there.
 	// Sidecars get a read-only sentinel user in their namespace's Secret instead.
-	if tenantACL != controller.TenantACLOff && redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
+	if o.TenantACL != controller.TenantACLOff && redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
 		return errors.New("the Redis URL given to sidecars (--sidecar-redis-url, default --redis-url) carries credentials every tenant could read: put the admin password in --redis-password-file (and the sentinels' in --redis-sentinel-password-file)")
 	}
+	return nil
+}
+
+// dialManagerRedis builds the manager's clients for its own Redis, the backend of every
+// namespace no RedisBackend selects; its URL for sidecars is the injector's.
+func dialManagerRedis(o *manager.Options, tlsFileError func(error)) (*backend.Backend, error) {
 	password, err := redisPassword(o.RedisPasswordFile)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sentinelPassword := ""
 	if o.SentinelPasswordFile != "" {
 		if sentinelPassword, err = readSecretFile(o.SentinelPasswordFile); err != nil {
-			return fmt.Errorf("reading the sentinel password file: %w", err)
+			return nil, fmt.Errorf("reading the sentinel password file: %w", err)
 		}
 	}
-	tlsFileError := func(err error) { log.Error(err, "redis TLS files changed but cannot be used") }
-	// The manager's calls are not on a request path: timeouts of seconds, a small pool.
-	rdb, err := redisconn.NewClient(redisURL, redisconn.Options{
-		PoolSize: controller.ManagerRedisPoolSize, DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-		PoolTimeout: 3 * time.Second, Username: o.RedisUsername, Password: password, ClientName: "redline-manager",
-		SentinelUsername: o.SentinelUser, SentinelPassword: sentinelPassword,
-		TLS: redisTLS, TLSFileError: tlsFileError,
-		// The admin's password goes to the master in the handshake: only to one the sentinels
-		// agree on, not to whatever one sentinel answers.
-		VerifyMaster: true,
-	})
+	creds := backend.Credentials{
+		Username: o.RedisUsername, Password: password, SentinelUsername: o.SentinelUser, SentinelPassword: sentinelPassword,
+	}
+	opts := backend.ManagerOptions(creds, o.RedisTLS, tlsFileError)
+	// The nodes' clients (a node's own commands, the sentinels) keep redisconn's pool defaults.
+	nodeOpts := opts
+	nodeOpts.VerifyMaster, nodeOpts.PoolSize, nodeOpts.PoolTimeout = false, 0, 0
+	def, err := backend.DialURL("", o.RedisURL, o.RedisMaxClients, opts, nodeOpts, o.HeartbeatTTL)
 	if err != nil {
-		return fmt.Errorf("configuring redis: %w", err)
+		return nil, fmt.Errorf("configuring redis: %w", err)
 	}
-	defer func() { _ = rdb.Close() }()
+	def.URL = o.Webhook.RedisURL
+	return def, nil
+}
 
-	nodes, err := redisconn.NewNodes(redisURL, redisconn.Options{
-		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-		Username: o.RedisUsername, Password: password, ClientName: "redline-manager",
-		SentinelUsername: o.SentinelUser, SentinelPassword: sentinelPassword,
-		TLS: redisTLS, TLSFileError: tlsFileError,
-	}, rdb)
+// probeTenantACL stops the manager at once, with --redis-tenant-acl=required, when its Redis
+// (or sentinels) refuse ACLs.
+func probeTenantACL(mode string, def *backend.Backend) error {
+	if mode != controller.TenantACLRequired {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := controller.ProbeTenantACL(ctx, def.Nodes)
+	if err == nil && def.Sentinels != nil {
+		err = controller.ProbeSentinels(ctx, def.Sentinels)
+	}
 	if err != nil {
-		return fmt.Errorf("configuring redis nodes: %w", err)
+		return fmt.Errorf("--redis-tenant-acl=required: %w", err)
 	}
-	defer func() { _ = nodes.Close() }()
-	// Before the manager, which reaches the API server: a Redis that refuses ACLs stops it at once.
-	if tenantACL == controller.TenantACLRequired {
-		pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := controller.ProbeTenantACL(pctx, nodes.Each)
-		if err == nil && nodes.IsSentinel() {
-			err = controller.ProbeSentinels(pctx, nodes.EachSentinel)
-		}
-		cancel()
-		if err != nil {
-			return fmt.Errorf("--redis-tenant-acl=required: %w", err)
-		}
-	}
+	return nil
+}
 
+// newManager is the controller-runtime manager with the webhook server and the slim cache.
+func newManager(o *manager.Options) (ctrl.Manager, error) {
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
+		return nil, err
 	}
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return err
+		return nil, err
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
@@ -131,39 +158,39 @@ func run() error {
 		// for the lease to expire.
 		LeaderElectionReleaseOnCancel: true,
 		Cache:                         controller.CacheOptions(cache.Options{}),
-		WebhookServer:                 podinject.NewServer(*webhookCfg),
+		WebhookServer:                 podinject.NewServer(o.Webhook),
 	})
 	if err != nil {
-		return fmt.Errorf("creating manager: %w", err)
+		return nil, fmt.Errorf("creating manager: %w", err)
 	}
-	var sentinels func(context.Context, func(context.Context, *redis.Client) error) error
-	if nodes.IsSentinel() {
-		sentinels = nodes.EachSentinel
-	}
-	// The manager's Redis serves every namespace no RedisBackend selects. Each backend's
-	// budget reconciler publishes its connection budget; the injector sizes new pods' Redis
-	// pools from their namespace's, in this process, and gives them its URL.
-	backends := controller.NewBackends(
-		controller.NewBackend("", webhookCfg.RedisURL, rdb, nodes.Each, sentinels, o.RedisMaxClients, o.HeartbeatTTL, nil),
-		mgr.GetCache())
+	return mgr, nil
+}
+
+// setup adds the controllers, the tenant ACL reconciler and the injector to mgr, all on one
+// registry of backends: the manager's Redis serves every namespace no RedisBackend selects.
+// Each backend's budget reconciler publishes its connection budget; the injector sizes new
+// pods' Redis pools from their namespace's, in this process, and gives them its URL.
+func setup(mgr ctrl.Manager, o *manager.Options, def *backend.Backend, tlsFileError func(error)) error {
+	webhookCfg := &o.Webhook
+	backends := backend.NewRegistry(def, mgr.GetCache())
 	webhookCfg.Backends = backends
-	if _, err := controller.Setup(mgr, controller.Config{
+	if err := controller.Setup(mgr, controller.Config{
 		Backends: backends, RedisTimeout: o.RedisTimeout, CheckInterval: o.CheckInterval, MaxBackoff: o.MaxBackoff,
-		HeartbeatTTL: o.HeartbeatTTL, ResyncInterval: o.Resync, BudgetInterval: o.BudgetInterval,
+		ResyncInterval: o.Resync, BudgetInterval: o.BudgetInterval,
 		TopKeysInterval: topKeysInterval(o.TopKeysInterval),
 		// The injector's ceiling, so that the budget counts the pools it gives.
 		SidecarRedisPoolSize: int64(webhookCfg.SidecarRedisPoolSize),
 		Namespace:            webhookCfg.Namespace,
 		// A RedisBackend over TLS is verified with the manager's CA bundle and given its client
 		// certificate, under the backend's own server name.
-		Dial: func(name string, spec v1alpha1.RedisBackendSpec, creds controller.BackendCredentials) (*controller.Backend, error) {
-			return controller.DialBackend(name, spec, creds, o.HeartbeatTTL, redisTLS, tlsFileError)
+		Dial: func(name string, spec v1alpha1.RedisBackendSpec, creds backend.Credentials) (*backend.Backend, error) {
+			return backend.Dial(name, spec, creds, o.HeartbeatTTL, o.RedisTLS, tlsFileError)
 		},
 	}); err != nil {
 		return fmt.Errorf("setting up controller: %w", err)
 	}
 	if err := controller.SetupTenantACL(mgr, controller.TenantACLConfig{
-		Mode: tenantACL, Backends: backends, SecretName: webhookCfg.RedisSecret,
+		Mode: o.TenantACL, Backends: backends, SecretName: webhookCfg.RedisSecret,
 		KeySecret: types.NamespacedName{Namespace: webhookCfg.Namespace, Name: o.ACLKeySecret},
 		Rotation:  o.CredentialRotation, RedisTimeout: o.RedisTimeout, MaxBackoff: o.MaxBackoff, CheckInterval: o.CheckInterval,
 	}); err != nil {
@@ -175,11 +202,7 @@ func run() error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
-		return err
-	}
-	log.Info("starting manager", "redis", redisconn.RedactURL(redisURL), "leaderElection", o.LeaderElect)
-	return mgr.Start(ctrl.SetupSignalHandler())
+	return mgr.AddReadyzCheck("readyz", healthz.Ping)
 }
 
 // redisPassword reads the password from a file (trailing newline dropped) or from the

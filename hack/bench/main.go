@@ -147,20 +147,8 @@ func run(o Options, command string) (err error) {
 	}
 	defer stopUpstream()
 
-	// Round trips first: their cells load the scripts that redis-benchmark then runs.
-	progress("round trips per decision, in-process limiter, %v callers", o.RTConcurrency)
-	cellBounds := Bounds{MaxOps: o.CellOps, MaxTime: o.CellTime, Warmup: 200}
-	if rep.RoundTrips, err = runRoundTrips(ctx, srv.URL(), o.RTConcurrency, Bounds{MaxOps: o.CellOps, MaxTime: o.CellTime * 3 / 4}); err != nil {
+	if err := measureRedis(ctx, o, srv, &rep); err != nil {
 		return err
-	}
-	progress("ceiling: redis-benchmark with the SlidingWindowCounter script")
-	for _, p := range []struct{ pipeline, n int }{{16, o.CeilingRequests}, {1, o.CeilingRequests / 4}} {
-		c, err := redisBenchmark(ctx, srv.Port, p.pipeline, p.n)
-		if err != nil {
-			return err
-		}
-		progress("  -P %-2d %8.0f EVALSHA/s", c.Pipeline, c.PerSec)
-		rep.Ceilings = append(rep.Ceilings, c)
 	}
 
 	files, err := writeSidecarFiles(dir)
@@ -178,6 +166,59 @@ func run(o Options, command string) (err error) {
 		return err
 	}
 	sidecars = append(sidecars, first)
+	if err := measureOne(ctx, o, dir, first, upstream, &rep); err != nil {
+		return err
+	}
+
+	maxReplicas := 0
+	for _, n := range o.Replicas {
+		maxReplicas = max(maxReplicas, n)
+	}
+	progress("starting %d more sidecars for the accuracy cells", maxReplicas-1)
+	for i := 1; i < maxReplicas; i++ {
+		s, err := startSidecar(ctx, bin, dir, "bench-"+strconv.Itoa(i), files, srv.URL(), upstream)
+		if err != nil {
+			return err
+		}
+		sidecars = append(sidecars, s)
+	}
+	for _, s := range sidecars[1:] {
+		rep.Memory.ReplicasIdleMiB = append(rep.Memory.ReplicasIdleMiB, rssMiB(s.Pid()))
+	}
+	if err := measureFleet(ctx, o, srv.URL(), sidecars, &rep); err != nil {
+		return err
+	}
+
+	rep.Machine.LoadAtEnd = loadAverage()
+	rep.Machine.WallSeconds = time.Since(began).Seconds()
+	progress("load average at end %s", rep.Machine.LoadAtEnd)
+	return writeReport(o.Out, &rep)
+}
+
+// measureRedis measures the round trips per decision of the in-process limiter, then the
+// ceiling: redis-benchmark running the SlidingWindowCounter script.
+func measureRedis(ctx context.Context, o Options, srv *redistest.Server, rep *Report) (err error) {
+	// Round trips first: their cells load the scripts that redis-benchmark then runs.
+	progress("round trips per decision, in-process limiter, %v callers", o.RTConcurrency)
+	if rep.RoundTrips, err = runRoundTrips(ctx, srv.URL(), o.RTConcurrency, Bounds{MaxOps: o.CellOps, MaxTime: o.CellTime * 3 / 4}); err != nil {
+		return err
+	}
+	progress("ceiling: redis-benchmark with the SlidingWindowCounter script")
+	for _, p := range []struct{ pipeline, n int }{{16, o.CeilingRequests}, {1, o.CeilingRequests / 4}} {
+		c, err := redisBenchmark(ctx, srv.Port, p.pipeline, p.n)
+		if err != nil {
+			return err
+		}
+		progress("  -P %-2d %8.0f EVALSHA/s", c.Pipeline, c.PerSec)
+		rep.Ceilings = append(rep.Ceilings, c)
+	}
+	return nil
+}
+
+// measureOne measures one sidecar: its RSS and Redis connections at rest, under the faces'
+// load and after, and wrk's numbers.
+func measureOne(ctx context.Context, o Options, dir string, first *Sidecar, upstream string, rep *Report) (err error) {
+	cellBounds := Bounds{MaxOps: o.CellOps, MaxTime: o.CellTime, Warmup: 200}
 	time.Sleep(2 * time.Second) // let start-up garbage settle before reading idle RSS
 	rep.Memory.IdleMiB = rssMiB(first.Pid())
 	rep.Conns = Conns{IdleTimeoutSecs: contract.DefaultRedisIdleTimeoutSeconds}
@@ -211,23 +252,12 @@ func run(o Options, command string) (err error) {
 	if rep.WrkSkipped != "" {
 		progress("  %s", rep.WrkSkipped)
 	}
+	return nil
+}
 
-	maxReplicas := 0
-	for _, n := range o.Replicas {
-		maxReplicas = max(maxReplicas, n)
-	}
-	progress("starting %d more sidecars for the accuracy cells", maxReplicas-1)
-	for i := 1; i < maxReplicas; i++ {
-		s, err := startSidecar(ctx, bin, dir, "bench-"+strconv.Itoa(i), files, srv.URL(), upstream)
-		if err != nil {
-			return err
-		}
-		sidecars = append(sidecars, s)
-	}
-	for _, s := range sidecars[1:] {
-		rep.Memory.ReplicasIdleMiB = append(rep.Memory.ReplicasIdleMiB, rssMiB(s.Pid()))
-	}
-	fleet, err := newFleetConns(srv.URL())
+// measureFleet measures the accuracy of the replicas together and their Redis connections.
+func measureFleet(ctx context.Context, o Options, redisURL string, sidecars []*Sidecar, rep *Report) error {
+	fleet, err := newFleetConns(redisURL)
 	if err != nil {
 		return err
 	}
@@ -237,7 +267,7 @@ func run(o Options, command string) (err error) {
 		return err
 	}
 	progress("accuracy: %d times the limit of %d, round-robin over the replicas", 3, accLimit)
-	stopConns = samplePeak(func() (float64, error) { n, err := fleet.count(ctx); return float64(n), err })
+	stopConns := samplePeak(func() (float64, error) { n, err := fleet.count(ctx); return float64(n), err })
 	rep.Accuracy, err = runAccuracy(ctx, sidecars, o.Replicas, 3)
 	rep.Conns.FleetUnderLoad = int(stopConns())
 	if err != nil {
@@ -248,11 +278,7 @@ func run(o Options, command string) (err error) {
 	}
 	progress("Redis connections of %d sidecars: %d at rest, peak %d under load, %d after",
 		rep.Conns.Replicas, rep.Conns.FleetAtRest, rep.Conns.FleetUnderLoad, rep.Conns.FleetAfterLoad)
-
-	rep.Machine.LoadAtEnd = loadAverage()
-	rep.Machine.WallSeconds = time.Since(began).Seconds()
-	progress("load average at end %s", rep.Machine.LoadAtEnd)
-	return writeReport(o.Out, &rep)
+	return nil
 }
 
 // sampleRSS reads a process's RSS every 100ms until the returned stop function is called,

@@ -157,15 +157,9 @@ func parseFlags(args []string) (Options, error) {
 }
 
 func run(ctx context.Context, o Options) error {
-	bin, err := filepath.Abs(o.EnvoyBin)
+	bin, err := envoyBinary(&o)
 	if err != nil {
 		return err
-	}
-	if st, err := os.Stat(bin); err != nil || st.IsDir() {
-		return fmt.Errorf("envoyproxy/ratelimit binary %s: not a file (%v)", bin, err)
-	}
-	if o.EnvoyCommit == "" {
-		o.EnvoyCommit = binaryRevision(bin)
 	}
 	root, err := filepath.Abs(o.Root)
 	if err != nil {
@@ -227,13 +221,52 @@ func run(ctx context.Context, o Options) error {
 		serverEnvoy:   domain + "_generic_key_" + domain + "/" + benchRule + "_*",
 		serverSidecar: "rl:{" + domain + "/" + domain + "/" + benchRule + "/*",
 	}
+	if err := probeBoth(ctx, clients); err != nil {
+		return err
+	}
+
+	cells, err := runRounds(ctx, o, rc, clients, sc, pids, patterns)
+	if err != nil {
+		return err
+	}
+	meta := Meta{
+		Date: began.UTC().Format("2006-01-02 15:04 UTC"), EnvoyCommit: o.EnvoyCommit, CPU: cpuModel(), Cores: cores(),
+		Go: runtime.Version(), Redis: redisVersion(redisBin), LoadStart: loadStart, LoadEnd: loadAverage(),
+		Duration: o.Duration, Rounds: o.Rounds, Keys: o.Keys, Conns: o.Conns, Warmup: o.Warmup, EnvoyEnv: o.EnvoyEnv, SidecarArgs: o.SidecarArgs,
+	}
+	return writeReport(o, renderReport(meta, o.Callers, cells))
+}
+
+// envoyBinary is the absolute path of o.EnvoyBin, which must be a file; it fills in
+// o.EnvoyCommit from the binary when not given.
+func envoyBinary(o *Options) (string, error) {
+	bin, err := filepath.Abs(o.EnvoyBin)
+	if err != nil {
+		return "", err
+	}
+	if st, err := os.Stat(bin); err != nil || st.IsDir() {
+		return "", fmt.Errorf("envoyproxy/ratelimit binary %s: not a file (%v)", bin, err)
+	}
+	if o.EnvoyCommit == "" {
+		o.EnvoyCommit = binaryRevision(bin)
+	}
+	return bin, nil
+}
+
+// probeBoth checks that both servers admit once and then refuse under a 1/min limit.
+func probeBoth(ctx context.Context, clients map[string]*client) error {
 	for _, name := range []string{serverEnvoy, serverSidecar} {
 		if err := clients[name].probe(ctx, "probe-"+strconv.FormatInt(time.Now().UnixNano(), 36)); err != nil {
 			return fmt.Errorf("%s does not enforce: %w", name, err)
 		}
 	}
 	progress("both servers admit once and then refuse under a 1/min limit")
+	return nil
+}
 
+// runRounds measures both servers at every concurrency, o.Rounds times, which one goes
+// first swapping every round.
+func runRounds(ctx context.Context, o Options, rc *redis.Client, clients map[string]*client, sc *sidecar, pids map[string]cellPIDs, patterns map[string]string) ([]Cell, error) {
 	var cells []Cell
 	for round := 1; round <= o.Rounds; round++ {
 		for _, callers := range o.Callers {
@@ -244,7 +277,7 @@ func run(ctx context.Context, o Options) error {
 			for _, name := range order {
 				c, err := runCell(ctx, o, rc, clients[name], sc, pids[name], name, patterns[name], callers, round)
 				if err != nil {
-					return fmt.Errorf("%s, %d callers, round %d: %w", name, callers, round, err)
+					return nil, fmt.Errorf("%s, %d callers, round %d: %w", name, callers, round, err)
 				}
 				progress("round %d  %-21s c=%-4d %8.0f/s  p50 %-8s p99 %-8s errors %d %.120s  redis %s", round, name, callers,
 					c.PerSec, c.P50.Round(time.Microsecond), c.P99.Round(time.Microsecond), c.Errors, c.FirstErr, formatPerDecision(c.RedisCalls, c.Decisions+c.Errors, name == serverSidecar))
@@ -252,12 +285,11 @@ func run(ctx context.Context, o Options) error {
 			}
 		}
 	}
-	meta := Meta{
-		Date: began.UTC().Format("2006-01-02 15:04 UTC"), EnvoyCommit: o.EnvoyCommit, CPU: cpuModel(), Cores: cores(),
-		Go: runtime.Version(), Redis: redisVersion(redisBin), LoadStart: loadStart, LoadEnd: loadAverage(),
-		Duration: o.Duration, Rounds: o.Rounds, Keys: o.Keys, Conns: o.Conns, Warmup: o.Warmup, EnvoyEnv: o.EnvoyEnv, SidecarArgs: o.SidecarArgs,
-	}
-	report := renderReport(meta, o.Callers, cells)
+	return cells, nil
+}
+
+// writeReport prints the report and writes it to o.Out, if set.
+func writeReport(o Options, report string) error {
 	fmt.Print(report)
 	if o.Out != "" {
 		if err := os.MkdirAll(filepath.Dir(o.Out), 0o755); err != nil {

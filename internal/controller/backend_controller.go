@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 )
 
 // Reasons of a RedisBackend's Ready condition.
@@ -57,8 +58,8 @@ const maxBackendSecretBytes = 16 << 10
 var backendsRequest = reconcile.Request{NamespacedName: types.NamespacedName{Name: "redis-backends"}}
 
 // BackendDialer builds the clients of the RedisBackend name of spec with the admin's
-// credentials (DialBackend, with the manager's TLS files).
-type BackendDialer func(name string, spec v1alpha1.RedisBackendSpec, creds BackendCredentials) (*Backend, error)
+// credentials (backend.Dial, with the manager's TLS files).
+type BackendDialer func(name string, spec v1alpha1.RedisBackendSpec, creds backend.Credentials) (*backend.Backend, error)
 
 // RedisBackendReconciler dials the Redis of every RedisBackend with the admin's credentials
 // from its Secret, keeps the clients in Backends for the other reconcilers and the injector,
@@ -70,7 +71,7 @@ type RedisBackendReconciler struct {
 	Reader client.Reader
 	// APIReader reads credentials Secrets (not cached: a few objects, read each pass).
 	APIReader client.Reader
-	Backends  *Backends
+	Backends  *backend.Registry
 	// Namespace is the manager's, where the credentials Secrets live.
 	Namespace string
 	Dial      BackendDialer
@@ -93,6 +94,28 @@ type RedisBackendReconciler struct {
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // The credentials Secrets of RedisBackends live in the manager's namespace: a Role there.
 // +kubebuilder:rbac:groups="",namespace=redline-system,resources=secrets,verbs=get
+
+// assignments are which backend serves each namespace, how many each serves, and which
+// namespaces each selects in vain (an older backend serves them).
+func assignments(backends []v1alpha1.RedisBackend, namespaces []corev1.Namespace) (assign map[string]string, served map[string]int32, conflicts map[string][]string) {
+	assign, served, conflicts = map[string]string{}, map[string]int32{}, map[string][]string{}
+	for i := range namespaces {
+		ns := &namespaces[i]
+		owner := backend.Assign(backends, ns.Labels)
+		if owner == nil {
+			continue
+		}
+		assign[ns.Name] = owner.Name
+		served[owner.Name]++
+		for j := range backends {
+			rb := &backends[j]
+			if rb.Name != owner.Name && backend.Selects(rb, ns.Labels) {
+				conflicts[rb.Name] = append(conflicts[rb.Name], ns.Name)
+			}
+		}
+	}
+	return assign, served, conflicts
+}
 
 // Reconcile dials what changed, drops what is gone, and writes every backend's status.
 func (r *RedisBackendReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
@@ -121,35 +144,15 @@ func (r *RedisBackendReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 		})
 	}
 	wg.Wait()
-	for _, name := range r.Backends.names() {
+	for _, name := range r.Backends.Names() {
 		if !live[name] {
-			r.Backends.remove(name)
+			r.Backends.Remove(name)
 		}
 	}
 
-	// Which backend serves each namespace, and which namespaces each selects in vain.
-	served := map[string]int32{}
-	conflicts := map[string][]string{}
-	assign := map[string]string{}
-	for i := range namespaces.Items {
-		ns := &namespaces.Items[i]
-		owner := assignBackend(list.Items, ns.Labels)
-		if owner == nil {
-			continue
-		}
-		assign[ns.Name] = owner.Name
-		served[owner.Name]++
-		for j := range list.Items {
-			rb := &list.Items[j]
-			if rb.Name != owner.Name && selects(rb, ns.Labels) {
-				conflicts[rb.Name] = append(conflicts[rb.Name], ns.Name)
-			}
-		}
-	}
+	assign, served, conflicts := assignments(list.Items, namespaces.Items)
 	if !maps.Equal(assign, r.assign) {
-		r.Backends.mu.Lock()
-		r.Backends.notifyLocked()
-		r.Backends.mu.Unlock()
+		r.Backends.Notify()
 	}
 	r.assign = assign
 
@@ -195,17 +198,17 @@ func (r *RedisBackendReconciler) sync(ctx context.Context, rb *v1alpha1.RedisBac
 		return notReady(ReasonBackendSecretError, err.Error())
 	}
 	digest := backendDigest(rb, creds)
-	be := r.Backends.get(rb.Name)
-	if be == nil || be.digest != digest {
+	be := r.Backends.Get(rb.Name)
+	if be == nil || be.Digest != digest {
 		nb, err := r.Dial(rb.Name, rb.Spec, creds)
 		if err != nil {
 			return notReady(ReasonBackendDialError, "spec.url: "+err.Error())
 		}
-		nb.digest = digest
-		r.Backends.put(nb)
+		nb.Digest = digest
+		r.Backends.Put(nb)
 		be = nb
 	}
-	sctx, cancel := context.WithTimeout(ctx, durationOr(r.RedisTimeout, 5*time.Second))
+	sctx, cancel := context.WithTimeout(ctx, backend.Timeout(r.RedisTimeout))
 	defer cancel()
 	if _, err := be.Scripts.Ensure(sctx); err != nil {
 		return metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonBackendUnavailable,
@@ -216,26 +219,26 @@ func (r *RedisBackendReconciler) sync(ctx context.Context, rb *v1alpha1.RedisBac
 }
 
 // credentials reads rb's Secret from the manager's namespace.
-func (r *RedisBackendReconciler) credentials(ctx context.Context, rb *v1alpha1.RedisBackend) (BackendCredentials, error) {
+func (r *RedisBackendReconciler) credentials(ctx context.Context, rb *v1alpha1.RedisBackend) (backend.Credentials, error) {
 	if rb.Spec.CredentialsSecret == "" {
-		return BackendCredentials{}, nil
+		return backend.Credentials{}, nil
 	}
 	var s corev1.Secret
 	key := types.NamespacedName{Namespace: r.Namespace, Name: rb.Spec.CredentialsSecret}
 	if err := r.APIReader.Get(ctx, key, &s); err != nil {
 		if apierrors.IsNotFound(err) {
-			return BackendCredentials{}, fmt.Errorf("secret %s not found: create it in the manager's namespace with key %q", key, BackendPasswordKey)
+			return backend.Credentials{}, fmt.Errorf("secret %s not found: create it in the manager's namespace with key %q", key, BackendPasswordKey)
 		}
-		return BackendCredentials{}, fmt.Errorf("reading secret %s: %w", key, err)
+		return backend.Credentials{}, fmt.Errorf("reading secret %s: %w", key, err)
 	}
 	total := 0
 	for _, v := range s.Data {
 		total += len(v)
 	}
 	if total > maxBackendSecretBytes {
-		return BackendCredentials{}, fmt.Errorf("secret %s holds %d bytes, more than the %d a set of credentials needs", key, total, maxBackendSecretBytes)
+		return backend.Credentials{}, fmt.Errorf("secret %s holds %d bytes, more than the %d a set of credentials needs", key, total, maxBackendSecretBytes)
 	}
-	c := BackendCredentials{
+	c := backend.Credentials{
 		Username: string(s.Data[BackendUsernameKey]), Password: string(s.Data[BackendPasswordKey]),
 		SentinelUsername: string(s.Data[BackendSentinelUsernameKey]), SentinelPassword: string(s.Data[BackendSentinelPasswordKey]),
 	}
@@ -246,7 +249,7 @@ func (r *RedisBackendReconciler) credentials(ctx context.Context, rb *v1alpha1.R
 }
 
 // backendDigest identifies what a backend is dialed with.
-func backendDigest(rb *v1alpha1.RedisBackend, c BackendCredentials) string {
+func backendDigest(rb *v1alpha1.RedisBackend, c backend.Credentials) string {
 	h := sha256.New()
 	var tlsName, tlsVersion string
 	if t := rb.Spec.TLS; t != nil {
@@ -294,7 +297,7 @@ func (r *RedisBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("redisbackend").
 		WithOptions(controller.Options{
 			NeedLeaderElection: new(false),
-			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, 30*time.Second),
+			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, backend.DefaultMaxBackoff),
 		}).
 		Watches(&v1alpha1.RedisBackend{}, one, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{})).

@@ -107,7 +107,7 @@ func startBackendTenantACL(keyNS string) func() {
 		Mode: controller.TenantACLAuto, SecretName: "redline-redis", Backends: suiteBackends,
 		KeySecret:    types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		RedisTimeout: 2 * time.Second, MaxBackoff: time.Second,
-	})
+	}, nil)
 }
 
 var _ = Describe("RedisBackends", Ordered, func() {

@@ -12,9 +12,6 @@ import (
 	"github.com/redline-dev/redline/internal/connbudget"
 )
 
-// ManagerRedisPoolSize is the manager's own Redis pool (cmd/manager), counted in the budget.
-const ManagerRedisPoolSize = 4
-
 // workloadRef names a Deployment, StatefulSet or ReplicaSet without a Deployment.
 type workloadRef = connbudget.Workload
 

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -35,7 +36,7 @@ func (r *BudgetReconciler) updatePolicies(ctx context.Context, results map[strin
 		case err != nil:
 			res = budgetResult{redisErr: err}
 		case !ok:
-			res = budgetResult{redisErr: &BackendNotReadyError{Name: name}}
+			res = budgetResult{redisErr: &backend.NotReadyError{Name: name}}
 		}
 		status, reason, msg := budgetCondition(p, res.byNS[p.Namespace], res.redisErr)
 		if _, _, err := setPolicyCondition(ctx, r.Client, p, metav1.Condition{

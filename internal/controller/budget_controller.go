@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/connbudget"
 )
 
@@ -48,9 +48,8 @@ type BudgetReconciler struct {
 	client.Client
 	// Policies reads RateLimitPolicies as unstructured objects (see listPolicies).
 	Policies client.Reader
-	// Backends are the namespaces' Redis; nil: Redis and Budget serve every namespace.
-	Backends *Backends
-	Redis    *RedisClients
+	// Backends are the namespaces' Redis; each one's budget is published to its Budget.
+	Backends *backend.Registry
 	Recorder events.EventRecorder
 	// ManagerConnections are the manager's own connections per Redis node.
 	ManagerConnections int64
@@ -71,9 +70,6 @@ type BudgetReconciler struct {
 	// a tenant that churns its objects gets one pass per Coalesce, not one per change.
 	Coalesce time.Duration
 
-	// Budget receives the snapshot the pod injector sizes pools from (without Backends); nil
-	// publishes nothing.
-	Budget *connbudget.Publisher
 	// Elected is closed once this replica leads (ctrl.Manager.Elected); nil means it always
 	// does. The budget is computed on every replica, because every replica's webhook sizes
 	// pools from it; only the leader writes status and Events.
@@ -139,14 +135,11 @@ func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 			return name, notReady[ns]
 		}
 		name := ""
-		var err error
-		if r.Backends != nil {
-			var rb *v1alpha1.RedisBackend
-			if rb, err = r.Backends.Assigned(ctx, ns); rb != nil {
-				name = rb.Name
-				if r.Backends.get(name) == nil {
-					err = &BackendNotReadyError{Name: name}
-				}
+		rb, err := r.Backends.Assigned(ctx, ns)
+		if rb != nil {
+			name = rb.Name
+			if r.Backends.Get(name) == nil {
+				err = &backend.NotReadyError{Name: name}
 			}
 		}
 		backendOf[ns], notReady[ns] = name, err
@@ -169,7 +162,7 @@ func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 	var wg sync.WaitGroup
 	for i, t := range targets {
 		wg.Go(func() {
-			rctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
+			rctx, cancel := context.WithTimeout(ctx, backend.Timeout(r.RedisTimeout))
 			defer cancel()
 			reads[i].nodes, reads[i].err = t.redis.Nodes(rctx)
 		})
@@ -198,11 +191,8 @@ func (r *BudgetReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 	return ctrl.Result{RequeueAfter: r.interval()}, nil
 }
 
-// targets are the Redis whose budgets are computed: every backend, or Redis alone.
+// targets are the Redis whose budgets are computed: every backend.
 func (r *BudgetReconciler) targets() []budgetTarget {
-	if r.Backends == nil {
-		return []budgetTarget{{label: DefaultBackendLabel, redis: r.Redis, publish: r.Budget}}
-	}
 	var out []budgetTarget
 	for _, be := range r.Backends.All() {
 		out = append(out, budgetTarget{
@@ -297,13 +287,6 @@ func (r *BudgetReconciler) policyReader() client.Reader {
 	return r.Client
 }
 
-func (r *BudgetReconciler) redisTimeout() time.Duration {
-	if r.RedisTimeout > 0 {
-		return r.RedisTimeout
-	}
-	return 5 * time.Second
-}
-
 func (r *BudgetReconciler) interval() time.Duration {
 	if r.Interval > 0 {
 		return r.Interval
@@ -322,26 +305,20 @@ func (r *BudgetReconciler) coalesce() time.Duration {
 // maps to the one budget request, coalesced (see Coalesce).
 func (r *BudgetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	all := coalescing{delay: r.coalesce(), req: budgetRequest}
-	maxBackoff := r.MaxBackoff
-	if maxBackoff == 0 {
-		maxBackoff = 30 * time.Second
-	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("redisconnectionbudget").
 		WithOptions(controller.Options{
 			// Every replica computes the budget for its own webhook (see Elected).
 			NeedLeaderElection: new(false),
-			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, maxBackoff),
+			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, backend.MaxBackoff(r.MaxBackoff)),
 		}).
 		Watches(&appsv1.Deployment{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&appsv1.StatefulSet{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&appsv1.ReplicaSet{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{},
 			predicate.NewPredicateFuncs(func(o client.Object) bool { return !ownedByDeployment(o) }))).
 		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
-	if r.Backends != nil {
+		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// A backend dialed or removed, or a namespace moved: its workloads change budgets.
-		b = b.WatchesRawSource(source.Channel(r.Backends.Subscribe(), all))
-	}
+		WatchesRawSource(source.Channel(r.Backends.Subscribe(), all))
 	return b.Complete(r)
 }

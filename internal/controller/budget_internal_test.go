@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -261,9 +262,11 @@ func TestBudgetOnFollowers(t *testing.T) {
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(d, p).WithStatusSubresource(p).Build()
 	elected := make(chan struct{})
-	budget := &connbudget.Publisher{}
+	// The manager's Redis, in a registry that reads RedisBackends as production's does.
+	def := backend.New("", "", rdb, nil, nil, 0, time.Minute, nil)
+	budget := def.Budget
 	r := &BudgetReconciler{
-		Client: c, Redis: &RedisClients{Client: rdb}, ManagerConnections: 4, Budget: budget, Elected: elected,
+		Client: c, Backends: backend.NewRegistry(def, c), ManagerConnections: 4, Elected: elected,
 	}
 	budgetCondition := func() *metav1.Condition {
 		got := &v1alpha1.RateLimitPolicy{}

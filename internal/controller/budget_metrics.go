@@ -25,7 +25,7 @@ var (
 	}, []string{labelBackend, labelNamespace, "kind", "name"})
 )
 
-// labelBackend names the Redis a series is of: a RedisBackend's name, or DefaultBackendLabel.
+// labelBackend names the Redis a series is of: a RedisBackend's name, or backend.DefaultLabel.
 const labelBackend = "backend"
 
 // resetBudgetMetrics forgets the last pass's series: backends, nodes and workloads that are

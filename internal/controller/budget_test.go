@@ -16,12 +16,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
 // onDefault selects the series of the manager's own Redis (RedisBackends have theirs).
-var onDefault = map[string]string{"backend": controller.DefaultBackendLabel}
+var onDefault = map[string]string{"backend": backend.DefaultLabel}
 
 // budgetMaxClients is the suite's redis-server maxclients.
 const budgetMaxClients = 200

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 )
 
 // Why the manager watches Redis's memory policy.
@@ -137,10 +138,8 @@ type MemoryPolicyReconciler struct {
 	// Client writes policy status; Policies reads policies (the manager's cache).
 	Client   client.Client
 	Policies client.Reader
-	// Nodes runs a function on every Redis node (redisconn.Nodes.Each), when Backends is nil;
-	// otherwise every backend's nodes are read, and each policy gets its namespace's Redis's.
-	Nodes    func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	Backends *Backends
+	// Backends are the Redis read: every backend's nodes, each policy gets its namespace's.
+	Backends *backend.Registry
 	Recorder events.EventRecorder
 	// Interval is how often the nodes are read again (default 30s): an admin's CONFIG SET or a
 	// failover changes the answer without any Kubernetes event.
@@ -165,7 +164,7 @@ type memoryResult struct {
 func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rctx, cancel := context.WithTimeout(ctx, durationOr(r.RedisTimeout, 5*time.Second))
+	rctx, cancel := context.WithTimeout(ctx, backend.Timeout(r.RedisTimeout))
 	type read struct {
 		label   string
 		nodes   []NodeMemory
@@ -176,7 +175,7 @@ func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 		mu    sync.Mutex
 		reads = map[string]read{}
 	)
-	readOne := func(ctx context.Context, name, label string, each NodeFunc) {
+	readOne := func(ctx context.Context, name, label string, each backend.NodeFunc) {
 		var (
 			nodes   []NodeMemory
 			durable []NodeDurability
@@ -198,14 +197,10 @@ func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 		reads[name] = read{label: label, nodes: nodes, durable: durable, err: errors.Join(append(errs, err)...)}
 		mu.Unlock()
 	}
-	if r.Backends == nil {
-		readOne(rctx, "", DefaultBackendLabel, r.Nodes)
-	} else {
-		_ = r.Backends.Each(rctx, func(ctx context.Context, be *Backend) error {
-			readOne(ctx, be.Name, be.Label(), be.Nodes)
-			return nil
-		})
-	}
+	_ = r.Backends.Each(rctx, func(ctx context.Context, be *backend.Backend) error {
+		readOne(ctx, be.Name, be.Label(), be.Nodes)
+		return nil
+	})
 	cancel()
 	memoryEvictable.Reset()
 	results := make(map[string]memoryResult, len(reads))
@@ -235,15 +230,11 @@ func (r *MemoryPolicyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 
 // resultFor is the condition of a policy of namespace ns: its Redis's.
 func (r *MemoryPolicyReconciler) resultFor(ctx context.Context, ns string, results map[string]memoryResult) memoryResult {
-	name := ""
-	if r.Backends != nil {
-		be, err := r.Backends.For(ctx, ns)
-		if err != nil {
-			return memoryResult{status: metav1.ConditionUnknown, reason: ReasonMemoryUnknown, message: truncate(err.Error())}
-		}
-		name = be.Name
+	be, err := r.Backends.For(ctx, ns)
+	if err != nil {
+		return memoryResult{status: metav1.ConditionUnknown, reason: ReasonMemoryUnknown, message: truncate(err.Error())}
 	}
-	if res, ok := results[name]; ok {
+	if res, ok := results[be.Name]; ok {
 		return res
 	}
 	return memoryResult{status: metav1.ConditionUnknown, reason: ReasonMemoryUnknown, message: "the namespace's Redis was not read yet"}
@@ -305,12 +296,10 @@ func (r *MemoryPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("redismemorypolicy").
 		WithOptions(controller.Options{
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, durationOr(r.MaxBackoff, 30*time.Second)),
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, backend.MaxBackoff(r.MaxBackoff)),
 		}).
 		WatchesRawSource(source.Channel(start, all)).
-		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
-	if r.Backends != nil {
-		b = b.WatchesRawSource(source.Channel(r.Backends.Subscribe(), all))
-	}
+		Watches(newPolicyObject(), all, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WatchesRawSource(source.Channel(r.Backends.Subscribe(), all))
 	return b.Complete(r)
 }

@@ -1,5 +1,8 @@
-// Package controller reconciles RateLimitPolicies into the per-namespace ConfigMap that sidecars
-// read, and keeps the limiter's scripts loaded in Redis.
+// Package controller holds the manager's control loops: RateLimitPolicies compiled into the
+// per-namespace ConfigMap that sidecars read (NamespaceReconciler), the scripts kept loaded
+// (ScriptWatcher), the connection budget, the memory policy check, each namespace's Redis user
+// (TenantACLReconciler), RedisBackends and the top keys. Each namespace is served by its
+// backend in internal/backend's registry, which Setup is given.
 package controller
 
 import (
@@ -25,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/policydoc"
 )
@@ -58,16 +62,16 @@ type NamespaceReconciler struct {
 	// Policies reads RateLimitPolicies as unstructured objects (the manager's cache); nil reads
 	// through Client. See listPolicies for why they are not read typed.
 	Policies client.Reader
-	Scripts  ScriptStore
+	// Backends gives each namespace its Redis: its scripts and its sidecars' reports come
+	// from there.
+	Backends *backend.Registry
 	Recorder events.EventRecorder
 	// RedisTimeout bounds the script check of one reconcile.
 	RedisTimeout time.Duration
 	// ScriptEvents, if set, triggers a reconcile of every namespace (see ScriptWatcher).
 	ScriptEvents <-chan event.GenericEvent
-	// MaxBackoff caps the retry delay while Redis is down (default 30s).
+	// MaxBackoff caps the retry delay while Redis is down (default backend.DefaultMaxBackoff).
 	MaxBackoff time.Duration
-	// Sidecars, if set, reports what the sidecars apply, for the Enforced condition.
-	Sidecars SidecarReports
 	// ResyncInterval is how often a namespace is reconciled without any event, to follow
 	// sidecar heartbeats into Enforced (default 15s).
 	ResyncInterval time.Duration
@@ -76,9 +80,6 @@ type NamespaceReconciler struct {
 	// Direct reads the API server, for the rare read of a ConfigMap's content (the manager's
 	// cache holds none); nil reads through Client.
 	Direct client.Reader
-	// Backends, when set, gives each namespace its Redis: its scripts and its sidecars'
-	// reports come from there, and Scripts and Sidecars are not used.
-	Backends *Backends
 
 	// accepted is, per namespace, the last accepted compilation of each policy (by UID): the
 	// record, of the controller's own, from which an invalid update keeps the previous
@@ -112,128 +113,40 @@ func (r *NamespaceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 }
 
 func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Result, error) {
-	logger := log.FromContext(ctx)
-	live, undecodable, err := r.listPolicies(ctx, ns)
+	live, bad, err := r.listPolicies(ctx, ns)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-
 	current, err := r.currentConfigMap(ctx, ns)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if len(live) == 0 && len(undecodable) == 0 {
+	if len(live) == 0 && len(bad) == 0 {
 		r.setAccepted(ns, nil)
 		r.conditions.record(ns, nil, nil)
 		return ctrl.Result{}, r.deleteConfigMap(ctx, current)
 	}
-
-	// Compile each policy on its own: one invalid policy never takes the others down. An
-	// invalid update keeps the last accepted version of that policy enforced.
-	for _, u := range undecodable {
+	for _, u := range bad {
 		live = append(live, u.policy)
 	}
-	outcomes := make([]outcome, len(live))
-	var compiledPolicies []policydoc.Policy
-	var order []sized
-	var previous map[string]policydoc.Policy
-	known := r.acceptedIn(ns)
-	accepted := map[types.UID]policydoc.Policy{}
-	for i, p := range live {
-		var cp policydoc.Policy
-		err := undecodableErr(undecodable, p)
-		if err == nil {
-			cp, err = CompilePolicy(p)
-		}
-		outcomes[i] = outcome{policy: p, compileErr: err}
-		if err != nil {
-			old, ok := known[p.UID]
-			// Without a record of the namespace (this process has not written its document
-			// yet), the document in force is the record.
-			if !ok && known == nil {
-				if previous == nil {
-					previous = r.previousPolicies(ctx, ns, live)
-				}
-				old, ok = previous[p.Name]
-			}
-			if !ok {
-				continue
-			}
-			cp = old
-			outcomes[i].keptGeneration = old.Generation
-		}
-		accepted[p.UID] = cp
-		compiledPolicies = append(compiledPolicies, cp)
-		order = append(order, sized{policy: cp, order: p.CreationTimestamp.UTC().Format(time.RFC3339) + "/" + p.Name})
-	}
-
-	doc, data, err := policydoc.Build(ns, compiledPolicies, scripts.SHAs())
+	c := r.compile(ctx, ns, live, bad)
+	doc, data, err := policydoc.Build(ns, c.policies, scripts.SHAs())
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	cmErr := r.writeConfigMap(ctx, ns, current, doc, data, order)
+	cmErr := r.writeConfigMap(ctx, ns, current, doc, data, c.order)
 	if cmErr == nil {
-		r.setAccepted(ns, accepted)
+		r.setAccepted(ns, c.accepted)
 	}
 	var tenantErr *tenantError
 	if errors.As(cmErr, &tenantErr) {
-		logger.Info("configmap not written", "namespace", ns, "reason", cmErr.Error())
+		log.FromContext(ctx).Info("configmap not written", "namespace", ns, "reason", cmErr.Error())
 	}
-
-	store, sidecars, backendErr := r.backendOf(ctx, ns)
-	scriptErr := backendErr
-	if scriptErr == nil {
-		sctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
-		_, scriptErr = store.Ensure(sctx)
-		cancel()
-	}
-
-	var statusErrs []error
-	stale := false
-	conditions := make(map[string][]metav1.Condition, len(outcomes))
-	reported := make([]outcome, 0, len(outcomes))
-	reports := r.enforcements(ctx, sidecars, backendErr, ns, doc.Hash, outcomes, cmErr == nil)
-	bypasses, err := r.bypasses(ctx, ns, outcomes)
-	if err != nil {
-		logger.Info("services not checked for ports around the sidecar", "namespace", ns, "error", err.Error())
-	}
-	bare, err := r.unguardedPods(ctx, ns, outcomes)
-	if err != nil {
-		logger.Info("pods not checked for a sidecar", "namespace", ns, "error", err.Error())
-	}
-	for i := range reports {
-		reports[i].bypass = bypasses[i]
-		reports[i].unguarded = bare[i]
-	}
-	for i, o := range outcomes {
-		o.configErr, o.scriptErr = cmErr, scriptErr
-		if o.inDocument() {
-			o.enforcement = reports[i]
-			reported = append(reported, o)
-		}
-		conditions[o.policy.Name] = desiredStatus(o, doc).Conditions
-		update := r.updateStatus
-		if u := findUndecodable(undecodable, o.policy); u != nil {
-			update = func(ctx context.Context, o outcome, doc *policydoc.Document) error {
-				return r.updateUndecodableStatus(ctx, u, o, doc)
-			}
-		}
-		switch err := update(ctx, o, doc); {
-		case errors.Is(err, errStaleStatus):
-			stale = true
-		case err != nil:
-			statusErrs = append(statusErrs, err)
-		}
-	}
-	r.reportLosses(ns, reported)
-
-	counts := make(map[string]findings, len(outcomes))
-	for i, o := range outcomes {
-		counts[o.policy.Name] = findings{bypasses: bypasses[i].count, podsWithoutSidecar: bare[i].count}
-	}
-	r.conditions.record(ns, conditions, counts)
+	be, backendErr := r.Backends.For(ctx, ns)
+	scriptErr := r.ensureScripts(ctx, be, backendErr)
+	stale, statusErrs := r.writeStatus(ctx, ns, pass{be: be, backendErr: backendErr, outcomes: c.outcomes, bad: bad, doc: doc, cmErr: cmErr, scriptErr: scriptErr})
 	if scriptErr != nil {
-		logger.Info("redis unavailable; policies written but not programmed, retrying", "error", scriptErr.Error())
+		log.FromContext(ctx).Info("redis unavailable; policies written but not programmed, retrying", "error", scriptErr.Error())
 	}
 	if tenantErr != nil {
 		// The namespace's own content is at fault: its status says what to do, and retrying
@@ -252,16 +165,134 @@ func (r *NamespaceReconciler) reconcile(ctx context.Context, ns string) (ctrl.Re
 	return ctrl.Result{RequeueAfter: r.resyncInterval()}, nil
 }
 
-// backendOf is the script store and the sidecar reports of ns's Redis, or why it has none.
-func (r *NamespaceReconciler) backendOf(ctx context.Context, ns string) (ScriptStore, SidecarReports, error) {
-	if r.Backends == nil {
-		return r.Scripts, r.Sidecars, nil
+// compilation is what the policies of a namespace compile to: each policy's outcome, and the
+// policies of the document (the current generation, or the last accepted one) with their
+// order.
+type compilation struct {
+	outcomes []outcome
+	policies []policydoc.Policy
+	order    []sized
+	accepted map[types.UID]policydoc.Policy
+}
+
+// compile compiles each policy on its own: one invalid policy never takes the others down. An
+// invalid update keeps the last accepted version of that policy enforced.
+func (r *NamespaceReconciler) compile(ctx context.Context, ns string, live []*v1alpha1.RateLimitPolicy, bad []undecodable) compilation {
+	c := compilation{outcomes: make([]outcome, len(live)), accepted: map[types.UID]policydoc.Policy{}}
+	var previous map[string]policydoc.Policy
+	known := r.acceptedIn(ns)
+	for i, p := range live {
+		var cp policydoc.Policy
+		err := undecodableErr(bad, p)
+		if err == nil {
+			cp, err = CompilePolicy(p)
+		}
+		c.outcomes[i] = outcome{policy: p, compileErr: err}
+		if err != nil {
+			old, ok := known[p.UID]
+			// Without a record of the namespace (this process has not written its document
+			// yet), the document in force is the record.
+			if !ok && known == nil {
+				if previous == nil {
+					previous = r.previousPolicies(ctx, ns, live)
+				}
+				old, ok = previous[p.Name]
+			}
+			if !ok {
+				continue
+			}
+			cp = old
+			c.outcomes[i].keptGeneration = old.Generation
+		}
+		c.accepted[p.UID] = cp
+		c.policies = append(c.policies, cp)
+		c.order = append(c.order, sized{policy: cp, order: p.CreationTimestamp.UTC().Format(time.RFC3339) + "/" + p.Name})
 	}
-	be, err := r.Backends.For(ctx, ns)
+	return c
+}
+
+// ensureScripts makes sure the namespace's Redis holds the scripts; its error is why the
+// policies are not Programmed.
+func (r *NamespaceReconciler) ensureScripts(ctx context.Context, be *backend.Backend, backendErr error) error {
+	if backendErr != nil {
+		return backendErr
+	}
+	sctx, cancel := context.WithTimeout(ctx, backend.Timeout(r.RedisTimeout))
+	defer cancel()
+	_, err := be.Scripts.Ensure(sctx)
+	return err
+}
+
+// pass is what one reconcile of a namespace found, for its policies' status.
+type pass struct {
+	be         *backend.Backend
+	backendErr error
+	outcomes   []outcome
+	bad        []undecodable
+	doc        *policydoc.Document
+	// cmErr is why the ConfigMap was not written; scriptErr why the scripts are not in Redis.
+	cmErr, scriptErr error
+}
+
+// writeStatus reads what the sidecars, Services and pods say of each policy, writes every
+// policy's status and records the conditions on /metrics. stale says a status write lost to
+// another writer.
+func (r *NamespaceReconciler) writeStatus(ctx context.Context, ns string, ps pass) (stale bool, errs []error) {
+	var sidecars *backend.Sidecars
+	if ps.be != nil {
+		sidecars = ps.be.Sidecars
+	}
+	outcomes, doc := ps.outcomes, ps.doc
+	reports := r.enforcements(ctx, sidecars, ps.backendErr, ns, doc.Hash, outcomes, ps.cmErr == nil)
+	bypasses, bare := r.checkEnforcement(ctx, ns, outcomes, reports)
+	conditions := make(map[string][]metav1.Condition, len(outcomes))
+	reported := make([]outcome, 0, len(outcomes))
+	for i, o := range outcomes {
+		o.configErr, o.scriptErr = ps.cmErr, ps.scriptErr
+		if o.inDocument() {
+			o.enforcement = reports[i]
+			reported = append(reported, o)
+		}
+		conditions[o.policy.Name] = desiredStatus(o, doc).Conditions
+		update := r.updateStatus
+		if u := findUndecodable(ps.bad, o.policy); u != nil {
+			update = func(ctx context.Context, o outcome, doc *policydoc.Document) error {
+				return r.updateUndecodableStatus(ctx, u, o, doc)
+			}
+		}
+		switch err := update(ctx, o, doc); {
+		case errors.Is(err, errStaleStatus):
+			stale = true
+		case err != nil:
+			errs = append(errs, err)
+		}
+	}
+	r.reportLosses(ns, reported)
+	counts := make(map[string]findings, len(outcomes))
+	for i, o := range outcomes {
+		counts[o.policy.Name] = findings{bypasses: bypasses[i].count, podsWithoutSidecar: bare[i].count}
+	}
+	r.conditions.record(ns, conditions, counts)
+	return stale, errs
+}
+
+// checkEnforcement adds to reports the Services that go around the sidecars and the Ready
+// pods without one; a check that cannot be made finds nothing.
+func (r *NamespaceReconciler) checkEnforcement(ctx context.Context, ns string, outcomes []outcome, reports []enforcement) ([]bypass, []unguarded) {
+	logger := log.FromContext(ctx)
+	bypasses, err := r.bypasses(ctx, ns, outcomes)
 	if err != nil {
-		return nil, nil, err
+		logger.Info("services not checked for ports around the sidecar", "namespace", ns, "error", err.Error())
 	}
-	return be.Scripts, be.Sidecars, nil
+	bare, err := r.unguardedPods(ctx, ns, outcomes)
+	if err != nil {
+		logger.Info("pods not checked for a sidecar", "namespace", ns, "error", err.Error())
+	}
+	for i := range reports {
+		reports[i].bypass = bypasses[i]
+		reports[i].unguarded = bare[i]
+	}
+	return bypasses, bare
 }
 
 // staleRetry is how soon a status write refused as stale is tried again.
@@ -299,13 +330,6 @@ type tenantError struct {
 func (e *tenantError) Error() string { return e.err.Error() }
 func (e *tenantError) Unwrap() error { return e.err }
 
-func (r *NamespaceReconciler) redisTimeout() time.Duration {
-	if r.RedisTimeout > 0 {
-		return r.RedisTimeout
-	}
-	return 5 * time.Second
-}
-
 // outcome is what one reconcile found for one policy.
 type outcome struct {
 	policy         *v1alpha1.RateLimitPolicy
@@ -323,10 +347,6 @@ func (o *outcome) inDocument() bool { return o.compileErr == nil || o.keptGenera
 // SetupWithManager registers the reconciler. Policy events, events on the managed ConfigMaps
 // (someone edited or deleted one) and script health changes all map to a namespace request.
 func (r *NamespaceReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	maxBackoff := r.MaxBackoff
-	if maxBackoff == 0 {
-		maxBackoff = 30 * time.Second
-	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("ratelimitpolicy").
 		Watches(newPolicyObject(),
@@ -344,14 +364,12 @@ func (r *NamespaceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				return o.GetName() == policydoc.ConfigMapName
 			}))).
 		WithOptions(controller.Options{
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, maxBackoff),
-		})
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, backend.MaxBackoff(r.MaxBackoff)),
+		}).
+		// A backend dialed, replaced or removed, or a namespace moved to another.
+		WatchesRawSource(source.Channel(r.Backends.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
 	if r.ScriptEvents != nil {
 		b = b.WatchesRawSource(source.Channel(r.ScriptEvents, handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
-	}
-	if r.Backends != nil {
-		// A backend dialed, replaced or removed, or a namespace moved to another.
-		b = b.WatchesRawSource(source.Channel(r.Backends.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
 	}
 	return b.Complete(r)
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
@@ -103,7 +105,11 @@ func startManagerAs(ctx context.Context, user string) func() int {
 		Controller: config.Controller{SkipNameValidation: new(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	_, err = controller.Setup(mgr, controller.Config{Redis: redis.NewClient(&redis.Options{Addr: redisSrv.Addr()})})
+	// As cmd/manager wires them: the manager's Redis is the default backend, RedisBackends are
+	// read through the cache. Without Dial: this manager, the leader of its own, would write
+	// the suite's RedisBackends' status from Secrets the ClusterRole does not let it read.
+	def := backend.New("", "", redis.NewClient(&redis.Options{Addr: redisSrv.Addr()}), nil, nil, 0, time.Minute, nil)
+	err = controller.Setup(mgr, controller.Config{Backends: backend.NewRegistry(def, mgr.GetCache())})
 	Expect(err).NotTo(HaveOccurred())
 	mctx, cancel := context.WithCancel(ctx)
 	DeferCleanup(cancel)

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/testutil/fleettest"
@@ -89,7 +90,7 @@ var _ = Describe("What the manager reads of sidecar heartbeats", func() {
 			}
 			return all
 		})
-		reports := &controller.RedisSidecars{Client: rdb, TTL: suiteTTL}
+		reports := &backend.Sidecars{Client: rdb, TTL: suiteTTL}
 		var got []fleet.Summary
 		sumTotal, sumHeld := fleettest.Allocation(func() any {
 			got = reports.Summaries(ctx, stuffedNS, hash, append(names, "small"))

@@ -2,14 +2,12 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"time"
 
-	"github.com/redis/go-redis/v9"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/fleet"
 )
 
@@ -22,43 +20,6 @@ const (
 	// there is nothing to compare the sidecars' reports with; they are not read.
 	ReasonNotWritten = "ConfigurationNotWritten"
 )
-
-// SidecarReports tells which sidecars enforce a namespace's policies and which configuration
-// each applies.
-type SidecarReports interface {
-	// Summaries tells, of each of policies of namespace, in order, how many sidecars are live,
-	// how many apply configuration hash, and how many times they said Redis lost counts of it
-	// (fleet.Summary). What it reads of a namespace in all is bounded.
-	Summaries(ctx context.Context, namespace, hash string, policies []string) []fleet.Summary
-	// TopKeys reads the summaries of top keys the live sidecars of each of policies of
-	// namespace published, in order (fleet.ReadSummaries). What it reads of a namespace in all
-	// is bounded in bytes.
-	TopKeys(ctx context.Context, namespace string, policies []string) []fleet.GroupSummaries
-}
-
-// RedisSidecars reads the heartbeats sidecars write to Redis (fleet.Announce).
-type RedisSidecars struct {
-	Client redis.UniversalClient
-	// TTL is how long a sidecar counts as live after its last heartbeat; it must match the
-	// sidecars' heartbeat TTL.
-	TTL time.Duration
-	// MaxMembers is the most heartbeats read of one namespace per reconcile, over all its
-	// policies (default fleet.NamespaceMembers).
-	MaxMembers int
-	// SummaryBytes is the most bytes of top-keys summaries read of one namespace per reading
-	// (default fleet.NamespaceSummaryBytes).
-	SummaryBytes int
-}
-
-// Summaries implements SidecarReports.
-func (s *RedisSidecars) Summaries(ctx context.Context, namespace, hash string, policies []string) []fleet.Summary {
-	return fleet.Summarize(ctx, s.Client, namespace, hash, policies, s.TTL, s.MaxMembers)
-}
-
-// TopKeys implements SidecarReports.
-func (s *RedisSidecars) TopKeys(ctx context.Context, namespace string, policies []string) []fleet.GroupSummaries {
-	return fleet.ReadSummaries(ctx, s.Client, namespace, policies, nil, s.TTL, s.SummaryBytes)
-}
 
 // enforcement is what the sidecars of one policy report.
 type enforcement struct {
@@ -79,7 +40,7 @@ func (e enforcement) read() bool { return !e.unwritten && e.err == nil }
 // enforcements reads the reports of the policies of outcomes that are in the document
 // written, in one bounded reading of the namespace; the others are not read at all (a
 // document refused, as too large or otherwise, leaves nothing to compare them with).
-func (r *NamespaceReconciler) enforcements(ctx context.Context, sidecars SidecarReports, backendErr error, ns, hash string, outcomes []outcome, written bool) []enforcement {
+func (r *NamespaceReconciler) enforcements(ctx context.Context, sidecars *backend.Sidecars, backendErr error, ns, hash string, outcomes []outcome, written bool) []enforcement {
 	out := make([]enforcement, len(outcomes))
 	var policies []string
 	var of []int
@@ -90,8 +51,6 @@ func (r *NamespaceReconciler) enforcements(ctx context.Context, sidecars Sidecar
 			out[i].unwritten = true
 		case backendErr != nil:
 			out[i].err = backendErr
-		case sidecars == nil:
-			out[i].err = errors.New("sidecar reports are not configured")
 		default:
 			policies = append(policies, outcomes[i].policy.Name)
 			of = append(of, i)
@@ -100,7 +59,7 @@ func (r *NamespaceReconciler) enforcements(ctx context.Context, sidecars Sidecar
 	if len(policies) == 0 {
 		return out
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
+	ctx, cancel := context.WithTimeout(ctx, backend.Timeout(r.RedisTimeout))
 	defer cancel()
 	for k, s := range sidecars.Summaries(ctx, ns, hash, policies) {
 		out[of[k]] = enforcement{err: s.Err, report: s}

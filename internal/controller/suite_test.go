@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/connbudget"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/apiwarn"
@@ -39,7 +39,7 @@ var (
 	redisSrv *redistest.Server
 	rdb      *redis.Client
 	// suiteBackends are the suite manager's namespaces' Redis (backends_test.go).
-	suiteBackends *controller.Backends
+	suiteBackends *backend.Registry
 	cancelMgr     context.CancelFunc
 	warnings      *apiwarn.Recorder
 	warnK8s       client.Client // k8s, with admission warnings recorded in warnings
@@ -101,17 +101,18 @@ var _ = BeforeSuite(func() {
 	mgrRedis := redis.NewClient(&redis.Options{
 		Addr: redisSrv.Addr(), DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1,
 	})
-	budget := &connbudget.Publisher{}
-	backends, err := controller.Setup(mgr, controller.Config{
-		Redis: mgrRedis, RedisTimeout: time.Second, CheckInterval: 300 * time.Millisecond, MaxBackoff: 2 * time.Second,
-		HeartbeatTTL: 10 * time.Second, ResyncInterval: 300 * time.Millisecond, BudgetInterval: 300 * time.Millisecond,
+	// As cmd/manager wires them: the manager's Redis is the default backend, RedisBackends are
+	// read through the manager's cache.
+	backends := backend.NewRegistry(backend.New("", "", mgrRedis, nil, nil, 0, 10*time.Second, nil), mgr.GetCache())
+	err = controller.Setup(mgr, controller.Config{
+		Backends: backends, RedisTimeout: time.Second, CheckInterval: 300 * time.Millisecond, MaxBackoff: 2 * time.Second,
+		ResyncInterval: 300 * time.Millisecond, BudgetInterval: 300 * time.Millisecond,
 		// The top-keys specs run their own writer, pass by pass (topkeys_test.go).
 		TopKeysInterval: -1,
-		Budget:          budget,
 		// RedisBackends are served as the manager serves them.
 		Namespace: backendSecretsNamespace,
-		Dial: func(name string, spec v1alpha1.RedisBackendSpec, creds controller.BackendCredentials) (*controller.Backend, error) {
-			return controller.DialBackend(name, spec, creds, 10*time.Second, redisconn.TLSOptions{}, nil)
+		Dial: func(name string, spec v1alpha1.RedisBackendSpec, creds backend.Credentials) (*backend.Backend, error) {
+			return backend.Dial(name, spec, creds, 10*time.Second, redisconn.TLSOptions{}, nil)
 		},
 	})
 	Expect(err).NotTo(HaveOccurred())

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/redisacl"
 )
 
@@ -71,16 +72,10 @@ type TenantACLReconciler struct {
 	Policies client.Reader
 	// APIReader reads the key Secret (not cached: it is one object, read once).
 	APIReader client.Reader
-	// Nodes runs a function on every Redis node (redisconn.Nodes.Each).
-	Nodes func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	// Sentinels, with Sentinel, runs a function on every sentinel as the admin
-	// (redisconn.Nodes.EachSentinel); nil otherwise. See tenant_sentinel.go.
-	Sentinels func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	// Backends, when set, gives each namespace its Redis, and Nodes and Sentinels are not
-	// used: a namespace's user lives on its backend's nodes only, and is removed from every
-	// other backend (a namespace moved to a Redis of its own keeps no way into the one it
-	// left).
-	Backends *Backends
+	// Backends gives each namespace its Redis: a namespace's user lives on its backend's nodes
+	// only (and sentinels, see tenant_sentinel.go), and is removed from every other backend (a
+	// namespace moved to a Redis of its own keeps no way into the one it left).
+	Backends *backend.Registry
 	// Mode is TenantACLAuto, TenantACLRequired or TenantACLOff.
 	Mode string
 	// SecretName is the Secret written in each namespace (the injector's --sidecar-redis-secret).
@@ -135,121 +130,181 @@ func (r *TenantACLReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, fmt.Errorf("listing policies of %s: %w", ns, err)
 	}
 	if r.Mode == TenantACLOff {
-		return ctrl.Result{}, r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonTenantACLDisabled,
+		return r.finish(ctx, ns, isolation{cond: isolationCondition(metav1.ConditionFalse, ReasonTenantACLDisabled,
 			"--redis-tenant-acl=off: sidecars use the credential the admin put in Secret "+r.SecretName+
-				"; a tenant holding it can reach every namespace's Redis keys")
+				"; a tenant holding it can reach every namespace's Redis keys")})
 	}
-	rctx, cancel := context.WithTimeout(ctx, r.redisTimeout())
-	defer cancel()
 	if len(list.Items) == 0 {
+		rctx, cancel := context.WithTimeout(ctx, backend.Timeout(r.RedisTimeout))
+		defer cancel()
 		return ctrl.Result{}, r.cleanup(rctx, ns)
 	}
+	return r.finish(ctx, ns, r.isolate(ctx, ns))
+}
+
+// isolation is what one reconcile of a namespace comes to: the TenantIsolation condition its
+// policies get (nil: none is written), when to come back, and the error to retry on.
+type isolation struct {
+	cond   *metav1.Condition
+	result ctrl.Result
+	err    error
+}
+
+func isolationCondition(status metav1.ConditionStatus, reason, msg string) *metav1.Condition {
+	return &metav1.Condition{Type: v1alpha1.ConditionTenantIsolation, Status: status, Reason: reason, Message: truncate(msg)}
+}
+
+// failed is a reconcile that failed with err, its condition saying why.
+func failed(status metav1.ConditionStatus, reason, msg string, err error) isolation {
+	return isolation{cond: isolationCondition(status, reason, msg), err: err}
+}
+
+// finish writes the condition of iso, the one place it is written. A reconcile that failed
+// returns its own error (the condition is written on a best-effort basis); otherwise a
+// condition that cannot be written is the error.
+func (r *TenantACLReconciler) finish(ctx context.Context, ns string, iso isolation) (ctrl.Result, error) {
+	var werr error
+	if iso.cond != nil {
+		werr = r.setCondition(ctx, ns, *iso.cond)
+	}
+	switch {
+	case iso.err != nil:
+		return ctrl.Result{}, iso.err
+	case werr != nil:
+		return ctrl.Result{}, werr
+	}
+	return iso.result, nil
+}
+
+// isolate sets the namespace's user on its Redis (and its sentinels' reader), removes it from
+// every other backend and writes its credentials Secret.
+func (r *TenantACLReconciler) isolate(ctx context.Context, ns string) isolation {
+	rctx, cancel := context.WithTimeout(ctx, backend.Timeout(r.RedisTimeout))
+	defer cancel()
 	target, others, err := r.targetOf(ctx, ns)
 	if err != nil {
-		_ = r.setCondition(ctx, ns, metav1.ConditionUnknown, ReasonRedisUnavailable, truncate("the namespace's Redis: "+err.Error()))
-		return ctrl.Result{}, fmt.Errorf("finding the redis of %s: %w", ns, err)
+		return failed(metav1.ConditionUnknown, ReasonRedisUnavailable, "the namespace's Redis: "+err.Error(),
+			fmt.Errorf("finding the redis of %s: %w", ns, err))
 	}
 	key, err := r.passwordKey(ctx)
 	if err != nil {
-		return ctrl.Result{}, err
+		return isolation{err: err}
 	}
 	now := r.now()
 	period := now.UnixNano() / int64(r.rotation())
-	cur, prev := derivePassword(key, ns, period), derivePassword(key, ns, period-1)
+	cur := derivePassword(key, ns, period)
+	set := r.setUser(ctx, rctx, ns, target, others, key, period, now)
+	switch {
+	case errors.Is(set.err, redisacl.ErrUnavailable):
+		log.FromContext(ctx).Info("redis refuses ACL commands: this namespace's sidecars keep the shared credential", "namespace", ns, "reason", set.err.Error())
+		return isolation{result: ctrl.Result{RequeueAfter: backend.MaxBackoff(r.MaxBackoff)}, cond: isolationCondition(metav1.ConditionFalse, ReasonRedisACLUnavailable,
+			"Redis refuses ACL commands, so this namespace has no Redis user of its own: its sidecars use the credential the admin put in Secret "+
+				r.SecretName+", and any tenant holding it can read, change or delete every namespace's Redis keys. Cause: "+set.err.Error())}
+	case set.err != nil:
+		return failed(metav1.ConditionUnknown, ReasonRedisUnavailable, "setting the namespace's Redis user: "+set.err.Error(),
+			fmt.Errorf("setting the redis user of %s: %w", ns, set.err))
+	}
+	if set.leftBehind == nil {
+		r.setAppliedUser(ns, set.done)
+	} else {
+		log.FromContext(ctx).Info("the namespace's user is left on a backend it moved from; retrying", "namespace", ns, "error", set.leftBehind.Error())
+	}
+	sentinelPW, sentinelOpen, err := r.ensureSentinels(rctx, target, key)
+	if err != nil {
+		return failed(metav1.ConditionUnknown, ReasonRedisUnavailable, "setting the sentinels' reader user: "+err.Error(),
+			fmt.Errorf("setting the sentinel reader for %s: %w", ns, err))
+	}
+	if err := r.writeSecret(ctx, ns, cur, sentinelPW); err != nil {
+		return failed(metav1.ConditionFalse, ReasonTenantCredentialsErr, err.Error(), err)
+	}
+	return r.isolated(ctx, ns, target, set, sentinelOpen, period, now)
+}
+
+// isolated is the condition of a namespace whose user and Secret are set: whether that
+// isolates it (unprotected sentinels or users without a password do not), and when to come
+// back (the next rotation period, or soon where nodes were left out).
+func (r *TenantACLReconciler) isolated(ctx context.Context, ns string, target redisTarget, set userSet, sentinelOpen string, period int64, now time.Time) isolation {
+	next := time.Unix(0, (period+1)*int64(r.rotation()))
+	requeue := ctrl.Result{RequeueAfter: next.Sub(now) + time.Second}
+	if len(set.missing) > 0 {
+		// No event would come for those nodes: the watcher has reported them already.
+		requeue = ctrl.Result{RequeueAfter: r.relistDelay(set.done.missed)}
+		log.FromContext(ctx).Info("the redis nodes listed for the namespace's user leave out nodes the restart watcher reads; setting it again",
+			"namespace", ns, "missing", set.missing, "listed", set.done.addrs, "after", requeue.RequeueAfter)
+	}
+	if ok, reason, msg := sentinelIsolation(sentinelOpen); !ok {
+		log.FromContext(ctx).Info("the sentinels are unprotected: tenants are not isolated", "namespace", ns, "reason", sentinelOpen)
+		return isolation{result: ctrl.Result{RequeueAfter: backend.MaxBackoff(r.MaxBackoff)}, cond: isolationCondition(metav1.ConditionFalse, reason, msg)}
+	}
+	if open := set.done.open; len(open) > 0 {
+		return isolation{result: requeue, cond: isolationCondition(metav1.ConditionFalse, ReasonRedisDefaultUserOpen,
+			fmt.Sprintf("Redis user(s) %s need no password (on, nopass), so the namespace's own Redis user %s"+
+				" isolates nothing: anything that reaches Redis can connect as them, with whatever keys and commands they hold "+
+				"(the default user: every key); give each a password (requirepass for the default user) or turn it off", strings.Join(open, ", "), redisacl.Username(ns)))}
+	}
+	msg := fmt.Sprintf("Redis user %s on %d node(s) of %s, keys %s only, commands a sidecar runs only; credentials in Secret %s, rotated every %s",
+		redisacl.Username(ns), set.done.nodes, target.describe, strings.Join(redisacl.KeyPatterns(ns), " "), r.SecretName, r.rotation())
+	if target.sentinels != nil && target.plaintext {
+		msg += ". " + plaintextSentinel
+	}
+	iso := isolation{result: requeue, cond: &metav1.Condition{Type: v1alpha1.ConditionTenantIsolation, Status: metav1.ConditionTrue, Reason: ReasonTenantIsolated, Message: msg}}
+	if set.leftBehind != nil {
+		iso.err = fmt.Errorf("removing the redis user of %s from another backend: %w", ns, set.leftBehind)
+	}
+	return iso
+}
+
+// userSet is what setting a namespace's user on its Redis did.
+type userSet struct {
+	done appliedUser
+	// missing are nodes the restart watcher reads that the listing left out.
+	missing []string
+	// leftBehind is why the user could not be removed from another backend.
+	leftBehind error
+	err        error
+}
+
+// setUser sets the namespace's user, with the passwords of this period and the previous one,
+// on every node of target, unless that was done already in this period since the last node
+// restart; and removes it from the other backends where it may be.
+func (r *TenantACLReconciler) setUser(ctx, rctx context.Context, ns string, target redisTarget, others []redisTarget, key []byte, period int64, now time.Time) userSet {
 	gen := r.restartGen.Load()
 	done, fresh := r.appliedUser(ns, target.id, period, gen, now)
 	// A node the restart watcher reads that the last ACL SETUSER did not reach has no user
 	// yet (see redisRestartWatcher.listed): set it again, whatever the generation.
-	fresh = fresh && len(unlisted(r.watcher.listed(target.id), done.addrs)) == 0
-	var (
-		leftBehind error
-		missing    []string
-	)
-	if !fresh {
-		// Misses in a row are at most maxBackoff apart (relistDelay); an older one is over.
-		missed := done.missed
-		if now.Sub(done.at) > 2*r.maxBackoff() {
-			missed = 0
-		}
-		done = appliedUser{backend: target.id, period: period, gen: gen, at: now}
-		var nodes []redisacl.Node
-		nodes, err = collectNodes(rctx, target.nodes)
-		if err == nil {
-			err = redisacl.Ensure(rctx, nodes, ns, []string{prev, cur})
-		}
-		done.nodes, done.addrs = len(nodes), nodeAddrs(nodes)
-		if err == nil {
-			done.open, _ = redisacl.OpenUsers(rctx, nodes)
-			if missing = unlisted(r.watcher.listed(target.id), done.addrs); len(missing) > 0 {
-				done.missed = missed + 1
-			}
-		}
-		// The user on any other backend goes (the namespace moved, or this process does not
-		// know where it was): its credentials reach its own Redis only. Each backend gets a
-		// second at most, at once, so that one that hangs delays no namespace's reconcile
-		// more; one that cannot be reached now is tried again.
-		if last, known := r.lastApplied(ns); err == nil && (!known || last.backend != target.id) {
-			leftBehind = removeElsewhere(ctx, others, ns)
-		}
+	if fresh && len(unlisted(r.watcher.listed(target.id), done.addrs)) == 0 {
+		return userSet{done: done}
 	}
-	switch {
-	case errors.Is(err, redisacl.ErrUnavailable):
-		log.FromContext(ctx).Info("redis refuses ACL commands: this namespace's sidecars keep the shared credential", "namespace", ns, "reason", err.Error())
-		return ctrl.Result{RequeueAfter: r.maxBackoff()}, r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonRedisACLUnavailable,
-			truncate("Redis refuses ACL commands, so this namespace has no Redis user of its own: its sidecars use the credential the admin put in Secret "+
-				r.SecretName+", and any tenant holding it can read, change or delete every namespace's Redis keys. Cause: "+err.Error()))
-	case err != nil:
-		_ = r.setCondition(ctx, ns, metav1.ConditionUnknown, ReasonRedisUnavailable, truncate("setting the namespace's Redis user: "+err.Error()))
-		return ctrl.Result{}, fmt.Errorf("setting the redis user of %s: %w", ns, err)
+	// Misses in a row are at most maxBackoff apart (relistDelay); an older one is over.
+	missed := done.missed
+	if now.Sub(done.at) > 2*backend.MaxBackoff(r.MaxBackoff) {
+		missed = 0
 	}
-	if leftBehind == nil {
-		r.setAppliedUser(ns, done)
-	} else {
-		log.FromContext(ctx).Info("the namespace's user is left on a backend it moved from; retrying", "namespace", ns, "error", leftBehind.Error())
+	set := userSet{done: appliedUser{backend: target.id, period: period, gen: gen, at: now}}
+	nodes, err := collectNodes(rctx, target.nodes)
+	if err == nil {
+		err = redisacl.Ensure(rctx, nodes, ns, []string{derivePassword(key, ns, period-1), derivePassword(key, ns, period)})
 	}
-	sentinelPW, sentinelOpen, err := r.ensureSentinels(rctx, target, key)
+	set.done.nodes, set.done.addrs, set.err = len(nodes), nodeAddrs(nodes), err
 	if err != nil {
-		_ = r.setCondition(ctx, ns, metav1.ConditionUnknown, ReasonRedisUnavailable, truncate("setting the sentinels' reader user: "+err.Error()))
-		return ctrl.Result{}, fmt.Errorf("setting the sentinel reader for %s: %w", ns, err)
+		return set
 	}
-	if err := r.writeSecret(ctx, ns, cur, sentinelPW); err != nil {
-		_ = r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonTenantCredentialsErr, truncate(err.Error()))
-		return ctrl.Result{}, err
+	set.done.open, _ = redisacl.OpenUsers(rctx, nodes)
+	if set.missing = unlisted(r.watcher.listed(target.id), set.done.addrs); len(set.missing) > 0 {
+		set.done.missed = missed + 1
 	}
-	next := time.Unix(0, (period+1)*int64(r.rotation()))
-	requeue := ctrl.Result{RequeueAfter: next.Sub(now) + time.Second}
-	if len(missing) > 0 {
-		// No event would come for those nodes: the watcher has reported them already.
-		requeue = ctrl.Result{RequeueAfter: r.relistDelay(done.missed)}
-		log.FromContext(ctx).Info("the redis nodes listed for the namespace's user leave out nodes the restart watcher reads; setting it again",
-			"namespace", ns, "missing", missing, "listed", done.addrs, "after", requeue.RequeueAfter)
+	// The user on any other backend goes (the namespace moved, or this process does not
+	// know where it was): its credentials reach its own Redis only. Each backend gets a
+	// second at most, at once, so that one that hangs delays no namespace's reconcile
+	// more; one that cannot be reached now is tried again.
+	if last, known := r.lastApplied(ns); !known || last.backend != target.id {
+		set.leftBehind = removeElsewhere(ctx, others, ns)
 	}
-	if ok, reason, msg := sentinelIsolation(sentinelOpen); !ok {
-		log.FromContext(ctx).Info("the sentinels are unprotected: tenants are not isolated", "namespace", ns, "reason", sentinelOpen)
-		return ctrl.Result{RequeueAfter: r.maxBackoff()}, r.setCondition(ctx, ns, metav1.ConditionFalse, reason, truncate(msg))
-	}
-	if open := done.open; len(open) > 0 {
-		return requeue, r.setCondition(ctx, ns, metav1.ConditionFalse, ReasonRedisDefaultUserOpen,
-			truncate(fmt.Sprintf("Redis user(s) %s need no password (on, nopass), so the namespace's own Redis user %s"+
-				" isolates nothing: anything that reaches Redis can connect as them, with whatever keys and commands they hold "+
-				"(the default user: every key); give each a password (requirepass for the default user) or turn it off", strings.Join(open, ", "), redisacl.Username(ns))))
-	}
-	msg := fmt.Sprintf("Redis user %s on %d node(s) of %s, keys %s only, commands a sidecar runs only; credentials in Secret %s, rotated every %s",
-		redisacl.Username(ns), done.nodes, target.describe, strings.Join(redisacl.KeyPatterns(ns), " "), r.SecretName, r.rotation())
-	if target.sentinels != nil && target.plaintext {
-		msg += ". " + plaintextSentinel
-	}
-	if err := r.setCondition(ctx, ns, metav1.ConditionTrue, ReasonTenantIsolated, msg); err != nil {
-		return ctrl.Result{}, err
-	}
-	if leftBehind != nil {
-		return ctrl.Result{}, fmt.Errorf("removing the redis user of %s from another backend: %w", ns, leftBehind)
-	}
-	return requeue, nil
+	return set
 }
 
-// setCondition writes the TenantIsolation condition on every policy of ns where it changed.
-func (r *TenantACLReconciler) setCondition(ctx context.Context, ns string, status metav1.ConditionStatus, reason, msg string) error {
+// setCondition writes the TenantIsolation condition c on every policy of ns where it changed.
+func (r *TenantACLReconciler) setCondition(ctx context.Context, ns string, c metav1.Condition) error {
 	list := newPolicyList()
 	if err := r.Policies.List(ctx, list, client.InNamespace(ns)); err != nil {
 		return fmt.Errorf("listing policies of %s: %w", ns, err)
@@ -260,9 +315,7 @@ func (r *TenantACLReconciler) setCondition(ctx context.Context, ns string, statu
 		if err != nil {
 			continue // the namespace reconciler reports it Undecodable
 		}
-		if _, _, err := setPolicyCondition(ctx, r.Client, p, metav1.Condition{
-			Type: v1alpha1.ConditionTenantIsolation, Status: status, Reason: reason, Message: msg,
-		}); err != nil {
+		if _, _, err := setPolicyCondition(ctx, r.Client, p, c); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -281,20 +334,6 @@ func (r *TenantACLReconciler) rotation() time.Duration {
 		return r.Rotation
 	}
 	return 24 * time.Hour
-}
-
-func (r *TenantACLReconciler) redisTimeout() time.Duration {
-	if r.RedisTimeout > 0 {
-		return r.RedisTimeout
-	}
-	return 5 * time.Second
-}
-
-func (r *TenantACLReconciler) maxBackoff() time.Duration {
-	if r.MaxBackoff > 0 {
-		return r.MaxBackoff
-	}
-	return 30 * time.Second
 }
 
 // ProbeTenantACL says whether every Redis node answers ACL commands (for --redis-tenant-acl=required).
@@ -328,7 +367,7 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.secrets = secrets
 	restarts := make(chan event.GenericEvent, 1)
-	r.watcher = &redisRestartWatcher{targets: r.allTargets, interval: r.checkInterval(), timeout: r.redisTimeout(), events: restarts, gen: &r.restartGen}
+	r.watcher = &redisRestartWatcher{targets: r.allTargets, interval: r.checkInterval(), timeout: backend.Timeout(r.RedisTimeout), events: restarts, gen: &r.restartGen}
 	if err := mgr.Add(r.watcher); err != nil {
 		return fmt.Errorf("adding the redis restart watcher: %w", err)
 	}
@@ -340,13 +379,11 @@ func (r *TenantACLReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				UpdateFunc: func(event.UpdateEvent) bool { return false },
 			})).
 		WatchesRawSource(source.Kind(secrets, client.Object(&corev1.Secret{}), handler.EnqueueRequestsFromMapFunc(tenantRequest))).
-		WatchesRawSource(source.Channel(restarts, handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
-	if r.Backends != nil {
+		WatchesRawSource(source.Channel(restarts, handler.EnqueueRequestsFromMapFunc(r.allNamespaces))).
 		// A backend dialed, replaced or removed, or a namespace moved to another.
-		b = b.WatchesRawSource(source.Channel(r.Backends.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
-	}
+		WatchesRawSource(source.Channel(r.Backends.Subscribe(), handler.EnqueueRequestsFromMapFunc(r.allNamespaces)))
 	b = b.WithOptions(controller.Options{
-		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, r.maxBackoff()),
+		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](200*time.Millisecond, backend.MaxBackoff(r.MaxBackoff)),
 	})
 	return b.Complete(r)
 }
@@ -375,10 +412,10 @@ func (r *TenantACLReconciler) allNamespaces(ctx context.Context, _ client.Object
 // costs an ACL SETUSER on every node per namespace every maxBackoff, no more.
 func (r *TenantACLReconciler) relistDelay(missed int) time.Duration {
 	d := r.checkInterval()
-	for i := 1; i < missed && d < r.maxBackoff(); i++ {
+	for i := 1; i < missed && d < backend.MaxBackoff(r.MaxBackoff); i++ {
 		d *= 2
 	}
-	return min(d, r.maxBackoff())
+	return min(d, backend.MaxBackoff(r.MaxBackoff))
 }
 
 func (r *TenantACLReconciler) checkInterval() time.Duration {
@@ -396,13 +433,8 @@ func tenantRequest(_ context.Context, o client.Object) []reconcile.Request {
 type TenantACLConfig struct {
 	// Mode is TenantACLAuto, TenantACLRequired or TenantACLOff.
 	Mode string
-	// Nodes runs a function on every Redis node (redisconn.Nodes.Each).
-	Nodes func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	// Sentinels runs a function on every sentinel (redisconn.Nodes.EachSentinel); nil
-	// without Sentinel.
-	Sentinels func(ctx context.Context, fn func(context.Context, *redis.Client) error) error
-	// Backends, when set, replaces Nodes and Sentinels (see TenantACLReconciler.Backends).
-	Backends *Backends
+	// Backends are the namespaces' Redis (see TenantACLReconciler.Backends); required.
+	Backends *backend.Registry
 	// SecretName is the credentials Secret of each namespace (the injector's).
 	SecretName string
 	// KeySecret holds the key passwords are derived from, in the manager's namespace.
@@ -418,12 +450,15 @@ func SetupTenantACL(mgr ctrl.Manager, cfg TenantACLConfig) error {
 	default:
 		return fmt.Errorf("--redis-tenant-acl=%q: want auto, required or off", cfg.Mode)
 	}
+	if cfg.Backends == nil {
+		return errors.New("tenant ACLs need the namespaces' backends")
+	}
 	if cfg.SecretName == "" && cfg.Mode != TenantACLOff {
 		return errors.New("tenant ACLs need the sidecars' credentials Secret name (--sidecar-redis-secret)")
 	}
 	r := &TenantACLReconciler{
 		Client: mgr.GetClient(), Policies: mgr.GetCache(), APIReader: mgr.GetAPIReader(),
-		Nodes: cfg.Nodes, Sentinels: cfg.Sentinels, Backends: cfg.Backends, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
+		Backends: cfg.Backends, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
 		Rotation: cfg.Rotation, RedisTimeout: cfg.RedisTimeout, MaxBackoff: cfg.MaxBackoff,
 		CheckInterval: cfg.CheckInterval,
 	}

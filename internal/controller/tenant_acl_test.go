@@ -21,6 +21,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisacl"
@@ -39,16 +40,17 @@ func startTenantACL(srv *redistest.Server, mode string, rotation time.Duration, 
 	}
 	stop := startTenantACLManager(controller.TenantACLConfig{
 		Mode: mode, SecretName: "redline-redis",
-		Nodes:     func(ctx context.Context, fn func(context.Context, *redis.Client) error) error { return fn(ctx, admin) },
 		KeySecret: types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		Rotation:  rotation, RedisTimeout: 2 * time.Second, MaxBackoff: time.Second,
-	})
+	}, backend.New("", "", admin, nil, nil, 0, time.Minute, nil))
 	return func() { stop(); _ = admin.Close() }
 }
 
 // startTenantACLManager runs a manager of its own with only the tenant ACL reconciler of c
-// until the returned function is called.
-func startTenantACLManager(c controller.TenantACLConfig) func() {
+// until the returned function is called. With def, c's backends are built as cmd/manager
+// builds them: def, the manager's Redis, serves every namespace no RedisBackend (read through
+// the manager's cache) selects.
+func startTenantACLManager(c controller.TenantACLConfig, def *backend.Backend) func() {
 	GinkgoHelper()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: k8s.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
@@ -56,6 +58,9 @@ func startTenantACLManager(c controller.TenantACLConfig) func() {
 		Controller: config.Controller{SkipNameValidation: new(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
+	if def != nil {
+		c.Backends = backend.NewRegistry(def, mgr.GetCache())
+	}
 	Expect(controller.SetupTenantACL(mgr, c)).To(Succeed())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -345,11 +350,11 @@ func replicaGetsTheUser(view *laggingView) {
 		return nil
 	}
 	stop := startTenantACLManager(controller.TenantACLConfig{
-		Mode: controller.TenantACLAuto, SecretName: "redline-redis", Nodes: nodes,
+		Mode: controller.TenantACLAuto, SecretName: "redline-redis",
 		KeySecret: types.NamespacedName{Namespace: tenantNamespace("redline-acl-key"), Name: "redline-redis-acl"},
 		Rotation:  time.Hour, RedisTimeout: 2 * time.Second, MaxBackoff: 5 * time.Second,
 		CheckInterval: 100 * time.Millisecond,
-	})
+	}, backend.New("", "", ma, nodes, nil, 0, time.Minute, nil))
 	defer stop()
 	ns := tenantNamespace("tenant-replica")
 	tenantPolicy(ns)

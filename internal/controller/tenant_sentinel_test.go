@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisacl"
@@ -38,12 +39,11 @@ func startTenantACLSentinel(grp *redistest.Sentinel, keyNS string) func() {
 	nodes, err := redisconn.NewNodes(grp.URL(), opts, rdb)
 	Expect(err).NotTo(HaveOccurred())
 	// As the manager wires it: the manager's Redis is a backend, the default.
-	backends := controller.NewBackends(controller.NewBackend("", grp.URL(), rdb, nodes.Each, nodes.EachSentinel, 0, time.Minute, nil), nil)
 	stop := startTenantACLManager(controller.TenantACLConfig{
-		Mode: controller.TenantACLAuto, SecretName: "redline-redis", Backends: backends,
+		Mode: controller.TenantACLAuto, SecretName: "redline-redis",
 		KeySecret:    types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		RedisTimeout: 5 * time.Second, MaxBackoff: time.Second,
-	})
+	}, backend.New("", grp.URL(), rdb, nodes.Each, nodes.EachSentinel, 0, time.Minute, nil))
 	return func() { stop(); _ = nodes.Close(); _ = rdb.Close() }
 }
 

@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/redisconn"
 )
@@ -20,17 +21,14 @@ import (
 // redisTarget is one Redis a namespace's user is set on: its nodes and sentinels.
 type redisTarget struct {
 	id, describe string
-	nodes        NodeFunc
-	sentinels    NodeFunc
+	nodes        backend.NodeFunc
+	sentinels    backend.NodeFunc
 	// plaintext: reached without TLS (its URL is not rediss:// or rediss+sentinel://).
 	plaintext bool
 }
 
 // targetOf is the Redis of ns, and the other backends, from which its user is removed.
 func (r *TenantACLReconciler) targetOf(ctx context.Context, ns string) (redisTarget, []redisTarget, error) {
-	if r.Backends == nil {
-		return redisTarget{describe: "Redis", nodes: r.Nodes, sentinels: r.Sentinels}, nil, nil
-	}
 	be, err := r.Backends.For(ctx, ns)
 	if err != nil {
 		return redisTarget{}, nil, err
@@ -44,15 +42,12 @@ func (r *TenantACLReconciler) targetOf(ctx context.Context, ns string) (redisTar
 	return backendTarget(be), others, nil
 }
 
-func backendTarget(be *Backend) redisTarget {
-	return redisTarget{id: be.id(), describe: be.describe(), nodes: be.Nodes, sentinels: be.Sentinels, plaintext: !redisconn.URLUsesTLS(be.URL)}
+func backendTarget(be *backend.Backend) redisTarget {
+	return redisTarget{id: be.ID(), describe: be.Describe(), nodes: be.Nodes, sentinels: be.Sentinels, plaintext: !redisconn.URLUsesTLS(be.URL)}
 }
 
 // allTargets are every Redis the manager has clients for.
 func (r *TenantACLReconciler) allTargets() []redisTarget {
-	if r.Backends == nil {
-		return []redisTarget{{describe: "Redis", nodes: r.Nodes, sentinels: r.Sentinels}}
-	}
 	var out []redisTarget
 	for _, be := range r.Backends.All() {
 		out = append(out, backendTarget(be))
@@ -100,11 +95,11 @@ func unlisted(seen, set []string) []string {
 
 // appliedUser returns the namespace's last ACL SETUSER, and whether it still holds: the same
 // period and restart generation, less than userRecheck ago.
-func (r *TenantACLReconciler) appliedUser(ns, backend string, period int64, gen uint64, now time.Time) (appliedUser, bool) {
+func (r *TenantACLReconciler) appliedUser(ns, backendID string, period int64, gen uint64, now time.Time) (appliedUser, bool) {
 	r.appliedMu.Lock()
 	defer r.appliedMu.Unlock()
 	a, ok := r.applied[ns]
-	return a, ok && a.backend == backend && a.period == period && a.gen == gen && now.Sub(a.at) < userRecheck
+	return a, ok && a.backend == backendID && a.period == period && a.gen == gen && now.Sub(a.at) < userRecheck
 }
 
 // lastApplied is the namespace's last successful ACL SETUSER, however old.
@@ -130,7 +125,7 @@ func (r *TenantACLReconciler) forgetAppliedUser(ns string) {
 	delete(r.applied, ns)
 }
 
-func collectNodes(ctx context.Context, each NodeFunc) ([]redisacl.Node, error) {
+func collectNodes(ctx context.Context, each backend.NodeFunc) ([]redisacl.Node, error) {
 	var (
 		mu    sync.Mutex
 		nodes []redisacl.Node

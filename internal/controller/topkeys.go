@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/fleet"
 )
 
@@ -56,7 +57,7 @@ type TopKeysWriter struct {
 	// manager's API reader); nil: Policies.
 	Direct client.Reader
 	// Backends gives each namespace's sidecar reports.
-	Backends *Backends
+	Backends *backend.Registry
 	// Interval between passes (default DefaultTopKeysInterval).
 	Interval time.Duration
 	// NamespaceWrites and Writes bound a pass's status writes (defaults
@@ -148,10 +149,10 @@ func (w *TopKeysWriter) namespace(ctx context.Context, ns string, policies []*v1
 	for i, p := range policies {
 		names[i] = p.Name
 	}
-	// At most a second, whatever RedisTimeout: the manager's pool is small (ManagerRedisPoolSize)
+	// At most a second, whatever RedisTimeout: the manager's pool is small (backend.ManagerPoolSize)
 	// and the reading can wait for the next pass, while a script check after a failover cannot
 	// wait for a connection this holds on a master that is gone.
-	rctx, cancel := context.WithTimeout(ctx, min(cmp.Or(w.RedisTimeout, 5*time.Second), time.Second))
+	rctx, cancel := context.WithTimeout(ctx, min(backend.Timeout(w.RedisTimeout), time.Second))
 	groups := be.Sidecars.TopKeys(rctx, ns, names)
 	cancel()
 	now := time.Now()

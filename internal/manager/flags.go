@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -79,9 +80,9 @@ func BindFlags(fs *flag.FlagSet, getenv func(string) string) *Options {
 	fs.StringVar(&o.RedisTLS.KeyFile, "redis-tls-key-file", "", "With rediss://: PEM file of the client certificate's private key.")
 	fs.StringVar(&o.RedisTLS.ServerName, "redis-tls-server-name", "", "With rediss://: the name Redis's certificates must carry (empty: the host each connection dials, as the URL, the cluster or the sentinels name it).")
 	fs.StringVar(&o.RedisTLS.MinVersion, "redis-tls-min-version", "", "With rediss://: oldest TLS version accepted, 1.2 or 1.3 (empty: 1.2).")
-	fs.DurationVar(&o.RedisTimeout, "redis-timeout", 5*time.Second, "Bound on the script check of one reconcile.")
+	fs.DurationVar(&o.RedisTimeout, "redis-timeout", backend.DefaultTimeout, "Bound on the script check of one reconcile.")
 	fs.DurationVar(&o.CheckInterval, "script-check-interval", controller.DefaultCheckInterval, "How often every Redis node, replicas included, is checked for the scripts and for a restart (which lost them and the ACL users): after restarts, failovers, SCRIPT FLUSH.")
-	fs.DurationVar(&o.MaxBackoff, "max-backoff", 30*time.Second, "Longest retry delay while Redis is unavailable.")
+	fs.DurationVar(&o.MaxBackoff, "max-backoff", backend.DefaultMaxBackoff, "Longest retry delay while Redis is unavailable.")
 	fs.DurationVar(&o.HeartbeatTTL, "heartbeat-ttl", fleet.TTL(fleet.DefaultInterval), "How long a sidecar counts as live after its last heartbeat (match the sidecars').")
 	fs.DurationVar(&o.Resync, "resync-interval", 15*time.Second, "How often each namespace is re-read to follow sidecar heartbeats into the Enforced condition.")
 	fs.Int64Var(&o.RedisMaxClients, "redis-maxclients", 0, "Redis's maxclients, for a Redis that refuses CONFIG GET (managed services); 0 reads it with CONFIG GET.")

@@ -21,88 +21,31 @@ import (
 // hosts only as addr= parameters, the first ignores the database and the second defaults
 // sentinels to port 6379.
 func parseURL(raw string) (*redis.UniversalOptions, error) {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return nil, fmt.Errorf("%w: %q has no scheme", ErrInvalidURL, redact(raw))
-	}
-	base, sentinel := scheme, false
-	switch scheme {
-	case "redis", "rediss":
-	case "redis+sentinel", "rediss+sentinel":
-		base, sentinel = strings.TrimSuffix(scheme, "+sentinel"), true
-	default:
-		return nil, fmt.Errorf("%w: scheme %q, want redis, rediss, redis+sentinel or rediss+sentinel", ErrInvalidURL, scheme)
-	}
-	authority, pathQuery := rest, ""
-	if i := strings.IndexAny(rest, "/?"); i >= 0 {
-		authority, pathQuery = rest[:i], rest[i:]
-	}
-	userinfo, hosts := "", authority
-	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
-		userinfo, hosts = authority[:i+1], authority[i+1:]
-	}
-	defPort := "6379"
-	if sentinel {
-		defPort = "26379"
-	}
-	addrs, err := parseHosts(hosts, defPort)
+	u, err := splitURL(raw)
 	if err != nil {
 		return nil, err
 	}
-	path, query, _ := strings.Cut(pathQuery, "?")
-	params, err := url.ParseQuery(query)
-	if err != nil {
-		return nil, fmt.Errorf("%w: query: %w", ErrInvalidURL, err)
-	}
-	cluster, masterName := len(addrs) > 1 && !sentinel, ""
-	if sentinel {
-		// The master is the first path segment; what follows is the database.
-		segs := strings.FieldsFunc(path, func(r rune) bool { return r == '/' })
-		if len(segs) > 0 {
-			masterName, path = segs[0], "/"+strings.Join(segs[1:], "/")
-		}
-	}
-	for k, v := range params {
-		val := v[len(v)-1]
-		switch k {
-		case "cluster":
-			if cluster, err = strconv.ParseBool(val); err != nil {
-				return nil, fmt.Errorf("%w: cluster=%q: %w", ErrInvalidURL, val, err)
-			}
-			params.Del(k)
-		case "master_name":
-			masterName = val
-			params.Del(k)
-		case "client_name":
-		default:
-			return nil, fmt.Errorf("%w: unknown parameter %q", ErrInvalidURL, k)
-		}
-	}
-	first := base + "://" + userinfo + addrs[0] + path
-	if len(params) > 0 {
-		first += "?" + params.Encode()
-	}
-	o, err := redis.ParseURL(first)
+	o, err := redis.ParseURL(u.first())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidURL, redactError(err))
 	}
 	if o.DB < 0 {
 		return nil, fmt.Errorf("%w: database %d is negative", ErrInvalidURL, o.DB)
 	}
-	if sentinel && masterName == "" {
+	if u.sentinel && u.masterName == "" {
 		return nil, fmt.Errorf("%w: sentinel URL needs a master name (path or master_name)", ErrInvalidURL)
 	}
-	if cluster && o.DB != 0 {
+	if u.cluster && o.DB != 0 {
 		return nil, fmt.Errorf("%w: Redis Cluster has only database 0", ErrInvalidURL)
 	}
 	uo := &redis.UniversalOptions{
-		Addrs:         addrs,
+		Addrs:         u.addrs,
 		DB:            o.DB,
 		Username:      o.Username,
 		Password:      o.Password,
 		ClientName:    o.ClientName,
-		MasterName:    masterName,
-		IsClusterMode: cluster,
+		MasterName:    u.masterName,
+		IsClusterMode: u.cluster,
 	}
 	if o.TLSConfig != nil {
 		// A TLS scheme: TLSOptions' defaults, until setupDial puts the client's own. Not
@@ -110,11 +53,102 @@ func parseURL(raw string) (*redis.UniversalOptions, error) {
 		// group's master are verified under the hosts they are dialed at.
 		uo.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	if sentinel {
+	if u.sentinel {
 		// With Sentinel, URL credentials authenticate to the sentinels and to the master.
 		uo.SentinelUsername, uo.SentinelPassword = o.Username, o.Password
 	}
 	return uo, nil
+}
+
+// urlParts is a URL of NewClient's grammar taken apart, with what go-redis does not read
+// taken out of it.
+type urlParts struct {
+	base              string // redis or rediss
+	sentinel, cluster bool
+	userinfo          string // with its "@"; "" without
+	addrs             []string
+	path              string
+	params            url.Values
+	masterName        string
+}
+
+// first is the URL go-redis reads: the first host, the credentials, the database and the
+// parameters it knows.
+func (u *urlParts) first() string {
+	first := u.base + "://" + u.userinfo + u.addrs[0] + u.path
+	if len(u.params) > 0 {
+		first += "?" + u.params.Encode()
+	}
+	return first
+}
+
+// splitURL takes raw apart: its scheme, credentials, hosts, path (with a sentinel URL's master
+// name) and parameters.
+func splitURL(raw string) (*urlParts, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return nil, fmt.Errorf("%w: %q has no scheme", ErrInvalidURL, redact(raw))
+	}
+	u := &urlParts{base: scheme}
+	switch scheme {
+	case "redis", "rediss":
+	case "redis+sentinel", "rediss+sentinel":
+		u.base, u.sentinel = strings.TrimSuffix(scheme, "+sentinel"), true
+	default:
+		return nil, fmt.Errorf("%w: scheme %q, want redis, rediss, redis+sentinel or rediss+sentinel", ErrInvalidURL, scheme)
+	}
+	authority, pathQuery := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority, pathQuery = rest[:i], rest[i:]
+	}
+	hosts := authority
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		u.userinfo, hosts = authority[:i+1], authority[i+1:]
+	}
+	defPort := "6379"
+	if u.sentinel {
+		defPort = "26379"
+	}
+	var err error
+	if u.addrs, err = parseHosts(hosts, defPort); err != nil {
+		return nil, err
+	}
+	path, query, _ := strings.Cut(pathQuery, "?")
+	if u.params, err = url.ParseQuery(query); err != nil {
+		return nil, fmt.Errorf("%w: query: %w", ErrInvalidURL, err)
+	}
+	u.path, u.cluster = path, len(u.addrs) > 1 && !u.sentinel
+	if u.sentinel {
+		// The master is the first path segment; what follows is the database.
+		segs := strings.FieldsFunc(path, func(r rune) bool { return r == '/' })
+		if len(segs) > 0 {
+			u.masterName, u.path = segs[0], "/"+strings.Join(segs[1:], "/")
+		}
+	}
+	return u, u.takeParams()
+}
+
+// takeParams reads and removes the parameters go-redis does not know (cluster, master_name)
+// and refuses any it does not know either: the pool and the timeouts come from Options.
+func (u *urlParts) takeParams() error {
+	for k, v := range u.params {
+		val := v[len(v)-1]
+		switch k {
+		case "cluster":
+			var err error
+			if u.cluster, err = strconv.ParseBool(val); err != nil {
+				return fmt.Errorf("%w: cluster=%q: %w", ErrInvalidURL, val, err)
+			}
+			u.params.Del(k)
+		case "master_name":
+			u.masterName = val
+			u.params.Del(k)
+		case "client_name":
+		default:
+			return fmt.Errorf("%w: unknown parameter %q", ErrInvalidURL, k)
+		}
+	}
+	return nil
 }
 
 // parseHosts reads a comma-separated host[:port] list; a host without a port gets defPort.

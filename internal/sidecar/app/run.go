@@ -84,17 +84,93 @@ type silentRedisLogger struct{}
 
 func (silentRedisLogger) Printf(context.Context, string, ...any) {}
 
+// sidecar is the running sidecar's parts, built by run's steps in order.
+type sidecar struct {
+	cfg      *Config
+	log      *slog.Logger
+	instance string
+	client   redis.UniversalClient
+	store    *ruleset.Store
+	beat     chan struct{} // a heartbeat now, not at the next tick
+	lim      *limiter.Limiter
+	m        *metrics.Metrics
+	loader   *ruleset.Loader
+	engine   *decide.Engine
+	memory   *membudget.Budget
+	ph       *proxy.Handler
+	// healthSrv is the gRPC health service, set before the watcher starts reloading.
+	healthSrv *health.Server
+	draining  atomic.Bool
+
+	proxySrv, adminSrv, checkSrv *http.Server
+	grpcSrv                      *grpc.Server
+	// On every HTTP face, idle keep-alive connections make room for new ones at the face's
+	// bound (connlimit.IdleCloser).
+	proxyIdle, adminIdle, checkIdle connlimit.IdleCloser
+	// The slots the decision faces keep for their clients: released when a client neither
+	// renews nor releases them within their lease (a check client renews; Envoy cannot).
+	slotRegs []*decide.SlotRegistry
+}
+
 func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	// go-redis logs dial failures through its own printf logger; the breaker, the metrics and
 	// our structured logs already report an unreachable Redis.
 	redis.SetLogger(silentRedisLogger{})
-	instance := cfg.PodName
-	if instance == "" {
-		instance, _ = os.Hostname()
+	s := &sidecar{cfg: cfg, log: log, instance: cfg.PodName, store: &ruleset.Store{}, beat: make(chan struct{}, 1)}
+	if s.instance == "" {
+		s.instance, _ = os.Hostname()
 	}
-	// Connections open lazily and idle ones close: nothing at start needs Redis (readiness
-	// is the policies file; the heartbeat and the scripts dial when they first run).
 	conns := &redisconn.ConnStats{}
+	client, err := newRedisClient(cfg, log, conns)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	s.client = client
+	if err := s.decisions(conns); err != nil {
+		return err
+	}
+	if err := s.servers(); err != nil {
+		return err
+	}
+	lns, err := listenAll(cfg, faceHooks{proxy: s.proxyIdle.CloseOldest, admin: s.adminIdle.CloseOldest, check: s.checkIdle.CloseOldest})
+	if err != nil {
+		return err
+	}
+	// The bound addresses, port 0 resolved: what a supervisor (or a test) connects to.
+	log.Info("listening", "proxy", lns.proxy.Addr().String(), "admin", lns.admin.Addr().String(),
+		"check", addrOf(lns.check), "grpc", addrOf(lns.grpc))
+
+	bg, stopBG := context.WithCancel(context.Background())
+	var bgWG sync.WaitGroup
+	bgWG.Go(func() {
+		if err := s.loader.Run(bg); err != nil {
+			log.Error("policy watcher stopped; the set in force stays", "error", err)
+		}
+	})
+	bgWG.Go(func() { heartbeat(bg, cfg, log, client, s.store, s.instance, s.beat, s.m, s.lim) })
+	sweepSlots(bg, &bgWG, s.slotRegs)
+
+	serveErr := s.serve(lns)
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining in-flight requests", "timeout", cfg.ShutdownTimeout.String())
+	case runErr = <-serveErr:
+		log.Error("a listener failed; shutting down", "error", runErr)
+	}
+	s.shutdown(runErr)
+	stopBG()
+	bgWG.Wait()
+	s.lim.Close()
+	log.Info("sidecar stopped")
+	return runErr
+}
+
+// newRedisClient is the sidecar's Redis client. Connections open lazily and idle ones close:
+// nothing at start needs Redis (readiness is the policies file; the heartbeat and the scripts
+// dial when they first run).
+func newRedisClient(cfg *Config, log *slog.Logger, conns *redisconn.ConnStats) (redis.UniversalClient, error) {
 	var creds, sentinelCreds func(context.Context) (string, string, error)
 	if cfg.RedisCredsDir != "" {
 		creds = redisconn.FileCredentials(cfg.RedisCredsDir, contract.RedisUsernameKey, contract.RedisSecretKey, cfg.RedisPassword)
@@ -111,41 +187,44 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		TLS: cfg.RedisTLS, TLSFileError: func(err error) { log.Error("redis TLS files changed but cannot be used", "err", err) },
 	})
 	if err != nil {
-		return fmt.Errorf("creating redis client: %w", err)
+		return nil, fmt.Errorf("creating redis client: %w", err)
 	}
-	defer client.Close()
-	store := &ruleset.Store{}
-	beat := make(chan struct{}, 1)                 // a heartbeat now, not at the next tick
+	return client, nil
+}
+
+// decisions builds what decides: the limiter, the metrics, the policy loader (with a first
+// load), the decision log, the engine, the memory budget and the proxy handler.
+func (s *sidecar) decisions(conns *redisconn.ConnStats) error {
+	cfg, log := s.cfg, s.log
 	var restoredTo atomic.Pointer[metrics.Metrics] // set once the metrics exist, before any decision
-	lim, err := newLimiter(client, cfg, store, beat, &restoredTo)
+	lim, err := newLimiter(s.client, cfg, s.store, s.beat, &restoredTo)
 	if err != nil {
 		return err
 	}
-
-	m := metrics.New(lim.Stats, store)
+	s.lim = lim
+	m := metrics.New(lim.Stats, s.store)
+	s.m = m
 	restoredTo.Store(m)
 	builder := ruleset.NewBuilder(limiter.FailureMode(cfg.FailureMode))
 	builder.Namespace = cfg.PodNamespace
-	client.AddHook(m.RedisHook())
-	m.WatchPool(client, conns, cfg.RedisPoolSize)
+	s.client.AddHook(m.RedisHook())
+	m.WatchPool(s.client, conns, cfg.RedisPoolSize)
 	m.WatchSlots(lim.SlotStats)
-	// healthSrv is the gRPC health service, set before the watcher starts reloading.
-	var healthSrv *health.Server
-	loader := &ruleset.Loader{
+	s.loader = &ruleset.Loader{
 		Dir: cfg.ConfigDir, LabelsFile: cfg.PodLabels, Builder: builder,
-		Store: store, Log: log, Resync: cfg.Resync, OnError: func(error) { m.ReloadFailed() },
-		OnLoad: func(s *ruleset.Set) {
-			m.ConfigLoaded(s)
-			if hs := healthSrv; hs != nil {
+		Store: s.store, Log: log, Resync: cfg.Resync, OnError: func(error) { m.ReloadFailed() },
+		OnLoad: func(set *ruleset.Set) {
+			m.ConfigLoaded(set)
+			if hs := s.healthSrv; hs != nil {
 				rls.SetServing(hs)
 			}
 			select { // announce the new policy set without waiting for the next beat
-			case beat <- struct{}{}:
+			case s.beat <- struct{}{}:
 			default:
 			}
 		},
 	}
-	if err := loader.Load(); err != nil {
+	if err := s.loader.Load(); err != nil {
 		log.Warn("starting without valid policies: not ready until a valid document appears", "reason", err.Error())
 	}
 	decisionLog, err := decide.NewDecisionLog(log, cfg.DecisionLog, cfg.DecisionLogSample, cfg.DecisionLogRate)
@@ -158,86 +237,65 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		}
 		return decisionLog.Dropped()
 	})
-	engine := &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld, Log: decisionLog}
-	memory := memoryBudget(cfg, log)
-	m.WatchMemory(memory.Stats)
-	ph, err := proxy.New(proxy.Options{
-		Upstream: cfg.Upstream, UpstreamProtocol: cfg.UpstreamProtocol, MaxStreams: cfg.MaxConns, Engine: engine, Store: store, Headers: cfg.RateLimitHeaders,
-		ResponseHeaderTimeout: cfg.RequestTimeout, Memory: memory, OnUnsized: m.UnsizedRefused, Log: log,
+	s.engine = &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld, Log: decisionLog}
+	s.memory = memoryBudget(cfg, log)
+	m.WatchMemory(s.memory.Stats)
+	s.ph, err = proxy.New(proxy.Options{
+		Upstream: cfg.Upstream, UpstreamProtocol: cfg.UpstreamProtocol, MaxStreams: cfg.MaxConns, Engine: s.engine, Store: s.store, Headers: cfg.RateLimitHeaders,
+		ResponseHeaderTimeout: cfg.RequestTimeout, Memory: s.memory, OnUnsized: m.UnsizedRefused, Log: log,
 	})
-	if err != nil {
-		return err
-	}
+	return err
+}
 
-	var draining atomic.Bool
-	admin := adminMux(cfg, store, m, &draining)
-
-	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+// servers builds the faces' servers: the proxy, the admin face and, where turned on, the
+// decision API and the rate limit service.
+func (s *sidecar) servers() error {
+	cfg := s.cfg
+	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)
 	newServer := func(h http.Handler) *http.Server {
 		return &http.Server{
 			Handler: h, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout,
 			MaxHeaderBytes: cfg.MaxHeaderBytes, ErrorLog: errLog,
 		}
 	}
-	// On every HTTP face, idle keep-alive connections make room for new ones at the face's
-	// bound (connlimit.IdleCloser).
-	var proxyIdle, adminIdle, checkIdle connlimit.IdleCloser
-	proxySrv := newServer(ph)
-	proxy.ServeProtocols(proxySrv) // h2c beside HTTP/1.1
-	proxySrv.ConnState = proxyIdle.ConnState
-	adminSrv := newAdminServer(admin, errLog)
-	adminSrv.ConnState = adminIdle.ConnState
-	var checkSrv *http.Server
-	// The slots the decision faces keep for their clients: released when a client neither
-	// renews nor releases them within their lease (a check client renews; Envoy cannot).
-	var slotRegs []*decide.SlotRegistry
+	s.proxySrv = newServer(s.ph)
+	proxy.ServeProtocols(s.proxySrv) // h2c beside HTTP/1.1
+	s.proxySrv.ConnState = s.proxyIdle.ConnState
+	s.adminSrv = newAdminServer(adminMux(cfg, s.store, s.m, &s.draining), errLog)
+	s.adminSrv.ConnState = s.adminIdle.ConnState
 	if cfg.CheckListen != "" {
-		checkSlots := &decide.SlotRegistry{Memory: memory, Lease: cfg.InFlightExpiry}
-		checkSlots.Expired = m.WatchSlotRegistry(metrics.FaceCheck, checkSlots)
-		slotRegs = append(slotRegs, checkSlots)
+		checkSlots := &decide.SlotRegistry{Memory: s.memory, Lease: cfg.InFlightExpiry}
+		checkSlots.Expired = s.m.WatchSlotRegistry(metrics.FaceCheck, checkSlots)
+		s.slotRegs = append(s.slotRegs, checkSlots)
 		check := http.NewServeMux()
-		check.Handle(checkapi.Path, &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{Memory: memory, Refused: m.RegistryRefused(metrics.FaceCheck)}, OnUnsized: m.UnsizedRefused, Slots: checkSlots})
-		check.Handle(checkapi.TopKeysPath, &checkapi.TopKeysHandler{Store: store})
-		checkSrv = newServer(check)
-		checkSrv.ConnState = checkIdle.ConnState
+		check.Handle(checkapi.Path, &checkapi.Handler{Engine: s.engine, Store: s.store, Holds: &decide.Registry{Memory: s.memory, Refused: s.m.RegistryRefused(metrics.FaceCheck)}, OnUnsized: s.m.UnsizedRefused, Slots: checkSlots})
+		check.Handle(checkapi.TopKeysPath, &checkapi.TopKeysHandler{Store: s.store})
+		s.checkSrv = newServer(check)
+		s.checkSrv.ConnState = s.checkIdle.ConnState
 		// A check is at most 64 KiB: reading one takes no longer than its headers may. A
 		// client dribbling a body cannot hold one of the face's few connections for long.
-		checkSrv.ReadTimeout = cfg.ReadHeaderTimeout
+		s.checkSrv.ReadTimeout = cfg.ReadHeaderTimeout
 	}
-	var grpcSrv *grpc.Server
 	if cfg.GRPCListen != "" {
 		var hs *health.Server
-		envoySlots := &decide.SlotRegistry{Memory: memory, Lease: cfg.InFlightEnvoyHold}
-		envoySlots.Expired = m.WatchSlotRegistry(metrics.FaceRLS, envoySlots)
-		slotRegs = append(slotRegs, envoySlots)
-		grpcSrv, hs = rls.NewServer(&rls.Server{Engine: engine, Store: store, Holds: &decide.Registry{Memory: memory, Refused: m.RegistryRefused(metrics.FaceRLS)}, OnUnsized: m.UnsizedRefused, Slots: envoySlots}, rls.ServerOptions{
+		envoySlots := &decide.SlotRegistry{Memory: s.memory, Lease: cfg.InFlightEnvoyHold}
+		envoySlots.Expired = s.m.WatchSlotRegistry(metrics.FaceRLS, envoySlots)
+		s.slotRegs = append(s.slotRegs, envoySlots)
+		s.grpcSrv, hs = rls.NewServer(&rls.Server{Engine: s.engine, Store: s.store, Holds: &decide.Registry{Memory: s.memory, Refused: s.m.RegistryRefused(metrics.FaceRLS)}, OnUnsized: s.m.UnsizedRefused, Slots: envoySlots}, rls.ServerOptions{
 			IdleTimeout: cfg.IdleTimeout, HandshakeTimeout: cfg.ReadHeaderTimeout,
 			Exposed: !onLoopback(cfg.GRPCListen),
 		})
-		healthSrv = hs
-		if store.Current() != nil {
+		s.healthSrv = hs
+		if s.store.Current() != nil {
 			rls.SetServing(hs)
 		}
 	}
+	return nil
+}
 
-	lns, err := listenAll(cfg, faceHooks{proxy: proxyIdle.CloseOldest, admin: adminIdle.CloseOldest, check: checkIdle.CloseOldest})
-	if err != nil {
-		return err
-	}
-	// The bound addresses, port 0 resolved: what a supervisor (or a test) connects to.
-	log.Info("listening", "proxy", lns.proxy.Addr().String(), "admin", lns.admin.Addr().String(),
-		"check", addrOf(lns.check), "grpc", addrOf(lns.grpc))
-
-	bg, stopBG := context.WithCancel(context.Background())
-	var bgWG sync.WaitGroup
-	bgWG.Go(func() {
-		if err := loader.Run(bg); err != nil {
-			log.Error("policy watcher stopped; the set in force stays", "error", err)
-		}
-	})
-	bgWG.Go(func() { heartbeat(bg, cfg, log, client, store, instance, beat, m, lim) })
-	sweepSlots(bg, &bgWG, slotRegs)
-
+// serve serves every face on its listener; the channel receives the first failure.
+func (s *sidecar) serve(lns *listeners) <-chan error {
+	cfg := s.cfg
 	serveErr := make(chan error, 4)
 	serve := func(name string, f func() error) {
 		go func() {
@@ -246,26 +304,25 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			}
 		}()
 	}
-	serve("proxy", func() error { return proxySrv.Serve(lns.proxy) })
-	serve("admin", func() error { return adminSrv.Serve(lns.admin) })
-	if checkSrv != nil {
-		serve("decision API", func() error { return checkSrv.Serve(lns.check) })
+	serve("proxy", func() error { return s.proxySrv.Serve(lns.proxy) })
+	serve("admin", func() error { return s.adminSrv.Serve(lns.admin) })
+	if s.checkSrv != nil {
+		serve("decision API", func() error { return s.checkSrv.Serve(lns.check) })
 	}
-	if grpcSrv != nil {
-		serve("rate limit service", func() error { return grpcSrv.Serve(lns.grpc) })
+	if s.grpcSrv != nil {
+		serve("rate limit service", func() error { return s.grpcSrv.Serve(lns.grpc) })
 	}
-	log.Info("sidecar serving", "listen", lns.proxy.Addr().String(), "upstream", cfg.Upstream, "upstreamProtocol", cfg.UpstreamProtocol,
-		"admin", lns.admin.Addr().String(), "check", cfg.CheckListen, "grpc", cfg.GRPCListen, "instance", instance,
+	s.log.Info("sidecar serving", "listen", lns.proxy.Addr().String(), "upstream", cfg.Upstream, "upstreamProtocol", cfg.UpstreamProtocol,
+		"admin", lns.admin.Addr().String(), "check", cfg.CheckListen, "grpc", cfg.GRPCListen, "instance", s.instance,
 		"failureModeOverride", cfg.FailureMode, "maxConns", cfg.MaxConns, "trustedHops", cfg.TrustedHops, "maxProcs", runtime.GOMAXPROCS(0))
+	return serveErr
+}
 
-	var runErr error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down: draining in-flight requests", "timeout", cfg.ShutdownTimeout.String())
-	case runErr = <-serveErr:
-		log.Error("a listener failed; shutting down", "error", runErr)
-	}
-	draining.Store(true)
+// shutdown drains the faces: not ready first (after ShutdownDelay, unless a face failed), then
+// the traffic faces at once within ShutdownTimeout, the admin face last.
+func (s *sidecar) shutdown(runErr error) {
+	cfg, log := s.cfg, s.log
+	s.draining.Store(true)
 	if cfg.ShutdownDelay > 0 && runErr == nil {
 		time.Sleep(cfg.ShutdownDelay)
 	}
@@ -273,36 +330,31 @@ func run(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := proxySrv.Shutdown(sctx); err != nil {
+		if err := s.proxySrv.Shutdown(sctx); err != nil {
 			log.Warn("proxy did not drain in time; closing", "error", err)
-			_ = proxySrv.Close()
+			_ = s.proxySrv.Close()
 		}
-		ph.Close() // the idle connections to the application
+		s.ph.Close() // the idle connections to the application
 	})
-	if checkSrv != nil {
+	if s.checkSrv != nil {
 		wg.Go(func() {
-			if err := checkSrv.Shutdown(sctx); err != nil {
+			if err := s.checkSrv.Shutdown(sctx); err != nil {
 				log.Warn("decision API did not drain in time; closing", "error", err)
-				_ = checkSrv.Close()
+				_ = s.checkSrv.Close()
 			}
 		})
 	}
-	if grpcSrv != nil {
-		healthSrv.Shutdown() // NOT_SERVING while calls in flight finish
+	if s.grpcSrv != nil {
+		s.healthSrv.Shutdown() // NOT_SERVING while calls in flight finish
 		wg.Go(func() {
-			if err := rls.Shutdown(sctx, grpcSrv); err != nil {
+			if err := rls.Shutdown(sctx, s.grpcSrv); err != nil {
 				log.Warn("rate limit service did not drain in time; closed", "error", err)
 			}
 		})
 	}
 	wg.Wait()
 	// Admin last: health and metrics stay answerable while traffic drains.
-	_ = adminSrv.Shutdown(sctx)
-	stopBG()
-	bgWG.Wait()
-	lim.Close()
-	log.Info("sidecar stopped")
-	return runErr
+	_ = s.adminSrv.Shutdown(sctx)
 }
 
 // sweepSlots runs each registry's sweep until ctx ends (decide.SlotRegistry.Run).

@@ -107,10 +107,46 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
 	}
-	hits := make([]decide.Hit, 0, len(req.Descriptors))
-	at := make([]int, 0, len(req.Descriptors)) // at[i] is the descriptor of hits[i]
-	var slotHits []slotHit
-	holds, unsized := false, false
+	c := s.collectHits(ctx, set, req, resp)
+	if c.unsized {
+		// refused as a whole before anything is held or counted
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		return resp, nil
+	}
+	if len(c.hits) == 0 && len(c.slotHits) == 0 {
+		return resp, nil
+	}
+	d, full, slots, err := s.decideAll(ctx, set, c.hits, c.slotHits, c.holds)
+	if err != nil {
+		if errors.Is(err, decide.ErrUnknownRule) { // the set changed since Find: nothing enforces it
+			return resp, nil
+		}
+		return nil, status.Error(codes.Internal, fmt.Sprintf("deciding: %v", err))
+	}
+	writeDecision(resp, d, c.at, slots, c.slotHits)
+	if full != nil {
+		refuseNoRoom(set, resp, c.hits, c.at, full)
+	}
+	return resp, nil
+}
+
+// collected is what collectHits read of a request's descriptors: hits per window (at[i] is
+// the descriptor of hits[i]), in-flight hits, whether a hit opens a hold, and whether a token
+// budget's descriptor was refused for want of a size.
+type collected struct {
+	hits     []decide.Hit
+	at       []int
+	slotHits []slotHit
+	holds    bool
+	unsized  bool
+}
+
+// collectHits reads the descriptors of req that name a rule of set, releases the slots of
+// in-flight descriptors that end a stream, settles the token budgets' ones that end a stream,
+// and refuses in resp those a token budget cannot size.
+func (s *Server) collectHits(ctx context.Context, set *ruleset.Set, req *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse) (c collected) {
+	c.hits = make([]decide.Hit, 0, len(req.Descriptors))
+	c.at = make([]int, 0, len(req.Descriptors))
 	for i, desc := range req.Descriptors {
 		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		hit, ok := HitFor(desc)
@@ -122,7 +158,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				s.releaseSlots(ctx, set, r, hit, Cost(req.GetHitsAddend(), desc.GetHitsAddend()))
 				continue
 			}
-			slotHits = append(slotHits, slotHit{hit: hit, at: i})
+			c.slotHits = append(c.slotHits, slotHit{hit: hit, at: i})
 			continue
 		}
 		r := set.Find(hit.Policy, hit.Rule)
@@ -139,32 +175,23 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				// the filter never sends the body: the rule cannot size this request
 				resp.Statuses[i].Code = rlsv3.RateLimitResponse_OVER_LIMIT
 				resp.Statuses[i].CurrentLimit = currentLimit(r)
-				unsized = true
+				c.unsized = true
 				if s.OnUnsized != nil {
 					s.OnUnsized(r, ReasonDescriptorWithoutSize)
 				}
 				continue
 			}
-			holds = true
+			c.holds = true
 		}
-		hits = append(hits, hit)
-		at = append(at, i)
+		c.hits = append(c.hits, hit)
+		c.at = append(c.at, i)
 	}
-	if unsized {
-		// refused as a whole before anything is held or counted
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		return resp, nil
-	}
-	if len(hits) == 0 && len(slotHits) == 0 {
-		return resp, nil
-	}
-	d, full, slots, err := s.decideAll(ctx, set, hits, slotHits, holds)
-	if err != nil {
-		if errors.Is(err, decide.ErrUnknownRule) { // the set changed since Find: nothing enforces it
-			return resp, nil
-		}
-		return nil, status.Error(codes.Internal, fmt.Sprintf("deciding: %v", err))
-	}
+	return c
+}
+
+// writeDecision puts d and slots into resp: each hit's status (at[j] is the descriptor of
+// outcome j), each in-flight hit's, the overall code and the RateLimit headers.
+func writeDecision(resp *rlsv3.RateLimitResponse, d decide.Decision, at []int, slots *decide.Slots, slotHits []slotHit) {
 	for j := range d.Outcomes {
 		o := &d.Outcomes[j]
 		st := resp.Statuses[at[j]]
@@ -195,10 +222,6 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if f.RetryAfter != "" {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: decide.HeaderRetryAfter, Value: f.RetryAfter})
 	}
-	if full != nil {
-		refuseNoRoom(set, resp, hits, at, full)
-	}
-	return resp, nil
 }
 
 // validate refuses what no well-formed Envoy request carries, before any work is done.

@@ -6,9 +6,7 @@ package ruleset
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"net/textproto"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -396,27 +394,8 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 			r.Match.Headers = append(r.Match.Headers, HeaderMatch{Name: textproto.CanonicalMIMEHeaderKey(h.Name), Value: h.Value})
 		}
 	}
-	for _, k := range cr.Key {
-		switch {
-		case k.Header != "":
-			r.Key = append(r.Key, KeyPart{Header: textproto.CanonicalMIMEHeaderKey(k.Header)})
-		case k.Attribute != "":
-			switch k.Attribute {
-			case AttrRemoteAddress, AttrForwardedFor, AttrPath, AttrMethod:
-			default:
-				return nil, fmt.Errorf("unknown key attribute %q", k.Attribute)
-			}
-			part := KeyPart{Attribute: k.Attribute}
-			if m := r.Match; m != nil && m.Path != nil && k.Attribute == AttrPath {
-				part.foldCase, part.trimSlash = m.Path.IgnoreCase, m.Path.IgnoreTrailingSlash
-			}
-			if m := r.Match; m != nil && k.Attribute == AttrMethod {
-				part.headAsGet = slices.Contains(m.Methods, http.MethodGet) && !slices.Contains(m.Methods, http.MethodHead)
-			}
-			r.Key = append(r.Key, part)
-		default:
-			r.Key = append(r.Key, KeyPart{Constant: k.Constant})
-		}
+	if r.Key, err = keyParts(cr.Key, r.Match); err != nil {
+		return nil, err
 	}
 	if c := cr.Candidate; c != nil {
 		cand := *r

@@ -143,7 +143,18 @@ func (e *Env) Cluster(ctx context.Context, auth Auth, n int, leases, takeover bo
 		scenario = "cluster, CLUSTER FAILOVER TAKEOVER"
 	}
 	spec := CellSpec{Scenario: scenario, Auth: auth, Rules: rules, HotKeys: hot, ProbeKeys: probes, Tail: t.Tail}
-	c, err := e.runWindow(ctx, f, spec, func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) error {
+	c, err := e.runWindow(ctx, f, spec, clusterFailover(mc, rc, msrv, takeover, t))
+	if err != nil {
+		return nil, fmt.Errorf("%s, %s, %d sidecars, leases %t: %w\n%s%s", scenario, auth, n, leases, err, f.LogTails(1500), acc.logTail(1500))
+	}
+	return c, nil
+}
+
+// clusterFailover cuts the replica rc off its master mc at t.CutAt, kills the master msrv at
+// t.KillAt and waits for rc to be promoted (by CLUSTER FAILOVER TAKEOVER with takeover, by the
+// cluster otherwise), recording the switch's duration.
+func clusterFailover(mc, rc *redis.Client, msrv *redistest.Server, takeover bool, t Timing) drive {
+	return func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) error {
 		if err := l.waitHot(ctx, t.CutAt); err != nil {
 			return err
 		}
@@ -160,9 +171,10 @@ func (e *Env) Cluster(ctx context.Context, auth Auth, n int, leases, takeover bo
 		if err := msrv.Stop(); err != nil {
 			return err
 		}
+		replica := rc.Options().Addr
 		if takeover {
 			if err := rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
-				return fmt.Errorf("CLUSTER FAILOVER TAKEOVER on %s: %w", replica.Addr(), err)
+				return fmt.Errorf("CLUSTER FAILOVER TAKEOVER on %s: %w", replica, err)
 			}
 		}
 		for {
@@ -171,16 +183,12 @@ func (e *Env) Cluster(ctx context.Context, auth Auth, n int, leases, takeover bo
 				break
 			}
 			if err := sleep(ctx, 20*time.Millisecond); err != nil {
-				return fmt.Errorf("waiting for %s to be promoted (ROLE %v): %w", replica.Addr(), role, err)
+				return fmt.Errorf("waiting for %s to be promoted (ROLE %v): %w", replica, role, err)
 			}
 		}
 		c.Switch = time.Since(killed)
 		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%s, %s, %d sidecars, leases %t: %w\n%s%s", scenario, auth, n, leases, err, f.LogTails(1500), acc.logTail(1500))
 	}
-	return c, nil
 }
 
 // shardKeys picks, on the cluster's master of the first rule's HotKey, a hot key value for

@@ -277,23 +277,9 @@ type drive func(ctx context.Context, l *load, c *Cell, atCut, atKill *[]int64) e
 // runWindow waits for a window to begin, then sends demand through f until just before it ends
 // (or Tail after d returns), running d meanwhile.
 func (e *Env) runWindow(ctx context.Context, f *Fleet, spec CellSpec, d drive) (*Cell, error) {
-	var rules []int
-	if len(spec.Rules) == 0 {
-		for i := range e.o.Rules {
-			rules = append(rules, i)
-		}
-	}
-	for _, name := range spec.Rules {
-		i, ok := e.ruleIndex[name]
-		if !ok {
-			return nil, fmt.Errorf("failover: no rule %q", name)
-		}
-		rules = append(rules, i)
-	}
-	if len(spec.ProbeKeys) == 0 {
-		for i := range 20_000 {
-			spec.ProbeKeys = append(spec.ProbeKeys, fmt.Sprintf("probe-%d-%d", e.cellSeq, i))
-		}
+	rules, err := e.cellRules(&spec)
+	if err != nil {
+		return nil, err
 	}
 	c := &Cell{Scenario: spec.Scenario, Auth: spec.Auth, Sidecars: len(f.Checks), Leases: f.Leases}
 	// The whole measurement falls in one window: start just after one begins.
@@ -333,6 +319,38 @@ func (e *Env) runWindow(ctx context.Context, f *Fleet, spec CellSpec, d drive) (
 		}
 		return nil, derr
 	}
+	if err := e.measure(ctx, f, l, c, rules, atCut, atKill); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// cellRules are the indexes of spec's rules (every rule when it names none); it gives spec
+// fresh probe keys when it has none.
+func (e *Env) cellRules(spec *CellSpec) ([]int, error) {
+	var rules []int
+	if len(spec.Rules) == 0 {
+		for i := range e.o.Rules {
+			rules = append(rules, i)
+		}
+	}
+	for _, name := range spec.Rules {
+		i, ok := e.ruleIndex[name]
+		if !ok {
+			return nil, fmt.Errorf("failover: no rule %q", name)
+		}
+		rules = append(rules, i)
+	}
+	if len(spec.ProbeKeys) == 0 {
+		for i := range 20_000 {
+			spec.ProbeKeys = append(spec.ProbeKeys, fmt.Sprintf("probe-%d-%d", e.cellSeq, i))
+		}
+	}
+	return rules, nil
+}
+
+// measure fills c with what the load l measured of rules and the sidecars' metrics.
+func (e *Env) measure(ctx context.Context, f *Fleet, l *load, c *Cell, rules []int, atCut, atKill []int64) error {
 	c.Decided = l.decidedAll()
 	for i := range l.closedBy {
 		c.ClosedBySidecar = append(c.ClosedBySidecar, time.Duration(l.closedBy[i].Load()))
@@ -341,10 +359,10 @@ func (e *Env) runWindow(ctx context.Context, f *Fleet, spec CellSpec, d drive) (
 	defer cancel()
 	var err error
 	if c.Restored, err = e.Metric(mctx, f, "redline_sidecar_restored_units_total"); err != nil {
-		return nil, err
+		return err
 	}
 	if c.Regressions, err = e.Metric(mctx, f, "redline_sidecar_counter_regressions_total"); err != nil {
-		return nil, err
+		return err
 	}
 	for i, ri := range rules {
 		r := RuleResult{Rule: e.o.Rules[ri], AtCut: atCut[i], AtKill: atKill[i], Admitted: l.total(i),
@@ -365,5 +383,5 @@ func (e *Env) runWindow(ctx context.Context, f *Fleet, spec CellSpec, d drive) (
 		}
 		c.Rules = append(c.Rules, r)
 	}
-	return c, nil
+	return nil
 }

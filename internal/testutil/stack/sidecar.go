@@ -67,8 +67,44 @@ func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr st
 	sc := &Sidecar{Pod: *pod.DeepCopy(), Container: *ctr.DeepCopy(), Volumes: map[string]string{}}
 	podDir := s.path("pods", pod.Name)
 
-	// Ports: every declared container port gets a free loopback port. A port declared twice
-	// under two names (the injector's port handover) is one port, as in a pod.
+	ports, err := sc.choosePorts(ctr)
+	if err != nil {
+		return nil, err
+	}
+	upstreamPort, _ := strconv.Atoi(pod.Annotations[contract.AnnotationUpstreamPort])
+
+	if err := s.mountVolumes(ctx, sc, pod, ctr, podDir); err != nil {
+		return nil, err
+	}
+	s.addCleanup(func() error { sc.stopSyncing(); return nil })
+
+	env, err := resolveEnvWhenReady(ctx, s.Client, pod, ctr)
+	if err != nil {
+		sc.stopSyncing()
+		return nil, fmt.Errorf("pod %s: %w", pod.Name, err)
+	}
+	for _, a := range expandEnvRefs(append(append([]string{}, ctr.Command...), ctr.Args...), env) {
+		sc.Args = append(sc.Args, sc.rewriteArg(a, ports, upstreamPort, upstreamAddr))
+	}
+	// kubelet sets HOSTNAME to the pod's name; nothing of this machine's environment leaks in.
+	sc.Env = append([]string{"HOSTNAME=" + pod.Name}, env...)
+
+	p, err := proc.Start(s.Dir, "sidecar-"+pod.Name, s.Bin.Sidecar, sc.Args, sc.Env)
+	if err != nil {
+		sc.stopSyncing()
+		return nil, err
+	}
+	sc.Proc = p
+	s.addCleanup(func() error { return sc.Stop() })
+	if err := sc.waitReady(ctx, ports); err != nil {
+		return nil, err
+	}
+	return sc, nil
+}
+
+// choosePorts gives every declared container port a free loopback port. A port declared twice
+// under two names (the injector's port handover) is one port, as in a pod.
+func (sc *Sidecar) choosePorts(ctr *corev1.Container) (map[int32]int, error) {
 	ports := map[int32]int{}
 	for _, p := range ctr.Ports {
 		free, ok := ports[p.ContainerPort]
@@ -98,22 +134,26 @@ func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr st
 		}
 	}
 	sc.CheckURL = "http://127.0.0.1:" + strconv.Itoa(ports[contract.CheckPort])
-	upstreamPort, _ := strconv.Atoi(pod.Annotations[contract.AnnotationUpstreamPort])
+	return ports, nil
+}
 
+// mountVolumes writes ctr's volumes under podDir in kubelet's layout and keeps them in sync
+// with their sources until sc stops syncing.
+func (s *Stack) mountVolumes(ctx context.Context, sc *Sidecar, pod *corev1.Pod, ctr *corev1.Container, podDir string) error {
 	syncCtx, cancel := context.WithCancel(context.Background())
 	sc.stopSync, sc.syncDone = cancel, make(chan struct{})
 	var syncers []func()
 	for _, m := range ctr.VolumeMounts {
 		if m.SubPath != "" || m.SubPathExpr != "" {
 			cancel()
-			return nil, fmt.Errorf("volume mount %s uses subPath, which the local stack does not support", m.Name)
+			return fmt.Errorf("volume mount %s uses subPath, which the local stack does not support", m.Name)
 		}
 		local := filepath.Join(podDir, "volumes", m.Name)
 		sc.Volumes[m.MountPath] = local
 		sync, err := s.prepareVolume(ctx, pod, m.Name, local)
 		if err != nil {
 			cancel()
-			return nil, err
+			return err
 		}
 		if sync != nil {
 			syncers = append(syncers, func() { sync(syncCtx) })
@@ -132,30 +172,7 @@ func (s *Stack) RunSidecar(ctx context.Context, pod *corev1.Pod, upstreamAddr st
 			}
 		}
 	}()
-	s.addCleanup(func() error { sc.stopSyncing(); return nil })
-
-	env, err := resolveEnvWhenReady(ctx, s.Client, pod, ctr)
-	if err != nil {
-		sc.stopSyncing()
-		return nil, fmt.Errorf("pod %s: %w", pod.Name, err)
-	}
-	for _, a := range expandEnvRefs(append(append([]string{}, ctr.Command...), ctr.Args...), env) {
-		sc.Args = append(sc.Args, sc.rewriteArg(a, ports, upstreamPort, upstreamAddr))
-	}
-	// kubelet sets HOSTNAME to the pod's name; nothing of this machine's environment leaks in.
-	sc.Env = append([]string{"HOSTNAME=" + pod.Name}, env...)
-
-	p, err := proc.Start(s.Dir, "sidecar-"+pod.Name, s.Bin.Sidecar, sc.Args, sc.Env)
-	if err != nil {
-		sc.stopSyncing()
-		return nil, err
-	}
-	sc.Proc = p
-	s.addCleanup(func() error { return sc.Stop() })
-	if err := sc.waitReady(ctx, ports); err != nil {
-		return nil, err
-	}
-	return sc, nil
+	return nil
 }
 
 // prepareVolume writes the volume named name of pod into local and returns, for a ConfigMap or

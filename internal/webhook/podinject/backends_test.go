@@ -10,16 +10,17 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/sidecar/app"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
 // backendOf is a BackendResolver serving every namespace from one NamespaceRedis.
-type backendOf podinject.NamespaceRedis
+type backendOf backend.NamespaceRedis
 
-func (b backendOf) Redis(context.Context, string) (podinject.NamespaceRedis, error) {
-	return podinject.NamespaceRedis(b), nil
+func (b backendOf) Redis(context.Context, string) (backend.NamespaceRedis, error) {
+	return backend.NamespaceRedis(b), nil
 }
 
 func envValue(c corev1.Container, name string) string {

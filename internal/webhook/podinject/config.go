@@ -18,6 +18,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
@@ -338,21 +339,8 @@ func (v quantityValue) Set(s string) error {
 	return nil
 }
 
-// BackendResolver tells the injector which Redis serves a namespace (the controller's
-// Backends: a RedisBackend that selects it, or the manager's Redis).
+// BackendResolver tells the injector which Redis serves a namespace (backend.Registry: a
+// RedisBackend that selects it, or the manager's Redis).
 type BackendResolver interface {
-	Redis(ctx context.Context, namespace string) (NamespaceRedis, error)
-}
-
-// NamespaceRedis is the Redis that serves a namespace.
-type NamespaceRedis struct {
-	// URL is what its sidecars are given ("": Config.RedisURL).
-	URL string
-	// Budget is its connection budget (nil: pools are not sized from a budget).
-	Budget *connbudget.Publisher
-	// Backend says it is a RedisBackend's, whose TLSServerName (empty: the host dialed) and
-	// TLSMinVersion (empty: --sidecar-redis-tls-min-version) replace the sidecar defaults,
-	// which are the manager's Redis's.
-	Backend                      bool
-	TLSServerName, TLSMinVersion string
+	Redis(ctx context.Context, namespace string) (backend.NamespaceRedis, error)
 }

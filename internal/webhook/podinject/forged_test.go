@@ -34,6 +34,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/sidecar/app"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
@@ -132,7 +133,7 @@ func patchOps(patch []byte) []string {
 
 var _ = Describe("A review anyone can send", func() {
 	const victim = "forged-victim"
-	backend := podinject.NamespaceRedis{URL: "rediss://victim-orders.redis.example:6380", Backend: true, TLSServerName: "victim-orders.internal", TLSMinVersion: "1.3"}
+	victimRedis := backend.NamespaceRedis{URL: "rediss://victim-orders.redis.example:6380", Backend: true, TLSServerName: "victim-orders.internal", TLSMinVersion: "1.3"}
 
 	It("of another namespace's pod gets the patch of any namespace, whichever Redis serves it", func(ctx SpecContext) {
 		const bystander = "forged-bystander"
@@ -140,7 +141,7 @@ var _ = Describe("A review anyone can send", func() {
 		createNamespace(bystander)
 		cfg := tlsConfig()
 		cfg.SidecarRedisTLS.MinVersion = "1.2"
-		cfg.Backends = nsBackends{victim: backend}
+		cfg.Backends = nsBackends{victim: victimRedis}
 		url := serveWebhook(cfg)
 		// The same namespace's review, sent to a webhook for which no RedisBackend serves it.
 		noBackends := cfg
@@ -176,7 +177,7 @@ var _ = Describe("A review anyone can send", func() {
 		env[contract.EnvPodNamespace] = victim
 		sc, err := app.ParseConfig(args, func(k string) string { return env[k] }, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(sc.RedisURL).To(Equal(backend.URL))
+		Expect(sc.RedisURL).To(Equal(victimRedis.URL))
 		Expect(sc.RedisTLS.ServerName).To(Equal("victim-orders.internal"))
 		Expect(sc.RedisTLS.MinVersion).To(Equal("1.3"))
 

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/connbudget"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
@@ -71,7 +72,7 @@ const (
 //
 // The pod's patch is the same whichever Redis serves the namespace (sidecarContainer): a
 // Redis without TLS gets every TLS key empty, which the sidecar reads as no TLS setting.
-func redisConfigMapData(cfg *Config, nr NamespaceRedis) map[string]string {
+func redisConfigMapData(cfg *Config, nr backend.NamespaceRedis) map[string]string {
 	url, tls := cmp.Or(nr.URL, cfg.RedisURL), cfg.SidecarRedisTLS
 	if nr.Backend {
 		url, tls.ServerName, tls.MinVersion = nr.URL, nr.TLSServerName, cmp.Or(nr.TLSMinVersion, tls.MinVersion)

@@ -13,15 +13,16 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
 // nsBackends is a BackendResolver with a RedisBackend for the namespaces listed, the manager's
 // Redis for the others.
-type nsBackends map[string]podinject.NamespaceRedis
+type nsBackends map[string]backend.NamespaceRedis
 
-func (b nsBackends) Redis(_ context.Context, ns string) (podinject.NamespaceRedis, error) {
+func (b nsBackends) Redis(_ context.Context, ns string) (backend.NamespaceRedis, error) {
 	return b[ns], nil
 }
 
@@ -93,14 +94,14 @@ var _ = Describe("The sidecars' Redis settings in each namespace", func() {
 		createNamespace(onDefault)
 	})
 
-	config := func(backend podinject.NamespaceRedis) podinject.Config {
+	config := func(nr backend.NamespaceRedis) podinject.Config {
 		cfg := tlsConfig()
-		cfg.Backends = nsBackends{onBackend: backend}
+		cfg.Backends = nsBackends{onBackend: nr}
 		return cfg
 	}
 
 	It("are written where a RedisBackend serves the namespace only, and kept true", func(ctx SpecContext) {
-		cfg := config(podinject.NamespaceRedis{URL: "rediss://orders.redis:6380", Backend: true, TLSServerName: "orders.internal", TLSMinVersion: "1.2"})
+		cfg := config(backend.NamespaceRedis{URL: "rediss://orders.redis:6380", Backend: true, TLSServerName: "orders.internal", TLSMinVersion: "1.2"})
 		reconcileRedisConfigMap(ctx, cfg, onBackend)
 		reconcileRedisConfigMap(ctx, cfg, onDefault)
 		cm, err := redisConfigMap(ctx, onBackend)
@@ -126,7 +127,7 @@ var _ = Describe("The sidecars' Redis settings in each namespace", func() {
 		Expect(cm.Immutable == nil || !*cm.Immutable).To(BeTrue(), "the ConfigMap is mutable again")
 
 		By("the namespace leaving its backend: its ConfigMap stays, with the manager's Redis, for the sidecars injected before")
-		reconcileRedisConfigMap(ctx, config(podinject.NamespaceRedis{}), onBackend)
+		reconcileRedisConfigMap(ctx, config(backend.NamespaceRedis{}), onBackend)
 		cm, err = redisConfigMap(ctx, onBackend)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(cm.Data).To(Equal(map[string]string{

@@ -13,6 +13,55 @@ import (
 
 // sidecarContainer renders the sidecar for the checked annotations p.
 func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
+	c := corev1.Container{
+		Name:  contract.ContainerName,
+		Image: cfg.SidecarImage,
+		Args:  sidecarArgs(cfg, p),
+		Ports: []corev1.ContainerPort{
+			{Name: contract.ListenPortName, ContainerPort: p.listenPort, Protocol: corev1.ProtocolTCP},
+			{Name: contract.AdminPortName, ContainerPort: contract.AdminPort, Protocol: corev1.ProtocolTCP},
+		},
+		Env:       sidecarEnv(cfg, p),
+		Resources: p.resources,
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: contract.PoliciesVolume, MountPath: contract.PoliciesDir, ReadOnly: true},
+			{Name: contract.PodInfoVolume, MountPath: contract.PodInfoDir, ReadOnly: true},
+		},
+		ReadinessProbe:           httpProbe(contract.ReadyzPath, 5, 3),
+		LivenessProbe:            httpProbe(contract.HealthzPath, 10, 3),
+		ImagePullPolicy:          corev1.PullPolicy(cfg.SidecarImagePullPolicy),
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		SecurityContext: &corev1.SecurityContext{
+			RunAsNonRoot:             new(true),
+			RunAsUser:                ptr.To[int64](contract.RunAsUser),
+			RunAsGroup:               ptr.To[int64](contract.RunAsUser),
+			ReadOnlyRootFilesystem:   new(true),
+			AllowPrivilegeEscalation: new(false),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+	}
+	if cfg.RedisSecret != "" {
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{
+			Name: contract.RedisCredentialsVolume, MountPath: contract.RedisCredentialsDir, ReadOnly: true,
+		})
+	}
+	if m, ok := p.redisTLS.volumeMount(); ok {
+		c.VolumeMounts = append(c.VolumeMounts, m)
+	}
+	if p.exposeDecisionAPI {
+		c.Ports = append(c.Ports,
+			corev1.ContainerPort{Name: contract.CheckPortName, ContainerPort: contract.CheckPort, Protocol: corev1.ProtocolTCP},
+			corev1.ContainerPort{Name: contract.GRPCPortName, ContainerPort: contract.GRPCPort, Protocol: corev1.ProtocolTCP})
+	}
+	if native {
+		c.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+	}
+	return c
+}
+
+// sidecarArgs are the sidecar's flags for the checked annotations p.
+func sidecarArgs(cfg *Config, p params) []string {
 	// The decision faces stay on loopback, reachable from the pod's own containers only,
 	// unless the pod asks for them on the pod network.
 	decisionHost := contract.LoopbackHost
@@ -58,18 +107,21 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 	if cfg.RedisSecret != "" {
 		args = append(args, fmt.Sprintf("--%s=%s", contract.FlagRedisCredentialsDir, contract.RedisCredentialsDir))
 	}
-	args = append(args, p.redisTLS.args()...)
+	return append(args, p.redisTLS.args()...)
+}
 
-	// The cluster's Redis, then the namespace's from its ConfigMap, which the sidecar takes
-	// instead where it names one (contract.EnvNamespaceRedisURL): the same variables in every
-	// namespace's pods, whichever Redis serves it.
+// sidecarEnv is the sidecar's environment: the cluster's Redis, then the namespace's from its
+// ConfigMap, which the sidecar takes instead where it names one (contract.EnvNamespaceRedisURL):
+// the same variables in every namespace's pods, whichever Redis serves it; then the workload's
+// pool and replicas, the pod's name and namespace, its memory limit.
+func sidecarEnv(cfg *Config, p params) []corev1.EnvVar {
 	var env []corev1.EnvVar
 	if cfg.RedisURL != "" {
 		env = append(env, corev1.EnvVar{Name: contract.EnvRedisURL, Value: cfg.RedisURL})
 	}
 	env = append(env, namespaceRedisEnv()...)
 	env = append(env, p.workloadEnv...)
-	env = append(env,
+	return append(env,
 		fieldEnv(contract.EnvPodName, "metadata.name"),
 		fieldEnv(contract.EnvPodNamespace, "metadata.namespace"),
 		// The sidecar sets Go's memory limit from its container's (contract.MemoryLimitPercent).
@@ -77,52 +129,6 @@ func sidecarContainer(cfg *Config, p params, native bool) corev1.Container {
 			ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: contract.ContainerName, Resource: "limits.memory"},
 		}},
 	)
-
-	c := corev1.Container{
-		Name:  contract.ContainerName,
-		Image: cfg.SidecarImage,
-		Args:  args,
-		Ports: []corev1.ContainerPort{
-			{Name: contract.ListenPortName, ContainerPort: p.listenPort, Protocol: corev1.ProtocolTCP},
-			{Name: contract.AdminPortName, ContainerPort: contract.AdminPort, Protocol: corev1.ProtocolTCP},
-		},
-		Env:       env,
-		Resources: p.resources,
-		VolumeMounts: []corev1.VolumeMount{
-			{Name: contract.PoliciesVolume, MountPath: contract.PoliciesDir, ReadOnly: true},
-			{Name: contract.PodInfoVolume, MountPath: contract.PodInfoDir, ReadOnly: true},
-		},
-		ReadinessProbe:           httpProbe(contract.ReadyzPath, 5, 3),
-		LivenessProbe:            httpProbe(contract.HealthzPath, 10, 3),
-		ImagePullPolicy:          corev1.PullPolicy(cfg.SidecarImagePullPolicy),
-		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-		SecurityContext: &corev1.SecurityContext{
-			RunAsNonRoot:             new(true),
-			RunAsUser:                ptr.To[int64](contract.RunAsUser),
-			RunAsGroup:               ptr.To[int64](contract.RunAsUser),
-			ReadOnlyRootFilesystem:   new(true),
-			AllowPrivilegeEscalation: new(false),
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		},
-	}
-	if cfg.RedisSecret != "" {
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{
-			Name: contract.RedisCredentialsVolume, MountPath: contract.RedisCredentialsDir, ReadOnly: true,
-		})
-	}
-	if m, ok := p.redisTLS.volumeMount(); ok {
-		c.VolumeMounts = append(c.VolumeMounts, m)
-	}
-	if p.exposeDecisionAPI {
-		c.Ports = append(c.Ports,
-			corev1.ContainerPort{Name: contract.CheckPortName, ContainerPort: contract.CheckPort, Protocol: corev1.ProtocolTCP},
-			corev1.ContainerPort{Name: contract.GRPCPortName, ContainerPort: contract.GRPCPort, Protocol: corev1.ProtocolTCP})
-	}
-	if native {
-		c.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
-	}
-	return c
 }
 
 // namespaceRedisEnv are the variables the sidecar reads its namespace's Redis from, keys of

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,21 +45,46 @@ func main() {
 }
 
 func run() error {
+	engine, store, closeAll, err := newEngine()
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	if err := rlsFace(context.Background(), engine, store); err != nil {
+		return err
+	}
+	checkFace(engine, store)
+	return nil
+}
+
+// newEngine is a limiter on a redis-server of its own, and a rule set of three token-budget
+// rules: tokens (10,000 a minute, 1,000 held a request), bulk and short (2 s timeout).
+func newEngine() (_ *decide.Engine, _ *ruleset.Store, closeAll func(), err error) {
 	srv, err := redistest.Start()
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	defer func() { _ = srv.Close() }()
+	closers := []func(){func() { _ = srv.Close() }}
+	closeAll = func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
 	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	defer func() { _ = c.Close() }()
+	closers = append(closers, func() { _ = c.Close() })
 	lim, err := limiter.New(c, limiter.Options{})
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	defer lim.Close()
+	closers = append(closers, lim.Close)
 	rule := func(name string, requests, hold, timeoutMS int64) policydoc.Rule {
 		return policydoc.Rule{
 			Name: name, Key: []policydoc.KeyPart{{Header: "x-user"}}, Algorithm: "FixedWindow",
@@ -73,22 +99,23 @@ func run() error {
 			rule("bulk", 100_000_000, 1, time.Minute.Milliseconds()), rule("short", 100_000_000, 1, 2_000)},
 	}}, map[string]string{})
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	doc, err := policydoc.Parse(data)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	set, err := ruleset.NewBuilder("").Build(doc, map[string]string{"app": "web"})
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	store := &ruleset.Store{}
 	store.Swap(set)
-	engine := &decide.Engine{Limiter: lim}
-	ctx := context.Background()
+	return &decide.Engine{Limiter: lim}, store, closeAll, nil
+}
 
-	// Envoy's face.
+// rlsFace fills Envoy's face's hold registry, then measures what a victim key gets.
+func rlsFace(ctx context.Context, engine *decide.Engine, store *ruleset.Store) error {
 	s := &rls.Server{Engine: engine, Store: store, Holds: &decide.Registry{}}
 	start := func(user string) (rlsv3.RateLimitResponse_Code, error) {
 		d := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{
@@ -148,7 +175,11 @@ func run() error {
 	}
 	fmt.Printf("rls: 8 keys start 16384 streams (%d admitted), then a victim key: %d of 100 admitted\n", busy.Load(), victim.Load())
 
-	// /v1/check.
+	return nil
+}
+
+// checkFace fills /v1/check's hold registry, then measures what other keys get.
+func checkFace(engine *decide.Engine, store *ruleset.Store) {
 	h := &checkapi.Handler{Engine: engine, Store: store, Holds: &decide.Registry{}}
 	reserve := func(rule, user string) int {
 		rec := httptest.NewRecorder()
@@ -180,7 +211,6 @@ func run() error {
 	}
 	time.Sleep(time.Until(last.Add(2100 * time.Millisecond)))
 	fmt.Printf("check: 8 keys reserve 16384 holds of a 2 s timeout (%v); once all passed their deadline, 100 other keys: %v\n", statuses, others("short"))
-	return nil
 }
 
 // startRule starts one stream of rule for user on Envoy's face.

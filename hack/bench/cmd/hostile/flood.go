@@ -78,25 +78,51 @@ func memoryFlood(ctx context.Context, dir, bin, redisURL string) (flood, error) 
 		return f, err
 	}
 
+	b := sendSlowBodies(s.Proxy, conns, size)
+	// Every request answered or at the upstream, waiting for its last byte.
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) && int64(b.answered())+started.Load() < conns {
+		time.Sleep(100 * time.Millisecond)
+	}
+	f.PlainStatuses, f.OtherKeyStatus = victimRequests(s.Proxy)
+	if f.PeakMiB, err = vmHWMMiB(s.Pid()); err != nil {
+		return f, err
+	}
+	got, err := sidecarproc.Scrape(ctx, "http://"+s.Admin+"/metrics", "redline_sidecar_memory_budget_refusals_total", "redline_sidecar_memory_budget_bytes")
+	if err != nil {
+		return f, err
+	}
+	f.Refusals, f.BudgetBytes = got["redline_sidecar_memory_budget_refusals_total"], got["redline_sidecar_memory_budget_bytes"]
+	f.Answers, f.AtUpstream = b.close(), started.Load()
+	return f, nil
+}
+
+// slowBodies are connections that each send a token budget request of a body without its
+// last byte, and what was answered to them.
+type slowBodies struct {
+	mu      sync.Mutex
+	open    []net.Conn
+	answers map[int]int
+	wg      sync.WaitGroup
+}
+
+// sendSlowBodies opens conns connections to proxy, each sending a request of a size-byte
+// body but its last byte.
+func sendSlowBodies(proxy string, conns, size int) *slowBodies {
 	body := []byte(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"`)
 	body = append(body, bytes.Repeat([]byte("a"), size-len(body)-len(`"}]}`))...)
 	body = append(body, `"}]}`...)
 	head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: app\r\nX-Api-Key: flood\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", size)
-	var (
-		mu      sync.Mutex
-		open    []net.Conn
-		answers = map[int]int{}
-		wg      sync.WaitGroup
-	)
+	b := &slowBodies{answers: map[int]int{}}
 	for range conns {
-		wg.Go(func() {
-			c, err := net.Dial("tcp", s.Proxy)
+		b.wg.Go(func() {
+			c, err := net.Dial("tcp", proxy)
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			open = append(open, c)
-			mu.Unlock()
+			b.mu.Lock()
+			b.open = append(b.open, c)
+			b.mu.Unlock()
 			if _, err := io.WriteString(c, head); err == nil {
 				_, _ = c.Write(body[:size-1]) // the last byte withheld
 			}
@@ -106,28 +132,43 @@ func memoryFlood(ctx context.Context, dir, bin, redisURL string) (flood, error) 
 			}
 			_, _ = io.Copy(io.Discard, resp.Body)
 			_ = resp.Body.Close()
-			mu.Lock()
-			answers[resp.StatusCode]++
-			mu.Unlock()
+			b.mu.Lock()
+			b.answers[resp.StatusCode]++
+			b.mu.Unlock()
 		})
 	}
-	// Every request answered or at the upstream, waiting for its last byte.
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		mu.Lock()
-		n := 0
-		for _, v := range answers {
-			n += v
-		}
-		mu.Unlock()
-		if int64(n)+started.Load() >= conns {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	return b
+}
+
+// answered is how many requests were answered so far.
+func (b *slowBodies) answered() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, v := range b.answers {
+		n += v
 	}
+	return n
+}
+
+// close closes every connection and returns the answers by status.
+func (b *slowBodies) close() map[int]int {
+	b.mu.Lock()
+	for _, c := range b.open {
+		_ = c.Close()
+	}
+	answers := b.answers
+	b.mu.Unlock()
+	b.wg.Wait()
+	return answers
+}
+
+// victimRequests sends another key's requests through proxy during the flood: four plain
+// ones, then a small token budget request, and returns their statuses (0: no answer).
+func victimRequests(proxy string) (plain []int, budget int) {
 	client := &http.Client{Timeout: 30 * time.Second}
 	for range 4 {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+s.Proxy+"/plain", nil)
+		req, _ := http.NewRequest(http.MethodGet, "http://"+proxy+"/plain", nil)
 		req.Header.Set("X-Key", "victim")
 		status := 0
 		if resp, err := client.Do(req); err == nil {
@@ -135,30 +176,15 @@ func memoryFlood(ctx context.Context, dir, bin, redisURL string) (flood, error) 
 			_ = resp.Body.Close()
 			status = resp.StatusCode
 		}
-		f.PlainStatuses = append(f.PlainStatuses, status)
+		plain = append(plain, status)
 	}
-	req, _ := http.NewRequest(http.MethodPost, "http://"+s.Proxy+"/v1/chat/completions",
+	req, _ := http.NewRequest(http.MethodPost, "http://"+proxy+"/v1/chat/completions",
 		strings.NewReader(`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`))
 	req.Header.Set("X-Api-Key", "victim")
 	if resp, err := client.Do(req); err == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()
-		f.OtherKeyStatus = resp.StatusCode
+		budget = resp.StatusCode
 	}
-	if f.PeakMiB, err = vmHWMMiB(s.Pid()); err != nil {
-		return f, err
-	}
-	got, err := sidecarproc.Scrape(ctx, "http://"+s.Admin+"/metrics", "redline_sidecar_memory_budget_refusals_total", "redline_sidecar_memory_budget_bytes")
-	if err != nil {
-		return f, err
-	}
-	f.Refusals, f.BudgetBytes = got["redline_sidecar_memory_budget_refusals_total"], got["redline_sidecar_memory_budget_bytes"]
-	mu.Lock()
-	for _, c := range open {
-		_ = c.Close()
-	}
-	f.Answers, f.AtUpstream = answers, started.Load()
-	mu.Unlock()
-	wg.Wait()
-	return f, nil
+	return plain, budget
 }

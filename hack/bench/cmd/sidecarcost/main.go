@@ -172,25 +172,9 @@ func run(o options, command string) error {
 	if err != nil {
 		return fmt.Errorf("resolving -root: %w", err)
 	}
-	baseTree := filepath.Join(dir, "base-tree")
-	progress("extracting %s into %s", o.base, baseTree)
-	if err := extract(ctx, root, o.base, baseTree); err != nil {
+	versions, err := buildVersions(ctx, o, root, dir)
+	if err != nil {
 		return err
-	}
-	versions := [2]*version{{name: o.base}, {name: "now"}}
-	for i, tree := range []string{baseTree, root} {
-		v := versions[i]
-		out := filepath.Join(dir, "bin-"+strconv.Itoa(i))
-		if err := os.Mkdir(out, 0o755); err != nil {
-			return fmt.Errorf("creating %s: %w", out, err)
-		}
-		progress("building ./cmd/sidecar of %s", v.name)
-		if v.bin, err = sidecarproc.Build(ctx, tree, out); err != nil {
-			return err
-		}
-		if v.scripts, err = printScripts(ctx, tree, dir); err != nil {
-			return fmt.Errorf("reading the scripts of %s: %w", v.name, err)
-		}
 	}
 	files, err := writeSidecarFiles(filepath.Join(dir, "files"))
 	if err != nil {
@@ -240,6 +224,33 @@ func run(o options, command string) error {
 	}
 	printTable(o, command, load, versions, cells, results)
 	return nil
+}
+
+// buildVersions builds the sidecar of o.base (extracted under dir) and of the tree at root,
+// and reads the scripts each runs.
+func buildVersions(ctx context.Context, o options, root, dir string) ([2]*version, error) {
+	baseTree := filepath.Join(dir, "base-tree")
+	progress("extracting %s into %s", o.base, baseTree)
+	versions := [2]*version{{name: o.base}, {name: "now"}}
+	if err := extract(ctx, root, o.base, baseTree); err != nil {
+		return versions, err
+	}
+	for i, tree := range []string{baseTree, root} {
+		v := versions[i]
+		out := filepath.Join(dir, "bin-"+strconv.Itoa(i))
+		if err := os.Mkdir(out, 0o755); err != nil {
+			return versions, fmt.Errorf("creating %s: %w", out, err)
+		}
+		progress("building ./cmd/sidecar of %s", v.name)
+		var err error
+		if v.bin, err = sidecarproc.Build(ctx, tree, out); err != nil {
+			return versions, err
+		}
+		if v.scripts, err = printScripts(ctx, tree, dir); err != nil {
+			return versions, fmt.Errorf("reading the scripts of %s: %w", v.name, err)
+		}
+	}
+	return versions, nil
 }
 
 func (c cell) String() string {

@@ -1,4 +1,4 @@
-package controller_test
+package backend_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -31,7 +31,7 @@ func TestScriptsOnEveryNode(t *testing.T) {
 	nodes, err := redisconn.NewNodes(group.URL(), opts, c)
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = nodes.Close() })
-	store := &controller.RedisScripts{Client: c, Nodes: nodes.Each, Log: logr.Discard()}
+	store := &backend.Scripts{Client: c, Nodes: nodes.Each, Log: logr.Discard()}
 
 	var shas []string
 	for _, s := range redisacl.SidecarScripts() {
