@@ -19,7 +19,11 @@ func Limiter(t testing.TB) *limiter.Limiter {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Close() })
-	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
+	// The tests using it judge what is admitted and spent, not how fast: on a machine busy
+	// enough, 32 callers waited past go-redis's default pool wait (ReadTimeout + 1s) for one of
+	// its connections and a settle failed with "connection pool timeout". A wait bounded by
+	// the test's own deadline instead.
+	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
