@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -105,7 +106,7 @@ func explain(ctx context.Context, args []string, w io.Writer) error {
 		if r.Shadow {
 			mode = "Shadow"
 		}
-		lim := fmt.Sprintf("%d/%s %s", r.Limit.Requests, r.Limit.Window, r.Limit.Algorithm)
+		lim := limitText(r)
 		if !x.Matches {
 			fmt.Fprintf(&tw, "%s\t%s\tno\t%s\t%s\t-\t-\n", r.Policy.Name, r.Name, mode, lim)
 			continue
@@ -200,4 +201,17 @@ func topRefused(ctx context.Context, cl client.Client, ns string, set *ruleset.S
 		}
 	}
 	return out
+}
+
+// limitText is a rule's limit as the table shows it: requests per window and algorithm, per
+// calendar period in its zone, or requests in progress at once.
+func limitText(r *ruleset.Rule) string {
+	switch c := r.Limit.Calendar; {
+	case r.InFlight != nil:
+		return fmt.Sprintf("%d in flight", r.InFlight.Max)
+	case c != nil:
+		spec := c.Spec()
+		return fmt.Sprintf("%d/%s %s", r.Limit.Requests, spec.Unit, cmp.Or(spec.Zone, "UTC"))
+	}
+	return fmt.Sprintf("%d/%s %s", r.Limit.Requests, r.Limit.Window, r.Limit.Algorithm)
 }

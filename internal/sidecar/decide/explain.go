@@ -1,6 +1,8 @@
 package decide
 
 import (
+	"slices"
+
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -18,7 +20,8 @@ type Explanation struct {
 	CandidateHash string
 }
 
-// Explain tells, for every rule of set in order, whether it matches req and the key it counts
+// Explain tells, for every rule of set in order (the rules per window, then the in-flight
+// rules), whether it matches req and the key it counts
 // req under, exactly as Decide would, spending nothing. It is what a "why was this request
 // refused" tool needs: which rules a request meets and the hash each shows its key under.
 func (e *Engine) Explain(set *ruleset.Set, req *Request) []Explanation {
@@ -26,8 +29,8 @@ func (e *Engine) Explain(set *ruleset.Set, req *Request) []Explanation {
 		return nil
 	}
 	a := attrs{req: req, hops: e.TrustedHops}
-	out := make([]Explanation, 0, len(set.Rules))
-	for _, r := range set.Rules {
+	out := make([]Explanation, 0, len(set.Rules)+len(set.InFlight))
+	for _, r := range slices.Concat(set.Rules, set.InFlight) {
 		x := Explanation{Rule: r, Matches: Matches(r.Match, req)}
 		if x.Matches {
 			parts := a.parts(r.Key)
