@@ -103,9 +103,16 @@ func TestInFlightThroughTheDecisionFaces(t *testing.T) {
 			return
 		}
 	}
-	// viaEnvoy serves one request as Envoy does through c.
+	// viaEnvoy serves one request as Envoy does through c: a stream-done call with negative
+	// hits ends every request, a refused one's too.
 	viaEnvoy := func(c rlsv3.RateLimitServiceClient) {
 		d := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "policy", Value: "p"}, {Key: "rule", Value: "slots"}, {Key: "x-key", Value: "tenant"}}}
+		streamDone := func() {
+			doneDesc := &rlv3.RateLimitDescriptor{Entries: d.Entries, IsNegativeHits: true}
+			if _, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{doneDesc}}); err != nil {
+				wrong.Store(err.Error())
+			}
+		}
 		for {
 			resp, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{d}})
 			if err != nil {
@@ -114,16 +121,14 @@ func TestInFlightThroughTheDecisionFaces(t *testing.T) {
 			}
 			if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 				refused.Add(1)
+				streamDone()
 				time.Sleep(20 * time.Millisecond)
 				continue
 			}
 			on.begin()
 			<-gate
 			on.cur.Add(-1)
-			doneDesc := &rlv3.RateLimitDescriptor{Entries: d.Entries, IsNegativeHits: true}
-			if _, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{doneDesc}}); err != nil {
-				wrong.Store(err.Error())
-			}
+			streamDone()
 			done.Add(1)
 			return
 		}

@@ -41,6 +41,10 @@ type SlotRegistry struct {
 	mu    sync.Mutex
 	byID  map[string]*slotEntry
 	byKey map[string]*list.List // of *slotEntry, oldest first; entries put with a key only
+	// owed is, per key, the deadlines of refused start calls whose stream-done call is still
+	// to come, oldest first; owedN counts them all (see Owe).
+	owed  map[string][]time.Time
+	owedN int
 }
 
 type slotEntry struct {
@@ -209,6 +213,7 @@ func (g *SlotRegistry) Run(ctx context.Context) {
 			return
 		case <-t.C:
 			g.Sweep(ctx)
+			g.sweepOwed()
 		}
 	}
 }

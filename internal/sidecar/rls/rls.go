@@ -108,6 +108,12 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
 	}
 	c := s.collectHits(ctx, set, req, resp)
+	kept := false // whether this request's in-flight descriptors keep slots
+	defer func() {
+		if !kept {
+			s.oweSlots(set, c.slotHits)
+		}
+	}()
 	if c.unsized {
 		// refused as a whole before anything is held or counted
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -123,6 +129,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		return nil, status.Error(codes.Internal, fmt.Sprintf("deciding: %v", err))
 	}
+	kept = full == nil && d.Allowed && slots != nil && slots.Refused == nil
 	writeDecision(resp, d, c.at, slots, c.slotHits)
 	if full != nil {
 		refuseNoRoom(set, resp, c.hits, c.at, full)
@@ -155,7 +162,7 @@ func (s *Server) collectHits(ctx context.Context, set *ruleset.Set, req *rlsv3.R
 		}
 		if r := set.FindInFlight(hit.Policy, hit.Rule); r != nil && s.Slots != nil {
 			if desc.GetIsNegativeHits() {
-				s.releaseSlots(ctx, set, r, hit, Cost(req.GetHitsAddend(), desc.GetHitsAddend()))
+				s.endSlot(ctx, set, r, hit)
 				continue
 			}
 			c.slotHits = append(c.slotHits, slotHit{hit: hit, at: i})

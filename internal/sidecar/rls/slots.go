@@ -15,7 +15,8 @@ import (
 // descriptor sent when the request starts (without is_negative_hits; its hits_addend does not
 // matter, a request holds one slot) takes a slot of the rule's key, kept here under that key;
 // the same descriptor sent when the stream is done, with is_negative_hits, gives back the
-// oldest slot kept under its key (hits_addend of them, 1 when unset). Envoy never renews: a
+// oldest slot kept under its key (one per descriptor: one request ends), unless it is the
+// stream-done call of a refused request (see decide.SlotRegistry.Owe). Envoy never renews: a
 // slot whose stream-done call never comes (an Envoy restarted mid-stream) is released when
 // its lease runs out (Slots.Lease, the flag --in-flight-envoy-hold).
 
@@ -25,15 +26,23 @@ type slotHit struct {
 	at  int // its descriptor's index
 }
 
-// releaseSlots gives back up to n of the oldest slots kept under hit's key.
-func (s *Server) releaseSlots(ctx context.Context, set *ruleset.Set, r *ruleset.Rule, hit decide.Hit, n int64) {
-	key := decide.SlotKey(set, r, hit.Key)
-	for ; n > 0; n-- {
-		sl := s.Slots.TakeOldest(key)
-		if sl == nil {
-			return
-		}
+// endSlot is the stream-done call of one request under hit's key: it pays back a refusal owed
+// under the key (decide.SlotRegistry.Owe), or else gives back the oldest slot kept under it.
+// One descriptor ends one request, whatever its hits_addend: a larger one would end other
+// requests' slots.
+func (s *Server) endSlot(ctx context.Context, set *ruleset.Set, r *ruleset.Rule, hit decide.Hit) {
+	if sl := s.Slots.EndOne(decide.SlotKey(set, r, hit.Key)); sl != nil {
 		sl.Release(ctx)
+	}
+}
+
+// oweSlots records, for each in-flight descriptor of a request that keeps no slot (refused,
+// or admitted while its rule was reloaded away), that its stream-done call ends no slot.
+func (s *Server) oweSlots(set *ruleset.Set, hits []slotHit) {
+	for _, h := range hits {
+		if r := set.FindInFlight(h.hit.Policy, h.hit.Rule); r != nil {
+			s.Slots.Owe(decide.SlotKey(set, r, h.hit.Key))
+		}
 	}
 }
 

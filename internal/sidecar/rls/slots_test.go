@@ -89,13 +89,20 @@ func TestEnvoyInFlightDescriptors(t *testing.T) {
 	g.Expect(header(full, "RateLimit")).To(Equal(`"p/slots";r=0;t=1`))
 	g.Expect(ask(g, s, slotDesc("slots", "b", false)).OverallCode).To(Equal(ok), "another key has its own slots")
 
-	// Stream done: one slot back, answered OK; a second stream-done frees the other.
+	// Envoy sends a stream-done call for every request, refused ones too: the refused
+	// request's ends no slot of a request still running.
+	g.Expect(ask(g, s, slotDesc("slots", "a", true)).OverallCode).To(Equal(ok))
+	g.Expect(ask(g, s, slotDesc("slots", "a", false)).OverallCode).To(Equal(over), "a refused request's stream-done freed a running request's slot")
+	g.Expect(ask(g, s, slotDesc("slots", "a", true)).OverallCode).To(Equal(ok))
+	// An admitted request's stream done: one slot back, answered OK.
 	g.Expect(ask(g, s, slotDesc("slots", "a", true)).OverallCode).To(Equal(ok))
 	g.Expect(ask(g, s, slotDesc("slots", "a", false)).OverallCode).To(Equal(ok))
 	g.Expect(ask(g, s, slotDesc("slots", "a", false)).OverallCode).To(Equal(over))
-	for range 3 { // the third finds nothing of a's kept here, and gives nothing back
+	g.Expect(ask(g, s, slotDesc("slots", "a", true)).OverallCode).To(Equal(ok)) // the refused one's
+	for range 3 {                                                               // the two running end; the third finds nothing of a's kept here, and gives nothing back
 		g.Expect(ask(g, s, slotDesc("slots", "a", true)).OverallCode).To(Equal(ok))
 	}
+	g.Expect(s.Slots.Owed()).To(BeZero(), "every refusal paid back")
 	_, held := s.Slots.Len()
 	g.Expect(held).To(Equal(1), "b's slot only")
 	g.Expect(ask(g, s, slotDesc("slots", "a", false)).OverallCode).To(Equal(ok))
@@ -133,8 +140,11 @@ func TestEnvoySlotsAndWindowsDecideAsOne(t *testing.T) {
 	g.Expect(refused.Statuses[0].Code).To(Equal(ok), "the window admitted it")
 	g.Expect(refused.Statuses[1].Code).To(Equal(over))
 
-	both(true) // stream done: the window's negative hits count nothing, the slot goes back
-	g.Expect(both(false).OverallCode).To(Equal(ok), "the third of the day: the refusal was given back")
+	both(true) // the refused request's stream done: nothing of the window, no slot
+	g.Expect(both(false).OverallCode).To(Equal(over), "a refused request's stream-done freed a slot")
+	both(true)
+	both(true) // an admitted request's: the window's negative hits count nothing, the slot goes back
+	g.Expect(both(false).OverallCode).To(Equal(ok), "the third of the day: the refusals were given back")
 	both(true)
 	both(true)
 	over4 := both(false)
@@ -160,10 +170,51 @@ func TestEnvoyTokenBudgetWithInFlight(t *testing.T) {
 	g.Expect(refused.Statuses[1].Code).To(Equal(over))
 	g.Expect(s.Holds.Len()).To(Equal(2), "refused for want of a slot: no hold")
 
-	// Stream done: the usage settles the oldest hold, the negative hits give the slot back.
+	// The refused request's stream done ends no slot.
+	g.Expect(ask(g, s, slotDesc("slots", "a", true)).OverallCode).To(Equal(ok))
+	g.Expect(s.Slots.Owed()).To(BeZero())
+	_, held := s.Slots.Len()
+	g.Expect(held).To(Equal(2))
+	// An admitted one's: the usage settles the oldest hold, the negative hits give the slot back.
 	used := slotDesc("tokens", "a", false)
 	used.HitsAddend = wrapperspb.UInt64(40)
 	g.Expect(ask(g, s, used, slotDesc("slots", "a", true)).OverallCode).To(Equal(ok))
 	g.Expect(s.Holds.Len()).To(Equal(1))
 	g.Expect(start().OverallCode).To(Equal(ok))
+}
+
+// Envoy sends the stream-done call of every request, refused ones included, while the
+// admitted ones still run: the refused requests' calls end no slot, so the key never goes past
+// its limit however many requests are refused; one descriptor ends one request whatever its
+// hits_addend; and a refusal whose call never comes is forgotten after one lease.
+func TestEnvoyRefusedStreamDoneEndsNoRunningSlot(t *testing.T) {
+	g := NewWithT(t)
+	clk := &clock{now: time.Now()}
+	s := slotServer(t, clk)
+	admitted := 0
+	for range 10 { // none of the admitted requests ends
+		if ask(g, s, slotDesc("slots", "a", false)).OverallCode == ok {
+			admitted++
+			continue
+		}
+		ask(g, s, slotDesc("slots", "a", true)) // the refused request's stream done
+	}
+	g.Expect(admitted).To(Equal(2), "admitted with 2 slots while none of them ended")
+	_, held := s.Slots.Len()
+	g.Expect(held).To(Equal(2))
+
+	huge := slotDesc("slots", "a", true)
+	huge.HitsAddend = wrapperspb.UInt64(1 << 62)
+	ask(g, s, huge)
+	_, held = s.Slots.Len()
+	g.Expect(held).To(Equal(1), "one stream-done call ends one request")
+
+	g.Expect(ask(g, s, slotDesc("slots", "a", false)).OverallCode).To(Equal(ok))
+	g.Expect(ask(g, s, slotDesc("slots", "a", false)).OverallCode).To(Equal(over)) // its call never comes
+	g.Expect(s.Slots.Owed()).To(Equal(1))
+	clk.Add(61 * time.Second)
+	ask(g, s, slotDesc("slots", "a", true))
+	g.Expect(s.Slots.Owed()).To(BeZero(), "a refusal owed past its lease is forgotten")
+	_, held = s.Slots.Len()
+	g.Expect(held).To(Equal(1), "so the call ended the oldest kept request's slot")
 }
