@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -72,6 +73,9 @@ const (
 	UnackedUnsupported = "unsupported"
 	// UnackedError: the server refused the wait (appendonly off, ACL) or did not answer it.
 	UnackedError = "error"
+	// UnackedBusy: as many pipelines as waitConcurrency allows were waiting already; the grant
+	// went without a wait rather than take a connection the other rules need.
+	UnackedBusy = "busy"
 )
 
 func (d Durability) valid() error {
@@ -93,7 +97,27 @@ func (d Durability) valid() error {
 
 // durabilityCounters count grants whose acknowledgement did not come, by reason.
 type durabilityCounters struct {
-	acked, timeout, unsupported, failed atomic.Uint64
+	acked, timeout, unsupported, failed, busy atomic.Uint64
+}
+
+// waitConcurrency is how many pipelines may wait for an acknowledgement at once: a quarter of
+// the connection pool (at least 1). A wait holds its connection up to its timeout: unbounded,
+// a lagging or missing replica would have the waits take every connection, and every rule of
+// the sidecar, durable or not, would wait for one and trip the breaker.
+func waitConcurrency(client redis.UniversalClient) int {
+	pool := 0
+	switch c := client.(type) {
+	case *redis.Client:
+		pool = c.Options().PoolSize
+	case *redis.ClusterClient:
+		pool = c.Options().PoolSize
+	case *redis.Ring:
+		pool = c.Options().PoolSize
+	}
+	if pool <= 0 {
+		pool = 10 * runtime.GOMAXPROCS(0) // go-redis's default
+	}
+	return max(pool/4, 1)
 }
 
 // waits is the strongest wait of each mode a pipeline's calls ask for.
@@ -225,6 +249,16 @@ func (l *Limiter) waitClient(ctx context.Context, batch []*call, w waits) (redis
 // execDurable runs cmds, the EVALSHAs of batch, followed by its waits, and records on each
 // granted call whether its grant was acknowledged.
 func (l *Limiter) execDurable(ctx context.Context, batch []*call, cmds []redis.Cmder) scripts.Counts {
+	select {
+	case l.waitSem <- struct{}{}:
+		defer func() { <-l.waitSem }()
+	default:
+		n := scripts.Exec(ctx, l.client, cmds, decisionScripts)
+		for _, call := range batch {
+			call.unacked = UnackedBusy
+		}
+		return n
+	}
 	w := waitsOf(batch)
 	c, err := l.waitClient(ctx, batch, w)
 	if err != nil {
@@ -259,6 +293,8 @@ func (l *Limiter) countAck(c *call) {
 		l.durability.timeout.Add(1)
 	case UnackedUnsupported:
 		l.durability.unsupported.Add(1)
+	case UnackedBusy:
+		l.durability.busy.Add(1)
 	default:
 		l.durability.failed.Add(1)
 	}

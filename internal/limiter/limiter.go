@@ -193,6 +193,8 @@ type Limiter struct {
 	// for a wait (durability.go).
 	durability  durabilityCounters
 	waitClients waitClients
+	// waitSem bounds the pipelines waiting for an acknowledgement at once (waitConcurrency).
+	waitSem chan struct{}
 }
 
 // New returns a Limiter over client. The client stays the caller's to close.
@@ -215,6 +217,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		clock:    newRedisClock(),
 		holdTag:  NewReplicaID(),
 		slotBook: newSlotBook(o.MaxSlots),
+		waitSem:  make(chan struct{}, waitConcurrency(client)),
 	}
 	l.wg.Go(l.slotRenewer)
 	if o.ReplicaID != "" {

@@ -66,7 +66,8 @@ type Stats struct {
 type UnackedGrants struct {
 	// Timeout: no acknowledgement within the timeout. Unsupported: the server does not know
 	// WAITAOF (before Redis 7.2). Error: the server refused the wait or did not answer it.
-	Timeout, Unsupported, Error uint64
+	// Busy: sent without a wait, as many waits as the pool allows running already.
+	Timeout, Unsupported, Error, Busy uint64
 }
 
 type counters struct {
@@ -120,7 +121,7 @@ func (l *Limiter) Stats() Stats {
 		GiveBackErrors:    l.stats.giveBackErrors.Load(),
 		AckedGrants:       l.durability.acked.Load(),
 		Unacked: UnackedGrants{Timeout: l.durability.timeout.Load(), Unsupported: l.durability.unsupported.Load(),
-			Error: l.durability.failed.Load()},
+			Error: l.durability.failed.Load(), Busy: l.durability.busy.Load()},
 		BreakerOpen: slices.ContainsFunc(shards, func(s ShardState) bool { return s.Open }),
 		Shards:      shards,
 	}

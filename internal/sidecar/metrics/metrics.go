@@ -330,7 +330,7 @@ var (
 	descGivenBack      = prometheus.NewDesc(ns+"_given_back_units_total", "Units a request's other rules counted and gave back because it was refused (a request counts in all the rules it matches or in none).", nil, nil)
 	descGiveBackErrors = prometheus.NewDesc(ns+"_give_back_errors_total", "Give-backs of a refused request's units that could not be made (Redis unreachable, its shard's breaker open): those units stay counted until their window ends.", nil, nil)
 	descAcked          = prometheus.NewDesc(ns+"_durability_acknowledged_total", "Grants of rules with durability that a replica (Replica) or the append-only file (AppendOnlyFile) acknowledged before they were answered.", nil, nil)
-	descUnacked        = prometheus.NewDesc(ns+"_durability_unacknowledged_total", "Grants of rules with durability answered without their acknowledgement, by reason: timeout (none within the rule's timeout), unsupported (WAITAOF before Redis 7.2), error (Redis refused the wait). They stand: the request was admitted.", []string{"reason"}, nil)
+	descUnacked        = prometheus.NewDesc(ns+"_durability_unacknowledged_total", "Grants of rules with durability answered without their acknowledgement, by reason: timeout (none within the rule's timeout), unsupported (WAITAOF before Redis 7.2), error (Redis refused the wait), busy (sent without a wait: a quarter of the Redis pool was waiting already). They stand: the request was admitted.", []string{"reason"}, nil)
 	descBreaker        = prometheus.NewDesc(ns+"_breaker_open", "1 while the Redis circuit breaker of some shard is open (see shard_breaker_open).", nil, nil)
 	descShardBreaker   = prometheus.NewDesc(ns+"_shard_breaker_open", "1 while the circuit breaker of a Redis shard is open, so that decisions of its keys go to the failure mode, by shard: a Redis Cluster master's address (the cluster's masters, and those a failover replaced until the next prune), all for a standalone Redis or a Sentinel group, other for keys of no known master.", []string{labelShard}, nil)
 	descFallback       = prometheus.NewDesc(ns+"_fallback_active", "1 while some shard's breaker is open and some enforced policy falls back to local limits.", nil, nil)
@@ -369,7 +369,7 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descGivenBack, prometheus.CounterValue, float64(s.GivenBackUnits))
 		ch <- prometheus.MustNewConstMetric(descGiveBackErrors, prometheus.CounterValue, float64(s.GiveBackErrors))
 		ch <- prometheus.MustNewConstMetric(descAcked, prometheus.CounterValue, float64(s.AckedGrants))
-		for reason, n := range map[string]uint64{limiter.UnackedTimeout: s.Unacked.Timeout, limiter.UnackedUnsupported: s.Unacked.Unsupported, limiter.UnackedError: s.Unacked.Error} {
+		for reason, n := range map[string]uint64{limiter.UnackedTimeout: s.Unacked.Timeout, limiter.UnackedUnsupported: s.Unacked.Unsupported, limiter.UnackedError: s.Unacked.Error, limiter.UnackedBusy: s.Unacked.Busy} {
 			ch <- prometheus.MustNewConstMetric(descUnacked, prometheus.CounterValue, float64(n), reason)
 		}
 		per := 0.0
