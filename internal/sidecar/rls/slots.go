@@ -58,10 +58,14 @@ func (s *Server) takeSlots(ctx context.Context, set *ruleset.Set, hits []slotHit
 	if err != nil || slots.Refused != nil {
 		return slots, nil, err
 	}
-	for _, k := range slots.Split() {
+	keyed := slots.Split()
+	for i, k := range keyed {
 		id, _, err := s.Slots.Put(k.Slots, k.Key)
 		if err != nil {
-			k.Slots.Release(ctx)
+			// No room: this key's slots and every later key's go back with those kept.
+			for _, rest := range keyed[i:] {
+				rest.Slots.Release(ctx)
+			}
 			s.dropSlots(ctx, ids)
 			return slots, nil, err
 		}

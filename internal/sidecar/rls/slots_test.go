@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
@@ -217,4 +218,18 @@ func TestEnvoyRefusedStreamDoneEndsNoRunningSlot(t *testing.T) {
 	g.Expect(s.Slots.Owed()).To(BeZero(), "a refusal owed past its lease is forgotten")
 	_, held = s.Slots.Len()
 	g.Expect(held).To(Equal(1), "so the call ended the oldest kept request's slot")
+}
+
+// A request whose slots the registry has no room to keep gives every one of them back, those
+// of keys after the one that did not fit included: none stays held, renewed, in the limiter.
+func TestEnvoySlotsWithoutRoomAllGoBack(t *testing.T) {
+	g := NewWithT(t)
+	s := slotServer(t, &clock{now: time.Now()})
+	s.Slots.Max = 1
+	resp := ask(g, s, slotDesc("slots", "a", false), slotDesc("slots", "b", false), slotDesc("slots", "c", false))
+	g.Expect(resp.OverallCode).To(Equal(over), "no room to keep the slots: refused")
+	entries, _ := s.Slots.Len()
+	g.Expect(entries).To(BeZero())
+	lim := s.Engine.Limiter.(*limiter.Limiter)
+	g.Expect(lim.SlotStats().Held).To(BeZero(), "a slot taken for the request stayed held")
 }
