@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,8 +32,10 @@ import (
 // coming and going would not hold anyway), and takes no holds (a rule with cost from the response
 // cannot have a calendar window yet: the API refuses it).
 
-// calendarSuffix names the state of a calendar window: <key>:cal:<period start, ms>. Apart from
-// every other algorithm's, so a rule moving to or from a calendar starts afresh.
+// calendarSuffix names the state of a calendar window: <key>:cal:<unit>:<period start, ms>.
+// Apart from every other algorithm's, so a rule moving to or from a calendar starts afresh; and
+// named by its unit, so a rule moving from months to days on the 1st (or to weeks starting
+// then) starts afresh too, instead of counting the month's units as the day's.
 const calendarSuffix = "cal"
 
 // errCalendarMiss is wrapped by the error of a calendar call whose periods did not hold Redis's
@@ -42,7 +45,7 @@ var errCalendarMiss = errors.New("redis's clock is in none of the calendar perio
 // limitKey is the state key of key under limit.
 func limitKey(key string, limit Limit) string {
 	if limit.Calendar != nil {
-		return key + ":" + calendarSuffix
+		return key + ":" + calendarSuffix + ":" + strings.ToLower(string(limit.Calendar.Spec().Unit))
 	}
 	return stateKey(key, limit.Algorithm)
 }

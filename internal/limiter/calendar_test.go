@@ -271,3 +271,22 @@ func TestCalendarPeek(t *testing.T) {
 		}
 	}
 }
+
+// TestCalendarUnitChangeStartsAfresh: a rule moved from months to days on the 1st, when both
+// periods start at the same instant, counts the day afresh, not with the month's units.
+func TestCalendarUnitChangeStartsAfresh(t *testing.T) {
+	s := startAt(t, "2028-03-01T00:30:00+01:00")
+	l := newLimiter(t, newClient(t, s.URL()), limiter.Options{})
+	key := uniqueKey(t)
+	month := calendarLimit(t, 5, calendar.Spec{Unit: calendar.Month, Zone: "Europe/Berlin"})
+	day := calendarLimit(t, 5, calendar.Spec{Unit: calendar.Day, Zone: "Europe/Berlin"})
+	for range 5 {
+		if r, err := l.Allow(context.Background(), key, month, 1); err != nil || !r.Allowed {
+			t.Fatalf("month: %+v, %v", r, err)
+		}
+	}
+	r, err := l.Allow(context.Background(), key, day, 1)
+	if err != nil || !r.Allowed || r.Remaining != 4 {
+		t.Fatalf("the first of the day after the month's 5: %+v, %v; want admitted with 4 remaining", r, err)
+	}
+}
