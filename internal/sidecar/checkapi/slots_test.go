@@ -3,7 +3,6 @@ package checkapi_test
 import (
 	"context"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,27 +14,9 @@ import (
 	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
-// clock is a settable clock for a registry's leases.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // slotHandler serves the decision API with a real limiter on a real Redis for policy "p": an
 // in-flight rule "slots" of 2 per X-Key, and the rules given. Its slots' leases run on clk.
-func slotHandler(t *testing.T, clk *clock, rules ...policydoc.Rule) *checkapi.Handler {
+func slotHandler(t *testing.T, clk *sidecartest.Clock, rules ...policydoc.Rule) *checkapi.Handler {
 	t.Helper()
 	sidecartest.AwayFromDayEnd(t)
 	doc := sidecartest.DocumentRules("ns", "p", "web", append([]policydoc.Rule{sidecartest.InFlightRule("slots", "x-key", 2)}, rules...)...)
@@ -47,7 +28,7 @@ const checkA = `{"method":"GET","path":"/","headers":{"X-Key":"a"}}`
 
 func TestCheckAcquiresRenewsAndReleasesSlots(t *testing.T) {
 	g := NewWithT(t)
-	clk := &clock{now: time.Now()}
+	clk := sidecartest.NewClock(time.Now())
 	h := slotHandler(t, clk)
 
 	first := answer(g, h, checkA, 200)
@@ -95,7 +76,7 @@ func TestCheckAcquiresRenewsAndReleasesSlots(t *testing.T) {
 // admits again; one that renews keeps it.
 func TestCheckSlotLeaseRunsOut(t *testing.T) {
 	g := NewWithT(t)
-	clk := &clock{now: time.Now()}
+	clk := sidecartest.NewClock(time.Now())
 	h := slotHandler(t, clk)
 	kept := answer(g, h, checkA, 200).Slot
 	abandoned := answer(g, h, checkA, 200).Slot
@@ -116,7 +97,7 @@ func TestCheckSlotLeaseRunsOut(t *testing.T) {
 // in no rule per window.
 func TestCheckSlotsAndWindowsDecideAsOne(t *testing.T) {
 	g := NewWithT(t)
-	h := slotHandler(t, &clock{now: time.Now()}, sidecartest.WindowRule("daily", "x-key", 3))
+	h := slotHandler(t, sidecartest.NewClock(time.Now()), sidecartest.WindowRule("daily", "x-key", 3))
 	a := answer(g, h, checkA, 200)
 	b := answer(g, h, checkA, 200)
 	g.Expect(a.Slot).NotTo(BeNil())
@@ -147,7 +128,7 @@ func TestCheckSlotsAndWindowsDecideAsOne(t *testing.T) {
 // refused for want of a slot holds nothing of the budget.
 func TestCheckTokenBudgetWithInFlight(t *testing.T) {
 	g := NewWithT(t)
-	h := slotHandler(t, &clock{now: time.Now()}, sidecartest.BudgetRule("tokens", "x-key", "FixedWindow", 1_000, 100, 10, policydoc.OnErrorUsed))
+	h := slotHandler(t, sidecartest.NewClock(time.Now()), sidecartest.BudgetRule("tokens", "x-key", "FixedWindow", 1_000, 100, 10, policydoc.OnErrorUsed))
 	reserve := `{"method":"POST","path":"/v1/chat","headers":{"X-Key":"a"},"reserve":{"prompt":100,"maxOutput":200}}`
 	var slots []string
 	for range 2 {
@@ -175,7 +156,7 @@ func TestCheckTokenBudgetWithInFlight(t *testing.T) {
 // A registry with no room refuses the check with 503 and Retry-After, and the slot goes back.
 func TestCheckSlotRegistryFull(t *testing.T) {
 	g := NewWithT(t)
-	h := slotHandler(t, &clock{now: time.Now()})
+	h := slotHandler(t, sidecartest.NewClock(time.Now()))
 	h.Slots.Max = 1
 	g.Expect(answer(g, h, checkA, 200).Slot).NotTo(BeNil())
 	rec := do(h, http.MethodPost, checkA)

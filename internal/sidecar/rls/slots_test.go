@@ -2,7 +2,6 @@ package rls_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,26 +17,9 @@ import (
 	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // slotServer is the service with a real limiter on a real Redis, for policy "p": an in-flight
 // rule "slots" of 2 per user, and the rules given. Envoy's slots are kept a minute on clk.
-func slotServer(t *testing.T, clk *clock, rules ...policydoc.Rule) *rls.Server {
+func slotServer(t *testing.T, clk *sidecartest.Clock, rules ...policydoc.Rule) *rls.Server {
 	t.Helper()
 	sidecartest.AwayFromDayEnd(t)
 	doc := sidecartest.DocumentRules("ns", "p", "web", append([]policydoc.Rule{sidecartest.InFlightRule("slots", "x-user", 2)}, rules...)...)
@@ -74,7 +56,7 @@ const ok, over = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
 // descriptor with negative hits at stream done gives the oldest back.
 func TestEnvoyInFlightDescriptors(t *testing.T) {
 	g := NewWithT(t)
-	s := slotServer(t, &clock{now: time.Now()})
+	s := slotServer(t, sidecartest.NewClock(time.Now()))
 
 	first := ask(g, s, slotDesc("slots", "a", false))
 	g.Expect(first.OverallCode).To(Equal(ok))
@@ -114,7 +96,7 @@ func TestEnvoyInFlightDescriptors(t *testing.T) {
 // An Envoy that never sends its stream-done call holds its slots one lease at most.
 func TestEnvoySlotsOfAnEnvoyThatNeverComesBack(t *testing.T) {
 	g := NewWithT(t)
-	clk := &clock{now: time.Now()}
+	clk := sidecartest.NewClock(time.Now())
 	s := slotServer(t, clk)
 	ask(g, s, slotDesc("slots", "a", false))
 	ask(g, s, slotDesc("slots", "a", false))
@@ -130,7 +112,7 @@ func TestEnvoySlotsOfAnEnvoyThatNeverComesBack(t *testing.T) {
 // taken; refused for want of a slot, the window counts nothing.
 func TestEnvoySlotsAndWindowsDecideAsOne(t *testing.T) {
 	g := NewWithT(t)
-	s := slotServer(t, &clock{now: time.Now()}, sidecartest.WindowRule("daily", "x-user", 3))
+	s := slotServer(t, sidecartest.NewClock(time.Now()), sidecartest.WindowRule("daily", "x-user", 3))
 	both := func(done bool) *rlsv3.RateLimitResponse {
 		return ask(g, s, slotDesc("daily", "a", done), slotDesc("slots", "a", done))
 	}
@@ -159,7 +141,7 @@ func TestEnvoySlotsAndWindowsDecideAsOne(t *testing.T) {
 // request refused for want of it holds nothing of the budget.
 func TestEnvoyTokenBudgetWithInFlight(t *testing.T) {
 	g := NewWithT(t)
-	s := slotServer(t, &clock{now: time.Now()}, sidecartest.BudgetRule("tokens", "x-user", "FixedWindow", 1_000, 100, 1, policydoc.OnErrorUsed))
+	s := slotServer(t, sidecartest.NewClock(time.Now()), sidecartest.BudgetRule("tokens", "x-user", "FixedWindow", 1_000, 100, 1, policydoc.OnErrorUsed))
 	start := func() *rlsv3.RateLimitResponse {
 		return ask(g, s, slotDesc("tokens", "a", false), slotDesc("slots", "a", false))
 	}
@@ -190,7 +172,7 @@ func TestEnvoyTokenBudgetWithInFlight(t *testing.T) {
 // hits_addend; and a refusal whose call never comes is forgotten after one lease.
 func TestEnvoyRefusedStreamDoneEndsNoRunningSlot(t *testing.T) {
 	g := NewWithT(t)
-	clk := &clock{now: time.Now()}
+	clk := sidecartest.NewClock(time.Now())
 	s := slotServer(t, clk)
 	admitted := 0
 	for range 10 { // none of the admitted requests ends
@@ -224,7 +206,7 @@ func TestEnvoyRefusedStreamDoneEndsNoRunningSlot(t *testing.T) {
 // of keys after the one that did not fit included: none stays held, renewed, in the limiter.
 func TestEnvoySlotsWithoutRoomAllGoBack(t *testing.T) {
 	g := NewWithT(t)
-	s := slotServer(t, &clock{now: time.Now()})
+	s := slotServer(t, sidecartest.NewClock(time.Now()))
 	s.Slots.Max = 1
 	resp := ask(g, s, slotDesc("slots", "a", false), slotDesc("slots", "b", false), slotDesc("slots", "c", false))
 	g.Expect(resp.OverallCode).To(Equal(over), "no room to keep the slots: refused")
