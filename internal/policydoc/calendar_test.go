@@ -1,8 +1,6 @@
 package policydoc
 
 import (
-	"bytes"
-	"encoding/json"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -74,9 +72,4 @@ type (
 	}
 )
 
-func parsePrevCalendar(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var doc prevCalendarDocument
-	return dec.Decode(&doc)
-}
+func parsePrevCalendar(data []byte) error { return decodeAs[prevCalendarDocument](data) }

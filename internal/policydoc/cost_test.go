@@ -1,8 +1,6 @@
 package policydoc
 
 import (
-	"bytes"
-	"encoding/json"
 	"strings"
 	"testing"
 
@@ -166,12 +164,7 @@ type (
 	}
 )
 
-func parsePrevCost(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var doc prevCostDocument
-	return dec.Decode(&doc)
-}
+func parsePrevCost(data []byte) error { return decodeAs[prevCostDocument](data) }
 
 func TestCheckCostHeader(t *testing.T) {
 	g := NewWithT(t)
@@ -239,9 +232,4 @@ type (
 	}
 )
 
-func parsePrevRefused(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var doc prevRefusedDocument
-	return dec.Decode(&doc)
-}
+func parsePrevRefused(data []byte) error { return decodeAs[prevRefusedDocument](data) }

@@ -131,12 +131,7 @@ type (
 )
 
 // parsePrev decodes as the previous release's sidecar does: strictly.
-func parsePrev(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var doc prevDocument
-	return dec.Decode(&doc)
-}
+func parsePrev(data []byte) error { return decodeAs[prevDocument](data) }
 
 // TestPreviousSidecarReadsPrefixRulesAndRefusesExactOnes: a document whose paths are all
 // prefixes keeps the previous release's shape, so a sidecar not yet upgraded loads it; one
@@ -254,9 +249,13 @@ type (
 	}
 )
 
-func parsePrevInFlight(data []byte) error {
+func parsePrevInFlight(data []byte) error { return decodeAs[prevInFlightDocument](data) }
+
+// decodeAs decodes data as a document of the shape T, refusing fields T does not know: as a
+// sidecar of the release whose document T is would read it.
+func decodeAs[T any](data []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var doc prevInFlightDocument
+	var doc T
 	return dec.Decode(&doc)
 }
