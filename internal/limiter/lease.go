@@ -363,7 +363,20 @@ func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 		case r := <-ls.returns:
 			args := []any{r.window.Milliseconds(), r.windowStart, r.units}
 			if ls.shares != nil {
+				// The units leave the share before the call, as a settle's and a give-back's
+				// do: a decision of this key in flight that read the share before would
+				// otherwise find Redis short of it once they went back, restore them and hold
+				// every grant of the key for a heartbeat (a reload that changes the rule
+				// returns every lease at once). The call says what this replica knew before
+				// its own lowering, stamped, and the script writes the stamp.
+				ls.shares.lower(r.key, r.window, r.windowStart, r.units)
 				start, cur, prev, lv := ls.shares.known(r.key)
+				switch {
+				case start == r.windowStart:
+					cur += r.units
+				case start == r.windowStart+r.window.Milliseconds():
+					prev += r.units
+				}
 				args = append(args, ls.shares.id, start, cur, prev, lv)
 			}
 			cmds = append(cmds, scripts.EvalSha(ctx, scripts.LeaseReturn(), []string{r.key}, args...))
@@ -378,15 +391,23 @@ func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 		}
 		scripts.Exec(ctx, client, cmds, []scripts.Script{scripts.LeaseReturn()})
 		for i, cmd := range cmds {
-			vals, err := cmd.(*redis.Cmd).Int64Slice()
-			if err != nil || len(vals) != 2 || ls.shares == nil {
-				continue
+			if ls.shares == nil {
+				break
 			}
 			r := sent[i]
-			if vals[0] > 0 {
-				ls.shares.add(r.key, "", r.window, 0, r.windowStart, -vals[0])
+			vals, err := cmd.(*redis.Cmd).Int64Slice()
+			ok := err == nil && len(vals) == 2 && vals[0] >= 0 && vals[0] <= r.units
+			var back int64
+			if ok {
+				back = vals[0]
 			}
-			if vals[1] > 0 && ls.onRestore != nil {
+			// What did not go back (an ended window, units this Redis never counted, an error
+			// that may have come after the script ran) is in the share again: a share above
+			// Redis's count only ever under-admits.
+			if back < r.units {
+				ls.shares.add(r.key, "", r.window, 0, r.windowStart, r.units-back)
+			}
+			if ok && vals[1] > 0 && ls.onRestore != nil {
 				ls.onRestore(r.key, vals[1])
 			}
 		}

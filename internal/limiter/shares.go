@@ -42,9 +42,11 @@ type shares struct {
 	// they are due by.
 	holds *holdTable
 	now   func() time.Time
-	// lowerings counts the lowerings of any share that Redis is told of (a settle giving units
-	// back), each made under its key's lock, so that a call's stamp (known) orders it against
-	// them (see shares_open.lua).
+	// lowerings counts the lowerings of any share that Redis is told of (a settle, a give-back
+	// or a lease's return giving units back), each made under its key's lock, so that a call's
+	// stamp (known) orders it against them (see shares_open.lua). It starts at 1: a call read
+	// before a replica's first lowering is stamped too, and a call stamped 0 (none) reads no
+	// stamp, which would let it take that lowering for a loss.
 	lowerings atomic.Int64
 }
 
@@ -75,6 +77,7 @@ func NewReplicaID() string {
 func newShares(id string, size int, hold time.Duration, maxHolds int, now func() time.Time) *shares {
 	s := &shares{id: id, size: int64(size), hold: hold, seed: maphash.MakeSeed(), idArg: id, holdArg: hold.Milliseconds(), noHold: int64(0),
 		holds: newHoldTable(maxHolds), now: now}
+	s.lowerings.Store(1)
 	for i := range s.shards {
 		s.shards[i].m = map[string]*share{}
 	}
@@ -87,8 +90,7 @@ func (s *shares) shard(key string) *shareShard {
 
 // known returns what this replica knows it was granted of key: units in the window starting at
 // start (ms), and in the one before, and the stamp lv of that knowledge: the lowerings so far,
-// 0 in a replica that never lowered a share, whose calls then cost Redis nothing more (see
-// shares_open.lua).
+// from 1 (see shares_open.lua).
 func (s *shares) known(key string) (start, cur, prev, lv int64) {
 	s.lapse()
 	sh := s.shard(key)

@@ -121,6 +121,26 @@ func TestSharesScripts(t *testing.T) {
 		g.Expect(count(g, key, "c")).To(BeEquivalentTo(20))
 	})
 
+	t.Run("a decision that read a share before its lease went back restores nothing", func(t *testing.T) {
+		g := NewWithT(t)
+		key := uniqueKey(t) + ":swc"
+		ret := scripts.LeaseReturn()
+		r := grant(g, key, 30, "a", 0, 0, 0)
+		start := r[4] / 1000 / window * window
+		// a lowers its share of 30 by the 10 it returns (stamp 2) and says what it knew before.
+		g.Expect(run(g, ret, key, window, start, 10, "a", start, 30, 0, 2)).To(Equal([]int64{10, 0}))
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(20))
+		// A decision of a that read its share (30) before the lowering (stamp 1) runs after the
+		// return: Redis is not short of anything, and the decision restores nothing.
+		r = run(g, fw, key, 100, window, 1, 0, 1, "a", start, 30, 0, 3000, 0, 1)
+		g.Expect(r[6]).To(BeZero(), "nothing restored")
+		g.Expect(r[2]).NotTo(BeEquivalentTo(-3), "no hold")
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(21))
+		// One that read it after (stamp 2, 20 + the 1 just granted) restores nothing either.
+		g.Expect(run(g, fw, key, 100, window, 1, 0, 1, "a", start, 21, 0, 3000, 0, 2)[6]).To(BeZero())
+		g.Expect(count(g, key, "c")).To(BeEquivalentTo(22))
+	})
+
 	t.Run("a new window drops dead replicas' fields, but never scans a stuffed state", func(t *testing.T) {
 		for _, dead := range []int{40, 200} {
 			g := NewWithT(t)

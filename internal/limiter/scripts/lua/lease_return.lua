@@ -4,7 +4,8 @@
 -- ARGV[1] window (ms), ARGV[2] the window's start (ms on Redis's clock, as the grant said),
 -- ARGV[3] units, ARGV[4] the replica's id ('' keeps no share), ARGV[5] the start of the window
 -- ARGV[6] is the replica's known share of (units returned included), ARGV[7] its share of the
--- window before, ARGV[8] its count of lowerings when it read them (see shares_open.lua).
+-- window before, ARGV[8] its count of lowerings when it read them, its own lowering for this
+-- return included, which a return that gives units back writes as ~<id> (see shares_open.lua).
 -- Returns {returned, restored}: returned is 0 when that window has ended (its units ended with
 -- it). A replica gives back only what this Redis holds of its share, once restored: units leased
 -- from a master that is gone, and never counted here, are never taken off a count here.
@@ -36,4 +37,9 @@ if id ~= '' then
 end
 local add = -n
 --!include shares_close.lua
+-- The replica lowered its share before this call (see lease.go): a decision that read the share
+-- before then, and runs after this, must not take the units that went back for a loss.
+if n > 0 and id ~= '' and lv > 0 and lv <= 1e15 and lv == math.floor(lv) and (tonumber(h[5]) or 0) < lv then
+  redis.call('HSET', key, '~' .. id, lv)
+end
 return {n, restored}

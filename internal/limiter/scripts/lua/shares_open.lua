@@ -21,13 +21,13 @@
 -- older one: then the field says what of its k-1 share reached this Redis. Once the replica
 -- writes in window k here, its field names k and p is its concern no longer.
 --
--- Lowerings: a settle that gives units back lowers the replica's share here and in the replica;
--- a call of the same replica that read its share before that, and runs after it, would find
--- this Redis short of what it knows and restore what went back. So a replica that lowered a
--- key's share stamps each call with lv, its count of lowerings when it read the share (0: it
--- never lowered this key's share), and a lowering writes its own stamp in the field ~<id>: a
--- call stamped before the last lowering here restores nothing (its knowledge is older than
--- this Redis's, which is complete up to that lowering: replication is in order).
+-- Lowerings: a settle, a give-back or a lease's return that gives units back lowers the
+-- replica's share here and in the replica; a call of the same replica that read its share
+-- before that, and runs after it, would find this Redis short of what it knows and restore what
+-- went back. So a replica stamps each call with lv, its count of lowerings when it read the
+-- share (from 1; 0: the caller keeps no stamps), and a lowering writes its own stamp in the
+-- field ~<id>: a call stamped before the last lowering here restores nothing (its knowledge is
+-- older than this Redis's, which is complete up to that lowering: replication is in order).
 --
 -- In: key, window, start (of the current window, ms on Redis's clock), now (ms), cost (0: the
 -- call only restores and never waits), and the replica's part: id ('' keeps no share), lv, ms (the
