@@ -59,13 +59,15 @@ const (
 	// binary's, so a change of either fails here until the suite is looked at again.
 	checkInterval = time.Second
 	tenantACL     = "auto"
-	// reactionBound is how long after Redis has a master again the failure mode may go on
-	// deciding under the manager: a generous bound against a manager that does not react (one
-	// that never set a restarted node's user again went on for the rest of the window), not a
-	// measure of speed. Measured under this suite's load: 0.2-1.3s on the hot keys, up to 3.5s
-	// on the spread keys of 10 sidecars, and 1.7-2.2s on a cluster, as much in the control
-	// (the sidecars' own following of the switch); the manager reacts within a check interval.
-	reactionBound = 10 * checkInterval
+	// reactionBound is how long after every sidecar decides from Redis again and a restored
+	// share's hold is over the failure mode may go on making most decisions under the manager:
+	// a margin against a manager that does not react (one that never set a restarted node's
+	// user again went on for the rest of the window), not a measure of speed. Measured under
+	// this suite's load: the failure mode's last decision 0.2-1.3s after the switch on the hot
+	// keys, up to 3.5s on the spread keys of 10 sidecars (their holds begin as each key comes
+	// round again), and 1.7-2.2s on a cluster, as much in the control (the sidecars' own
+	// following of the switch); the manager reacts within a check interval.
+	reactionBound = 2 * checkInterval
 )
 
 // hotRules are measured on one hot key; spreadRules over keys keys.
@@ -153,9 +155,8 @@ func checkWindow(t *testing.T, c *failover.Cell) {
 		t.Errorf("the sidecars decided from Redis again %.1fs after the kill (0: one never did); want within %s",
 			c.Decided.Seconds(), decideBound)
 	}
-	if c.Auth == failover.TenantACL && c.ClosedAfterSwitchAll() > reactionBound {
-		t.Errorf("the failure mode decided until %.1fs after Redis had a master again (%.1fs after the kill): want within %s, the manager's reaction at a %s check interval",
-			c.ClosedAfterSwitchAll().Seconds(), c.Switch.Seconds(), reactionBound, checkInterval)
+	if c.Auth == failover.TenantACL {
+		checkFailureModeEnded(t, c)
 	}
 	var restored float64
 	for _, v := range c.Restored {
@@ -163,6 +164,32 @@ func checkWindow(t *testing.T, c *failover.Cell) {
 	}
 	if restored == 0 {
 		t.Errorf("no sidecar restored a unit (redline_sidecar_restored_units_total): Redis lost nothing, or the sidecars did not notice")
+	}
+}
+
+// checkFailureModeEnded asserts that the manager reacted: once every sidecar decides from
+// Redis again and a restored share's hold (a heartbeat interval and a second) is over, plus
+// reactionBound, no sidecar's failure mode makes most of its decisions any more. A manager that
+// never set a restarted node's user or scripts again leaves the failure mode deciding nearly
+// all of them to the window's end. A share, not the last failure-mode decision: on a loaded
+// machine a Redis call past the chart's 50ms timeout, or a breaker it opens for a second, makes
+// a failure-mode decision at any time, Redis or no Redis. When the window ends first there is
+// nothing to weigh, and the cell says so.
+func checkFailureModeEnded(t *testing.T, c *failover.Cell) {
+	t.Helper()
+	from := max(c.Decided, c.Switch) + heartbeat + time.Second + reactionBound
+	for s := range c.AfterKill {
+		share, over := c.DegradedShare(s, from)
+		if over < time.Second {
+			t.Logf("sidecar %d: the demand ended %.1fs after %.1fs from the kill: too soon to weigh the failure mode's share",
+				s, over.Seconds(), from.Seconds())
+			continue
+		}
+		t.Logf("sidecar %d: the failure mode made %.1f%% of the decisions from %.1fs after the kill (%.1fs)", s, 100*share, from.Seconds(), over.Seconds())
+		if share >= 0.5 {
+			t.Errorf("sidecar %d: the failure mode made %.0f%% of its decisions from %.1fs after the kill (Redis had a master again after %.1fs, every sidecar decided from it after %.1fs): want under half, the manager's reaction at a %s check interval",
+				s, 100*share, from.Seconds(), c.Switch.Seconds(), c.Decided.Seconds(), checkInterval)
+		}
 	}
 }
 

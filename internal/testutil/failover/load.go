@@ -30,6 +30,9 @@ type Cell struct {
 	// ClosedBySidecar is, for each sidecar, from the kill until the last decision its failure
 	// mode made for any rule (0: none after the kill).
 	ClosedBySidecar []time.Duration
+	// AfterKill is, for each sidecar, its decisions after the kill in slices of Slice: how
+	// many, and how many the failure mode made (DegradedShare reads them).
+	AfterKill [][]SliceCount
 	// RestoredIn is from the kill until every sidecar's redline_sidecar_restored_units_total
 	// had risen (measured by the restart cell only; 0 elsewhere).
 	RestoredIn time.Duration
@@ -59,6 +62,31 @@ type RuleResult struct {
 	Closed time.Duration
 }
 
+// Slice is the length of one AfterKill slice.
+const Slice = 100 * time.Millisecond
+
+// SliceCount is one sidecar's decisions in one Slice after the kill.
+type SliceCount struct{ Decisions, Degraded int64 }
+
+// DegradedShare is the share of sidecar s's decisions from `from` after the kill to the end of
+// the demand that its failure mode made, and how long that stretch was (0, 0 when the demand
+// ended before from). A failure mode that goes on deciding after Redis is back decides most
+// of them; a stray timeout on a loaded machine (the chart's 50ms Redis timeout) a few.
+func (c *Cell) DegradedShare(s int, from time.Duration) (float64, time.Duration) {
+	var n, d int64
+	var last int
+	for i, sc := range c.AfterKill[s] {
+		if time.Duration(i)*Slice < from || sc.Decisions == 0 {
+			continue
+		}
+		n, d, last = n+sc.Decisions, d+sc.Degraded, i
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	return float64(d) / float64(n), time.Duration(last+1)*Slice - from
+}
+
 // load is the demand of one window: Concurrency callers, round-robin over the fleet's
 // sidecars, the cell's rules and each rule's keys, counting every decision by key.
 type load struct {
@@ -72,9 +100,11 @@ type load struct {
 	degraded []atomic.Int64
 	closedNs []atomic.Int64 // by rule (of rules): ns from the kill to the failure mode's last decision
 	closedBy []atomic.Int64 // the same by sidecar
-	killedAt atomic.Int64   // unix ns of the kill, 0 before
-	next     atomic.Int64
-	keyNext  []atomic.Int64 // by rule (of rules)
+	// afterKill is by sidecar, by Slice after the kill: decisions and those of the failure mode.
+	afterKill [][][2]atomic.Int64
+	killedAt  atomic.Int64 // unix ns of the kill, 0 before
+	next      atomic.Int64
+	keyNext   []atomic.Int64 // by rule (of rules)
 
 	probeKeys []string
 	probeNext atomic.Int64
@@ -91,7 +121,12 @@ func (e *Env) newLoad(f *Fleet, rules []int, hotKeys map[string]string, probeKey
 		admitted: make([][]atomic.Int64, len(rules)), demand: make([][]atomic.Int64, len(rules)),
 		degraded: make([]atomic.Int64, len(rules)), closedNs: make([]atomic.Int64, len(rules)),
 		decided: make([]atomic.Int64, len(f.Checks)), closedBy: make([]atomic.Int64, len(f.Checks)),
-		keyNext: make([]atomic.Int64, len(rules))}
+		keyNext: make([]atomic.Int64, len(rules)), afterKill: make([][][2]atomic.Int64, len(f.Checks))}
+	for s := range l.afterKill {
+		// The demand never runs past the window (or Tail past the drive, within the cell's
+		// own bound of two windows and a margin).
+		l.afterKill[s] = make([][2]atomic.Int64, (2*e.o.Window+90*time.Second)/Slice)
+	}
 	for i, ri := range rules {
 		l.admitted[i] = make([]atomic.Int64, e.o.Rules[ri].Keys)
 		l.demand[i] = make([]atomic.Int64, e.o.Rules[ri].Keys)
@@ -149,21 +184,32 @@ func (l *load) record(s, ri, k int, r checkapi.Response) {
 	if r.Allowed {
 		l.admitted[ri][k].Add(1)
 	}
-	if len(r.Results) == 0 {
-		return
+	degraded := len(r.Results) > 0
+	if degraded {
+		switch r.Results[0].Source {
+		case "redis", "precheck", "lease":
+			degraded = false
+		}
 	}
-	switch r.Results[0].Source {
-	case "redis", "precheck", "lease":
-		return
+	if degraded {
+		l.degraded[ri].Add(1)
 	}
-	l.degraded[ri].Add(1)
 	killedAt := l.killedAt.Load()
 	if killedAt == 0 {
 		return
 	}
+	d := time.Now().UnixNano() - killedAt
+	if i := d / int64(Slice); i < int64(len(l.afterKill[s])) {
+		l.afterKill[s][i][0].Add(1)
+		if degraded {
+			l.afterKill[s][i][1].Add(1)
+		}
+	}
+	if !degraded {
+		return
+	}
 	// The last decision the failure mode made after the kill is when the last sidecar stopped
 	// refusing.
-	d := time.Now().UnixNano() - killedAt
 	raise(&l.closedNs[ri], d)
 	raise(&l.closedBy[s], d)
 }
@@ -354,6 +400,11 @@ func (e *Env) measure(ctx context.Context, f *Fleet, l *load, c *Cell, rules []i
 	c.Decided = l.decidedAll()
 	for i := range l.closedBy {
 		c.ClosedBySidecar = append(c.ClosedBySidecar, time.Duration(l.closedBy[i].Load()))
+		slices := make([]SliceCount, len(l.afterKill[i]))
+		for j := range slices {
+			slices[j] = SliceCount{Decisions: l.afterKill[i][j][0].Load(), Degraded: l.afterKill[i][j][1].Load()}
+		}
+		c.AfterKill = append(c.AfterKill, slices)
 	}
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
