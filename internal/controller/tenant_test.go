@@ -118,9 +118,13 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 			alloc := after.TotalAlloc - before.TotalAlloc
 			AddReportEntry("allocated in the manager's process over the rounds", fmt.Sprintf("%.1f MiB", float64(alloc)/(1<<20)))
 			GinkgoWriter.Printf("%d rounds of a tenant's document: %.1f MiB allocated in this process\n", rounds, float64(alloc)/(1<<20))
-			// This process also writes the document three times (a few MiB each way); the
-			// manager used to spend hundreds of MiB on each round.
-			Expect(alloc).To(BeNumerically("<", 64<<20))
+			// The whole process is measured: the test itself writes and reads the document
+			// (a few MiB each way, more the more often a loaded machine has it retry and
+			// poll), and the suite's other controllers run beside it. Measured 21 MiB a round
+			// on a quiet machine and 34 MiB at a load average of 25; the manager that decoded
+			// what the tenant wrote spent 275 MiB a round on the 1 MB plain document and
+			// 1,059 MiB on the gzip one. A bound per round between the two.
+			Expect(alloc/rounds).To(BeNumerically("<", 64<<20), "allocated per round")
 
 			doc, _ := document(Default, ctx, ns)
 			Expect(doc.Hash).To(Equal(hash))

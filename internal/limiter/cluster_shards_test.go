@@ -127,9 +127,12 @@ func TestClusterShardOutageKeepsTheOtherShardsOnRedis(t *testing.T) {
 	}{{"leases off", -1, limiter.SlidingWindowCounter}, {"leases on", 2 * time.Second, limiter.FixedWindow}} {
 		t.Run(c.name, func(t *testing.T) {
 			g := NewWithT(t)
+			// Timeouts far above a healthy call's on a loaded machine: a healthy shard's call
+			// that timed out would open its breaker for a reason other than the frozen shard.
+			// Only the frozen master's calls reach them (a probe a breaker period).
 			client, err := redisconn.NewClient(cl.URL(), redisconn.Options{
-				ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond,
-				DialTimeout: 200 * time.Millisecond, PoolTimeout: time.Second,
+				ReadTimeout: time.Second, WriteTimeout: time.Second,
+				DialTimeout: time.Second, PoolTimeout: 5 * time.Second,
 			})
 			g.Expect(err).NotTo(HaveOccurred())
 			t.Cleanup(func() { _ = client.Close() })
