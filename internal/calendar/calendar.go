@@ -1,19 +1,25 @@
 // Package calendar computes the periods of calendar windows: days, weeks and months in a named
 // time zone, whose lengths vary (a day of a DST change is 23 or 25 hours, a month 28 to 31
 // days). Every replica computes the same boundaries for the same instant from the zone data
-// its binary embeds (time/tzdata), so the boundaries need no coordination: the limiter names a
-// period's Redis key by its start, and Redis's clock picks the period (see package limiter).
+// its binary embeds (zoneinfo_zip.go, never the image's own), so the boundaries need no
+// coordination: the limiter names a period's Redis key by its start, and Redis's clock picks
+// the period (see package limiter).
 //
 // The package imports nothing of Kubernetes: the controller validates with it, the policies
 // document checks with it, the sidecar decides with it.
 package calendar
 
 import (
+	"archive/zip"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
+	"sync"
 	"time"
-	_ "time/tzdata" // every binary that decides carries the same zone data, whatever its image holds
 )
+
+//go:generate go run mkzoneinfo.go
 
 // Unit is the length of a calendar period. The values match the API's enum.
 type Unit string
@@ -83,10 +89,61 @@ func LoadZone(name string) (*time.Location, error) {
 	case name == "Local":
 		return nil, fmt.Errorf("%w: time zone Local differs between machines; name the zone, such as Europe/Berlin", ErrInvalid)
 	}
-	loc, err := time.LoadLocation(name)
+	loc, err := zones().load(name)
 	if err != nil {
 		return nil, fmt.Errorf("%w: unknown time zone %q (an IANA name such as Europe/Berlin or America/New_York)", ErrInvalid, name)
 	}
+	return loc, nil
+}
+
+// zoneData is the embedded zone data: its entries by name, and the zones loaded so far (at
+// most one per entry, so the cache is bounded by the data, whatever names are asked for).
+type zoneData struct {
+	files  map[string]*zip.File
+	mu     sync.Mutex
+	loaded map[string]*time.Location
+}
+
+// zones reads the embedded data's directory once. time.LoadLocation is not used: it prefers
+// $ZONEINFO and the image's /usr/share/zoneinfo to the embedded copy, and replicas built into
+// images with other zone data would disagree on the boundaries of a zone whose rules changed.
+var zones = sync.OnceValue(func() *zoneData {
+	r, err := zip.NewReader(strings.NewReader(zoneinfoZip), int64(len(zoneinfoZip)))
+	if err != nil {
+		panic(fmt.Sprintf("calendar: the embedded zone data: %v", err)) // generated: cannot happen
+	}
+	z := &zoneData{files: make(map[string]*zip.File, len(r.File)), loaded: map[string]*time.Location{}}
+	for _, f := range r.File {
+		z.files[f.Name] = f
+	}
+	return z
+})
+
+// load returns the zone named name, from the cache or the data.
+func (z *zoneData) load(name string) (*time.Location, error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if loc, ok := z.loaded[name]; ok {
+		return loc, nil
+	}
+	f, ok := z.files[name]
+	if !ok || f.UncompressedSize64 > 1<<20 {
+		return nil, errors.New("no such zone")
+	}
+	rc, err := f.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	loc, err := time.LoadLocationFromTZData(name, data)
+	if err != nil {
+		return nil, err
+	}
+	z.loaded[name] = loc
 	return loc, nil
 }
 
