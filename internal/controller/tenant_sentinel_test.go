@@ -17,6 +17,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -165,7 +166,7 @@ var _ = Describe("Tenant Redis users with Sentinel", func() {
 		defer lim.Close()
 		limit := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1000, Window: time.Minute, FailureMode: limiter.FailureModeClosed}
 		decide := func() limiter.Source {
-			r, err := lim.Allow(ctx, limiter.Key(ns, "p", "r", "k"), limit, 1)
+			r, err := lim.Allow(ctx, keyscheme.Key(ns, "p", "r", "k"), limit, 1)
 			Expect(err).NotTo(HaveOccurred())
 			return r.Source
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/calendar"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -59,7 +60,7 @@ const benchKeys = 1024
 func benchKeyNames(prefix string) []string {
 	keys := make([]string, benchKeys)
 	for i := range keys {
-		keys[i] = limiter.Key("bench", prefix, "rule", fmt.Sprint(i))
+		keys[i] = keyscheme.Key("bench", prefix, "rule", fmt.Sprint(i))
 	}
 	return keys
 }

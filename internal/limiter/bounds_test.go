@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 )
 
@@ -172,7 +173,7 @@ func BenchmarkSlowestScriptCall(b *testing.B) {
 	full := func(b *testing.B, window time.Duration) string {
 		b.Helper()
 		// Fill a log as the script would, one member per request of cost 1, in one pipeline.
-		key := limiter.Key("bench", "slowest", b.Name(), strconv.FormatInt(time.Now().UnixNano(), 10))
+		key := keyscheme.Key("bench", "slowest", b.Name(), strconv.FormatInt(time.Now().UnixNano(), 10))
 		now, err := c.Time(ctx).Result()
 		if err != nil {
 			b.Fatal(err)
@@ -208,7 +209,7 @@ func BenchmarkSlowestScriptCall(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer l.Close()
-			key := limiter.Key("bench", "slowest", tc.name)
+			key := keyscheme.Key("bench", "slowest", tc.name)
 			if tc.key != nil {
 				key = tc.key(b)
 				if tc.name == "SlidingWindowLog/full-expired" {

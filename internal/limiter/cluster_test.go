@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -33,7 +34,7 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 
 	keys := make([]string, 6)
 	for i := range keys {
-		keys[i] = limiter.Key("shop", "checkout", "per-key", fmt.Sprint("client-", i))
+		keys[i] = keyscheme.Key("shop", "checkout", "per-key", fmt.Sprint("client-", i))
 	}
 	nodes := map[string]bool{}
 	for _, k := range keys {
@@ -91,7 +92,7 @@ func TestClusterHotKeyShardCallsFallWithLeases(t *testing.T) {
 	}{{"leases off", -1, 1.01}, {"leases on", 2 * time.Second, 0.2}} {
 		t.Run(c.name, func(t *testing.T) {
 			g := NewWithT(t)
-			key := limiter.Key("shop", "checkout", "hot", c.name)
+			key := keyscheme.Key("shop", "checkout", "hot", c.name)
 			node, err := admin.MasterForKey(context.Background(), key+":swc")
 			g.Expect(err).NotTo(HaveOccurred())
 			ls := instances(t, cl.URL(), 3, limiter.Options{LeaseHorizon: c.horizon})

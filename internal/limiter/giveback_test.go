@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
@@ -177,8 +178,8 @@ func rulesDecidedAsOne(t *testing.T, url string, admin redis.UniversalClient, op
 	lim := func(n int64) limiter.Limit {
 		return limiter.Limit{Algorithm: alg, Requests: n, Window: time.Hour, Replicas: 2}
 	}
-	sharedKey := limiter.Key("shop", "p", "org", fmt.Sprint(mode, alg, sharedLimit))
-	userKey := func(u int) string { return limiter.Key("shop", "p", "user", fmt.Sprint(mode, alg, sharedLimit, u)) }
+	sharedKey := keyscheme.Key("shop", "p", "org", fmt.Sprint(mode, alg, sharedLimit))
+	userKey := func(u int) string { return keyscheme.Key("shop", "p", "user", fmt.Sprint(mode, alg, sharedLimit, u)) }
 	keys := []string{sharedKey}
 	for u := range users {
 		keys = append(keys, userKey(u))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -112,7 +113,7 @@ var keySeq atomic.Int64
 // uniqueKey returns a key no other test uses.
 func uniqueKey(t testing.TB) string {
 	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
-	return limiter.Key("test", name, "rule", fmt.Sprint(keySeq.Add(1), time.Now().UnixNano()))
+	return keyscheme.Key("test", name, "rule", fmt.Sprint(keySeq.Add(1), time.Now().UnixNano()))
 }
 
 // evalCounter counts EVALSHA commands a client sends, in pipelines or alone.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/metrics"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
@@ -57,7 +58,7 @@ func policyOfKey(set *ruleset.Set, key string) string {
 	_, rest, _ = strings.Cut(rest, "/")
 	part, _, _ := strings.Cut(rest, "/")
 	for _, p := range set.Policies {
-		if limiter.KeyPart(p.Name) == part {
+		if keyscheme.Part(p.Name) == part {
 			return p.Name
 		}
 	}

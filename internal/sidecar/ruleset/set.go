@@ -82,7 +82,7 @@ type Rule struct {
 	// calendar window its usual length (a day, 7 days, 30 days), which a decision replaces with
 	// its period's own (decide.WindowSeconds).
 	WindowSeconds int64
-	// StateName is the rule name the rule's Redis keys are made with (limiter.Key): Name, or
+	// StateName is the rule name the rule's Redis keys are made with (keyscheme.Key): Name, or
 	// for a candidate Name + CandidateSuffix, so that the two never share a counter.
 	StateName string
 	// Candidate is the rule's candidate limit, decided beside it on the same requests (nil:

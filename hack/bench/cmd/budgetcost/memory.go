@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/testutil/fakemodel"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -50,7 +51,7 @@ func measureRedisHolds(ctx context.Context) ([]redisHoldRow, error) {
 		return nil, fmt.Errorf("starting the limiter: %w", err)
 	}
 	defer l.Close()
-	key := limiter.Key(namespace, "memory", "tokens", "k")
+	key := keyscheme.Key(namespace, "memory", "tokens", "k")
 	// A window of 50 years: every hold stays open until the server ends.
 	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1 << 40, Window: 50 * 365 * 24 * time.Hour, FailureMode: limiter.FailureModeClosed}
 	used0, err := usedMemory(ctx, rc)
