@@ -191,10 +191,10 @@ func (p *pendingBack) done(l *Limiter, cmd redis.Cmder) (int64, error) {
 	}
 	if p.share && back < p.sp.units {
 		hold, _ := l.shares.holdFor(p.limit)
-		l.shares.add(p.key, p.limit.Algorithm, p.limit.Window, hold, p.sp.startMS, p.sp.units-back)
+		l.shares.add(p.key, p.limit.Algorithm, p.limit.Policy, p.limit.Window, hold, p.sp.startMS, p.sp.units-back)
 	}
 	if err == nil && len(vals) >= 4 && p.share && vals[3] > 0 {
-		l.restored(p.key, vals[3])
+		l.restored(p.limit.Policy, vals[3])
 		l.Reassert()
 	}
 	if back > 0 {

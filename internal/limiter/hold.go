@@ -421,7 +421,7 @@ func (l *Limiter) addShare(h *Hold, start, units int64) {
 		return
 	}
 	hold, _ := l.shares.holdFor(h.limit)
-	l.shares.add(h.key, h.limit.Algorithm, h.limit.Window, hold, start, units)
+	l.shares.add(h.key, h.limit.Algorithm, h.limit.Policy, h.limit.Window, hold, start, units)
 }
 
 // settleShare makes this replica's share of h's key what the settle left in Redis (see the
@@ -445,7 +445,7 @@ func (l *Limiter) settleShare(h *Hold, s Settled, counted, base, pre, nowUS, res
 		l.addShare(h, nowStart, counted)
 	}
 	if restored > 0 {
-		l.restored(h.key, restored)
+		l.restored(h.limit.Policy, restored)
 		l.Reassert()
 	}
 }

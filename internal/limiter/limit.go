@@ -50,6 +50,9 @@ type Limit struct {
 	Peers int64
 	// Durability is what a grant of the limit waits for before it is answered (durability.go).
 	Durability Durability
+	// Policy names the policy the limit belongs to, for Options.OnRestore: what this replica's
+	// shares restored is told by policy, not by key.
+	Policy string
 }
 
 // FailureMode says how a limit decides while Redis is unreachable. The values match the API's enum.

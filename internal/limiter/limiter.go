@@ -87,9 +87,9 @@ type Options struct {
 	// their settles, is then at most that many requests' worth at once. A hold past its
 	// deadline no longer counts toward it.
 	MaxOpenHolds int
-	// OnRestore, when set, is told each time this replica's shares restored units of key (its
-	// state key: Key plus the algorithm's suffix) that Redis had lost.
-	OnRestore func(key string, units int64)
+	// OnRestore, when set, is told each time this replica's shares restored units that Redis
+	// had lost, with the Policy of the limit they were granted under.
+	OnRestore func(policy string, units int64)
 	// Now is the local clock, used only for the pre-check, the fallback limiters and leases'
 	// local deadlines; decisions in Redis use Redis's clock (default time.Now).
 	Now func() time.Time

@@ -361,6 +361,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 			FailureMode: p.FailureMode,
 			Shadow:      cr.Mode == "Shadow",
 			Durability:  durabilityOf(cr.Durability),
+			Policy:      p.Name,
 		},
 		WindowSeconds: (cr.WindowMS + 999) / 1000,
 		StateName:     cr.Name,
@@ -403,7 +404,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 		cand.Limit = limiter.Limit{
 			Algorithm: limiter.Algorithm(c.Algorithm), Requests: c.Requests,
 			Window: time.Duration(c.WindowMS) * time.Millisecond, Burst: c.Burst,
-			FailureMode: p.FailureMode, Shadow: true,
+			FailureMode: p.FailureMode, Shadow: true, Policy: p.Name,
 		}
 		cand.WindowSeconds = (c.WindowMS + 999) / 1000
 		if err := cand.Limit.Validate(); err != nil {
