@@ -161,7 +161,7 @@ var _ = Describe("Tenant Redis users with Sentinel", func() {
 		})
 		Expect(err).NotTo(HaveOccurred())
 		defer sidecar.Close()
-		lim, err := limiter.New(sidecar, limiter.Options{LeaseHorizon: -1, BreakerOpenFor: 100 * time.Millisecond})
+		lim, err := limiter.New(sidecar, limiter.Options{LeaseHorizon: -1})
 		Expect(err).NotTo(HaveOccurred())
 		defer lim.Close()
 		limit := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1000, Window: time.Minute, FailureMode: limiter.FailureModeClosed}

@@ -267,7 +267,7 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 			deadline = d
 		}
 	}
-	local := l.opts.Now() // before the scripts run: a hold's local deadline is never late
+	local := l.opts.now() // before the scripts run: a hold's local deadline is never late
 	for _, c := range batch {
 		c.args[c.dlArg] = deadline
 		if c.known > 0 {

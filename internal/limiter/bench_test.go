@@ -131,7 +131,7 @@ func BenchmarkLimiter(b *testing.B) {
 	for _, n := range callerCounts {
 		b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
 			c, h := benchClient(b)
-			l, err := limiter.New(c, limiter.Options{})
+			l, err := limiter.NewWith(c, limiter.TestOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -161,7 +161,7 @@ func BenchmarkCalendarLimiter(b *testing.B) {
 	for _, n := range callerCounts {
 		b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
 			c, h := benchClient(b)
-			l, err := limiter.New(c, limiter.Options{})
+			l, err := limiter.NewWith(c, limiter.TestOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -27,7 +27,7 @@ func TestCostAboveCapacityIsRefusedWithoutRedis(t *testing.T) {
 		c := newClient(t, shared.URL())
 		evals := &evalCounter{}
 		c.AddHook(evals)
-		l := newLimiter(t, c, limiter.Options{PrecheckSize: -1})
+		l := newLimiter(t, c, limiter.TestOptions{PrecheckSize: -1})
 		lim := limiter.Limit{Algorithm: alg, Requests: 100, Window: time.Minute}
 		if alg == limiter.TokenBucket {
 			lim.Burst = 50
@@ -204,7 +204,7 @@ func BenchmarkSlowestScriptCall(b *testing.B) {
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			l, err := limiter.New(c, limiter.Options{PrecheckSize: -1, MaxBatch: 1})
+			l, err := limiter.NewWith(c, limiter.TestOptions{PrecheckSize: -1, MaxBatch: 1})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -136,7 +136,7 @@ func TestClusterShardOutageKeepsTheOtherShardsOnRedis(t *testing.T) {
 			t.Cleanup(func() { _ = client.Close() })
 			// Shares kept, so that the frozen shard re-asserts them before deciding again; leases
 			// of 8 units at most, so that a key spends its lease within the outage and asks again.
-			l := newLimiter(t, client, limiter.Options{LeaseHorizon: c.horizon, ReplicaID: limiter.NewReplicaID(),
+			l := newLimiter(t, client, limiter.TestOptions{LeaseHorizon: c.horizon, ReplicaID: limiter.NewReplicaID(),
 				MaxLease: 8, BreakerFailures: 3, BreakerOpenFor: 200 * time.Millisecond})
 			lim := limiter.Limit{Algorithm: c.alg, Requests: 1_000_000_000, Window: time.Hour, Replicas: 1,
 				FailureMode: limiter.FailureModeClosed}

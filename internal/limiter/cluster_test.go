@@ -46,7 +46,7 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 
 	for _, n := range []int{3, 10} {
 		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
-			ls := instances(t, cl.URL(), n, limiter.Options{})
+			ls := instances(t, cl.URL(), n, limiter.TestOptions{})
 			allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
 				const limit = 60
 				ks := make([]string, len(keys))
@@ -95,7 +95,7 @@ func TestClusterHotKeyShardCallsFallWithLeases(t *testing.T) {
 			key := keyscheme.Key("shop", "checkout", "hot", c.name)
 			node, err := admin.MasterForKey(context.Background(), key+":swc")
 			g.Expect(err).NotTo(HaveOccurred())
-			ls := instances(t, cl.URL(), 3, limiter.Options{LeaseHorizon: c.horizon})
+			ls := instances(t, cl.URL(), 3, limiter.TestOptions{LeaseHorizon: c.horizon})
 			lim := exactLimit(limiter.FixedWindow, 1_000_000)
 			lim.Replicas = 3
 			before := calls(node)

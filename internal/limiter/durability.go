@@ -61,8 +61,8 @@ type Durability struct {
 	Timeout time.Duration // whole milliseconds, at least 1ms; 0 with Mode empty
 }
 
-// MaxDurabilityTimeout bounds Durability.Timeout.
-const MaxDurabilityTimeout = 5 * time.Second
+// maxDurabilityTimeout bounds Durability.Timeout.
+const maxDurabilityTimeout = 5 * time.Second
 
 // Why a grant was not acknowledged, the label of Stats.Unacknowledged.
 const (
@@ -89,8 +89,8 @@ func (d Durability) valid() error {
 	default:
 		return fmt.Errorf("%w: durability mode %q", ErrInvalidLimit, d.Mode)
 	}
-	if d.Timeout < time.Millisecond || d.Timeout > MaxDurabilityTimeout || d.Timeout%time.Millisecond != 0 {
-		return fmt.Errorf("%w: durability timeout %s must be whole milliseconds in 1ms..%s", ErrInvalidLimit, d.Timeout, MaxDurabilityTimeout)
+	if d.Timeout < time.Millisecond || d.Timeout > maxDurabilityTimeout || d.Timeout%time.Millisecond != 0 {
+		return fmt.Errorf("%w: durability timeout %s must be whole milliseconds in 1ms..%s", ErrInvalidLimit, d.Timeout, maxDurabilityTimeout)
 	}
 	return nil
 }
@@ -233,7 +233,7 @@ func (l *Limiter) waitClient(ctx context.Context, batch []*call, w waits) (redis
 	if len(l.waitClients.m) >= maxWaitClients {
 		// Full: further waits share their master's clone that reads as long as the longest
 		// wait allowed, one per master (the masters are bounded too, see breakers).
-		wait, name = MaxDurabilityTimeout, base.Options().Addr+"/max"
+		wait, name = maxDurabilityTimeout, base.Options().Addr+"/max"
 		if c, ok := l.waitClients.m[name]; ok {
 			return c, nil
 		}

@@ -28,7 +28,7 @@ type Ask struct {
 // refused cost) is answered without waiting for the others' batch; one that waits for another
 // caller's grant of its key leaves the batch and decides on its own. It returns the results of
 // the asks that are not Detached (zero for those), whose results go to detached, which may be
-// nil when there are none. At most Options.MaxDetached detached asks are in flight; beyond
+// nil when there are none. At most Options.maxDetached detached asks are in flight; beyond
 // them one is decided with the others, its result still going to detached, before AllowAll
 // returns.
 func (l *Limiter) AllowAll(ctx context.Context, asks []Ask, detached func(i int, r Result, err error)) ([]Result, []error) {

@@ -75,7 +75,7 @@ func (l *Limiter) GiveBack(ctx context.Context, refunds []Refund) (int64, error)
 	var cmds []redis.Cmder
 	var sent []*pendingBack
 	var errs []error
-	now := l.opts.Now()
+	now := l.opts.now()
 	for _, rf := range refunds {
 		sp := rf.Result.spent
 		if sp.units <= 0 {

@@ -79,7 +79,7 @@ type lease struct {
 	gone        bool          // evicted: units granted to it from now on go straight back
 	leased      bool          // was granted more than one decision's cost at least once
 	// holds are the holds taken from it in the window starting at holdsStart and not settled
-	// yet: at most Options.MaxOpenHolds (see hold_lease.go).
+	// yet: at most Options.maxOpenHolds (see hold_lease.go).
 	holds, holdsStart int64
 }
 

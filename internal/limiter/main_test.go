@@ -95,12 +95,12 @@ func newClient(t testing.TB, url string) redis.UniversalClient {
 // these suites pin down the algorithms' per-request decisions in order, which leases (one
 // replica holding units another is refused) trade for fewer round trips; lease_test.go
 // holds leases to their own invariants.
-func newLimiter(t testing.TB, c redis.UniversalClient, o limiter.Options) *limiter.Limiter {
+func newLimiter(t testing.TB, c redis.UniversalClient, o limiter.TestOptions) *limiter.Limiter {
 	t.Helper()
 	if o.LeaseHorizon == 0 {
 		o.LeaseHorizon = -1
 	}
-	l, err := limiter.New(c, o)
+	l, err := limiter.NewWith(c, o)
 	if err != nil {
 		t.Fatalf("creating limiter: %v", err)
 	}

@@ -21,7 +21,7 @@ func restoreRecorder(t *testing.T) (*limiter.Limiter, func(context.Context) erro
 	c := newClient(t, srv.URL())
 	var mu sync.Mutex
 	told := map[string]int64{}
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), LeaseHorizon: -1,
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), LeaseHorizon: -1,
 		OnRestore: func(policy string, units int64) {
 			mu.Lock()
 			defer mu.Unlock()

@@ -39,16 +39,8 @@ type Stats struct {
 	// UnkeptShareUnits counts units granted to keys beyond ShareKeys: those keep no share, and
 	// Redis losing them could not be repaired.
 	UnkeptShareUnits uint64
-	// HoldsReserved counts holds Reserve granted (degraded ones included) and HoldsSettled those
-	// Settle ended; HoldsExpired counts settles that found their hold gone back by itself, and
-	// HoldsLapsed holds whose deadline passed unsettled in this replica's table (see
-	// holdtable.go); HoldsOpen is that table's size now, and HoldsUntracked counts holds beyond
-	// it (MaxHolds), which keep no share.
-	HoldsReserved, HoldsSettled, HoldsExpired, HoldsLapsed, HoldsUntracked uint64
-	HoldsOpen                                                              int
-	// HoldReturnedUnits counts units settles gave back, and DebtUnits units they charged past
-	// their holds (a request that used more than it held, or settled after its hold expired).
-	HoldReturnedUnits, DebtUnits uint64
+	// HoldsOpen is the size of this replica's table of open holds now (see holdtable.go).
+	HoldsOpen int
 	// GivenBackUnits counts units GiveBack gave back (requests another rule refused), and
 	// GiveBackErrors the give-backs that could not be made (their units stayed counted).
 	GivenBackUnits, GiveBackErrors uint64
@@ -70,6 +62,31 @@ type UnackedGrants struct {
 	Timeout, Unsupported, Error, Busy uint64
 }
 
+// holdCounts are the counters of holds that no metric reads: the tests read them
+// (export_test.go).
+type holdCounts struct {
+	// reserved counts holds Reserve granted (degraded ones included) and settled those Settle
+	// ended; expired counts settles that found their hold gone back by itself, and lapsed
+	// holds whose deadline passed unsettled in this replica's table (see holdtable.go);
+	// untracked counts holds beyond it (Options.maxHolds), which keep no share.
+	reserved, settled, expired, lapsed, untracked uint64
+	// returnedUnits counts units settles gave back, and debtUnits units they charged past
+	// their holds (a request that used more than it held, or settled after its hold expired).
+	returnedUnits, debtUnits uint64
+}
+
+func (l *Limiter) holdCounts() holdCounts {
+	var lapsed uint64
+	if l.shares != nil {
+		lapsed = l.shares.holds.lapsed.Load()
+	}
+	return holdCounts{
+		reserved: l.stats.holdsReserved.Load(), settled: l.stats.holdsSettled.Load(),
+		expired: l.stats.holdsExpired.Load(), lapsed: lapsed, untracked: l.stats.holdsUntracked.Load(),
+		returnedUnits: l.stats.returned.Load(), debtUnits: l.stats.debt.Load(),
+	}
+}
+
 type counters struct {
 	redis, precheck, degraded, pipelines, scriptLoads, leased, grants, stale  atomic.Uint64
 	restorations, restoredUnits, reassertions, reassertErrors, unkept, held   atomic.Uint64
@@ -87,13 +104,11 @@ func (l *Limiter) leaseKeys() int {
 // Stats returns the limiter's counters.
 func (l *Limiter) Stats() Stats {
 	shards := l.breakers.states()
-	var lapsed uint64
 	var open int
 	if l.shares != nil {
-		lapsed, open = l.shares.holds.lapsed.Load(), l.shares.holds.len()
+		open = l.shares.holds.len()
 	}
 	return Stats{
-		HoldsLapsed:       lapsed,
 		HoldsOpen:         open,
 		RedisDecisions:    l.stats.redis.Load(),
 		PrecheckRefusals:  l.stats.precheck.Load(),
@@ -111,12 +126,6 @@ func (l *Limiter) Stats() Stats {
 		ReassertErrors:    l.stats.reassertErrors.Load(),
 		UnkeptShareUnits:  l.stats.unkept.Load(),
 		HeldCalls:         l.stats.held.Load(),
-		HoldsReserved:     l.stats.holdsReserved.Load(),
-		HoldsSettled:      l.stats.holdsSettled.Load(),
-		HoldsExpired:      l.stats.holdsExpired.Load(),
-		HoldsUntracked:    l.stats.holdsUntracked.Load(),
-		HoldReturnedUnits: l.stats.returned.Load(),
-		DebtUnits:         l.stats.debt.Load(),
 		GivenBackUnits:    l.stats.givenBack.Load(),
 		GiveBackErrors:    l.stats.giveBackErrors.Load(),
 		AckedGrants:       l.durability.acked.Load(),
