@@ -7,20 +7,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Ask is one decision of AllowAll.
-type Ask struct {
-	Key   string
-	Limit Limit
-	Cost  int64
-	// Detached asks are decided beside the others, their Redis calls in the same batch, but
-	// AllowAll does not wait for them: a candidate limit must not hold up the request it
-	// counts when the rule it shadows needs no round trip (a lease, the pre-check) and it
-	// does. Each one's result goes to AllowAll's detached function once decided, perhaps after
-	// AllowAll returned, and is not waited on by anyone else; its context is the caller's
-	// without its cancellation (the call's own deadline bounds it).
-	Detached bool
-}
-
 // AllowAll decides every ask as Allow decides it, concurrently, and sends the Redis calls they
 // need in one batch: one round trip for all of them (one per shard on a cluster), not one each.
 // A request that matches several rules, or a rule and its candidate limit, waits for one

@@ -46,14 +46,6 @@ type spent struct {
 	localAt time.Time    // SourceFallback: that window's start
 }
 
-// Refund is one admitted decision to undo: the key and limit it was decided under (not the
-// rule's as it may be now: a reload may have changed it since) and its Result.
-type Refund struct {
-	Key    string
-	Limit  Limit
-	Result Result
-}
-
 // Counted is how many units r counted that GiveBack can give back: its cost when it was
 // admitted by a lease, a script or the local fallback; 0 otherwise (refused, failed open, a
 // hold's Result, which its Settle ends).

@@ -45,21 +45,6 @@ type Hold struct {
 	leaseFreed bool   // its lease no longer counts it among its open holds
 }
 
-// Settled is what a Settle did.
-type Settled struct {
-	// Returned is how many of the hold's units went back (it used fewer).
-	Returned int64
-	// Debt is how many units were used beyond the hold, in full (up to maxUsed): counted past
-	// the limit, so its key is refused for as long as its algorithm carries a debt (see
-	// holdAsk). The algorithm may count less of it than Debt says; never less than refuses the
-	// key as long as the whole would.
-	Debt int64
-	// Expired says the hold's deadline had passed before the settle: its holder was taken for
-	// dead and its units stayed spent, so the settle charged the same as before its deadline
-	// (SlidingWindowLog gave nothing back: the unused units were in its log already).
-	Expired bool
-}
-
 // defaultMaxOpenHolds is Options.maxOpenHolds when not set: a key holds at most 64 holds at
 // once. Enough for a key's streams where each holds a sixty-fourth of the budget or more (a
 // budget's worth of requests at once), and what its requests may spend beyond their holds before

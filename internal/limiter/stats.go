@@ -5,63 +5,6 @@ import (
 	"sync/atomic"
 )
 
-// Stats are counters since the limiter was created, for metrics.
-type Stats struct {
-	// RedisDecisions were answered by a script in Redis.
-	RedisDecisions uint64
-	// PrecheckRefusals were refused locally without a Redis call.
-	PrecheckRefusals uint64
-	// LeaseDecisions were admitted locally from a lease, without a Redis call.
-	LeaseDecisions uint64
-	// LeaseGrants are Redis decisions that granted a lease of more than their own cost.
-	LeaseGrants uint64
-	// DegradedDecisions were made by a failure mode (open, closed or local fallback).
-	DegradedDecisions uint64
-	// Pipelines is the number of Redis round trips made for decisions, NOSCRIPT retries included.
-	Pipelines uint64
-	// ScriptLoads counts SCRIPT LOADs after NOSCRIPT.
-	ScriptLoads uint64
-	// StaleCalls reached Redis after their deadline and counted nothing (see CallDeadline).
-	StaleCalls uint64
-	// LeaseKeys is the number of keys in the lease table now (holding a lease, or about to).
-	LeaseKeys int
-	// ShareKeys is the number of keys this replica keeps shares of now.
-	ShareKeys int
-	// Restorations counts calls whose shares found Redis short of them (a failover or a
-	// restart lost counts), and RestoredUnits the units they added back.
-	Restorations, RestoredUnits uint64
-	// Reassertions counts re-assertions of every live share, and ReassertErrors those that
-	// could not reach every key (the next one retries).
-	Reassertions, ReassertErrors uint64
-	// HeldCalls counts decisions that waited for the replicas to restore their shares
-	// (RestoreHold) and went to the failure mode.
-	HeldCalls uint64
-	// UnkeptShareUnits counts units granted to keys beyond ShareKeys: those keep no share, and
-	// Redis losing them could not be repaired.
-	UnkeptShareUnits uint64
-	// HoldsOpen is the size of this replica's table of open holds now (see holdtable.go).
-	HoldsOpen int
-	// GivenBackUnits counts units GiveBack gave back (requests another rule refused), and
-	// GiveBackErrors the give-backs that could not be made (their units stayed counted).
-	GivenBackUnits, GiveBackErrors uint64
-	// AckedGrants counts grants of a limit with Durability whose wait acknowledged them, and
-	// Unacked those whose wait did not (they stand: see durability.go), by reason.
-	AckedGrants uint64
-	Unacked     UnackedGrants
-	// BreakerOpen says the circuit breaker of some shard is open now.
-	BreakerOpen bool
-	// Shards are the circuit breakers, one per shard (see ShardState), by name.
-	Shards []ShardState
-}
-
-// UnackedGrants counts grants whose wait did not acknowledge them, by reason.
-type UnackedGrants struct {
-	// Timeout: no acknowledgement within the timeout. Unsupported: the server does not know
-	// WAITAOF (before Redis 7.2). Error: the server refused the wait or did not answer it.
-	// Busy: sent without a wait, as many waits as the pool allows running already.
-	Timeout, Unsupported, Error, Busy uint64
-}
-
 // holdCounts are the counters of holds that no metric reads: the tests read them
 // (export_test.go).
 type holdCounts struct {
