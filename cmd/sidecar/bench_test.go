@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
@@ -154,7 +155,7 @@ func benchAddedLatency(b *testing.B, s, baseline *sidecar, up *upstream, engine 
 	lim := limiter.Limit{Requests: 1_000_000_000, Window: time.Minute, Algorithm: limiter.SlidingWindowCounter, FailureMode: limiter.FailureModeOpen}
 	decide := func(key int) (time.Duration, bool) {
 		start := time.Now()
-		res, err := engine.Allow(context.Background(), limiter.Key("bench", "p", "r", strconv.Itoa(key)), lim, 1)
+		res, err := engine.Allow(context.Background(), keyscheme.Key("bench", "p", "r", strconv.Itoa(key)), lim, 1)
 		return time.Since(start), err == nil && res.Allowed && res.Source == limiter.SourceRedis
 	}
 	// Warm connections and the limiter: every key of the run twice through the proxy, so that

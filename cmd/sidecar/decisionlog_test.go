@@ -11,7 +11,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
@@ -45,7 +45,7 @@ func TestDecisionLogOfTheBuiltSidecar(t *testing.T) {
 	}
 	g.Expect(refused).To(Equal(sent - 3))
 
-	want := limiter.KeyHash(limiter.Key(e.namespace, "p", "per-key", "customer-secret"))
+	want := keyscheme.Hash(keyscheme.Key(e.namespace, "p", "per-key", "customer-secret"))
 	var logged int
 	for line := range strings.SplitSeq(s.logs.String(), "\n") {
 		var m map[string]any

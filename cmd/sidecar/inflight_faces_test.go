@@ -16,7 +16,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 )
@@ -154,7 +154,7 @@ func TestInFlightThroughTheDecisionFaces(t *testing.T) {
 	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c.Close()
-	g.Expect(c.ZCard(context.Background(), limiter.Key(e.namespace, "p", "slots", "tenant")).Val()).To(BeZero(), "every slot went back")
+	g.Expect(c.ZCard(context.Background(), keyscheme.Key(e.namespace, "p", "slots", "tenant")).Val()).To(BeZero(), "every slot went back")
 	for _, s := range scs {
 		g.Expect(s.metric(t, "redline_sidecar_in_flight_slots")).To(BeZero())
 		g.Expect(s.metric(t, `redline_sidecar_in_flight_kept_slots{face="check"}`)).To(BeZero())

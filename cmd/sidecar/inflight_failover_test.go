@@ -13,7 +13,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -99,7 +99,7 @@ func TestInFlightThroughASentinelFailover(t *testing.T) {
 	g.Eventually(reasserted, 2*time.Minute, 100*time.Millisecond).Should(BeNumerically("==", n))
 	nc := sg.Replica().Client("")
 	defer nc.Close()
-	key := limiter.Key(e.namespace, "p", "slots", "k")
+	key := keyscheme.Key(e.namespace, "p", "slots", "k")
 	g.Expect(nc.ZCard(ctx, key).Val()).To(Equal(int64(n)), "the promoted replica counts the running streams")
 	g.Expect(up.cur.Load()).To(Equal(int64(n)), "the streams ran on through the switch")
 	g.Expect(served.Load()).To(BeZero(), "no request took a running stream's place")

@@ -15,7 +15,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/redisconn"
 )
@@ -161,7 +161,7 @@ func TestInFlightAcrossThreeSidecars(t *testing.T) {
 	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c.Close()
-	g.Expect(c.ZCard(context.Background(), limiter.Key(e.namespace, "p", "slots", "tenant")).Val()).To(BeZero(), "every slot went back")
+	g.Expect(c.ZCard(context.Background(), keyscheme.Key(e.namespace, "p", "slots", "tenant")).Val()).To(BeZero(), "every slot went back")
 }
 
 // A SIGKILLed sidecar's slots come back to the others after their expiry on Redis's clock, not
@@ -192,7 +192,7 @@ func TestInFlightSlotsOfAKilledSidecarReturn(t *testing.T) {
 	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c.Close()
-	key := limiter.Key(e.namespace, "p", "slots", "k")
+	key := keyscheme.Key(e.namespace, "p", "slots", "k")
 	g.Expect(a.cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())
 	<-a.exited
 	killed := time.Now()
@@ -310,7 +310,7 @@ func TestInFlightLostSlotEndsItsRequest(t *testing.T) {
 	g.Expect(c.Eval(context.Background(), `local t = redis.call('TIME')
 redis.call('DEL', KEYS[1])
 redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + 60000, 'taker')
-return redis.call('PEXPIRE', KEYS[1], 60000)`, []string{limiter.Key(e.namespace, "p", "slots", "k")}).Err()).To(Succeed())
+return redis.call('PEXPIRE', KEYS[1], 60000)`, []string{keyscheme.Key(e.namespace, "p", "slots", "k")}).Err()).To(Succeed())
 	// The upstream still holds the response: only the sidecar ending the request ends it.
 	g.Eventually(up.cur.Load, time.Minute, 20*time.Millisecond).Should(BeZero())
 	g.Expect(s.metric(t, "redline_sidecar_in_flight_slots_lost_total")).To(BeNumerically("==", 1))

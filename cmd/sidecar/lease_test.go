@@ -12,7 +12,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/sidecartest"
@@ -191,7 +191,7 @@ func TestLeasesWhileRedisIsKilled(t *testing.T) {
 	warm, failed := checkFlood(scs, 8, 300, func(int) string { return key })
 	g.Expect(failed).To(BeZero())
 	g.Expect(warm[key]).To(Equal(int64(300)))
-	counted, err := redisCounter(srv.URL(), limiter.Key(e.namespace, "p", "r", key)+":swc")
+	counted, err := redisCounter(srv.URL(), keyscheme.Key(e.namespace, "p", "r", key)+":swc")
 	g.Expect(err).NotTo(HaveOccurred())
 
 	g.Expect(srv.Stop()).To(Succeed())

@@ -17,6 +17,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -189,7 +190,7 @@ func stackedRun(t *testing.T, url string, leases bool) {
 					}
 					perPhase = append(perPhase, admitted)
 				}
-				key := func(rule, part string) string { return limiter.Key(e.namespace, a.policy, rule, part) }
+				key := func(rule, part string) string { return keyscheme.Key(e.namespace, a.policy, rule, part) }
 				units := map[string]int64{}
 				for _, u := range []string{"a1", "a2", "a3", "b1", "b2"} {
 					units["per-user"] += counted(t, rc, limiter.Algorithm(a.alg), key("per-user", u+run), userLimit)

@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/fleet"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
@@ -71,7 +71,7 @@ func TestSidecarRefusesAnotherNamespacesDocument(t *testing.T) {
 		g.Expect(d.Allowed).To(BeTrue())
 	}
 	c := redisClient(t, shared.URL(), "", "")
-	g.Expect(c.Exists(context.Background(), limiter.Key("victim", "p", "r", key)+":swl").Val()).To(BeZero())
+	g.Expect(c.Exists(context.Background(), keyscheme.Key("victim", "p", "r", key)+":swl").Val()).To(BeZero())
 	g.Expect(c.Exists(context.Background(), fleet.GroupKey("victim", "p")).Val()).To(BeZero(), "no heartbeat in the victim's group")
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -171,7 +172,7 @@ func rtCell(ctx context.Context, url string, m rtMode, work, tag string, conc in
 	}
 	keys := make([]string, nkeys)
 	for i := range keys {
-		keys[i] = limiter.Key(benchNamespace, "roundtrips-"+tag, "rule", strconv.Itoa(i))
+		keys[i] = keyscheme.Key(benchNamespace, "roundtrips-"+tag, "rule", strconv.Itoa(i))
 	}
 	trips := &tripCounter{}
 	c.AddHook(trips)

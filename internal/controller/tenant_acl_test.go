@@ -23,7 +23,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -150,9 +150,9 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		// A's credentials reach A's keys only.
 		ca := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: userA, Password: pwA, MaxRetries: -1})
 		defer ca.Close()
-		Expect(ca.Do(ctx, "evalsha", "0000000000000000000000000000000000000000", 1, limiter.Key(a, "p", "r", "k")+":swc").Err()).
+		Expect(ca.Do(ctx, "evalsha", "0000000000000000000000000000000000000000", 1, keyscheme.Key(a, "p", "r", "k")+":swc").Err()).
 			To(MatchError(HavePrefix("NOSCRIPT")), "its own key: allowed, the script is simply unknown")
-		Expect(ca.Do(ctx, "del", limiter.Key(b, "p", "r", "k")+":swc").Err()).To(MatchError(HavePrefix("NOPERM")))
+		Expect(ca.Do(ctx, "del", keyscheme.Key(b, "p", "r", "k")+":swc").Err()).To(MatchError(HavePrefix("NOPERM")))
 		Expect(ca.Do(ctx, "script", "flush").Err()).To(MatchError(HavePrefix("NOPERM")))
 		Expect(pingAs(srv, userB, pwB)).To(Succeed())
 

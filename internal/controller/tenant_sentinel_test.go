@@ -17,6 +17,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -160,12 +161,12 @@ var _ = Describe("Tenant Redis users with Sentinel", func() {
 		})
 		Expect(err).NotTo(HaveOccurred())
 		defer sidecar.Close()
-		lim, err := limiter.New(sidecar, limiter.Options{LeaseHorizon: -1, BreakerOpenFor: 100 * time.Millisecond})
+		lim, err := limiter.New(sidecar, limiter.Options{LeaseHorizon: -1})
 		Expect(err).NotTo(HaveOccurred())
 		defer lim.Close()
 		limit := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1000, Window: time.Minute, FailureMode: limiter.FailureModeClosed}
 		decide := func() limiter.Source {
-			r, err := lim.Allow(ctx, limiter.Key(ns, "p", "r", "k"), limit, 1)
+			r, err := lim.Allow(ctx, keyscheme.Key(ns, "p", "r", "k"), limit, 1)
 			Expect(err).NotTo(HaveOccurred())
 			return r.Source
 		}

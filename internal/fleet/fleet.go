@@ -16,7 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
@@ -59,7 +59,7 @@ const (
 // Redis user may touch keys under it (see package redisacl). It differs from the limiter's
 // rl:{<namespace>/ in the characters before the brace, so no namespace name (not even "hb")
 // makes one namespace's prefix cover another's keys.
-func KeyPrefix(namespace string) string { return "rl:hb:{" + limiter.KeyPart(namespace) + "/" }
+func KeyPrefix(namespace string) string { return "rl:hb:{" + keyscheme.Part(namespace) + "/" }
 
 // GroupKey is the sorted set of the live replicas that enforce a policy, scored by the Redis
 // time of their last heartbeat: rl:hb:{<namespace>/<policy>}. The braces are a hash tag, so
@@ -67,7 +67,7 @@ func KeyPrefix(namespace string) string { return "rl:hb:{" + limiter.KeyPart(nam
 func GroupKey(namespace, policy string) string {
 	var b strings.Builder
 	b.WriteString(KeyPrefix(namespace))
-	b.WriteString(limiter.KeyPart(policy))
+	b.WriteString(keyscheme.Part(policy))
 	b.WriteByte('}')
 	return b.String()
 }

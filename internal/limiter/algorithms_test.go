@@ -12,7 +12,7 @@ import (
 
 // direct returns a limiter without pre-check, so every decision is the script's.
 func direct(t *testing.T) *limiter.Limiter {
-	return newLimiter(t, newClient(t, shared.URL()), limiter.Options{PrecheckSize: -1})
+	return newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{PrecheckSize: -1})
 }
 
 func allowN(t *testing.T, l *limiter.Limiter, key string, lim limiter.Limit, cost int64, n int) (admitted int, last limiter.Result) {

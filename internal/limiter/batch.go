@@ -21,7 +21,8 @@ import (
 // the garbage collector as little as possible.
 type call struct {
 	alg    Algorithm
-	cal    bool // a calendar window's (see calendar.go): no lease, no share
+	policy string // the limit's Policy, for OnRestore
+	cal    bool   // a calendar window's (see calendar.go): no lease, no share
 	window time.Duration
 	hold   int64    // ms grants wait in a state where a share was restored (ARGV[10])
 	args   []any    // the whole EVALSHA command
@@ -63,7 +64,7 @@ const (
 )
 
 func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *shares, ask *holdAsk) {
-	c.alg, c.window, c.cal, c.dur, c.unacked = limit.Algorithm, limit.Window, false, limit.Durability, ""
+	c.alg, c.policy, c.window, c.cal, c.dur, c.unacked = limit.Algorithm, limit.Policy, limit.Window, false, limit.Durability, ""
 	c.state.Store(callPending)
 	c.ask, c.dlArg, c.known = ask, deadlineArg, 0
 	if ask == nil {
@@ -246,7 +247,7 @@ func (l *Limiter) answer(c *call) {
 	// a return now would give its units back twice.
 	if c.err == nil && c.g.units > 0 && l.leases != nil && c.alg.leases() && !c.cal && c.ask == nil {
 		start, _ := c.g.window(c.window)
-		l.leases.queueReturn(leaseReturn{key: c.args[3].(string), window: c.window, windowStart: start, units: c.g.units})
+		l.leases.queueReturn(leaseReturn{key: c.args[3].(string), policy: c.policy, window: c.window, windowStart: start, units: c.g.units})
 	}
 	c.reset()
 	l.calls.Put(c)
@@ -266,7 +267,7 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 			deadline = d
 		}
 	}
-	local := l.opts.Now() // before the scripts run: a hold's local deadline is never late
+	local := l.opts.now() // before the scripts run: a hold's local deadline is never late
 	for _, c := range batch {
 		c.args[c.dlArg] = deadline
 		if c.known > 0 {
@@ -355,7 +356,7 @@ func (l *Limiter) recordShare(c *call) {
 		switch {
 		case c.ask != nil && !l.trackHold(c.ask, key, c.window, c.g.units):
 			l.stats.unkept.Add(uint64(c.g.units))
-		case !l.shares.add(key, c.alg, c.window, c.hold, start, c.g.units):
+		case !l.shares.add(key, c.alg, c.policy, c.window, c.hold, start, c.g.units):
 			l.stats.unkept.Add(uint64(c.g.units))
 			if c.ask != nil && c.ask.entry != nil {
 				l.shares.holds.remove(c.ask.entry)
@@ -364,7 +365,7 @@ func (l *Limiter) recordShare(c *call) {
 		}
 	}
 	if c.g.restored > 0 {
-		l.restored(c.args[3].(string), c.g.restored)
+		l.restored(c.policy, c.g.restored)
 		l.Reassert()
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/calendar"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -59,7 +60,7 @@ const benchKeys = 1024
 func benchKeyNames(prefix string) []string {
 	keys := make([]string, benchKeys)
 	for i := range keys {
-		keys[i] = limiter.Key("bench", prefix, "rule", fmt.Sprint(i))
+		keys[i] = keyscheme.Key("bench", prefix, "rule", fmt.Sprint(i))
 	}
 	return keys
 }
@@ -130,7 +131,7 @@ func BenchmarkLimiter(b *testing.B) {
 	for _, n := range callerCounts {
 		b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
 			c, h := benchClient(b)
-			l, err := limiter.New(c, limiter.Options{})
+			l, err := limiter.NewWith(c, limiter.TestOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -160,7 +161,7 @@ func BenchmarkCalendarLimiter(b *testing.B) {
 	for _, n := range callerCounts {
 		b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
 			c, h := benchClient(b)
-			l, err := limiter.New(c, limiter.Options{})
+			l, err := limiter.NewWith(c, limiter.TestOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}

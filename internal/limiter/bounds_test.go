@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 )
 
@@ -26,7 +27,7 @@ func TestCostAboveCapacityIsRefusedWithoutRedis(t *testing.T) {
 		c := newClient(t, shared.URL())
 		evals := &evalCounter{}
 		c.AddHook(evals)
-		l := newLimiter(t, c, limiter.Options{PrecheckSize: -1})
+		l := newLimiter(t, c, limiter.TestOptions{PrecheckSize: -1})
 		lim := limiter.Limit{Algorithm: alg, Requests: 100, Window: time.Minute}
 		if alg == limiter.TokenBucket {
 			lim.Burst = 50
@@ -172,7 +173,7 @@ func BenchmarkSlowestScriptCall(b *testing.B) {
 	full := func(b *testing.B, window time.Duration) string {
 		b.Helper()
 		// Fill a log as the script would, one member per request of cost 1, in one pipeline.
-		key := limiter.Key("bench", "slowest", b.Name(), strconv.FormatInt(time.Now().UnixNano(), 10))
+		key := keyscheme.Key("bench", "slowest", b.Name(), strconv.FormatInt(time.Now().UnixNano(), 10))
 		now, err := c.Time(ctx).Result()
 		if err != nil {
 			b.Fatal(err)
@@ -203,12 +204,12 @@ func BenchmarkSlowestScriptCall(b *testing.B) {
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			l, err := limiter.New(c, limiter.Options{PrecheckSize: -1, MaxBatch: 1})
+			l, err := limiter.NewWith(c, limiter.TestOptions{PrecheckSize: -1, MaxBatch: 1})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer l.Close()
-			key := limiter.Key("bench", "slowest", tc.name)
+			key := keyscheme.Key("bench", "slowest", tc.name)
 			if tc.key != nil {
 				key = tc.key(b)
 				if tc.name == "SlidingWindowLog/full-expired" {

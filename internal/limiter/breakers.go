@@ -223,15 +223,6 @@ func (b *breakers) run(quit <-chan struct{}) {
 	}
 }
 
-// ShardState is one shard's circuit breaker.
-type ShardState struct {
-	// Name is the shard: a Redis Cluster master's address; "all" without a cluster; "other"
-	// for a cluster's keys of no known master (or beyond the bound on breakers).
-	Name string
-	// Open says its breaker is open: decisions of its keys go to the failure mode.
-	Open bool
-}
-
 // states returns every breaker's state, by name.
 func (b *breakers) states() []ShardState {
 	cur := *b.byAddr.Load()

@@ -84,7 +84,7 @@ func TestCalendarPeriodsOnRedisClock(t *testing.T) {
 			var results []limiter.Result
 			var wg sync.WaitGroup
 			for range 3 {
-				l := newLimiter(t, newClient(t, s.URL()), limiter.Options{})
+				l := newLimiter(t, newClient(t, s.URL()), limiter.TestOptions{})
 				wg.Go(func() {
 					for range 2 * tc.requests / 3 {
 						r, err := l.Allow(context.Background(), key, lim, 1)
@@ -135,7 +135,7 @@ func TestCalendarPeriodsOnRedisClock(t *testing.T) {
 // nothing back.
 func TestCalendarRaiseMidMonth(t *testing.T) {
 	s := startAt(t, "2028-02-15T12:00:00+01:00")
-	l := newLimiter(t, newClient(t, s.URL()), limiter.Options{})
+	l := newLimiter(t, newClient(t, s.URL()), limiter.TestOptions{})
 	key := uniqueKey(t)
 	spec := calendar.Spec{Unit: calendar.Month, Zone: "Europe/Berlin"}
 	admit := func(lim limiter.Limit, n int) (yes int) {
@@ -173,7 +173,7 @@ func TestCalendarNewDayAtTheZonesMidnight(t *testing.T) {
 	lim := calendarLimit(t, 4, calendar.Spec{Unit: calendar.Day, Zone: "Europe/Berlin"})
 	key := uniqueKey(t)
 	count := func(n int) (yes int, last limiter.Result) {
-		l := newLimiter(t, c, limiter.Options{})
+		l := newLimiter(t, c, limiter.TestOptions{})
 		for range n {
 			r, err := l.Allow(context.Background(), key, lim, 1)
 			if err != nil {
@@ -215,7 +215,7 @@ func TestCalendarNewDayAtTheZonesMidnight(t *testing.T) {
 // that period, so the next request of the key passes.
 func TestCalendarGiveBack(t *testing.T) {
 	s := startAt(t, "2028-02-29T12:00:00Z")
-	l := newLimiter(t, newClient(t, s.URL()), limiter.Options{})
+	l := newLimiter(t, newClient(t, s.URL()), limiter.TestOptions{})
 	key := uniqueKey(t)
 	lim := calendarLimit(t, 3, calendar.Spec{Unit: calendar.Month})
 	var first limiter.Result
@@ -247,7 +247,7 @@ func TestCalendarGiveBack(t *testing.T) {
 func TestCalendarPeek(t *testing.T) {
 	s := startAt(t, "2028-02-29T23:30:00+01:00")
 	c := newClient(t, s.URL())
-	l := newLimiter(t, c, limiter.Options{PrecheckSize: -1})
+	l := newLimiter(t, c, limiter.TestOptions{PrecheckSize: -1})
 	key := uniqueKey(t)
 	lim := calendarLimit(t, 5, calendar.Spec{Unit: calendar.Month, Zone: "Europe/Berlin"})
 	g := NewWithT(t)
@@ -276,7 +276,7 @@ func TestCalendarPeek(t *testing.T) {
 // periods start at the same instant, counts the day afresh, not with the month's units.
 func TestCalendarUnitChangeStartsAfresh(t *testing.T) {
 	s := startAt(t, "2028-03-01T00:30:00+01:00")
-	l := newLimiter(t, newClient(t, s.URL()), limiter.Options{})
+	l := newLimiter(t, newClient(t, s.URL()), limiter.TestOptions{})
 	key := uniqueKey(t)
 	month := calendarLimit(t, 5, calendar.Spec{Unit: calendar.Month, Zone: "Europe/Berlin"})
 	day := calendarLimit(t, 5, calendar.Spec{Unit: calendar.Day, Zone: "Europe/Berlin"})

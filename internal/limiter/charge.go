@@ -14,7 +14,7 @@ const chargeTag = ":charge"
 // (the hold stays spent past its deadline: both count until its window ends, which
 // under-admits).
 // Like a settle's excess, they count past the limit when they do not fit (debt), in this
-// replica's share. units is clamped to [0, MaxUsed]; Settled.Debt is what was charged, in full
+// replica's share. units is clamped to [0, maxUsed]; Settled.Debt is what was charged, in full
 // (the algorithm carries it as a settle's debt: see Settled.Debt).
 func (l *Limiter) Charge(ctx context.Context, key string, limit Limit, units int64) (Settled, error) {
 	if err := limit.Validate(); err != nil {
@@ -23,7 +23,7 @@ func (l *Limiter) Charge(ctx context.Context, key string, limit Limit, units int
 	if limit.Calendar != nil {
 		return Settled{}, fmt.Errorf("%w: a calendar window takes no charges", ErrInvalidLimit)
 	}
-	units = min(units, MaxUsed)
+	units = min(units, maxUsed)
 	if units <= 0 {
 		return Settled{}, nil
 	}

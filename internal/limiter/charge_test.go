@@ -17,7 +17,7 @@ func TestCharge(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
 
 		s, err := l.Charge(ctx, key, lim, 30)
@@ -51,7 +51,7 @@ func TestHoldRefusalForgottenOnSettle(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
 
 		_, h, err := l.Reserve(ctx, key, lim, 100, 100, time.Minute)

@@ -28,7 +28,7 @@ func TestClusterFailoverDecidesOnTheNewMaster(t *testing.T) {
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = c.Close() })
-	l := newLimiter(t, c, limiter.Options{})
+	l := newLimiter(t, c, limiter.TestOptions{})
 	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1_000_000, Window: time.Hour,
 		Replicas: 1, FailureMode: limiter.FailureModeClosed}
 	key := uniqueKey(t)

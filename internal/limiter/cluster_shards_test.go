@@ -13,6 +13,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisconn"
@@ -86,7 +87,7 @@ func keysByMaster(t *testing.T, c *redis.ClusterClient, perMaster int) map[strin
 	out := map[string][]string{}
 	for i := 0; len(out) < 3 || slices.ContainsFunc(masters, func(a string) bool { return len(out[a]) < perMaster }); i++ {
 		g.Expect(i).To(BeNumerically("<", 10000), "keys spread over every master")
-		k := limiter.Key("shop", t.Name(), "per-key", fmt.Sprint("client-", i))
+		k := keyscheme.Key("shop", t.Name(), "per-key", fmt.Sprint("client-", i))
 		m, err := c.MasterForKey(ctx, k) // the hash tag places every key of a limit in one slot
 		g.Expect(err).NotTo(HaveOccurred())
 		if a := m.Options().Addr; len(out[a]) < perMaster {
@@ -138,7 +139,7 @@ func TestClusterShardOutageKeepsTheOtherShardsOnRedis(t *testing.T) {
 			t.Cleanup(func() { _ = client.Close() })
 			// Shares kept, so that the frozen shard re-asserts them before deciding again; leases
 			// of 8 units at most, so that a key spends its lease within the outage and asks again.
-			l := newLimiter(t, client, limiter.Options{LeaseHorizon: c.horizon, ReplicaID: limiter.NewReplicaID(),
+			l := newLimiter(t, client, limiter.TestOptions{LeaseHorizon: c.horizon, ReplicaID: limiter.NewReplicaID(),
 				MaxLease: 8, BreakerFailures: 3, BreakerOpenFor: 200 * time.Millisecond})
 			lim := limiter.Limit{Algorithm: c.alg, Requests: 1_000_000_000, Window: time.Hour, Replicas: 1,
 				FailureMode: limiter.FailureModeClosed}

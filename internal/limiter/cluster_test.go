@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -33,7 +34,7 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 
 	keys := make([]string, 6)
 	for i := range keys {
-		keys[i] = limiter.Key("shop", "checkout", "per-key", fmt.Sprint("client-", i))
+		keys[i] = keyscheme.Key("shop", "checkout", "per-key", fmt.Sprint("client-", i))
 	}
 	nodes := map[string]bool{}
 	for _, k := range keys {
@@ -45,7 +46,7 @@ func TestClusterExactUnderConcurrency(t *testing.T) {
 
 	for _, n := range []int{3, 10} {
 		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
-			ls := instances(t, cl.URL(), n, limiter.Options{})
+			ls := instances(t, cl.URL(), n, limiter.TestOptions{})
 			allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
 				const limit = 60
 				ks := make([]string, len(keys))
@@ -91,10 +92,10 @@ func TestClusterHotKeyShardCallsFallWithLeases(t *testing.T) {
 	}{{"leases off", -1, 1.01}, {"leases on", 2 * time.Second, 0.2}} {
 		t.Run(c.name, func(t *testing.T) {
 			g := NewWithT(t)
-			key := limiter.Key("shop", "checkout", "hot", c.name)
+			key := keyscheme.Key("shop", "checkout", "hot", c.name)
 			node, err := admin.MasterForKey(context.Background(), key+":swc")
 			g.Expect(err).NotTo(HaveOccurred())
-			ls := instances(t, cl.URL(), 3, limiter.Options{LeaseHorizon: c.horizon})
+			ls := instances(t, cl.URL(), 3, limiter.TestOptions{LeaseHorizon: c.horizon})
 			lim := exactLimit(limiter.FixedWindow, 1_000_000)
 			lim.Replicas = 3
 			before := calls(node)

@@ -6,7 +6,7 @@
 // EVALSHA, so read-modify-write is atomic in Redis, every key gets its TTL in the same script
 // that writes it, and every timestamp comes from Redis's TIME rather than from a pod's clock.
 // The scripts rely on effects replication, the default since Redis 5. Keys follow
-// rl:{<namespace>/<policy>/<rule>/<hash>}:<suffix> (see Key); the braces keep all keys of one
+// rl:{<namespace>/<policy>/<rule>/<hash>}:<suffix> (see package keyscheme); the braces keep all keys of one
 // limit in one Redis Cluster slot.
 //
 // Around the scripts, a Limiter

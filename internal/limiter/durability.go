@@ -43,40 +43,8 @@ import (
 //   - On a Redis Cluster the pipeline goes to the key's master's own client: a WAIT has no key
 //     for the cluster client to route it by.
 
-// DurabilityMode is what a grant waits for. The values match the API's enum.
-type DurabilityMode string
-
-// The durability modes; the zero value waits for nothing.
-const (
-	// DurabilityReplica waits for one replica to acknowledge (WAIT 1 <timeout>).
-	DurabilityReplica DurabilityMode = "Replica"
-	// DurabilityAppendOnlyFile waits for the master's fsynced append-only file (WAITAOF 1 0
-	// <timeout>, Redis 7.2 or later).
-	DurabilityAppendOnlyFile DurabilityMode = "AppendOnlyFile"
-)
-
-// Durability is what a limit's grants wait for, and for how long at most.
-type Durability struct {
-	Mode    DurabilityMode
-	Timeout time.Duration // whole milliseconds, at least 1ms; 0 with Mode empty
-}
-
-// MaxDurabilityTimeout bounds Durability.Timeout.
-const MaxDurabilityTimeout = 5 * time.Second
-
-// Why a grant was not acknowledged, the label of Stats.Unacknowledged.
-const (
-	// UnackedTimeout: the timeout passed before the acknowledgement (a lagging or missing
-	// replica, a slow disk).
-	UnackedTimeout = "timeout"
-	// UnackedUnsupported: the server does not know WAITAOF (before Redis 7.2).
-	UnackedUnsupported = "unsupported"
-	// UnackedError: the server refused the wait (appendonly off, ACL) or did not answer it.
-	UnackedError = "error"
-	// UnackedBusy: as many pipelines as waitConcurrency allows were waiting already; the grant
-	// went without a wait rather than take a connection the other rules need.
-	UnackedBusy = "busy"
-)
+// maxDurabilityTimeout bounds Durability.Timeout.
+const maxDurabilityTimeout = 5 * time.Second
 
 func (d Durability) valid() error {
 	switch d.Mode {
@@ -89,8 +57,8 @@ func (d Durability) valid() error {
 	default:
 		return fmt.Errorf("%w: durability mode %q", ErrInvalidLimit, d.Mode)
 	}
-	if d.Timeout < time.Millisecond || d.Timeout > MaxDurabilityTimeout || d.Timeout%time.Millisecond != 0 {
-		return fmt.Errorf("%w: durability timeout %s must be whole milliseconds in 1ms..%s", ErrInvalidLimit, d.Timeout, MaxDurabilityTimeout)
+	if d.Timeout < time.Millisecond || d.Timeout > maxDurabilityTimeout || d.Timeout%time.Millisecond != 0 {
+		return fmt.Errorf("%w: durability timeout %s must be whole milliseconds in 1ms..%s", ErrInvalidLimit, d.Timeout, maxDurabilityTimeout)
 	}
 	return nil
 }
@@ -233,7 +201,7 @@ func (l *Limiter) waitClient(ctx context.Context, batch []*call, w waits) (redis
 	if len(l.waitClients.m) >= maxWaitClients {
 		// Full: further waits share their master's clone that reads as long as the longest
 		// wait allowed, one per master (the masters are bounded too, see breakers).
-		wait, name = MaxDurabilityTimeout, base.Options().Addr+"/max"
+		wait, name = maxDurabilityTimeout, base.Options().Addr+"/max"
 		if c, ok := l.waitClients.m[name]; ok {
 			return c, nil
 		}

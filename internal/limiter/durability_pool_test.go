@@ -29,7 +29,7 @@ func TestDurableWaitsLeaveThePoolToOtherRules(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	exactWindow(t, c, durableLimit.Window, 30*time.Minute)
-	l := newLimiter(t, c, limiter.Options{})
+	l := newLimiter(t, c, limiter.TestOptions{})
 	durable := durableLimit
 	durable.Durability = limiter.Durability{Mode: limiter.DurabilityReplica, Timeout: limiter.MaxDurabilityTimeout}
 	plain := durableLimit

@@ -28,7 +28,7 @@ func admitDurable(t *testing.T, url, key string, lim limiter.Limit, n int) limit
 	t.Helper()
 	c := newClient(t, url)
 	exactWindow(t, c, lim.Window, 30*time.Minute) // a day-long window: never the day's last half hour
-	l := newLimiter(t, c, limiter.Options{})
+	l := newLimiter(t, c, limiter.TestOptions{})
 	for i := range n {
 		r, err := l.Allow(context.Background(), key, lim, 1)
 		if err != nil || !r.Allowed || r.Source != limiter.SourceRedis {
@@ -42,7 +42,7 @@ func admitDurable(t *testing.T, url, key string, lim limiter.Limit, n int) limit
 // tells it (that decision's unit aside).
 func countedNow(t *testing.T, url, key string) int64 {
 	t.Helper()
-	l := newLimiter(t, newClient(t, url), limiter.Options{})
+	l := newLimiter(t, newClient(t, url), limiter.TestOptions{})
 	r, err := l.Allow(context.Background(), key, durableLimit, 1)
 	if err != nil || r.Source != limiter.SourceRedis {
 		t.Fatalf("reading the count back: %+v, %v", r, err)
@@ -237,7 +237,7 @@ func TestLongWindowLeasesStrandAtMostAThousandth(t *testing.T) {
 	s := startServer(t)
 	c := newClient(t, s.URL())
 	exactWindow(t, c, durableLimit.Window, 30*time.Minute)
-	l, err := limiter.New(c, limiter.Options{LeaseHorizon: 2 * time.Second})
+	l, err := limiter.NewWith(c, limiter.TestOptions{LeaseHorizon: 2 * time.Second})
 	g.Expect(err).NotTo(HaveOccurred())
 	key := uniqueKey(t)
 	lim := durableLimit

@@ -34,7 +34,7 @@ func hammer(t *testing.T, ls []*limiter.Limiter, keys []string, lim limiter.Limi
 }
 
 // instances returns n limiters, each with its own client and pool.
-func instances(t *testing.T, url string, n int, o limiter.Options) []*limiter.Limiter {
+func instances(t *testing.T, url string, n int, o limiter.TestOptions) []*limiter.Limiter {
 	ls := make([]*limiter.Limiter, n)
 	for i := range ls {
 		ls[i] = newLimiter(t, newClient(t, url), o)
@@ -45,7 +45,7 @@ func instances(t *testing.T, url string, n int, o limiter.Options) []*limiter.Li
 func TestExactUnderConcurrency(t *testing.T) {
 	for _, n := range []int{3, 10} {
 		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
-			ls := instances(t, shared.URL(), n, limiter.Options{})
+			ls := instances(t, shared.URL(), n, limiter.TestOptions{})
 			allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
 				g := NewWithT(t)
 				const limit = 150
@@ -63,7 +63,7 @@ func TestClockSkewDoesNotChangeDecisions(t *testing.T) {
 	skews := []time.Duration{-7 * time.Minute, 0, 90 * time.Second, 3 * time.Hour}
 	var ls []*limiter.Limiter
 	for _, s := range skews {
-		ls = append(ls, newLimiter(t, newClient(t, shared.URL()), limiter.Options{
+		ls = append(ls, newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{
 			Now: func() time.Time { return time.Now().Add(s) },
 		}))
 	}
@@ -94,7 +94,7 @@ func TestClockSkewDoesNotChangeDecisions(t *testing.T) {
 // once), and the limit stays exact.
 func TestScriptFlushMidRun(t *testing.T) {
 	g := NewWithT(t)
-	ls := instances(t, shared.URL(), 3, limiter.Options{})
+	ls := instances(t, shared.URL(), 3, limiter.TestOptions{})
 	admin := newClient(t, shared.URL())
 	stop := make(chan struct{})
 	var flushes atomic.Int64

@@ -41,8 +41,8 @@ func (l *Limiter) degraded(key string, limit Limit, cost int64, now time.Time, c
 	case FailureModeClosed:
 		return Result{
 			OverLimit:  true,
-			RetryAfter: l.opts.BreakerOpenFor,
-			ResetAfter: l.opts.BreakerOpenFor,
+			RetryAfter: l.opts.breakerOpenFor,
+			ResetAfter: l.opts.breakerOpenFor,
 			Source:     SourceFailClosed,
 			Err:        cause,
 		}

@@ -26,7 +26,7 @@ func TestPrecheckRefusesWithoutRedis(t *testing.T) {
 	c.AddHook(hook)
 	_, err := scripts.Load(context.Background(), c) // as the manager does
 	g.Expect(err).NotTo(HaveOccurred())
-	l := newLimiter(t, c, limiter.Options{})
+	l := newLimiter(t, c, limiter.TestOptions{})
 	key := uniqueKey(t)
 	lim := exactLimit(limiter.FixedWindow, 5)
 
@@ -65,7 +65,7 @@ func TestPrecheckIsBounded(t *testing.T) {
 	c.AddHook(hook)
 	_, err := scripts.Load(context.Background(), c)
 	g.Expect(err).NotTo(HaveOccurred())
-	l := newLimiter(t, c, limiter.Options{PrecheckSize: 10})
+	l := newLimiter(t, c, limiter.TestOptions{PrecheckSize: 10})
 	lim := exactLimit(limiter.TokenBucket, 1)
 	keys := make([]string, 50)
 	for i := range keys {
@@ -123,7 +123,7 @@ func TestRedisDown(t *testing.T) {
 		c, err := redisconn.NewClient(srv.URL(), fast)
 		g.Expect(err).NotTo(HaveOccurred())
 		t.Cleanup(func() { _ = c.Close() })
-		l := newLimiter(t, c, limiter.Options{
+		l := newLimiter(t, c, limiter.TestOptions{
 			BreakerFailures: failures,
 			BreakerOpenFor:  300 * time.Millisecond,
 		})
@@ -216,7 +216,7 @@ func TestRedisSlow(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = c.Close() })
 	const failures = 3
-	l := newLimiter(t, c, limiter.Options{BreakerFailures: failures, BreakerOpenFor: 200 * time.Millisecond})
+	l := newLimiter(t, c, limiter.TestOptions{BreakerFailures: failures, BreakerOpenFor: 200 * time.Millisecond})
 	lim := exactLimit(limiter.TokenBucket, 10)
 	lim.FailureMode = limiter.FailureModeClosed
 	r, err := l.Allow(context.Background(), uniqueKey(t), lim, 1)
@@ -263,7 +263,7 @@ func TestFallbackUsesLimitReplicas(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	g.Expect(srv.Close()).To(Succeed())
 
-	l := newLimiter(t, c, limiter.Options{BreakerFailures: 1})
+	l := newLimiter(t, c, limiter.TestOptions{BreakerFailures: 1})
 	lim := exactLimit(limiter.FixedWindow, 100)
 	lim.FailureMode = limiter.FailureModeLocalFallback
 	lim.Replicas = 5
@@ -291,7 +291,7 @@ func TestFallbackReplicasUntilReplicasAreKnown(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	g.Expect(srv.Close()).To(Succeed())
 
-	l := newLimiter(t, c, limiter.Options{BreakerFailures: 1, FallbackReplicas: 4})
+	l := newLimiter(t, c, limiter.TestOptions{BreakerFailures: 1, FallbackReplicas: 4})
 	admitted := func(replicas int64) int {
 		lim := exactLimit(limiter.FixedWindow, 100)
 		lim.FailureMode = limiter.FailureModeLocalFallback

@@ -7,20 +7,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Ask is one decision of AllowAll.
-type Ask struct {
-	Key   string
-	Limit Limit
-	Cost  int64
-	// Detached asks are decided beside the others, their Redis calls in the same batch, but
-	// AllowAll does not wait for them: a candidate limit must not hold up the request it
-	// counts when the rule it shadows needs no round trip (a lease, the pre-check) and it
-	// does. Each one's result goes to AllowAll's detached function once decided, perhaps after
-	// AllowAll returned, and is not waited on by anyone else; its context is the caller's
-	// without its cancellation (the call's own deadline bounds it).
-	Detached bool
-}
-
 // AllowAll decides every ask as Allow decides it, concurrently, and sends the Redis calls they
 // need in one batch: one round trip for all of them (one per shard on a cluster), not one each.
 // A request that matches several rules, or a rule and its candidate limit, waits for one
@@ -28,7 +14,7 @@ type Ask struct {
 // refused cost) is answered without waiting for the others' batch; one that waits for another
 // caller's grant of its key leaves the batch and decides on its own. It returns the results of
 // the asks that are not Detached (zero for those), whose results go to detached, which may be
-// nil when there are none. At most Options.MaxDetached detached asks are in flight; beyond
+// nil when there are none. At most Options.maxDetached detached asks are in flight; beyond
 // them one is decided with the others, its result still going to detached, before AllowAll
 // returns.
 func (l *Limiter) AllowAll(ctx context.Context, asks []Ask, detached func(i int, r Result, err error)) ([]Result, []error) {

@@ -23,7 +23,7 @@ func gatherAsks(t *testing.T, n int) []limiter.Ask {
 // A request that matches several rules (or a rule and its candidate) makes one round trip.
 func TestAllowAllSendsOneBatch(t *testing.T) {
 	ctx := context.Background()
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{})
 	asks := gatherAsks(t, 4)
 	l.AllowAll(ctx, gatherAsks(t, 4), nil) // the scripts are loaded: no NOSCRIPT round trip below
 	for i := range 6 {
@@ -73,7 +73,7 @@ func TestAllowAllSendsOneBatch(t *testing.T) {
 // What needs no Redis call is answered without the others: a refused cost, an invalid limit.
 func TestAllowAllAnswersWhatNeedsNoRedisOnItsOwn(t *testing.T) {
 	ctx := context.Background()
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{})
 	asks := gatherAsks(t, 3)
 	asks[1].Cost = 6                       // over the capacity: refused without a call
 	asks[2].Limit.Requests = 0             // invalid
@@ -91,7 +91,7 @@ func TestAllowAllAnswersWhatNeedsNoRedisOnItsOwn(t *testing.T) {
 // Leases answer from memory inside a gather too: a leased key does not wait for the batch.
 func TestAllowAllWithLeases(t *testing.T) {
 	ctx := context.Background()
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{LeaseHorizon: 2 * time.Second})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{LeaseHorizon: 2 * time.Second})
 	leased := limiter.Ask{Key: uniqueKey(t), Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 100000, Window: time.Hour, Replicas: 1}, Cost: 1}
 	// Warm the lease: a key leases once it is seen more than once in its horizon.
 	for range 50 {
@@ -120,7 +120,7 @@ func TestAllowAllWithLeases(t *testing.T) {
 
 // Concurrent gathers on one key admit exactly the limit, with callers that give up midway.
 func TestAllowAllIsExactUnderConcurrency(t *testing.T) {
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{})
 	key := uniqueKey(t)
 	other := uniqueKey(t)
 	lim := limiter.Limit{Algorithm: limiter.SlidingWindowCounter, Requests: 300, Window: time.Hour}
@@ -156,7 +156,7 @@ func TestAllowAllIsExactUnderConcurrency(t *testing.T) {
 }
 
 func TestAllowAllAfterClose(t *testing.T) {
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{})
 	l.Close()
 	_, errs := l.AllowAll(context.Background(), gatherAsks(t, 3), nil)
 	for i, err := range errs {
@@ -170,7 +170,7 @@ func TestAllowAllAfterClose(t *testing.T) {
 // one when they do not: the caller returns on the others' answers.
 func TestAllowAllDoesNotWaitForDetachedAsks(t *testing.T) {
 	ctx := context.Background()
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{})
 	l.AllowAll(ctx, gatherAsks(t, 2), nil)
 	asks := gatherAsks(t, 2)
 	asks[1].Detached = true
@@ -219,7 +219,7 @@ func TestAllowAllDoesNotWaitForDetachedAsks(t *testing.T) {
 // cannot leave a goroutine behind per request.
 func TestAllowAllBoundsDetachedAsks(t *testing.T) {
 	ctx := context.Background()
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{MaxDetached: 1})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{MaxDetached: 1})
 	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 100, Window: time.Minute}
 	release := make(chan struct{})
 	held := make(chan struct{})

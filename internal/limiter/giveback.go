@@ -46,14 +46,6 @@ type spent struct {
 	localAt time.Time    // SourceFallback: that window's start
 }
 
-// Refund is one admitted decision to undo: the key and limit it was decided under (not the
-// rule's as it may be now: a reload may have changed it since) and its Result.
-type Refund struct {
-	Key    string
-	Limit  Limit
-	Result Result
-}
-
 // Counted is how many units r counted that GiveBack can give back: its cost when it was
 // admitted by a lease, a script or the local fallback; 0 otherwise (refused, failed open, a
 // hold's Result, which its Settle ends).
@@ -75,7 +67,7 @@ func (l *Limiter) GiveBack(ctx context.Context, refunds []Refund) (int64, error)
 	var cmds []redis.Cmder
 	var sent []*pendingBack
 	var errs []error
-	now := l.opts.Now()
+	now := l.opts.now()
 	for _, rf := range refunds {
 		sp := rf.Result.spent
 		if sp.units <= 0 {
@@ -191,10 +183,10 @@ func (p *pendingBack) done(l *Limiter, cmd redis.Cmder) (int64, error) {
 	}
 	if p.share && back < p.sp.units {
 		hold, _ := l.shares.holdFor(p.limit)
-		l.shares.add(p.key, p.limit.Algorithm, p.limit.Window, hold, p.sp.startMS, p.sp.units-back)
+		l.shares.add(p.key, p.limit.Algorithm, p.limit.Policy, p.limit.Window, hold, p.sp.startMS, p.sp.units-back)
 	}
 	if err == nil && len(vals) >= 4 && p.share && vals[3] > 0 {
-		l.restored(p.key, vals[3])
+		l.restored(p.limit.Policy, vals[3])
 		l.Reassert()
 	}
 	if back > 0 {

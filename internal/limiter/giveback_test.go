@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
@@ -19,11 +20,11 @@ import (
 // and without shares.
 var giveBackModes = []struct {
 	name string
-	opts limiter.Options
+	opts limiter.TestOptions
 }{
-	{"leases=false", limiter.Options{LeaseHorizon: -1, PrecheckSize: -1}},
-	{"leases=true", limiter.Options{LeaseHorizon: 2 * time.Second, PrecheckSize: -1}},
-	{"leases=true,shares", limiter.Options{LeaseHorizon: 2 * time.Second, PrecheckSize: -1, ReplicaID: "r1"}},
+	{"leases=false", limiter.TestOptions{LeaseHorizon: -1, PrecheckSize: -1}},
+	{"leases=true", limiter.TestOptions{LeaseHorizon: 2 * time.Second, PrecheckSize: -1}},
+	{"leases=true,shares", limiter.TestOptions{LeaseHorizon: 2 * time.Second, PrecheckSize: -1, ReplicaID: "r1"}},
 }
 
 // admitAll decides key until the limit refuses, and returns every admitted result.
@@ -163,7 +164,7 @@ func TestRulesDecidedAsOneNeverOverAdmit(t *testing.T) {
 	}
 }
 
-func rulesDecidedAsOne(t *testing.T, url string, admin redis.UniversalClient, opts limiter.Options, mode string, alg limiter.Algorithm, sharedLimit int64) {
+func rulesDecidedAsOne(t *testing.T, url string, admin redis.UniversalClient, opts limiter.TestOptions, mode string, alg limiter.Algorithm, sharedLimit int64) {
 	g := NewWithT(t)
 	ls := make([]*limiter.Limiter, 2)
 	for i := range ls {
@@ -177,8 +178,8 @@ func rulesDecidedAsOne(t *testing.T, url string, admin redis.UniversalClient, op
 	lim := func(n int64) limiter.Limit {
 		return limiter.Limit{Algorithm: alg, Requests: n, Window: time.Hour, Replicas: 2}
 	}
-	sharedKey := limiter.Key("shop", "p", "org", fmt.Sprint(mode, alg, sharedLimit))
-	userKey := func(u int) string { return limiter.Key("shop", "p", "user", fmt.Sprint(mode, alg, sharedLimit, u)) }
+	sharedKey := keyscheme.Key("shop", "p", "org", fmt.Sprint(mode, alg, sharedLimit))
+	userKey := func(u int) string { return keyscheme.Key("shop", "p", "user", fmt.Sprint(mode, alg, sharedLimit, u)) }
 	keys := []string{sharedKey}
 	for u := range users {
 		keys = append(keys, userKey(u))
@@ -229,7 +230,7 @@ func rulesDecidedAsOne(t *testing.T, url string, admin redis.UniversalClient, op
 	for _, l := range ls {
 		l.Close()
 	}
-	probe := newLimiter(t, newClient(t, url), limiter.Options{LeaseHorizon: -1, PrecheckSize: -1})
+	probe := newLimiter(t, newClient(t, url), limiter.TestOptions{LeaseHorizon: -1, PrecheckSize: -1})
 	rest := admitAll(t, probe, sharedKey, lim(sharedLimit), 1, int(2*sharedLimit))
 	g.Expect(int64(len(rest))).To(Equal(sharedLimit-admitted.Load()), "the shared counter holds exactly the admitted requests")
 	for u := range users {

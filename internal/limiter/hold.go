@@ -45,35 +45,20 @@ type Hold struct {
 	leaseFreed bool   // its lease no longer counts it among its open holds
 }
 
-// Settled is what a Settle did.
-type Settled struct {
-	// Returned is how many of the hold's units went back (it used fewer).
-	Returned int64
-	// Debt is how many units were used beyond the hold, in full (up to MaxUsed): counted past
-	// the limit, so its key is refused for as long as its algorithm carries a debt (see
-	// holdAsk). The algorithm may count less of it than Debt says; never less than refuses the
-	// key as long as the whole would.
-	Debt int64
-	// Expired says the hold's deadline had passed before the settle: its holder was taken for
-	// dead and its units stayed spent, so the settle charged the same as before its deadline
-	// (SlidingWindowLog gave nothing back: the unused units were in its log already).
-	Expired bool
-}
-
-// DefaultMaxOpenHolds is Options.MaxOpenHolds when not set: a key holds at most 64 holds at
+// defaultMaxOpenHolds is Options.maxOpenHolds when not set: a key holds at most 64 holds at
 // once. Enough for a key's streams where each holds a sixty-fourth of the budget or more (a
 // budget's worth of requests at once), and what its requests may spend beyond their holds before
 // the first settle refuses the key is at most 64 requests' worth.
-const DefaultMaxOpenHolds = 64
+const defaultMaxOpenHolds = 64
 
-// maxOpenHoldsBound is the most Options.MaxOpenHolds can say, as the scripts check it.
+// maxOpenHoldsBound is the most Options.maxOpenHolds can say, as the scripts check it.
 const maxOpenHoldsBound = 1_000_000
 
-// MaxUsed is the most a settle or a charge counts, 2^50 (about 1.1e15) units: Redis's Lua
+// maxUsed is the most a settle or a charge counts, 2^50 (about 1.1e15) units: Redis's Lua
 // numbers are doubles, exact for whole numbers below 2^53, and a count adds a debt to what it
 // holds (at most 2^40 a window state, 1e15 a limit), so every sum in the scripts stays exact.
 // No response uses that many tokens: a larger usage is a lie, counted as this.
-const MaxUsed = 1 << 50
+const maxUsed = 1 << 50
 
 // Holds are grants for requests whose cost is known only after them (a rule whose cost comes
 // from its response): one mechanism with leases and shares.
@@ -104,11 +89,11 @@ const MaxUsed = 1 << 50
 // or move from held into the log for a window (SlidingWindowLog). A late settle finds them
 // counted and settles as a timely one would (SlidingWindowLog gives nothing back then).
 //
-// A key has at most Options.MaxOpenHolds holds open at once (refused beyond, atomically in the
+// A key has at most Options.maxOpenHolds holds open at once (refused beyond, atomically in the
 // reserve's script, see lua/hold_bound.lua), so that what its requests spend beyond their holds
 // before their settles refuse it is bounded by that many requests.
 //
-// Debt is counted in full in Settled.Debt (up to MaxUsed); each algorithm carries it for as
+// Debt is counted in full in Settled.Debt (up to maxUsed); each algorithm carries it for as
 // long as its state lives: FixedWindow counts it in its window and carries at most one limit
 // into the next (refused for the rest of the window and at most the whole next one);
 // SlidingWindowCounter counts it in its window, which the next one weighs; TokenBucket runs the
@@ -116,7 +101,7 @@ const MaxUsed = 1 << 50
 // limit, which refuses the key until it leaves the window. None keeps a key longer than that.
 //
 // Bounds: a hold's units are at most the limit's capacity, its deadline at most a window away,
-// a settle's used at most MaxUsed; an open hold costs Redis about 140 bytes (its record
+// a settle's used at most maxUsed; an open hold costs Redis about 140 bytes (its record
 // in the zset: 134 a hold at 1,000 open holds of a key, 145 at 10,000, TestHoldMemory), and
 // its record lives no longer than the state.
 
@@ -212,7 +197,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 	want = min(want, limit.Capacity())
 	ttl = min(ttl, limit.Window)
 	sk := stateKey(key, limit.Algorithm)
-	now := l.opts.Now()
+	now := l.opts.now()
 	if r, h, ok := l.reserveLeased(sk, limit, want, ttl, now); ok {
 		l.stats.holdsReserved.Add(1)
 		return finish(r, limit), h, nil
@@ -221,7 +206,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 		tag:     l.opts.ReplicaID + ":" + l.holdTag + strconv.FormatUint(l.holdSeq.Add(1), 36),
 		ttlMS:   ttl.Milliseconds(),
 		want:    want,
-		maxOpen: int64(l.opts.MaxOpenHolds),
+		maxOpen: int64(l.opts.maxOpenHolds),
 	}
 	res, g, answered, err := l.ask(ctx, sk, limit, least, want, now, nil, a)
 	if err != nil {
@@ -249,7 +234,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 const holdRefusalRepeat = 250 * time.Millisecond
 
 // Settle ends h with what its request used: the unused part goes back, an excess is charged as
-// debt (the key is refused until repaid). used is clamped to [0, MaxUsed].
+// debt (the key is refused until repaid). used is clamped to [0, maxUsed].
 // Idempotent: a second call returns the first's answer. A settle that may have reached Redis
 // and failed (a timeout) is final too, and returns its error again: the hold then stays
 // counted until its window ends (whole, or what the settle left), and a retry could give its
@@ -265,9 +250,9 @@ func (l *Limiter) Settle(ctx context.Context, h *Hold, used int64) (Settled, err
 	if h.done {
 		return h.settled, h.err
 	}
-	used = max(min(used, MaxUsed), 0)
+	used = max(min(used, maxUsed), 0)
 	if h.Degraded {
-		s := h.settleLocal(l.opts.Now(), used)
+		s := h.settleLocal(l.opts.now(), used)
 		h.done, h.settled = true, s
 		l.countSettle(s)
 		return s, nil
@@ -421,7 +406,7 @@ func (l *Limiter) addShare(h *Hold, start, units int64) {
 		return
 	}
 	hold, _ := l.shares.holdFor(h.limit)
-	l.shares.add(h.key, h.limit.Algorithm, h.limit.Window, hold, start, units)
+	l.shares.add(h.key, h.limit.Algorithm, h.limit.Policy, h.limit.Window, hold, start, units)
 }
 
 // settleShare makes this replica's share of h's key what the settle left in Redis (see the
@@ -445,7 +430,7 @@ func (l *Limiter) settleShare(h *Hold, s Settled, counted, base, pre, nowUS, res
 		l.addShare(h, nowStart, counted)
 	}
 	if restored > 0 {
-		l.restored(h.key, restored)
+		l.restored(h.limit.Policy, restored)
 		l.Reassert()
 	}
 }

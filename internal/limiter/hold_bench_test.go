@@ -17,7 +17,7 @@ func BenchmarkReserveSettle(b *testing.B) {
 		for _, n := range []int{1, 16} {
 			b.Run(fmt.Sprintf("%s/callers=%d", alg, n), func(b *testing.B) {
 				c, h := benchClient(b)
-				l, err := limiter.New(c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+				l, err := limiter.NewWith(c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -48,7 +48,7 @@ func BenchmarkReserveSettle(b *testing.B) {
 // 128 members and a skiplist beyond, so the cost per hold grows once, then stays.
 func TestHoldMemory(t *testing.T) {
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), MaxHolds: 20000, MaxOpenHolds: 20000})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), MaxHolds: 20000, MaxOpenHolds: 20000})
 	ctx, key := context.Background(), uniqueKey(t)
 	lim := holdLimit(limiter.FixedWindow, 1<<40)
 	var holds []*limiter.Hold

@@ -34,7 +34,7 @@ func TestHoldDebtInFull(t *testing.T) {
 		t.Parallel()
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key := context.Background(), uniqueKey(t)
 		lim := limiter.Limit{Algorithm: alg, Requests: 10_000, Window: window, FailureMode: limiter.FailureModeClosed}
 		start := freshWindow(t, c, window)
@@ -61,7 +61,7 @@ func TestHoldDebtInFull(t *testing.T) {
 		wg.Wait()
 		settled := redisNowMS(t, c)
 		g.Expect(settled).To(BeNumerically("<", start+window.Milliseconds()), "reserves and settles in one window")
-		debt = int64(l.Stats().DebtUnits)
+		debt = int64(l.TestStats().DebtUnits)
 		g.Expect(debt).To(Equal(int64(clients*(used-held))), "every unit past the holds is debt")
 		t.Logf("%s: %d holds of %d settled at %d each: debt %d", alg, clients, held, used, debt)
 
@@ -101,7 +101,7 @@ func TestHoldHugeDebtKeepsItsTTL(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key := context.Background(), uniqueKey(t)
 		lim := limiter.Limit{Algorithm: alg, Requests: 3, Window: time.Hour, FailureMode: limiter.FailureModeClosed}
 		for range 3 {
@@ -136,8 +136,8 @@ func TestHoldOpenBound(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), MaxOpenHolds: 4})
-		other := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID(), MaxOpenHolds: 4})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), MaxOpenHolds: 4})
+		other := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), MaxOpenHolds: 4})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 1000)
 		var holds []*limiter.Hold
 		for i := range 4 {
@@ -178,7 +178,7 @@ func TestHoldOpenBoundForgetsTheDead(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), MaxOpenHolds: 2})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), MaxOpenHolds: 2})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 1000)
 		for range 2 {
 			_, h, err := l.Reserve(ctx, key, lim, 1, 10, 200*time.Millisecond)
@@ -200,7 +200,7 @@ func TestHoldOpenBoundForgetsTheDead(t *testing.T) {
 func TestHoldOpenBoundFromLease(t *testing.T) {
 	g := NewWithT(t)
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), LeaseHorizon: time.Minute, MaxLease: 100, MaxOpenHolds: 2})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), LeaseHorizon: time.Minute, MaxLease: 100, MaxOpenHolds: 2})
 	ctx, key := context.Background(), uniqueKey(t)
 	lim := holdLimit(limiter.FixedWindow, 1_000_000)
 	lim.Replicas = 1
@@ -234,8 +234,8 @@ func TestHoldKilledHolderKeepsItsUnitsSpent(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		killed := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
-		survivor := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		killed := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
+		survivor := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 10_000)
 		for range 10 {
 			_, h, err := killed.Reserve(ctx, key, lim, 1000, 1000, 300*time.Millisecond)
@@ -265,7 +265,7 @@ func TestHoldRefusedWhileHeldRetriesSoon(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 10_000)
 		_, h, err := l.Reserve(ctx, key, lim, 50, 10_000, time.Minute)
 		g.Expect(err).NotTo(HaveOccurred())
@@ -292,7 +292,7 @@ func TestHoldOpenBoundAcrossAWindow(t *testing.T) {
 		t.Run(string(alg), func(t *testing.T) {
 			g := NewWithT(t)
 			c := newClient(t, shared.URL())
-			l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), MaxOpenHolds: 2, PrecheckSize: -1})
+			l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), MaxOpenHolds: 2, PrecheckSize: -1})
 			ctx, key := context.Background(), uniqueKey(t)
 			lim := limiter.Limit{Algorithm: alg, Requests: 1000, Window: time.Second, FailureMode: limiter.FailureModeClosed}
 			start := freshWindow(t, c, lim.Window)

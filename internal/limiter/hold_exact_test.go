@@ -23,7 +23,7 @@ func TestHoldExactness(t *testing.T) {
 		key := uniqueKey(t)
 		var ls []*limiter.Limiter
 		for range replicas {
-			ls = append(ls, newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID(), PrecheckSize: -1}))
+			ls = append(ls, newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), PrecheckSize: -1}))
 		}
 		// The model lags Redis on both sides (a hold counts once Reserve returned, a settle's
 		// units leave before it is sent and its use counts once it returned), so it never

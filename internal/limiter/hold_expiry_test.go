@@ -43,9 +43,9 @@ func TestHoldExpiry(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		a := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
-		b := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
-		killed := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		a := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
+		b := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
+		killed := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
 
 		_, h, err := a.Reserve(ctx, key, lim, 1, 30, 300*time.Millisecond)
@@ -71,7 +71,7 @@ func TestHoldExpiry(t *testing.T) {
 		r, err = a.Allow(ctx, key, lim, 1)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(r.Allowed).To(BeTrue())
-		g.Expect(a.Stats().RestoredUnits).To(BeZero())
+		g.Expect(a.TestStats().RestoredUnits).To(BeZero())
 		g.Expect(counted(t, c, key, lim)).To(Equal(int64(52)))
 
 		s, err := a.Settle(ctx, h, 10)
@@ -85,12 +85,12 @@ func TestHoldExpiry(t *testing.T) {
 		}
 		_, err = b.Settle(ctx, hb, 1)
 		g.Expect(err).NotTo(HaveOccurred())
-		st := a.Stats()
+		st := a.TestStats()
 		g.Expect(st.HoldsExpired).To(Equal(uint64(1)))
 		if alg == limiter.FixedWindow || alg == limiter.SlidingWindowCounter {
 			g.Expect(st.HoldsLapsed).To(Equal(uint64(1)), "only the window state's holds are in shares")
 		}
-		g.Expect(a.Stats().RestoredUnits).To(BeZero())
+		g.Expect(a.TestStats().RestoredUnits).To(BeZero())
 	})
 }
 
@@ -99,7 +99,7 @@ func TestHoldExpiredDebt(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
 		_, h, err := l.Reserve(ctx, key, lim, 1, 30, 200*time.Millisecond)
 		g.Expect(err).NotTo(HaveOccurred())
@@ -118,14 +118,14 @@ func TestHoldExpiredDebt(t *testing.T) {
 func TestHoldBeyondMaxHolds(t *testing.T) {
 	g := NewWithT(t)
 	c := newClient(t, shared.URL())
-	a := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), MaxHolds: 1})
-	b := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
+	a := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), MaxHolds: 1})
+	b := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 	ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(limiter.FixedWindow, 100)
 	_, h1, err := a.Reserve(ctx, key, lim, 1, 10, 200*time.Millisecond)
 	g.Expect(err).NotTo(HaveOccurred())
 	_, h2, err := a.Reserve(ctx, key, lim, 1, 7, 200*time.Millisecond)
 	g.Expect(err).NotTo(HaveOccurred())
-	st := a.Stats()
+	st := a.TestStats()
 	g.Expect(st.HoldsOpen).To(Equal(1))
 	g.Expect(st.HoldsUntracked).To(Equal(uint64(1)))
 	g.Expect(st.UnkeptShareUnits).To(Equal(uint64(7)))
@@ -136,7 +136,7 @@ func TestHoldBeyondMaxHolds(t *testing.T) {
 	g.Expect(counted(t, c, key, lim)).To(Equal(int64(18)))
 	_, err = a.Allow(ctx, key, lim, 1)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(a.Stats().RestoredUnits).To(BeZero())
+	g.Expect(a.TestStats().RestoredUnits).To(BeZero())
 	g.Expect(counted(t, c, key, lim)).To(Equal(int64(19)))
 	var back int64
 	for _, h := range []*limiter.Hold{h1, h2} {
@@ -160,7 +160,7 @@ func TestHoldFailover(t *testing.T) {
 			g := NewWithT(t)
 			srv := startOwnRedis(t)
 			c := newClient(t, srv.URL())
-			l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+			l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 			ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
 
 			_, h, err := l.Reserve(ctx, key, lim, 1, 50, time.Minute)
@@ -170,7 +170,7 @@ func TestHoldFailover(t *testing.T) {
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(s).To(Equal(limiter.Settled{Returned: 30}))
 			g.Expect(counted(t, c, key, lim)).To(Equal(int64(20)))
-			g.Expect(l.Stats().RestoredUnits).To(Equal(uint64(50)))
+			g.Expect(l.TestStats().RestoredUnits).To(Equal(uint64(50)))
 
 			_, h, err = l.Reserve(ctx, key, lim, 1, 40, 200*time.Millisecond)
 			g.Expect(err).NotTo(HaveOccurred())

@@ -67,7 +67,7 @@ func TestHoldSettleFailedOnADeadMasterKeepsItsUse(t *testing.T) {
 	grp, err := redistest.StartSentinel()
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = grp.Close() })
-	l := newLimiter(t, sentinelClient(t, grp), limiter.Options{ReplicaID: limiter.NewReplicaID(),
+	l := newLimiter(t, sentinelClient(t, grp), limiter.TestOptions{ReplicaID: limiter.NewReplicaID(),
 		BreakerOpenFor: 100 * time.Millisecond})
 	ctx := context.Background()
 	algs := []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter}
@@ -100,7 +100,7 @@ func TestHoldSettleFailedOnADeadMasterKeepsItsUse(t *testing.T) {
 		g.Expect(h.Units).To(Equal(int64(40)), "the 60 the request used stay counted on the promoted replica")
 		g.Expect(counted(t, sentinelClient(t, grp), keys[alg], lim)).To(Equal(int64(100)))
 	}
-	g.Expect(l.Stats().RestoredUnits).To(Equal(uint64(120)))
+	g.Expect(l.TestStats().RestoredUnits).To(Equal(uint64(120)))
 }
 
 // holdFleet is callers looping reserve -> settle on one key through several limiters, as
@@ -311,7 +311,7 @@ func TestHoldsSurviveASentinelFailover(t *testing.T) {
 			for range 3 {
 				// A second to answer: a timeout on a live master leaves a hold or a settle
 				// counted and unknown, which this test would count as used budget.
-				l := newLimiter(t, sentinelClientWith(t, grp, time.Second), limiter.Options{LeaseHorizon: -1,
+				l := newLimiter(t, sentinelClientWith(t, grp, time.Second), limiter.TestOptions{LeaseHorizon: -1,
 					BreakerOpenFor: 100 * time.Millisecond, ReplicaID: limiter.NewReplicaID(),
 					RestoreHold: 2 * time.Second, OnRestore: fleet.tell})
 				ls = append(ls, l)
@@ -345,7 +345,7 @@ func TestHoldsSurviveASentinelFailover(t *testing.T) {
 			var restored, held, lapsed uint64
 			open := 0
 			for _, l := range ls {
-				st := l.Stats()
+				st := l.TestStats()
 				restored += st.RestoredUnits
 				held += st.HeldCalls
 				lapsed += st.HoldsLapsed
@@ -392,7 +392,7 @@ func TestHoldsSurviveASentinelFailover(t *testing.T) {
 				}
 			}
 			time.Sleep(time.Until(last))
-			sweeper := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), PrecheckSize: -1})
+			sweeper := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), PrecheckSize: -1})
 			hk := holdsKey(key, lim)
 			deadline := time.Now().Add(30 * time.Second)
 			for {

@@ -33,7 +33,7 @@ func TestHoldFailureModes(t *testing.T) {
 		ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond, PoolTimeout: 500 * time.Millisecond})
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = c.Close() })
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), BreakerFailures: 2})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), BreakerFailures: 2})
 	ctx, key := context.Background(), uniqueKey(t)
 	lim := func(m limiter.FailureMode) limiter.Limit {
 		li := holdLimit(limiter.FixedWindow, 100)

@@ -39,7 +39,7 @@ func TestHoldStuffedRecords(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 1000)
 		hk := holdsKey(key, lim)
 		_, h, err := l.Reserve(ctx, key, lim, 1, 100, time.Hour)
@@ -79,7 +79,7 @@ func TestHoldStuffedRecords(t *testing.T) {
 func TestHoldScriptsRefuseBadArguments(t *testing.T) {
 	g := NewWithT(t)
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 	ctx := context.Background()
 	window := longWindow.Milliseconds()
 	for _, alg := range holdAlgorithms {

@@ -61,7 +61,7 @@ func (ls *leases) putBack(key string, e *lease, limit Limit, start, units int64,
 		e.units += units
 		return
 	}
-	ls.queueReturn(leaseReturn{key: key, window: limit.Window, windowStart: start, units: units})
+	ls.queueReturn(leaseReturn{key: key, policy: limit.Policy, window: limit.Window, windowStart: start, units: units})
 }
 
 // reserveLeased is Reserve from the key's lease, when it holds want units.
@@ -69,7 +69,7 @@ func (l *Limiter) reserveLeased(sk string, limit Limit, want int64, ttl time.Dur
 	if l.leases == nil || !limit.Algorithm.leases() {
 		return Result{}, nil, false
 	}
-	e, start, deadline, remaining, ok := l.leases.takeHold(sk, limit, want, int64(l.opts.MaxOpenHolds), now)
+	e, start, deadline, remaining, ok := l.leases.takeHold(sk, limit, want, int64(l.opts.maxOpenHolds), now)
 	if !ok {
 		return Result{}, nil, false
 	}
@@ -96,7 +96,7 @@ func (l *Limiter) settleLeased(ctx context.Context, h *Hold, used int64) (Settle
 		h.lease.mu.Unlock()
 	}
 	if used <= h.Units {
-		l.leases.putBack(h.key, h.lease, h.limit, h.start, h.Units-used, l.opts.Now())
+		l.leases.putBack(h.key, h.lease, h.limit, h.start, h.Units-used, l.opts.now())
 		return Settled{Returned: h.Units - used}, true, nil
 	}
 	excess := used - h.Units

@@ -18,7 +18,7 @@ import (
 func TestHoldLogAppendsAtSettle(t *testing.T) {
 	g := NewWithT(t)
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 	ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(limiter.SlidingWindowLog, 100)
 	log := key + ":swl"
 
@@ -51,7 +51,7 @@ func TestHoldLogLostReserve(t *testing.T) {
 	g := NewWithT(t)
 	srv := startOwnRedis(t)
 	c := newClient(t, srv.URL())
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 	ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(limiter.SlidingWindowLog, 100)
 
 	_, lost, err := l.Reserve(ctx, key, lim, 1, 50, time.Minute)
@@ -78,7 +78,7 @@ func TestHoldLogLostReserve(t *testing.T) {
 func TestHoldLogNotATotal(t *testing.T) {
 	g := NewWithT(t)
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 	ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(limiter.SlidingWindowLog, 100)
 	log := key + ":swl"
 	_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)

@@ -93,7 +93,7 @@ func TestHoldReserveSettle(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 100)
 
 		r, h, err := l.Reserve(ctx, key, lim, 10, 60, time.Minute)
@@ -124,7 +124,7 @@ func TestHoldReserveSettle(t *testing.T) {
 		s, err = l.Settle(ctx, h2, 40)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(s).To(Equal(limiter.Settled{}))
-		st := l.Stats()
+		st := l.TestStats()
 		g.Expect(st.HoldsReserved).To(Equal(uint64(2)))
 		g.Expect(st.HoldsSettled).To(Equal(uint64(2)))
 		g.Expect(st.HoldReturnedUnits).To(Equal(uint64(35)))
@@ -135,7 +135,7 @@ func TestHoldReserveSettle(t *testing.T) {
 // What Reserve refuses to try.
 func TestHoldInvalid(t *testing.T) {
 	g := NewWithT(t)
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{})
 	ctx, key := context.Background(), uniqueKey(t)
 	_, _, err := l.Reserve(ctx, key, holdLimit(limiter.FixedWindow, 10), 0, 2, time.Second)
 	g.Expect(err).To(MatchError(limiter.ErrInvalidLimit))
@@ -159,14 +159,14 @@ func TestHoldDebt(t *testing.T) {
 	holdAll(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key, lim := context.Background(), uniqueKey(t), holdLimit(alg, 10)
 		_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)
 		g.Expect(err).NotTo(HaveOccurred())
 		s, err := l.Settle(ctx, h, 1000)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(s).To(Equal(limiter.Settled{Debt: 990}), "the whole excess is debt")
-		g.Expect(l.Stats().DebtUnits).To(Equal(uint64(990)))
+		g.Expect(l.TestStats().DebtUnits).To(Equal(uint64(990)))
 		r, err := l.Allow(ctx, key, lim, 1)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(r.Allowed).To(BeFalse())
@@ -182,7 +182,7 @@ func TestHoldDebtRepaid(t *testing.T) {
 	t.Run("FixedWindow", func(t *testing.T) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 		ctx, key := context.Background(), uniqueKey(t)
 		lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 10, Window: 2 * time.Second, FailureMode: limiter.FailureModeClosed}
 		start := freshWindow(t, c, lim.Window)
@@ -204,7 +204,7 @@ func TestHoldDebtRepaid(t *testing.T) {
 	t.Run("TokenBucket", func(t *testing.T) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{})
+		l := newLimiter(t, c, limiter.TestOptions{})
 		ctx, key := context.Background(), uniqueKey(t)
 		lim := limiter.Limit{Algorithm: limiter.TokenBucket, Requests: 10, Window: time.Hour, FailureMode: limiter.FailureModeClosed}
 		_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)
@@ -222,7 +222,7 @@ func TestHoldDebtRepaid(t *testing.T) {
 		// left the window, a window after the settle.
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{})
+		l := newLimiter(t, c, limiter.TestOptions{})
 		ctx, key := context.Background(), uniqueKey(t)
 		lim := limiter.Limit{Algorithm: limiter.SlidingWindowLog, Requests: 10, Window: time.Second, FailureMode: limiter.FailureModeClosed}
 		_, h, err := l.Reserve(ctx, key, lim, 1, 10, time.Minute)
@@ -282,7 +282,7 @@ func TestHoldFromLease(t *testing.T) {
 	c := newClient(t, shared.URL())
 	calls := &evalCounter{}
 	c.AddHook(calls)
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), LeaseHorizon: time.Minute, MaxLease: 16})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), LeaseHorizon: time.Minute, MaxLease: 16})
 	ctx, key := context.Background(), uniqueKey(t)
 	lim := holdLimit(limiter.FixedWindow, 1_000_000)
 	lim.Replicas = 1
@@ -328,5 +328,5 @@ func TestHoldFromLease(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(s).To(Equal(limiter.Settled{Debt: 7}))
 	g.Expect(counted(t, c, key, lim)).To(Equal(c0 + 7))
-	g.Expect(l.Stats().RestoredUnits).To(BeZero())
+	g.Expect(l.TestStats().RestoredUnits).To(BeZero())
 }

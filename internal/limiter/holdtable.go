@@ -9,7 +9,7 @@ import (
 )
 
 // holdTable is this replica's open holds whose units its share counts (see shares.go), until
-// their deadline: Stats.HoldsOpen and HoldsLapsed (a hold that reached its deadline unsettled:
+// their deadline: Stats.HoldsOpen and the lapsed count (a hold that reached its deadline unsettled:
 // its holder is taken for dead in Redis, and its units stay spent there and in the share).
 //
 // Bounded: at most max holds. A hold beyond the bound keeps no share at all (its units are

@@ -58,7 +58,7 @@ type leases struct {
 	// shares, when kept, go with every return (a replica gives back only what the Redis it
 	// returns to holds of its share), and onRestore hears of what they restored.
 	shares    *shares
-	onRestore func(key string, units int64)
+	onRestore func(policy string, units int64)
 }
 
 // minWarmLease is the least a key that was granted before asks for.
@@ -79,13 +79,14 @@ type lease struct {
 	gone        bool          // evicted: units granted to it from now on go straight back
 	leased      bool          // was granted more than one decision's cost at least once
 	// holds are the holds taken from it in the window starting at holdsStart and not settled
-	// yet: at most Options.MaxOpenHolds (see hold_lease.go).
+	// yet: at most Options.maxOpenHolds (see hold_lease.go).
 	holds, holdsStart int64
 }
 
 // leaseReturn is units to give back to one window.
 type leaseReturn struct {
 	key         string
+	policy      string // the limit's Policy, for onRestore
 	window      time.Duration
 	windowStart int64
 	units       int64
@@ -257,7 +258,7 @@ func (ls *leases) settle(key string, e *lease, limit Limit, res Result, g grant,
 		start, left := g.window(limit.Window)
 		switch {
 		case e.gone || !sameLimit(e.limit, limit):
-			ls.queueReturn(leaseReturn{key: key, window: limit.Window, windowStart: start, units: g.units - cost})
+			ls.queueReturn(leaseReturn{key: key, policy: limit.Policy, window: limit.Window, windowStart: start, units: g.units - cost})
 		default:
 			if start != e.windowStart {
 				e.units = 0
@@ -292,7 +293,7 @@ func (ls *leases) queueReturn(r leaseReturn) {
 // giveBack queues e's unspent units for return to their window; e.mu is held.
 func (ls *leases) giveBack(key string, e *lease, now time.Time) {
 	if now.Before(e.deadline) {
-		ls.queueReturn(leaseReturn{key: key, window: e.limit.Window, windowStart: e.windowStart, units: e.units})
+		ls.queueReturn(leaseReturn{key: key, policy: e.limit.Policy, window: e.limit.Window, windowStart: e.windowStart, units: e.units})
 	}
 	e.units = 0
 }
@@ -405,10 +406,10 @@ func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 			// that may have come after the script ran) is in the share again: a share above
 			// Redis's count only ever under-admits.
 			if back < r.units {
-				ls.shares.add(r.key, "", r.window, 0, r.windowStart, r.units-back)
+				ls.shares.add(r.key, "", "", r.window, 0, r.windowStart, r.units-back)
 			}
 			if ok && vals[1] > 0 && ls.onRestore != nil {
-				ls.onRestore(r.key, vals[1])
+				ls.onRestore(r.policy, vals[1])
 			}
 		}
 		cmds, sent = cmds[:0], sent[:0]

@@ -32,7 +32,7 @@ func TestGrantsTimedOutWhileRedisIsPausedCountNothing(t *testing.T) {
 			g.Expect(err).NotTo(HaveOccurred())
 			t.Cleanup(func() { _ = c.Close() })
 			const maxLease = 20
-			l := newLimiter(t, c, limiter.Options{LeaseHorizon: 2 * time.Second, CallDeadline: 37 * time.Millisecond, MaxLease: maxLease})
+			l := newLimiter(t, c, limiter.TestOptions{LeaseHorizon: 2 * time.Second, CallDeadline: 37 * time.Millisecond, MaxLease: maxLease})
 			const w = 8 * time.Second
 			lim := limiter.Limit{Algorithm: alg, Requests: 2000, Window: w, Replicas: 1, FailureMode: limiter.FailureModeClosed}
 			key := uniqueKey(t)

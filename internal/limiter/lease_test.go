@@ -16,7 +16,7 @@ import (
 
 var leasing = []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter}
 
-func leaseOpts() limiter.Options { return limiter.Options{LeaseHorizon: 2 * time.Second} }
+func leaseOpts() limiter.TestOptions { return limiter.TestOptions{LeaseHorizon: 2 * time.Second} }
 
 // flood makes every limiter's goroutines decide on keys until each has made attempts decisions
 // and returns admissions per key and the decisions that came from leases.
@@ -167,7 +167,7 @@ func TestLeaseOutlivesARedisOutage(t *testing.T) {
 			srv, err := redistest.Start()
 			g.Expect(err).NotTo(HaveOccurred())
 			t.Cleanup(func() { _ = srv.Close() })
-			l := newLimiter(t, newClient(t, srv.URL()), limiter.Options{LeaseHorizon: 10 * time.Second, BreakerFailures: 1})
+			l := newLimiter(t, newClient(t, srv.URL()), limiter.TestOptions{LeaseHorizon: 10 * time.Second, BreakerFailures: 1})
 			lim := exactLimit(alg, 100)
 			lim.FailureMode = limiter.FailureModeClosed
 			key := uniqueKey(t)
@@ -208,8 +208,8 @@ func TestIdleLeaseGoesBack(t *testing.T) {
 	for _, alg := range leasing {
 		t.Run(string(alg), func(t *testing.T) {
 			g := NewWithT(t)
-			a := newLimiter(t, newClient(t, shared.URL()), limiter.Options{LeaseHorizon: 300 * time.Millisecond})
-			b := newLimiter(t, newClient(t, shared.URL()), limiter.Options{LeaseHorizon: 300 * time.Millisecond})
+			a := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{LeaseHorizon: 300 * time.Millisecond})
+			b := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{LeaseHorizon: 300 * time.Millisecond})
 			lim := exactLimit(alg, 50)
 			key := uniqueKey(t)
 			// a takes the whole limit, partly as a lease it then leaves unused.
@@ -247,7 +247,7 @@ func TestPausedKeyResumesWarm(t *testing.T) {
 			evals := &evalCounter{}
 			c := newClient(t, shared.URL())
 			c.AddHook(evals)
-			l := newLimiter(t, c, limiter.Options{LeaseHorizon: 200 * time.Millisecond})
+			l := newLimiter(t, c, limiter.TestOptions{LeaseHorizon: 200 * time.Millisecond})
 			lim := exactLimit(alg, 1_000_000)
 			hot, once := uniqueKey(t), uniqueKey(t)
 			decide := func(key string) limiter.Result {

@@ -243,7 +243,7 @@ func TestLeaseHeldAcrossABoundaryEndsWithItsWindow(t *testing.T) {
 	for _, alg := range leasing {
 		t.Run(string(alg), func(t *testing.T) {
 			g := NewWithT(t)
-			l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{LeaseHorizon: time.Minute})
+			l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{LeaseHorizon: time.Minute})
 			lim := limiter.Limit{Algorithm: alg, Requests: 100_000, Window: 2 * time.Second, Replicas: 1}
 			key := uniqueKey(t)
 			untilWindowStart(lim.Window)

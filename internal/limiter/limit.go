@@ -5,123 +5,7 @@ import (
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/redline-dev/redline/internal/calendar"
 )
-
-// Algorithm names a rate limiting algorithm. The values match the API's enum.
-type Algorithm string
-
-// The algorithms Redline implements, one Lua script each (see package scripts).
-const (
-	FixedWindow          Algorithm = "FixedWindow"
-	SlidingWindowLog     Algorithm = "SlidingWindowLog"
-	SlidingWindowCounter Algorithm = "SlidingWindowCounter"
-	TokenBucket          Algorithm = "TokenBucket"
-)
-
-// Algorithms lists every algorithm in a stable order.
-var Algorithms = []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket}
-
-// Limit is one rate limit: at most Requests per Window, shaped by Algorithm.
-type Limit struct {
-	// Algorithm picks the script that decides.
-	Algorithm Algorithm
-	// Requests is how many units of cost fit in one Window.
-	Requests int64
-	// Window is the period Requests applies to. Whole milliseconds; at least 1ms.
-	Window time.Duration
-	// Burst is the bucket capacity of TokenBucket (0 means Requests). Other algorithms ignore it.
-	Burst int64
-	// FailureMode says what to decide while Redis cannot be asked. Empty means LocalFallback.
-	FailureMode FailureMode
-	// Shadow computes and counts the decision but always admits.
-	Shadow bool
-	// Replicas is the live replica count LocalFallback divides this limit by (0 counts as 1):
-	// the count of the limit's heartbeat group, as Announce returns it.
-	Replicas int64
-	// Calendar, when set, makes a FixedWindow count calendar periods (days, weeks, months in a
-	// time zone) instead of windows aligned on multiples of Window; Window is then the longest
-	// a period can be (Calendar.MaxLength), which bounds what needs one length (see calendar.go).
-	Calendar *calendar.Calendar
-	// Peers is the most live replicas of the limit's group seen lately (0: unknown). A key
-	// whose grants wait after a restore (Options.RestoreHold) decides again once that many
-	// replicas re-asserted their shares in it, instead of at the end of the hold.
-	Peers int64
-	// Durability is what a grant of the limit waits for before it is answered (durability.go).
-	Durability Durability
-}
-
-// FailureMode says how a limit decides while Redis is unreachable. The values match the API's enum.
-type FailureMode string
-
-// The failure modes.
-const (
-	// FailureModeOpen admits every request.
-	FailureModeOpen FailureMode = "Open"
-	// FailureModeClosed refuses every request, with a retry-after of the breaker's open period.
-	FailureModeClosed FailureMode = "Closed"
-	// FailureModeLocalFallback enforces Requests / live replicas per key in this process.
-	FailureModeLocalFallback FailureMode = "LocalFallback"
-)
-
-// Source says where a decision came from.
-type Source uint8
-
-// The sources of a decision.
-const (
-	// SourceRedis is a decision by the shared counter in Redis.
-	SourceRedis Source = iota + 1
-	// SourcePrecheck is a refusal from the local cache of refused keys, made without Redis.
-	SourcePrecheck
-	// SourceFallback is a decision by the local per-replica limiter while Redis is unreachable.
-	SourceFallback
-	// SourceFailOpen is an admission because Redis is unreachable and the limit fails open.
-	SourceFailOpen
-	// SourceFailClosed is a refusal because Redis is unreachable and the limit fails closed.
-	SourceFailClosed
-	// SourceCapacity is a refusal made without Redis because the cost exceeds what the limit
-	// can ever admit.
-	SourceCapacity
-	// SourceLease is an admission from a lease this limiter holds: units Redis counted when it
-	// granted them, admitted without a call.
-	SourceLease
-)
-
-var sourceNames = [...]string{"unknown", "redis", "precheck", "fallback", "failopen", "failclosed", "capacity", "lease"}
-
-// String returns the lower-case name used in metrics labels.
-func (s Source) String() string {
-	if int(s) < len(sourceNames) {
-		return sourceNames[s]
-	}
-	return "unknown"
-}
-
-// Result is one decision.
-type Result struct {
-	// Allowed says whether to let the request through. Always true in shadow mode.
-	Allowed bool
-	// OverLimit says the limit refused the request (also in shadow mode, where it is let through).
-	OverLimit bool
-	// Remaining is how much cost the limit would still admit now.
-	Remaining int64
-	// RetryAfter is how long until the refused cost would be admitted: 0 when admitted, -1 when
-	// the cost exceeds what the limit can ever admit.
-	RetryAfter time.Duration
-	// ResetAfter is how long until the limit is back to its full capacity.
-	ResetAfter time.Duration
-	// Period is the length of the calendar period Redis decided in (a 23-hour day, a 29-day
-	// month), for a limit with a Calendar; 0 otherwise.
-	Period time.Duration
-	// Source says where the decision came from.
-	Source Source
-	// Err is why Redis was not asked or did not answer, for logs and metrics, when Source is one
-	// of the failure sources. The decision is still valid.
-	Err error
-
-	spent spent // what an admission counted, for GiveBack (see Counted)
-}
 
 // ErrInvalidLimit is wrapped by errors about a Limit or cost that cannot be enforced.
 var ErrInvalidLimit = errors.New("invalid limit")
@@ -309,4 +193,9 @@ func msDuration(ms int64) time.Duration {
 		return math.MaxInt64
 	}
 	return time.Duration(ms) * time.Millisecond
+}
+
+// stateKey is the Redis key of an algorithm's state for a key built by keyscheme.Key.
+func stateKey(key string, a Algorithm) string {
+	return key + ":" + a.suffix()
 }

@@ -13,109 +13,29 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// Options tune a Limiter. The zero value gives working defaults.
-type Options struct {
-	// MaxBatch is the most decisions sent in one pipeline (default 128). 1 disables batching.
-	MaxBatch int
-	// MaxDetached bounds the detached asks of AllowAll in flight at once (default 256): each
-	// holds a goroutine past its request, so while Redis is slow to answer, a flood of requests
-	// whose rules answer locally would otherwise leave one behind each. An ask beyond the bound
-	// is decided with the others, its caller waiting for it.
-	MaxDetached int
-	// Flushers is how many pipelines may be in flight at once (default 4). While they are all
-	// busy, new decisions queue up and leave together in the next pipeline, so round trips per
-	// decision fall as concurrency rises.
-	Flushers int
-	// PrecheckSize bounds the local cache of refused keys (default 65536 keys; negative disables).
-	PrecheckSize int
-	// FallbackSize bounds the local limiters kept for LocalFallback (default 65536 keys).
-	FallbackSize int
-	// FallbackReplicas is what LocalFallback divides a limit by while Limit.Replicas is 0,
-	// before any heartbeat of the limit's replicas has been heard: a replica that started
-	// during a Redis outage would otherwise divide by 1 and admit the whole limit, as would
-	// every other one started then. The caller gives the workload's largest replica count
-	// (0: 1). Heard replicas win.
-	FallbackReplicas int64
-	// BreakerFailures is how many consecutive failed Redis round trips open the circuit
-	// breaker (default 5). Each shard has its own: each master of a Redis Cluster, or the one
-	// Redis otherwise (see breakers.go), and an open one sends its own keys to the failure mode.
-	BreakerFailures uint32
-	// BreakerOpenFor is how long a breaker stays open before it lets one probe through
-	// (default 1s). FailureModeClosed refusals carry it as their retry-after.
-	BreakerOpenFor time.Duration
-	// LeaseHorizon sizes leases: a key asks for what it admitted locally over about this long
-	// (default 2s; negative turns leases off, every decision then asks Redis). A lease unused
-	// for this long goes back. See lease.go.
-	LeaseHorizon time.Duration
-	// LeaseSize bounds the keys holding a lease (default 16384: about 400 bytes a key, twice
-	// that with the garbage collector's headroom; the least recently used go back first) and
-	// MaxLease the units of one lease (default 10000).
-	LeaseSize int
-	MaxLease  int64
-	// CallDeadline is how long after a pipeline leaves Redis may still run its scripts (default
-	// none). A script that runs later counts nothing and answers "stale", which the failure mode
-	// decides: its caller has stopped waiting (set it below the client's read timeout), and the
-	// units it would count would be admitted by nobody. See clock.go.
-	CallDeadline time.Duration
-	// SlotExpiry is how long an in-flight slot counts without a renewal (default
-	// DefaultSlotExpiry, 2s to 10m): the bound on how long a dead replica's slots stay taken.
-	// MaxSlots bounds the slots this replica holds at once (default DefaultMaxSlots). See
-	// slots.go.
-	SlotExpiry time.Duration
-	MaxSlots   int
-	// ReplicaID names this replica's shares in Redis (see shares.go; NewReplicaID makes one).
-	// Empty keeps none: counts a Redis loses in a failover or a restart stay lost.
-	ReplicaID string
-	// ShareKeys bounds the keys whose shares this replica keeps (default 65536: about 150 bytes
-	// a key). A key whose two last windows have ended frees its slot; a grant to a key beyond
-	// the bound keeps no share (Stats.UnkeptShareUnits).
-	ShareKeys int
-	// RestoreHold is how long grants of a key wait once a replica had to restore its share in
-	// it (default none): the Redis lost counts, so other replicas' shares are likely missing
-	// too, and a grant before they re-assert theirs admits them again. Set it above the time
-	// the other replicas take to hear of the loss (the sidecar: twice its heartbeat interval).
-	// Waiting decisions go to the failure mode; limits that fail open do not wait.
-	RestoreHold time.Duration
-	// MaxHolds bounds the open holds (Reserve) whose units this replica's shares count (default
-	// 65536: about 100 bytes a hold). A hold beyond it keeps no share: a failover cannot
-	// restore its units (Stats.UnkeptShareUnits), which nothing then re-asserts after it went
-	// back either. See holdtable.go.
-	MaxHolds int
-	// MaxOpenHolds bounds the holds (Reserve) one key has open at once, in Redis, across every
-	// replica (default DefaultMaxOpenHolds): a reserve beyond it is refused like a limit's
-	// refusal, with a RetryAfter. What a key's requests spend past their holds, known only at
-	// their settles, is then at most that many requests' worth at once. A hold past its
-	// deadline no longer counts toward it.
-	MaxOpenHolds int
-	// OnRestore, when set, is told each time this replica's shares restored units of key (its
-	// state key: Key plus the algorithm's suffix) that Redis had lost.
-	OnRestore func(key string, units int64)
-	// Now is the local clock, used only for the pre-check, the fallback limiters and leases'
-	// local deadlines; decisions in Redis use Redis's clock (default time.Now).
-	Now func() time.Time
-}
+// flushers is how many pipelines may be in flight at once. While they are all busy, new
+// decisions queue up and leave together in the next pipeline, so round trips per decision fall
+// as concurrency rises.
+const flushers = 4
+
+// fallbackSize bounds the local limiters kept for LocalFallback (keys).
+const fallbackSize = 65536
 
 func (o Options) withDefaults() Options {
-	if o.MaxDetached <= 0 {
-		o.MaxDetached = 256
+	if o.maxDetached <= 0 {
+		o.maxDetached = 256
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 128
 	}
-	if o.Flushers <= 0 {
-		o.Flushers = 4
-	}
 	if o.PrecheckSize == 0 {
 		o.PrecheckSize = 65536
 	}
-	if o.FallbackSize <= 0 {
-		o.FallbackSize = 65536
+	if o.breakerFailures == 0 {
+		o.breakerFailures = 5
 	}
-	if o.BreakerFailures == 0 {
-		o.BreakerFailures = 5
-	}
-	if o.BreakerOpenFor <= 0 {
-		o.BreakerOpenFor = time.Second
+	if o.breakerOpenFor <= 0 {
+		o.breakerOpenFor = time.Second
 	}
 	if o.LeaseHorizon == 0 {
 		o.LeaseHorizon = 2 * time.Second
@@ -123,29 +43,26 @@ func (o Options) withDefaults() Options {
 	if o.LeaseSize <= 0 {
 		o.LeaseSize = 16384
 	}
-	if o.MaxLease <= 0 {
-		o.MaxLease = 10000
+	if o.maxLease <= 0 {
+		o.maxLease = 10000
 	}
 	if o.ShareKeys <= 0 {
 		o.ShareKeys = 65536
 	}
-	if o.MaxHolds <= 0 {
-		o.MaxHolds = 65536
+	if o.maxHolds <= 0 {
+		o.maxHolds = 65536
 	}
-	if o.MaxOpenHolds <= 0 {
-		o.MaxOpenHolds = DefaultMaxOpenHolds
+	if o.maxOpenHolds <= 0 {
+		o.maxOpenHolds = defaultMaxOpenHolds
 	}
-	o.MaxOpenHolds = min(o.MaxOpenHolds, maxOpenHoldsBound)
-	if o.Now == nil {
-		o.Now = time.Now
+	o.maxOpenHolds = min(o.maxOpenHolds, maxOpenHoldsBound)
+	if o.now == nil {
+		o.now = time.Now
 	}
 	if o.SlotExpiry <= 0 {
 		o.SlotExpiry = DefaultSlotExpiry
 	}
 	o.SlotExpiry = min(max(o.SlotExpiry, minSlotExpiry), maxSlotExpiry)
-	if o.MaxSlots <= 0 {
-		o.MaxSlots = DefaultMaxSlots
-	}
 	return o
 }
 
@@ -165,7 +82,7 @@ type Limiter struct {
 	opts      Options
 	queue     chan *call
 	slots     chan struct{} // one per pipeline in flight, held by flushers and inline callers
-	detached  chan struct{} // one per detached ask in flight (Options.MaxDetached)
+	detached  chan struct{} // one per detached ask in flight (Options.maxDetached)
 	quit      chan struct{}
 	wg        sync.WaitGroup
 	closed    atomic.Bool
@@ -210,18 +127,18 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	l := &Limiter{
 		client:   client,
 		opts:     o,
-		queue:    make(chan *call, o.MaxBatch*o.Flushers),
-		slots:    make(chan struct{}, o.Flushers),
-		detached: make(chan struct{}, o.MaxDetached),
+		queue:    make(chan *call, o.MaxBatch*flushers),
+		slots:    make(chan struct{}, flushers),
+		detached: make(chan struct{}, o.maxDetached),
 		quit:     make(chan struct{}),
 		clock:    newRedisClock(),
 		holdTag:  NewReplicaID(),
-		slotBook: newSlotBook(o.MaxSlots),
+		slotBook: newSlotBook(maxSlots),
 		waitSem:  make(chan struct{}, waitConcurrency(client)),
 	}
 	l.wg.Go(l.slotRenewer)
 	if o.ReplicaID != "" {
-		l.shares = newShares(o.ReplicaID, o.ShareKeys, o.RestoreHold, o.MaxHolds, o.Now)
+		l.shares = newShares(o.ReplicaID, o.ShareKeys, o.RestoreHold, o.maxHolds, o.now)
 		l.reassert = make(chan struct{}, 1)
 		l.wg.Go(l.reasserter)
 	}
@@ -229,22 +146,22 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	if l.precheck, err = newPrecheck(o.PrecheckSize); err != nil {
 		return nil, fmt.Errorf("creating pre-check cache: %w", err)
 	}
-	if l.fallback, err = newFallback(o.FallbackSize); err != nil {
+	if l.fallback, err = newFallback(fallbackSize); err != nil {
 		return nil, fmt.Errorf("creating fallback cache: %w", err)
 	}
 	if o.LeaseHorizon > 0 {
-		if l.leases, err = newLeases(o.LeaseSize, o.LeaseHorizon, o.MaxLease, o.Now); err != nil {
+		if l.leases, err = newLeases(o.LeaseSize, o.LeaseHorizon, o.maxLease, o.now); err != nil {
 			return nil, fmt.Errorf("creating lease cache: %w", err)
 		}
 		l.leases.shares, l.leases.onRestore = l.shares, l.restored
 		l.wg.Go(func() { l.leases.run(client, l.quit) })
 	}
-	l.breakers = newBreakers(clusterOf(client), o.BreakerFailures, o.BreakerOpenFor)
+	l.breakers = newBreakers(clusterOf(client), o.breakerFailures, o.breakerOpenFor)
 	if l.breakers.topo != nil {
 		l.wg.Go(func() { l.breakers.run(l.quit) })
 	}
 	l.calls.New = func() any { return &call{done: make(chan struct{}, 1), args: make([]any, 0, 13)} }
-	for range o.Flushers {
+	for range flushers {
 		l.wg.Add(1)
 		go l.flusher()
 	}
@@ -286,7 +203,7 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 		return finish(Result{OverLimit: true, RetryAfter: -1, Source: SourceCapacity}, limit), nil
 	}
 	sk := limitKey(key, limit)
-	now := l.opts.Now()
+	now := l.opts.now()
 	if l.leases == nil || !limit.Algorithm.leases() || limit.Calendar != nil {
 		res, g, answered, err := l.ask(ctx, sk, limit, cost, cost, now, m, nil)
 		return finish(counted(res, limit, g, cost, answered), limit), err
@@ -299,7 +216,7 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 		}
 		if wait == nil {
 			res, g, answered, err := l.ask(ctx, sk, limit, cost, want, now, m, nil)
-			l.leases.settle(sk, e, limit, res, g, cost, now, l.opts.Now(), answered)
+			l.leases.settle(sk, e, limit, res, g, cost, now, l.opts.now(), answered)
 			if answered && g.units > cost {
 				l.stats.grants.Add(1)
 			}
@@ -320,7 +237,7 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 		case <-l.quit:
 			return Result{}, ErrClosed
 		}
-		now = l.opts.Now()
+		now = l.opts.now()
 	}
 }
 

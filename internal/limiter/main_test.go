@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -94,12 +95,12 @@ func newClient(t testing.TB, url string) redis.UniversalClient {
 // these suites pin down the algorithms' per-request decisions in order, which leases (one
 // replica holding units another is refused) trade for fewer round trips; lease_test.go
 // holds leases to their own invariants.
-func newLimiter(t testing.TB, c redis.UniversalClient, o limiter.Options) *limiter.Limiter {
+func newLimiter(t testing.TB, c redis.UniversalClient, o limiter.TestOptions) *limiter.Limiter {
 	t.Helper()
 	if o.LeaseHorizon == 0 {
 		o.LeaseHorizon = -1
 	}
-	l, err := limiter.New(c, o)
+	l, err := limiter.NewWith(c, o)
 	if err != nil {
 		t.Fatalf("creating limiter: %v", err)
 	}
@@ -112,7 +113,7 @@ var keySeq atomic.Int64
 // uniqueKey returns a key no other test uses.
 func uniqueKey(t testing.TB) string {
 	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
-	return limiter.Key("test", name, "rule", fmt.Sprint(keySeq.Add(1), time.Now().UnixNano()))
+	return keyscheme.Key("test", name, "rule", fmt.Sprint(keySeq.Add(1), time.Now().UnixNano()))
 }
 
 // evalCounter counts EVALSHA commands a client sends, in pipelines or alone.

@@ -41,7 +41,7 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit, cost int64)
 		return finish(Result{OverLimit: true, RetryAfter: -1, Source: SourceCapacity}, limit), nil
 	}
 	sk := limitKey(key, limit)
-	now := l.opts.Now()
+	now := l.opts.now()
 	if l.leases != nil && limit.Algorithm.leases() {
 		if r, ok := l.leases.peek(sk, limit, cost, now); ok {
 			return finish(r, limit), nil

@@ -81,7 +81,7 @@ func TestPeekIsTheNextDecision(t *testing.T) {
 	allAlgorithms(t, func(t *testing.T, alg limiter.Algorithm) {
 		g := NewWithT(t)
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{PrecheckSize: -1})
+		l := newLimiter(t, c, limiter.TestOptions{PrecheckSize: -1})
 		key, lim := uniqueKey(t), peekLimit(alg)
 		peekClockMS(t, c)
 		for i, cost := range []int64{1, 2, 6, 1, 3, 1, 1, 2, 1, 1} {
@@ -124,7 +124,7 @@ func TestPeekSeesWhatTheDecisionSees(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
 			c := newClient(t, shared.URL())
-			l := newLimiter(t, c, limiter.Options{PrecheckSize: -1})
+			l := newLimiter(t, c, limiter.TestOptions{PrecheckSize: -1})
 			key, lim := uniqueKey(t), peekLimit(tc.alg)
 			tc.seed(c, key, peekClockMS(t, c))
 			for i, cost := range []int64{1, 1, 2, 1, 1, 1} {
@@ -146,7 +146,7 @@ func TestPeekWritesNothing(t *testing.T) {
 		g := NewWithT(t)
 		ctx := context.Background()
 		c := newClient(t, shared.URL())
-		l := newLimiter(t, c, limiter.Options{PrecheckSize: -1})
+		l := newLimiter(t, c, limiter.TestOptions{PrecheckSize: -1})
 		lim := peekLimit(alg)
 		peekClockMS(t, c)
 
@@ -178,7 +178,7 @@ func TestPeekSeesTheLease(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, c, limiter.Options{PrecheckSize: -1, LeaseHorizon: time.Hour})
+	l := newLimiter(t, c, limiter.TestOptions{PrecheckSize: -1, LeaseHorizon: time.Hour})
 	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 1000, Window: 24 * time.Hour, Replicas: 1}
 	key := uniqueKey(t)
 	peekClockMS(t, c)

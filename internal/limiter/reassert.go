@@ -127,18 +127,18 @@ func (l *Limiter) reassertBatch(batch []liveShare) error {
 			continue
 		}
 		if len(vals) == 7 && vals[6] > 0 {
-			l.restored(batch[i].key, vals[6])
+			l.restored(batch[i].policy, vals[6])
 		}
 	}
 	return first
 }
 
-// restored records that this replica's shares added units back to key.
-func (l *Limiter) restored(key string, units int64) {
+// restored records that this replica's shares added units back to a limit of policy.
+func (l *Limiter) restored(policy string, units int64) {
 	l.stats.restorations.Add(1)
 	l.stats.restoredUnits.Add(uint64(units))
 	if l.opts.OnRestore != nil {
-		l.opts.OnRestore(key, units)
+		l.opts.OnRestore(policy, units)
 	}
 }
 

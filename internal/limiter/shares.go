@@ -61,9 +61,10 @@ type shareShard struct {
 type share struct {
 	window    time.Duration
 	alg       Algorithm
-	hold      int64 // ARGV[10] of its calls
-	start     int64 // ms on Redis's clock
-	cur, prev int64 // units granted in the window starting at start, and in the one before
+	policy    string // its limit's Policy, for OnRestore
+	hold      int64  // ARGV[10] of its calls
+	start     int64  // ms on Redis's clock
+	cur, prev int64  // units granted in the window starting at start, and in the one before
 }
 
 // NewReplicaID returns a random id for Options.ReplicaID: 8 characters, short because every
@@ -119,9 +120,10 @@ func (s *shares) lower(key string, window time.Duration, start, units int64) {
 	}
 }
 
-// add records units (negative: given back) granted to key in the window starting at start. It
-// returns false when the table had no room for the key: those units keep no share.
-func (s *shares) add(key string, alg Algorithm, window time.Duration, hold, start, units int64) bool {
+// add records units (negative: given back) granted to key, of a limit of alg and policy, in the
+// window starting at start. It returns false when the table had no room for the key: those
+// units keep no share.
+func (s *shares) add(key string, alg Algorithm, policy string, window time.Duration, hold, start, units int64) bool {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -154,7 +156,7 @@ func (s *shares) add(key string, alg Algorithm, window time.Duration, hold, star
 		return true // older still: its window is over
 	}
 	if alg != "" {
-		e.alg, e.hold = alg, hold
+		e.alg, e.policy, e.hold = alg, policy, hold
 	}
 	e.cur = max(e.cur+units, 0)
 	return true
@@ -189,6 +191,7 @@ func (s *shares) sweep(nowMS int64) {
 type liveShare struct {
 	key       string
 	alg       Algorithm
+	policy    string
 	hold      int64
 	window    time.Duration
 	start     int64
@@ -205,7 +208,7 @@ func (s *shares) live(nowMS int64) []liveShare {
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			if e.start+2*e.window.Milliseconds() > nowMS && (e.cur > 0 || e.prev > 0) {
-				out = append(out, liveShare{key: k, alg: e.alg, hold: e.hold, window: e.window, start: e.start, cur: e.cur, prev: e.prev, lv: s.lowerings.Load()})
+				out = append(out, liveShare{key: k, alg: e.alg, policy: e.policy, hold: e.hold, window: e.window, start: e.start, cur: e.cur, prev: e.prev, lv: s.lowerings.Load()})
 			}
 		}
 		sh.mu.Unlock()

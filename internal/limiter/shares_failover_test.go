@@ -139,7 +139,7 @@ func TestSharesRestoreARestartedRedis(t *testing.T) {
 					if first == nil {
 						first = c
 					}
-					o := limiter.Options{LeaseHorizon: 2 * time.Second, BreakerOpenFor: 100 * time.Millisecond}
+					o := limiter.TestOptions{LeaseHorizon: 2 * time.Second, BreakerOpenFor: 100 * time.Millisecond}
 					if withShares {
 						o.ReplicaID, o.RestoreHold, o.OnRestore = limiter.NewReplicaID(), 2*time.Second, fleet.tell
 					}
@@ -210,7 +210,7 @@ func TestSharesRestoreAClusterFailover(t *testing.T) {
 		if first == nil {
 			first = c
 		}
-		ls = append(ls, newLimiter(t, c, limiter.Options{LeaseHorizon: 2 * time.Second,
+		ls = append(ls, newLimiter(t, c, limiter.TestOptions{LeaseHorizon: 2 * time.Second,
 			BreakerOpenFor: 100 * time.Millisecond, ReplicaID: limiter.NewReplicaID(),
 			RestoreHold: 2 * time.Second, OnRestore: fleet.tell}))
 		fleet.mu.Lock()
@@ -297,7 +297,7 @@ func TestSharesRestoreASentinelFailover(t *testing.T) {
 				if first == nil {
 					first = c
 				}
-				l := newLimiter(t, c, limiter.Options{LeaseHorizon: horizon, BreakerOpenFor: 100 * time.Millisecond,
+				l := newLimiter(t, c, limiter.TestOptions{LeaseHorizon: horizon, BreakerOpenFor: 100 * time.Millisecond,
 					ReplicaID: limiter.NewReplicaID(), RestoreHold: 2 * time.Second, OnRestore: fleet.tell})
 				ls = append(ls, l)
 				fleet.mu.Lock()

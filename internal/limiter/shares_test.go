@@ -281,7 +281,7 @@ func TestSharesScripts(t *testing.T) {
 func TestShareTableBound(t *testing.T) {
 	g := NewWithT(t)
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), ShareKeys: 4})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), ShareKeys: 4})
 	lim := limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 3, Window: time.Hour, Replicas: 1}
 	for i := range 10 {
 		key := fmt.Sprintf("%s-%d", uniqueKey(t), i)

@@ -58,8 +58,9 @@ import (
 // 10 s, renewed every 2.5 s.
 const DefaultSlotExpiry = 10 * time.Second
 
-// DefaultMaxSlots is Options.MaxSlots when not set.
-const DefaultMaxSlots = 65536
+// maxSlots bounds the in-flight slots this replica holds at once: a Slot beyond it is refused
+// with ErrSlotsFull.
+const maxSlots = 65536
 
 // MaxInFlight is the most an in-flight limit may be.
 const MaxInFlight = 100_000
@@ -84,29 +85,6 @@ var ErrSlotsSettling = errors.New("in-flight slots are being re-asserted: Redis 
 
 // slotScripts are the slot scripts, for Exec to load after NOSCRIPT.
 var slotScripts = []scripts.Script{scripts.SlotAcquire(), scripts.SlotRenew()}
-
-// InFlight is an in-flight limit.
-type InFlight struct {
-	// Max is the most requests of a key in progress at once, 1 to MaxInFlight.
-	Max         int64
-	FailureMode FailureMode
-	// Shadow takes slots and reports a full key, but never refuses.
-	Shadow bool
-}
-
-// SlotResult is what an Acquire decided.
-type SlotResult struct {
-	// Allowed says the request may proceed (with a slot, or by its failure mode or shadow).
-	Allowed bool
-	// Full says the key had Max requests in progress (the request would be refused).
-	Full bool
-	// InUse is how many slots of the key were taken after the call (as Redis counted them).
-	InUse int64
-	// RetryAfter is how long a refused request should wait: a slot may free at any time.
-	RetryAfter time.Duration
-	// Err is why Redis did not decide (the failure mode did), or ErrSlotsFull.
-	Err error
-}
 
 // Slot is one request's place among its key's in-flight requests. Release it when the
 // request ends.
@@ -210,21 +188,6 @@ func (l *Limiter) releaseID(ctx context.Context, key, id string) {
 		l.slotStats.releaseErrors.Add(1)
 		l.slotsSuspect.Store(true)
 	}
-}
-
-// SlotStats counts what the in-flight slots did.
-type SlotStats struct {
-	// Held is how many slots this replica holds now.
-	Held int
-	// Renewals counts renewal rounds, RenewErrors the renewal calls that failed.
-	Renewals, RenewErrors uint64
-	// Lost counts slots lost before their release (expired in Redis, or not renewed in time).
-	Lost uint64
-	// ReleaseErrors counts releases that failed (their slot returned at its expiry).
-	ReleaseErrors uint64
-	// Reasserted counts slots a renewal added back: Redis no longer counted them (a failover,
-	// a restart) and their key had room.
-	Reasserted uint64
 }
 
 type slotCounters struct {

@@ -19,7 +19,7 @@ func TestSlotReassertedWhenRedisLostIt(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
 	key := uniqueKey(t)
 	_, s, err := l.Acquire(ctx, key, inFlight(1))
 	g.Expect(err).NotTo(HaveOccurred())
@@ -32,7 +32,7 @@ func TestSlotReassertedWhenRedisLostIt(t *testing.T) {
 		t.Fatal("a re-asserted slot was lost")
 	default:
 	}
-	other := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
+	other := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 	res, none, err := other.Acquire(ctx, key, inFlight(1))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(none).To(BeNil())
@@ -46,7 +46,7 @@ func TestSlotLostWhenItsPlaceWasTaken(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
 	key := uniqueKey(t)
 	_, s, err := l.Acquire(ctx, key, inFlight(1))
 	g.Expect(err).NotTo(HaveOccurred())
@@ -83,7 +83,7 @@ func TestSlotsReassertedBeforeTheNextAcquireAfterAFailure(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = lc.Close() })
 	// A long expiry: the renewer's round (every 2.5 minutes) does not come during the test.
-	l := newLimiter(t, lc, limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 10 * time.Minute})
+	l := newLimiter(t, lc, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 10 * time.Minute})
 	c := newClient(t, srv.URL())
 	ctx := context.Background()
 	key := uniqueKey(t)

@@ -26,7 +26,7 @@ func TestSlotsExactAcrossReplicas(t *testing.T) {
 	ctx := context.Background()
 	ls := make([]*limiter.Limiter, 3)
 	for i := range ls {
-		ls[i] = newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
+		ls[i] = newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 	}
 	key := uniqueKey(t)
 	const n = 5
@@ -96,11 +96,11 @@ func TestSlotsReturnOnlyAfterTheirHolderStopsRenewing(t *testing.T) {
 	ctx := context.Background()
 	c := newClient(t, shared.URL())
 	expiry := 3 * time.Second
-	opts := limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: expiry}
+	opts := limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), SlotExpiry: expiry}
 	live := newLimiter(t, newClient(t, shared.URL()), opts)
-	other := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
+	other := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 	deadC := newClient(t, shared.URL())
-	dead, err := limiter.New(deadC, limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: expiry})
+	dead, err := limiter.NewWith(deadC, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), SlotExpiry: expiry})
 	g.Expect(err).NotTo(HaveOccurred())
 
 	liveKey, deadKey := uniqueKey(t), uniqueKey(t)
@@ -147,7 +147,7 @@ func TestSlotsOnAStuffedKey(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	c := newClient(t, shared.URL())
-	l := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID()})
+	l := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID()})
 	key := uniqueKey(t)
 	pipe := c.Pipeline()
 	for i := range 20_000 {
@@ -182,7 +182,7 @@ func TestSlotGivenUpWhenRenewalsFail(t *testing.T) {
 	c, err := redisconn.NewClient(srv.URL(), fast)
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = c.Close() })
-	l := newLimiter(t, c, limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
+	l := newLimiter(t, c, limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
 	ctx := context.Background()
 	key := uniqueKey(t)
 	_, s, err := l.Acquire(ctx, key, inFlight(1))
@@ -217,8 +217,8 @@ func TestSlotKeyOutlivesItsLatestSlot(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	c := newClient(t, shared.URL())
-	long := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: time.Minute})
-	short := newLimiter(t, newClient(t, shared.URL()), limiter.Options{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
+	long := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), SlotExpiry: time.Minute})
+	short := newLimiter(t, newClient(t, shared.URL()), limiter.TestOptions{ReplicaID: limiter.NewReplicaID(), SlotExpiry: 2 * time.Second})
 	key := uniqueKey(t)
 	_, ls, err := long.Acquire(ctx, key, inFlight(3))
 	g.Expect(err).NotTo(HaveOccurred())

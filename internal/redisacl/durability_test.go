@@ -9,6 +9,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -40,7 +41,7 @@ func TestTenantUserCanWaitForDurability(t *testing.T) {
 	lim.Requests = 1000
 	for _, mode := range []limiter.DurabilityMode{limiter.DurabilityReplica, limiter.DurabilityAppendOnlyFile} {
 		lim.Durability = limiter.Durability{Mode: mode, Timeout: 2 * time.Second}
-		res, err := l.Allow(ctx, limiter.Key("shop", "p", "r", string(mode)), lim, 1)
+		res, err := l.Allow(ctx, keyscheme.Key("shop", "p", "r", string(mode)), lim, 1)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(res.Source).To(Equal(limiter.SourceRedis), "decided in Redis: %v", res.Err)
 		g.Expect(res.Allowed).To(BeTrue())

@@ -4,7 +4,7 @@
 // gets a user and where the credentials go. It knows nothing of Kubernetes.
 //
 // What a namespace's user may do:
-//   - keys: rl:{<namespace>/* (the limiter's keys, see limiter.Key) and rl:hb:{<namespace>/*
+//   - keys: rl:{<namespace>/* (the limiter's keys, see keyscheme.Key) and rl:hb:{<namespace>/*
 //     (heartbeats, see fleet.KeyPrefix), nothing else; no Pub/Sub channels;
 //   - commands: EVALSHA, the commands the sidecar's scripts call (Redis checks a script's calls
 //     against the caller's ACL too, so these are allowed as plain commands as well, on the
@@ -53,7 +53,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/fleet"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
@@ -61,18 +61,15 @@ import (
 const UserPrefix = "redline-tenant-"
 
 // Username is the ACL user of namespace.
-func Username(namespace string) string { return UserPrefix + limiter.KeyPart(namespace) }
+func Username(namespace string) string { return UserPrefix + keyscheme.Part(namespace) }
 
 // KeyPatterns are the key patterns namespace's user may touch. Both parts are escaped as the
-// keys escape them (limiter.KeyPart: only [A-Za-z0-9._-] pass raw), so no glob character of the
+// keys escape them (keyscheme.Part: only [A-Za-z0-9._-] pass raw), so no glob character of the
 // pattern comes from a name, and the '/' after the namespace keeps "shop" from matching
 // "shop2"'s keys.
 func KeyPatterns(namespace string) []string {
-	return []string{LimiterKeyPrefix(namespace) + "*", fleet.KeyPrefix(namespace) + "*"}
+	return []string{keyscheme.Prefix(namespace) + "*", fleet.KeyPrefix(namespace) + "*"}
 }
-
-// LimiterKeyPrefix is how every key limiter.Key builds for namespace starts: rl:{<namespace>/.
-func LimiterKeyPrefix(namespace string) string { return "rl:{" + limiter.KeyPart(namespace) + "/" }
 
 // connectionCommands are what a go-redis connection of a sidecar sends besides its scripts:
 // the handshake (HELLO with AUTH and SETNAME; AUTH and CLIENT SETNAME when HELLO is refused),

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/fleet"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisacl"
@@ -81,7 +82,7 @@ func TestTenantUserReachesOnlyItsNamespace(t *testing.T) {
 	vlim, err := limiter.New(victim, limiter.Options{})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer vlim.Close()
-	vkey := limiter.Key("victim", "p", "r", "k")
+	vkey := keyscheme.Key("victim", "p", "r", "k")
 	for range 3 {
 		res, err := vlim.Allow(ctx, vkey, fixedWindow, 1)
 		g.Expect(err).NotTo(HaveOccurred())
@@ -101,7 +102,7 @@ func TestTenantUserReachesOnlyItsNamespace(t *testing.T) {
 	alim, err := limiter.New(attacker, limiter.Options{})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer alim.Close()
-	res, err := alim.Allow(ctx, limiter.Key("attacker", "p", "r", "k"), fixedWindow, 1)
+	res, err := alim.Allow(ctx, keyscheme.Key("attacker", "p", "r", "k"), fixedWindow, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res.Source).To(Equal(limiter.SourceRedis), "decided in Redis: %v", res.Err)
 	_, err = fleet.Announce(ctx, attacker, "attacker", "pod-a", "h", 15*time.Second, []string{"p"})
@@ -117,7 +118,7 @@ func TestTenantUserReachesOnlyItsNamespace(t *testing.T) {
 		"EXPIRE a counter":             {"pexpire", counter, "1"},
 		"EVALSHA on another's key":     {"evalsha", fw.SHA, 1, counter, 1000000, 3600000, 1},
 		"EVAL":                         {"eval", "return redis.call('del', KEYS[1])", 1, counter},
-		"EVAL on its own key":          {"eval", "while true do end", 1, limiter.Key("attacker", "p", "r", "x")},
+		"EVAL on its own key":          {"eval", "while true do end", 1, keyscheme.Key("attacker", "p", "r", "x")},
 		"SCRIPT LOAD":                  {"script", "load", "while true do end"},
 		"SCRIPT FLUSH":                 {"script", "flush"},
 		"FUNCTION FLUSH":               {"function", "flush"},
@@ -140,8 +141,8 @@ func TestTenantUserReachesOnlyItsNamespace(t *testing.T) {
 		"SHUTDOWN":                     {"shutdown", "nosave"},
 		"SUBSCRIBE-less PUBLISH":       {"publish", "anything", "x"},
 		"MIGRATE":                      {"migrate", "127.0.0.1", "1", counter, "0", "1"},
-		"RENAME another's key":         {"rename", counter, limiter.Key("attacker", "p", "r", "y") + ":swc"},
-		"COPY another's key":           {"copy", counter, limiter.Key("attacker", "p", "r", "z") + ":swc"},
+		"RENAME another's key":         {"rename", counter, keyscheme.Key("attacker", "p", "r", "y") + ":swc"},
+		"COPY another's key":           {"copy", counter, keyscheme.Key("attacker", "p", "r", "z") + ":swc"},
 		"OBJECT on another's key":      {"object", "encoding", counter},
 		"MONITOR-free SLOWLOG":         {"slowlog", "get"},
 		"SWAPDB":                       {"swapdb", "0", "1"},
@@ -192,10 +193,10 @@ func TestCommandsCoverEveryScriptCall(t *testing.T) {
 	g.Expect(rules[:4]).To(Equal([]string{"reset", "on", ">a", ">b"}))
 	g.Expect(rules).To(ContainElements("~rl:{shop/*", "~rl:hb:{shop/*", "+wait", "+waitaof"))
 	// The key prefixes are those of the keys the sidecar builds.
-	g.Expect(limiter.Key("shop", "p", "r", "x")).To(HavePrefix(redisacl.LimiterKeyPrefix("shop")))
+	g.Expect(keyscheme.Key("shop", "p", "r", "x")).To(HavePrefix(keyscheme.Prefix("shop")))
 	g.Expect(fleet.GroupKey("shop", "p")).To(HavePrefix(fleet.KeyPrefix("shop")))
-	g.Expect(limiter.Key("shop2", "p", "r", "x")).NotTo(HavePrefix(redisacl.LimiterKeyPrefix("shop")))
-	g.Expect(fleet.GroupKey("x", "p")).NotTo(HavePrefix(redisacl.LimiterKeyPrefix("hb")), "no namespace's prefix covers heartbeats")
+	g.Expect(keyscheme.Key("shop2", "p", "r", "x")).NotTo(HavePrefix(keyscheme.Prefix("shop")))
+	g.Expect(fleet.GroupKey("x", "p")).NotTo(HavePrefix(keyscheme.Prefix("hb")), "no namespace's prefix covers heartbeats")
 }
 
 // Rotation: the new password is added before the old one goes; a connection opened with the
@@ -220,7 +221,7 @@ func TestRotationKeepsConnectionsWorking(t *testing.T) {
 	lim, err := limiter.New(oldConn, limiter.Options{})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer lim.Close()
-	res, err := lim.Allow(ctx, limiter.Key("shop", "p", "r", "k"), fixedWindow, 1)
+	res, err := lim.Allow(ctx, keyscheme.Key("shop", "p", "r", "k"), fixedWindow, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(res.Source).To(Equal(limiter.SourceRedis), "the connection opened before the rotation still decides: %v", res.Err)
 }
@@ -272,11 +273,11 @@ func TestClusterUserOnEveryNode(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	defer lim.Close()
 	for i := range 30 {
-		res, err := lim.Allow(ctx, limiter.Key("shop", "p", "r", fmt.Sprint(i)), fixedWindow, 1)
+		res, err := lim.Allow(ctx, keyscheme.Key("shop", "p", "r", fmt.Sprint(i)), fixedWindow, 1)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(res.Source).To(Equal(limiter.SourceRedis), "key %d: %v", i, res.Err)
 	}
-	g.Expect(tenant.Do(ctx, "del", limiter.Key("other", "p", "r", "k")+":swc").Err()).To(MatchError(HavePrefix("NOPERM")))
+	g.Expect(tenant.Do(ctx, "del", keyscheme.Key("other", "p", "r", "k")+":swc").Err()).To(MatchError(HavePrefix("NOPERM")))
 }
 
 // A user without a password makes per-namespace users pointless: the default user (no

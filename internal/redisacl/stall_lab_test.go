@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/fleet"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
@@ -73,11 +73,11 @@ func startLab(t testing.TB) *lab {
 	l.victim = tbClient(t, srv.URL(), redisacl.Username(victimNS), victimNS+"-pw")
 
 	l.group, l.cfg = fleet.GroupKey(attackerNS, "p"), fleet.GroupConfigKey(attackerNS, "p")
-	l.state = limiter.Key(attackerNS, "p", "r", "state")
-	l.doomed = limiter.Key(attackerNS, "p", "r", "doomed")
-	l.log = limiter.Key(attackerNS, "p", "r", "log")
-	l.tat = limiter.Key(attackerNS, "p", "r", "tat")
-	l.heldTat = limiter.Key(attackerNS, "p", "r", "heldtat")
+	l.state = keyscheme.Key(attackerNS, "p", "r", "state")
+	l.doomed = keyscheme.Key(attackerNS, "p", "r", "doomed")
+	l.log = keyscheme.Key(attackerNS, "p", "r", "log")
+	l.tat = keyscheme.Key(attackerNS, "p", "r", "tat")
+	l.heldTat = keyscheme.Key(attackerNS, "p", "r", "heldtat")
 	l.holds, l.tatHolds = l.state+":h", l.heldTat+":h"
 	l.logHolds, l.logHeld = l.log+":h", l.log+":held"
 	now, err := l.admin.Time(ctx).Result()

@@ -15,7 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/fleet"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisacl"
 )
@@ -83,7 +83,7 @@ func (l *lab) siege(t testing.TB, calls []call, rounds, samples int) (ping, deci
 	t.Helper()
 	ctx := context.Background()
 	fw, _ := scripts.For("FixedWindow")
-	key := []string{limiter.Key(victimNS, "p", "r", "k")}
+	key := []string{keyscheme.Key(victimNS, "p", "r", "k")}
 	var (
 		stop       atomic.Bool
 		timed      atomic.Int64
@@ -284,7 +284,7 @@ func BenchmarkTenantStall(b *testing.B) {
 		})
 	}
 	bulk := make([]any, 0, 2+2_000_000)
-	bulk = append(bulk, "zadd", limiter.Key(attackerNS, "p", "r", "bulk"))
+	bulk = append(bulk, "zadd", keyscheme.Key(attackerNS, "p", "r", "bulk"))
 	for i := range 1_000_000 {
 		bulk = append(bulk, i, i)
 	}

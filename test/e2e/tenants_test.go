@@ -16,7 +16,7 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/fleet"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/stack"
@@ -75,7 +75,7 @@ var _ = Describe("Two tenants on one Redis", func() {
 		Expect(attacker.Ping(ctx).Err()).To(Succeed(), "A's credentials work")
 
 		key := freshKey("tenant")
-		counter := limiter.Key(victimNamespace, victimPolicy, "per-client", key) + ":swc"
+		counter := keyscheme.Key(victimNamespace, victimPolicy, "per-client", key) + ":swc"
 		group := fleet.GroupKey(victimNamespace, victimPolicy)
 		fw, _ := scripts.For("FixedWindow")
 		ret := scripts.LeaseReturn()

@@ -21,7 +21,7 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/fleet"
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
@@ -36,7 +36,7 @@ func topKeysPolicy(name, prefix string, report v1alpha1.TopKeysReport) *v1alpha1
 
 // keyHash is how status names a key of the suite's one-rule policies.
 func keyHash(policy, key string) string {
-	return limiter.KeyHash(limiter.Key(namespace, policy, "per-client", key))
+	return keyscheme.Hash(keyscheme.Key(namespace, policy, "per-client", key))
 }
 
 var _ = Describe("Who is limited", func() {

@@ -21,6 +21,7 @@ var upward = map[string][]string{
 	"internal/webhook":          {"internal/controller", "cmd"},
 	"internal/backend":          {"internal/controller", "internal/webhook", "cmd"},
 	"internal/limiter":          {"internal/controller", "internal/webhook", "internal/backend", "internal/sidecar", "cmd"},
+	"internal/keyscheme":        {"internal/limiter", "internal/fleet", "internal/redisacl", "internal/controller", "internal/webhook", "internal/backend", "internal/sidecar", "cmd"},
 	"internal/fleet":            {"internal/controller", "internal/webhook", "internal/backend", "internal/sidecar", "cmd"},
 	"internal/redisconn":        {"internal/controller", "internal/webhook", "internal/backend", "internal/sidecar", "cmd"},
 	"internal/policydoc":        {"internal/controller", "internal/webhook", "internal/backend", "internal/sidecar", "cmd"},

@@ -2,7 +2,6 @@ package app
 
 import (
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -31,9 +30,9 @@ func newLimiter(client redis.UniversalClient, cfg *Config, store *ruleset.Store,
 		// The other replicas hear of a loss at their next heartbeat (the restoring one beats
 		// at once) and re-assert within a round trip: a second beyond the interval.
 		RestoreHold: cfg.HeartbeatInterval + time.Second,
-		OnRestore: func(key string, units int64) {
+		OnRestore: func(policy string, units int64) {
 			if mm := m.Load(); mm != nil {
-				mm.Restored(policyOfKey(store.Current(), key), units)
+				mm.Restored(policyLabel(store.Current(), policy), units)
 			}
 			select { // tell the other replicas at once: they re-assert when they hear of it
 			case beat <- struct{}{}:
@@ -46,18 +45,15 @@ func newLimiter(client redis.UniversalClient, cfg *Config, store *ruleset.Store,
 	return lim, nil
 }
 
-// policyOfKey names the policy of a limiter state key (rl:{<namespace>/<policy>/...}) among
-// the policies of set, for a metric label: "unknown" for none, so that the label's values are
-// bounded by the document's policies.
-func policyOfKey(set *ruleset.Set, key string) string {
-	rest, ok := strings.CutPrefix(key, "rl:{")
-	if !ok || set == nil {
+// policyLabel is policy as a metric label: "unknown" for one that is not among the policies of
+// set (a limit of a document reloaded since), so that the label's values are bounded by the
+// document's policies.
+func policyLabel(set *ruleset.Set, policy string) string {
+	if set == nil {
 		return "unknown"
 	}
-	_, rest, _ = strings.Cut(rest, "/")
-	part, _, _ := strings.Cut(rest, "/")
 	for _, p := range set.Policies {
-		if limiter.KeyPart(p.Name) == part {
+		if p.Name == policy {
 			return p.Name
 		}
 	}

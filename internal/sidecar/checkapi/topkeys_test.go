@@ -11,6 +11,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
@@ -81,7 +82,7 @@ func TestCandidatesAndTopKeysFaces(t *testing.T) {
 		var rules []checkapi.TopKeysRule
 		g.Expect(json.Unmarshal(rec.Body.Bytes(), &rules)).To(Succeed())
 		g.Expect(rules).To(HaveLen(2))
-		hash := limiter.KeyHash(limiter.Key("ns", "p", "r", "alice-secret"))
+		hash := keyscheme.Hash(keyscheme.Key("ns", "p", "r", "alice-secret"))
 		g.Expect(rules[0]).To(And(HaveField("Rule", "r"), HaveField("Candidate", false), HaveField("Decisions", BeEquivalentTo(5))))
 		g.Expect(rules[0].Refused.Keys).To(ConsistOf(HaveField("Key", hash)))
 		g.Expect(rules[0].Refused.Total).To(BeEquivalentTo(2))

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -176,9 +177,9 @@ type call struct {
 // appendCalls adds the call of rule r for key parts, and its candidate's under the candidate's
 // own state name, with the same parts and cost.
 func appendCalls(calls []call, namespace string, r *ruleset.Rule, parts []string, cost int64) []call {
-	calls = append(calls, call{rule: r, key: limiter.Key(namespace, r.Policy.Name, r.StateName, parts...), parts: parts, cost: cost})
+	calls = append(calls, call{rule: r, key: keyscheme.Key(namespace, r.Policy.Name, r.StateName, parts...), parts: parts, cost: cost})
 	if c := r.Candidate; c != nil {
-		calls = append(calls, call{rule: c, key: limiter.Key(namespace, c.Policy.Name, c.StateName, parts...), parts: parts, cost: cost})
+		calls = append(calls, call{rule: c, key: keyscheme.Key(namespace, c.Policy.Name, c.StateName, parts...), parts: parts, cost: cost})
 	}
 	return calls
 }
@@ -306,7 +307,7 @@ func (e *Engine) outcome(c call, lim limiter.Limit, res limiter.Result, err erro
 		if c.rule.ReportValues {
 			label = strings.Join(c.parts, " ")
 		}
-		t.Observe(limiter.KeyHash(c.key), label, res.OverLimit)
+		t.Observe(keyscheme.Hash(c.key), label, res.OverLimit)
 	}
 	return Outcome{Rule: c.rule, Result: res, key: c.key, lim: lim}
 }

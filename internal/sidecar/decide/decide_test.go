@@ -10,6 +10,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
@@ -98,8 +99,8 @@ func TestDecideMatchesKeysAndRefuses(t *testing.T) {
 	g.Expect(d.Allowed).To(BeTrue())
 	g.Expect(d.Outcomes).To(HaveLen(2))
 	// Rules are asked concurrently, so the order of the calls is not fixed.
-	g.Expect(fl.keys).To(ConsistOf(limiter.Key("shop", "api", "per-key", "k1"),
-		limiter.Key("shop", "api", "per-ip", "2.2.2.2")), "one trusted hop: the rightmost entry")
+	g.Expect(fl.keys).To(ConsistOf(keyscheme.Key("shop", "api", "per-key", "k1"),
+		keyscheme.Key("shop", "api", "per-ip", "2.2.2.2")), "one trusted hop: the rightmost entry")
 	f := d.Fields()
 	g.Expect(f.Policy).To(Equal(`"api/per-key";q=2;w=60, "api/per-ip";q=3;w=2`))
 	g.Expect(f.RateLimit).To(Equal(`"api/per-key";r=1;t=60, "api/per-ip";r=2;t=2`))
@@ -140,7 +141,7 @@ func TestDecideHits(t *testing.T) {
 	d, err := e.DecideHits(context.Background(), set, []decide.Hit{{Policy: "api", Rule: "per-key", Key: []string{"k9"}}}, 2)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(d.Allowed).To(BeTrue())
-	g.Expect(fl.keys).To(Equal([]string{limiter.Key("shop", "api", "per-key", "k9")}), "same key as the proxy computes for that header")
+	g.Expect(fl.keys).To(Equal([]string{keyscheme.Key("shop", "api", "per-key", "k9")}), "same key as the proxy computes for that header")
 	d, err = e.DecideHits(context.Background(), set, []decide.Hit{{Policy: "api", Rule: "per-key", Key: []string{"k9"}}}, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(d.Allowed).To(BeFalse())

@@ -3,7 +3,7 @@ package decide
 import (
 	"slices"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
@@ -13,7 +13,7 @@ type Explanation struct {
 	Rule *ruleset.Rule
 	// Matches says whether the rule's match admits the request.
 	Matches bool
-	// Key is the Redis key prefix the rule counts the request under (limiter.Key), and Hash
+	// Key is the Redis key prefix the rule counts the request under (keyscheme.Key), and Hash
 	// its hash part, which names the key in a policy's top keys. Empty when not Matches.
 	Key, Hash string
 	// CandidateHash is the hash of the candidate limit's key, when the rule has one.
@@ -34,10 +34,10 @@ func (e *Engine) Explain(set *ruleset.Set, req *Request) []Explanation {
 		x := Explanation{Rule: r, Matches: Matches(r.Match, req)}
 		if x.Matches {
 			parts := a.parts(r.Key)
-			x.Key = limiter.Key(set.Namespace, r.Policy.Name, r.StateName, parts...)
-			x.Hash = limiter.KeyHash(x.Key)
+			x.Key = keyscheme.Key(set.Namespace, r.Policy.Name, r.StateName, parts...)
+			x.Hash = keyscheme.Hash(x.Key)
 			if c := r.Candidate; c != nil {
-				x.CandidateHash = limiter.KeyHash(limiter.Key(set.Namespace, c.Policy.Name, c.StateName, parts...))
+				x.CandidateHash = keyscheme.Hash(keyscheme.Key(set.Namespace, c.Policy.Name, c.StateName, parts...))
 			}
 		}
 		out = append(out, x)

@@ -3,7 +3,7 @@ package decide_test
 import (
 	"testing"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 )
@@ -27,7 +27,7 @@ func TestExplainCoversInFlightRules(t *testing.T) {
 	if want := decide.SlotKey(set, x.Rule, []string{"acme"}); x.Key != want {
 		t.Fatalf("in-flight key %q, want the slots' key %q", x.Key, want)
 	}
-	if x.Hash != limiter.KeyHash(x.Key) || x.Hash == "" {
+	if x.Hash != keyscheme.Hash(x.Key) || x.Hash == "" {
 		t.Fatalf("hash %q of key %q", x.Hash, x.Key)
 	}
 }

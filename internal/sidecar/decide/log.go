@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
@@ -83,7 +84,7 @@ func (l *DecisionLog) observe(r *ruleset.Rule, key string, parts []string, res l
 		return
 	}
 	attrs := []slog.Attr{
-		slog.String("policy", r.Policy.Name), slog.String("rule", r.Name), slog.String("key", limiter.KeyHash(key)),
+		slog.String("policy", r.Policy.Name), slog.String("rule", r.Name), slog.String("key", keyscheme.Hash(key)),
 		slog.Bool("refused", res.OverLimit && !r.Shadow), slog.Bool("overLimit", res.OverLimit),
 		slog.Int64("remaining", res.Remaining), slog.Int64("retryAfterMs", res.RetryAfter.Milliseconds()),
 		slog.String("source", res.Source.String()),

@@ -10,6 +10,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -39,7 +40,7 @@ func TestDecisionLogKeepsItsModeAndNeverAValueWithoutTheOptIn(t *testing.T) {
 	valued := &ruleset.Rule{Policy: pol, Name: "per-ip", ReportValues: true}
 	shadow := &ruleset.Rule{Policy: pol, Name: "trial", Shadow: true}
 	candidate := &ruleset.Rule{Policy: pol, Name: "per-key", CandidateOf: hashed, Shadow: true}
-	key := limiter.Key("ns", "checkout", "per-key", "secret-key")
+	key := keyscheme.Key("ns", "checkout", "per-key", "secret-key")
 	refused := limiter.Result{OverLimit: true, RetryAfter: 1500 * time.Millisecond, Source: limiter.SourceRedis}
 	admitted := limiter.Result{Allowed: true, Remaining: 4, Source: limiter.SourceLease}
 
@@ -54,7 +55,7 @@ func TestDecisionLogKeepsItsModeAndNeverAValueWithoutTheOptIn(t *testing.T) {
 	g.Expect(lines).To(HaveLen(3), "refusals only, and no candidate:\n%s", buf.String())
 	g.Expect(lines[0]).To(Equal(map[string]any{
 		"time": lines[0]["time"], "level": "INFO", "msg": "decision", "policy": "checkout", "rule": "per-key",
-		"key": limiter.KeyHash(key), "refused": true, "overLimit": true, "remaining": 0.0, "retryAfterMs": 1500.0, "source": "redis",
+		"key": keyscheme.Hash(key), "refused": true, "overLimit": true, "remaining": 0.0, "retryAfterMs": 1500.0, "source": "redis",
 	}))
 	g.Expect(lines[1]).To(HaveKeyWithValue("value", "10.0.0.7"), "the rule opts in")
 	g.Expect(lines[2]).To(And(HaveKeyWithValue("shadow", true), HaveKeyWithValue("refused", false), HaveKeyWithValue("overLimit", true)))

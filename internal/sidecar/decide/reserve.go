@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -199,7 +200,7 @@ type batch struct {
 
 func (b *batch) add(namespace string, r *ruleset.Rule, parts []string, cost int64) {
 	if r.Cost != nil {
-		b.reserve = append(b.reserve, call{rule: r, key: limiter.Key(namespace, r.Policy.Name, r.StateName, parts...), parts: parts})
+		b.reserve = append(b.reserve, call{rule: r, key: keyscheme.Key(namespace, r.Policy.Name, r.StateName, parts...), parts: parts})
 		b.held = append(b.held, true)
 		return
 	}
@@ -311,7 +312,7 @@ func HitKey(set *ruleset.Set, h Hit) (key string, r *ruleset.Rule, ok bool) {
 	if r == nil {
 		return "", nil, false
 	}
-	return limiter.Key(set.Namespace, r.Policy.Name, r.StateName, h.Key...), r, true
+	return keyscheme.Key(set.Namespace, r.Policy.Name, r.StateName, h.Key...), r, true
 }
 
 // Charge counts units used on the key of hit, whose hold (if it had one) is not at hand: a

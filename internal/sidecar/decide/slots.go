@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -101,7 +102,7 @@ func SplitHits(set *ruleset.Set, hits []Hit) (slots, others []Hit, slotAt, other
 func (e *Engine) acquire(ctx context.Context, s *Slots, namespace string, r *ruleset.Rule, parts []string) bool {
 	sl, _ := e.Limiter.(Slotter)
 	s.slotter, s.onSlots = sl, e.OnSlots
-	key := limiter.Key(namespace, r.Policy.Name, r.StateName, parts...)
+	key := keyscheme.Key(namespace, r.Policy.Name, r.StateName, parts...)
 	var res limiter.SlotResult
 	var slot *limiter.Slot
 	err := errNoSlots
@@ -221,5 +222,5 @@ func (s *Slots) WriteFields(f *Fields) {
 
 // SlotKey is the limiter key of in-flight rule r for key parts.
 func SlotKey(set *ruleset.Set, r *ruleset.Rule, parts []string) string {
-	return limiter.Key(set.Namespace, r.Policy.Name, r.StateName, parts...)
+	return keyscheme.Key(set.Namespace, r.Policy.Name, r.StateName, parts...)
 }

@@ -11,6 +11,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
@@ -21,7 +22,7 @@ import (
 type byKey struct{}
 
 func (byKey) Allow(_ context.Context, key string, l limiter.Limit, _ int64) (limiter.Result, error) {
-	if key == limiter.Key("ns", "p", "r", "blocked") {
+	if key == keyscheme.Key("ns", "p", "r", "blocked") {
 		return limiter.Result{OverLimit: true, RetryAfter: 2500 * time.Millisecond, ResetAfter: l.Window, Source: limiter.SourceRedis}, nil
 	}
 	return limiter.Result{Allowed: true, Remaining: 7, ResetAfter: 30 * time.Second, Source: limiter.SourceRedis}, nil

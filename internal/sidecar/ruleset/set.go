@@ -82,7 +82,7 @@ type Rule struct {
 	// calendar window its usual length (a day, 7 days, 30 days), which a decision replaces with
 	// its period's own (decide.WindowSeconds).
 	WindowSeconds int64
-	// StateName is the rule name the rule's Redis keys are made with (limiter.Key): Name, or
+	// StateName is the rule name the rule's Redis keys are made with (keyscheme.Key): Name, or
 	// for a candidate Name + CandidateSuffix, so that the two never share a counter.
 	StateName string
 	// Candidate is the rule's candidate limit, decided beside it on the same requests (nil:
@@ -361,6 +361,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 			FailureMode: p.FailureMode,
 			Shadow:      cr.Mode == "Shadow",
 			Durability:  durabilityOf(cr.Durability),
+			Policy:      p.Name,
 		},
 		WindowSeconds: (cr.WindowMS + 999) / 1000,
 		StateName:     cr.Name,
@@ -403,7 +404,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 		cand.Limit = limiter.Limit{
 			Algorithm: limiter.Algorithm(c.Algorithm), Requests: c.Requests,
 			Window: time.Duration(c.WindowMS) * time.Millisecond, Burst: c.Burst,
-			FailureMode: p.FailureMode, Shadow: true,
+			FailureMode: p.FailureMode, Shadow: true, Policy: p.Name,
 		}
 		cand.WindowSeconds = (c.WindowMS + 999) / 1000
 		if err := cand.Limit.Validate(); err != nil {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )
 
@@ -206,7 +206,7 @@ func shardKeys(ctx context.Context, cl *redistest.Cluster, rules []string, probe
 	// The hot key of every rule on one shard (a rule's name enters its hash tag, so one key
 	// value puts the rules on shards a fixed distance apart: each rule gets its own), and probe
 	// keys on it too.
-	master, err = masterOf(limiter.Key(Namespace, Policy, rules[0], HotKey) + ":swc")
+	master, err = masterOf(keyscheme.Key(Namespace, Policy, rules[0], HotKey) + ":swc")
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -214,7 +214,7 @@ func shardKeys(ctx context.Context, cl *redistest.Cluster, rules []string, probe
 	for _, r := range rules[1:] {
 		for i := 0; hot[r] == "" && i < 1000; i++ {
 			v := fmt.Sprintf("%s-%d", HotKey, i)
-			a, err := masterOf(limiter.Key(Namespace, Policy, r, v) + ":swc")
+			a, err := masterOf(keyscheme.Key(Namespace, Policy, r, v) + ":swc")
 			if err != nil {
 				return "", nil, nil, err
 			}
@@ -228,7 +228,7 @@ func shardKeys(ctx context.Context, cl *redistest.Cluster, rules []string, probe
 	}
 	for i := 0; len(probes) < 5000 && i < 100_000; i++ {
 		v := fmt.Sprintf("%s-%d", probePrefix, i)
-		a, err := masterOf(limiter.Key(Namespace, Policy, ProbeRule, v) + ":swc")
+		a, err := masterOf(keyscheme.Key(Namespace, Policy, ProbeRule, v) + ":swc")
 		if err != nil {
 			return "", nil, nil, err
 		}

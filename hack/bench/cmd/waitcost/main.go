@@ -41,6 +41,7 @@ import (
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 
 	"github.com/redline-dev/redline/hack/bench/internal/machine"
+	"github.com/redline-dev/redline/internal/keyscheme"
 )
 
 const keys = 1000
@@ -208,7 +209,7 @@ func waitInSync(ctx context.Context, c *redis.Client) error {
 	return errors.New("the replica did not acknowledge a write within 20s")
 }
 
-func key(k int) string { return limiter.Key("bench", "waitcost", "per-key", strconv.Itoa(k)) }
+func key(k int) string { return keyscheme.Key("bench", "waitcost", "per-key", strconv.Itoa(k)) }
 
 // persistence sets the master's append-only file as m needs it.
 func persistence(ctx context.Context, c *redis.Client, m mode) error {

@@ -1,4 +1,11 @@
-package limiter
+// Package keyscheme names the Redis keys of Redline's limits: one layout, shared by the sidecar
+// that counts under them, the limiter that appends its algorithm's suffix, the heartbeats of
+// package fleet and the Redis users of package redisacl, which may touch a namespace's keys
+// only. It imports nothing of the engine, so that knowing where a namespace's keys live does
+// not mean linking the limiter.
+//
+// User material enters a key only as a fixed-length hash, inside a Redis Cluster hash tag.
+package keyscheme
 
 import (
 	"crypto/sha256"
@@ -19,7 +26,7 @@ const keyHashBytes = 16
 // the user-supplied key material (header values, addresses, ...); it enters the key only as a
 // fixed-length hash, so no client can choose key bytes, make keys long, or break out of the tag.
 // Namespace, policy and rule are escaped so that '{', '}', '/' and non-printable bytes cannot
-// appear raw. The algorithm appends its own suffix (":swc", ":tb", ...) when it calls Redis.
+// appear raw. The limiter appends its algorithm's suffix (":swc", ":tb", ...) when it calls Redis.
 func Key(namespace, policy, rule string, parts ...string) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
@@ -47,10 +54,10 @@ func Key(namespace, policy, rule string, parts ...string) string {
 	return b.String()
 }
 
-// KeyHash returns the hash part of a key built by Key: 32 hex digits, which name the key in
+// Hash returns the hash part of a key built by Key: 32 hex digits, which name the key in
 // what a sidecar reports of its top keys (the readable parts stay in the sidecar unless a
 // policy lets them out). It is "" for a string Key did not build.
-func KeyHash(key string) string {
+func Hash(key string) string {
 	const n = 2 * keyHashBytes
 	if len(key) < n+2 || key[len(key)-1] != '}' || key[len(key)-n-2] != '/' {
 		return ""
@@ -58,16 +65,16 @@ func KeyHash(key string) string {
 	return key[len(key)-n-1 : len(key)-1]
 }
 
-// KeyPart returns s as Key writes a namespace, policy or rule: every byte outside
+// Part returns s as Key writes a namespace, policy or rule: every byte outside
 // [A-Za-z0-9._-] as %XX, so Kubernetes names pass unchanged and no name can break out of a hash
-// tag. Other keys under rl:{...} (see package fleet) name their parts with it too.
-func KeyPart(s string) string {
+// tag. Other keys under rl:...{ (the heartbeats of package fleet) name their parts with it too.
+func Part(s string) string {
 	var b strings.Builder
 	writeEscaped(&b, s)
 	return b.String()
 }
 
-// writeEscaped writes s as KeyPart returns it.
+// writeEscaped writes s as Part returns it.
 func writeEscaped(b *strings.Builder, s string) {
 	const hexDigits = "0123456789ABCDEF"
 	for i := 0; i < len(s); i++ {
@@ -82,7 +89,6 @@ func writeEscaped(b *strings.Builder, s string) {
 	}
 }
 
-// stateKey is the Redis key of an algorithm's state for a key built by Key.
-func stateKey(key string, a Algorithm) string {
-	return key + ":" + a.suffix()
-}
+// Prefix is how every key Key builds for namespace starts: rl:{<namespace>/. A namespace's
+// Redis user may touch the keys under it (see package redisacl).
+func Prefix(namespace string) string { return "rl:{" + Part(namespace) + "/" }
