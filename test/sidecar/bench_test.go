@@ -17,6 +17,7 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
 	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
@@ -108,11 +109,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // tick also sends the same request through the baseline sidecar, reported as baseline-*.
 func BenchmarkProxyAddedLatency(b *testing.B) {
 	s, baseline, up := benchSidecars(b, os.Getenv("REDLINE_SIDECAR_BASELINE"))
-	client, err := redisconn.NewClient(shared.URL(), redisconn.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = client.Close() })
+	client := redisclient.New(b, shared.URL(), redisconn.Options{})
 	// The probe measures the Redis decision a request waits for when it has no lease.
 	engine, err := limiter.New(client, limiter.Options{LeaseHorizon: -1})
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
@@ -210,9 +211,7 @@ func TestThreeReplicasShareOneLimit(t *testing.T) {
 
 	t.Run("heartbeatsAndMetrics", func(t *testing.T) {
 		g := NewWithT(t)
-		c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 5 * time.Second})
-		g.Expect(err).NotTo(HaveOccurred())
-		defer c.Close()
+		c := redisclient.New(t, shared.URL(), redisconn.Options{ReadTimeout: 5 * time.Second})
 		var hash string
 		g.Eventually(func() map[string]string {
 			m, _ := fleet.Members(context.Background(), c, e.namespace, "shared", 1500*time.Millisecond)

@@ -19,6 +19,7 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 )
 
 // checkSlot posts body to s's decision API and decodes a 200 answer; other statuses are
@@ -151,9 +152,7 @@ func TestInFlightThroughTheDecisionFaces(t *testing.T) {
 	g.Expect(done.Load()).To(Equal(int64(4 * 24)))
 	g.Expect(on.peak.Load()).To(Equal(int64(n)), "the most requests of the key served at once")
 	t.Logf("max served at once %d (limit %d) through /v1/check and Envoy's face; %d refusals while full", on.peak.Load(), n, refused.Load())
-	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer c.Close()
+	c := redisclient.New(t, shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	g.Expect(c.ZCard(context.Background(), limiter.Key(e.namespace, "p", "slots", "tenant")).Val()).To(BeZero(), "every slot went back")
 	for _, s := range scs {
 		g.Expect(s.metric(t, "redline_sidecar_in_flight_slots")).To(BeZero())

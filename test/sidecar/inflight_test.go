@@ -18,6 +18,7 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/redisconn"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 )
 
 // inFlightDocument is a policy of app=web with an in-flight rule "slots" of n per X-Key, and
@@ -158,9 +159,7 @@ func TestInFlightAcrossThreeSidecars(t *testing.T) {
 	}
 	g.Expect(allowed).To(BeNumerically("==", 3*64))
 	g.Expect(refusals).To(BeNumerically("==", refused.Load()))
-	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer c.Close()
+	c := redisclient.New(t, shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	g.Expect(c.ZCard(context.Background(), limiter.Key(e.namespace, "p", "slots", "tenant")).Val()).To(BeZero(), "every slot went back")
 }
 
@@ -189,9 +188,7 @@ func TestInFlightSlotsOfAKilledSidecarReturn(t *testing.T) {
 	resp.Body.Close()
 	g.Expect(resp.StatusCode).To(Equal(http.StatusTooManyRequests))
 
-	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer c.Close()
+	c := redisclient.New(t, shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	key := limiter.Key(e.namespace, "p", "slots", "k")
 	g.Expect(a.Signal(syscall.SIGKILL)).To(Succeed())
 	<-a.Done()
@@ -304,9 +301,7 @@ func TestInFlightLostSlotEndsItsRequest(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(up.cur.Load()).To(Equal(int64(1)))
 
-	c, err := redisconn.NewClient(shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
-	g.Expect(err).NotTo(HaveOccurred())
-	defer c.Close()
+	c := redisclient.New(t, shared.URL(), redisconn.Options{ReadTimeout: 10 * time.Second})
 	g.Expect(c.Eval(context.Background(), `local t = redis.call('TIME')
 redis.call('DEL', KEYS[1])
 redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + 60000, 'taker')

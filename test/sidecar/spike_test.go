@@ -22,6 +22,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
@@ -44,9 +45,7 @@ func TestSpikeAgainstMaxclients(t *testing.T) {
 	srv, err := redistest.Start("--maxclients", strconv.Itoa(maxcl))
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = srv.Close() })
-	admin, err := redisconn.NewClient(srv.URL(), redisconn.Options{PoolSize: 1, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second, ClientName: "spike-admin"})
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() { _ = admin.Close() })
+	admin := redisclient.New(t, srv.URL(), redisconn.Options{PoolSize: 1, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second, ClientName: "spike-admin"})
 	g.Expect(admin.Ping(context.Background()).Err()).To(Succeed(), "the test's own connection, opened before the spike")
 
 	e := newEnv(t, "web")
@@ -301,9 +300,7 @@ func TestSidecarConnectsToRedisLazily(t *testing.T) {
 	srv, err := redistest.Start()
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = srv.Close() })
-	admin, err := redisconn.NewClient(srv.URL(), redisconn.Options{PoolSize: 1, ReadTimeout: 5 * time.Second, ClientName: "lazy-admin"})
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() { _ = admin.Close() })
+	admin := redisclient.New(t, srv.URL(), redisconn.Options{PoolSize: 1, ReadTimeout: 5 * time.Second, ClientName: "lazy-admin"})
 
 	e := newEnv(t, "web")
 	s := start(t, "lazy", e, srv.URL(), "127.0.0.1:1", false)

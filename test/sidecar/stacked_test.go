@@ -22,6 +22,7 @@ import (
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 )
 
 // The stacked rules of one request: per user 10, per organisation 25, per path 40 a day. A day,
@@ -163,11 +164,7 @@ func stackedRun(t *testing.T, url string, leases bool) {
 		s := start(t, fmt.Sprint("pod-", i), e, url, up.addr(), true, flags...)
 		scs = append(scs, &stackedSidecar{sidecar: s, rls: rlsClient(t, s.grpc)})
 	}
-	rc, err := redisconn.NewClient(url, redisconn.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rc.Close() })
+	rc := redisclient.New(t, url, redisconn.Options{})
 	for _, f := range stackedFaces {
 		for _, a := range stackedAlgorithms {
 			t.Run(f.name+"/"+a.alg, func(t *testing.T) {

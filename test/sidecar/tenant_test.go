@@ -11,7 +11,6 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
@@ -20,6 +19,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/kubeletdir"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
@@ -70,20 +70,9 @@ func TestSidecarRefusesAnotherNamespacesDocument(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(d.Allowed).To(BeTrue())
 	}
-	c := redisClient(t, shared.URL(), "", "")
+	c := redisclient.New(t, shared.URL(), redisconn.Options{})
 	g.Expect(c.Exists(context.Background(), limiter.Key("victim", "p", "r", key)+":swl").Val()).To(BeZero())
 	g.Expect(c.Exists(context.Background(), fleet.GroupKey("victim", "p")).Val()).To(BeZero(), "no heartbeat in the victim's group")
-}
-
-func redisClient(t *testing.T, url, user, password string) redis.UniversalClient {
-	t.Helper()
-	c, err := redisconn.NewClient(url, redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second,
-		PoolTimeout: 5 * time.Second, DialTimeout: 5 * time.Second, Username: user, Password: password})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }
 
 // A sidecar works under its namespace's own Redis user, read from the mounted Secret: it
@@ -96,7 +85,7 @@ func TestSidecarUnderItsTenantUser(t *testing.T) {
 	srv, err := redistest.Start("--requirepass", "admin-secret")
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { _ = srv.Close() })
-	admin := redisClient(t, srv.URL(), "", "admin-secret")
+	admin := redisclient.New(t, srv.URL(), redisconn.Options{Password: "admin-secret"})
 	loadScripts := func() {
 		for _, s := range redisacl.SidecarScripts() {
 			g.Expect(admin.ScriptLoad(ctx, s.Source).Err()).To(Succeed())
