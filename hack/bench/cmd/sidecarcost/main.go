@@ -158,10 +158,10 @@ type sample struct {
 	cpuPerDecision time.Duration
 	// redisPerDecision is the redis-server's CPU over the same load, per decision.
 	redisPerDecision time.Duration
-	rssPeakMiB     float64
-	hwmMiB         float64
-	perSec         float64
-	degraded       float64
+	rssPeakMiB       float64
+	hwmMiB           float64
+	perSec           float64
+	degraded         float64
 }
 
 func run(o options, command string) error {
