@@ -181,11 +181,13 @@ test-e2e: ## Run only the end-to-end suite (make test runs it too).
 
 ##@ Benchmarks
 BENCH_FLAGS ?=
+# BENCH_BASE is the revision sidecarcost measures the working tree against (HEAD: what the
+# uncommitted changes cost); e.g. make bench BENCH_BASE=v0.3.0.
+BENCH_BASE ?= HEAD
 .PHONY: bench
-bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json, scriptcost.md, sidecarcost.md, waitcost.md, budgetcost.md) in about 15 minutes; needs redis-server and redis-benchmark, and wrk for the wrk rows.
+bench: ## Benchmark report of this machine into results/ (bench.md, bench.png, bench.json, sidecarcost.md against BENCH_BASE, waitcost.md, budgetcost.md) in about 15 minutes; needs redis-server and redis-benchmark, and wrk for the wrk rows.
 	cd hack/bench && go run . -root $(CURDIR) -out $(CURDIR)/results $(BENCH_FLAGS)
-	cd hack/bench && go run ./cmd/scriptcost -root $(CURDIR) > $(CURDIR)/results/scriptcost.md
-	cd hack/bench && go run ./cmd/sidecarcost -root $(CURDIR) > $(CURDIR)/results/sidecarcost.md
+	cd hack/bench && go run ./cmd/sidecarcost -root $(CURDIR) -base $(BENCH_BASE) > $(CURDIR)/results/sidecarcost.md
 	cd hack/bench && go run ./cmd/waitcost > $(CURDIR)/results/waitcost.md
 	cd hack/bench && go run ./cmd/budgetcost -root $(CURDIR) > $(CURDIR)/results/budgetcost.md
 

@@ -1,7 +1,8 @@
 // Command manager runs Redline's control plane in one process: the controllers (policies
-// compiled into per-namespace ConfigMaps, the scripts kept loaded in Redis, the connection
-// budget, the memory policy check, each namespace's Redis user and RedisBackends) and the pod
-// injection webhook with its serving certificate.
+// compiled into per-namespace ConfigMaps, the scripts kept loaded in Redis and a restarted node's
+// users set again, the connection budget, the memory policy check, each namespace's Redis user
+// and RedisBackends, the sidecars' top keys written to status) and the pod injection webhook
+// with its serving certificate.
 package main
 
 import (

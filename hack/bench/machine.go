@@ -52,19 +52,6 @@ func machineFacts() Machine {
 	return m
 }
 
-// loadAverage is the 1, 5 and 15 minute load averages from /proc/loadavg.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return unknown
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return unknown
-	}
-	return strings.Join(f[:3], " ")
-}
-
 // rssMiB is the resident set size (VmRSS) of a process in MiB, or -1 if it cannot be read.
 func rssMiB(pid int) float64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))

@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redline-dev/redline/hack/bench/internal/machine"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
@@ -119,7 +120,7 @@ func run(o Options, command string) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	rep := Report{Command: strings.TrimSpace(command), Machine: machineFacts()}
-	rep.Machine.LoadAtStart = loadAverage()
+	rep.Machine.LoadAtStart = machine.LoadAverage()
 	rep.Machine.StartedAtUTC = began.UTC().Format(time.RFC3339)
 	progress("machine: %s, %d cores, %s, redis-server %s; load average %s",
 		rep.Machine.CPU, rep.Machine.Cores, rep.Machine.Go, rep.Machine.Redis, rep.Machine.LoadAtStart)
@@ -189,7 +190,7 @@ func run(o Options, command string) (err error) {
 		return err
 	}
 
-	rep.Machine.LoadAtEnd = loadAverage()
+	rep.Machine.LoadAtEnd = machine.LoadAverage()
 	rep.Machine.WallSeconds = time.Since(began).Seconds()
 	progress("load average at end %s", rep.Machine.LoadAtEnd)
 	return writeReport(o.Out, &rep)

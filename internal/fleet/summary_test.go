@@ -13,23 +13,8 @@ import (
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/fleettest"
-	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 )
-
-func newRedis(t testing.TB) redis.UniversalClient {
-	t.Helper()
-	srv, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
 
 var current = strings.Repeat("c", 64)
 
@@ -38,7 +23,7 @@ var current = strings.Repeat("c", 64)
 // counted and its losses read, not its members.
 func TestSummarizeReadsWithinTheNamespaceBound(t *testing.T) {
 	g := NewWithT(t)
-	c := newRedis(t)
+	c := redisclient.Fresh(t, redisconn.Options{ReadTimeout: 30 * time.Second})
 	ctx := context.Background()
 	const ns, ttl = "summary", 30 * time.Second
 
@@ -111,7 +96,7 @@ func stuffedNamespace(t testing.TB, c redis.UniversalClient) fleettest.Stuffed {
 // the tenant wrote.
 func TestSummarizeBoundsWhatAStuffedNamespaceCosts(t *testing.T) {
 	g := NewWithT(t)
-	c := newRedis(t)
+	c := redisclient.Fresh(t, redisconn.Options{ReadTimeout: 30 * time.Second})
 	ctx := context.Background()
 	s := stuffedNamespace(t, c)
 
@@ -163,7 +148,7 @@ func TestSummarizeBoundsWhatAStuffedNamespaceCosts(t *testing.T) {
 
 // BenchmarkStuffedNamespace measures a reading of issue 24's namespace both ways (B/op).
 func BenchmarkStuffedNamespace(b *testing.B) {
-	c := newRedis(b)
+	c := redisclient.Fresh(b, redisconn.Options{ReadTimeout: 30 * time.Second})
 	ctx := context.Background()
 	s := stuffedNamespace(b, c)
 	b.Run("Read", func(b *testing.B) {

@@ -15,7 +15,7 @@ import (
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisconn"
-	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 	"github.com/redline-dev/redline/internal/topkeys"
 )
 
@@ -118,21 +118,6 @@ func TestDecodeSummaryRefusesWhatIsNotOne(t *testing.T) {
 	}
 }
 
-func newClient(t *testing.T) redis.UniversalClient {
-	t.Helper()
-	srv, err := redistest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 func refusedSummary(rule string, keys ...int) []byte {
 	sk := topkeys.New(16)
 	for _, k := range keys {
@@ -144,7 +129,7 @@ func refusedSummary(rule string, keys ...int) []byte {
 // Replicas publish their summaries with their heartbeats; the manager reads the live ones.
 func TestSummariesArePublishedWithTheHeartbeat(t *testing.T) {
 	g := NewWithT(t)
-	c := newClient(t)
+	c := redisclient.Fresh(t, redisconn.Options{})
 	ctx := context.Background()
 	const ns, ttl = "shop", 3 * time.Second
 	for i, pod := range []string{"pod-a", "pod-b", "pod-c"} {
@@ -190,7 +175,7 @@ func TestSummariesArePublishedWithTheHeartbeat(t *testing.T) {
 // bounded in bytes whatever it wrote, and what is not a summary is counted, not trusted.
 func TestReadSummariesIsBoundedWhateverTheTenantWrote(t *testing.T) {
 	g := NewWithT(t)
-	c := newClient(t)
+	c := redisclient.Fresh(t, redisconn.Options{})
 	ctx := context.Background()
 	const ns, ttl = "evil", time.Hour
 	_, err := fleet.BeatWithSummaries(ctx, c, ns, "real", "h", ttl, []string{"p"}, false, [][]byte{refusedSummary("r", 1)})

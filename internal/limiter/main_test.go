@@ -15,6 +15,7 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 )
 
 // shared is the redis-server most tests use. Tests that kill Redis start their own.
@@ -83,12 +84,7 @@ var testClientOptions = redisconn.Options{
 
 func newClient(t testing.TB, url string) redis.UniversalClient {
 	t.Helper()
-	c, err := redisconn.NewClient(url, testClientOptions)
-	if err != nil {
-		t.Fatalf("creating client for %s: %v", url, err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return redisclient.New(t, url, testClientOptions)
 }
 
 // newLimiter returns a limiter closed with the test. Leases are off unless o sets a horizon:

@@ -22,6 +22,7 @@ import (
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 )
 
 const adminPassword = "admin-secret"
@@ -41,15 +42,7 @@ func startACLRedis(t *testing.T, extra ...string) (*redistest.Server, redis.Univ
 
 func client(t *testing.T, url, user, password string) redis.UniversalClient {
 	t.Helper()
-	c, err := redisconn.NewClient(url, redisconn.Options{
-		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, DialTimeout: 5 * time.Second,
-		PoolTimeout: 5 * time.Second, Username: user, Password: password,
-	})
-	if err != nil {
-		t.Fatalf("creating redis client: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return redisclient.New(t, url, redisconn.Options{Username: user, Password: password})
 }
 
 // loadSidecarScripts does what the manager does: every script a sidecar runs, loaded by the admin.

@@ -84,7 +84,7 @@ var ranByTests = []ranBy{
 	},
 	{
 		command: regexp.MustCompile(`^curl -i -X POST -H 'X-API-Key: k1' http://checkout\.shop\.svc/api/orders$`),
-		file:    "cmd/sidecar/exact_test.go", contains: "func TestThreeReplicasShareOneLimit(",
+		file:    "test/sidecar/exact_test.go", contains: "func TestThreeReplicasShareOneLimit(",
 		how: "POSTs with an X-API-Key through the sidecar binary's proxy until the 429 and its headers",
 	},
 }

@@ -12,23 +12,8 @@ import (
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisconn"
-	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 )
-
-func newClient(t *testing.T) redis.UniversalClient {
-	t.Helper()
-	srv, err := redistest.Start()
-	if err != nil {
-		t.Fatalf("starting redis-server: %v", err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatalf("creating client: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
 
 var echo = scripts.New("Echo", "return {tonumber(ARGV[1]), #KEYS}")
 
@@ -53,7 +38,7 @@ func results(g *WithT, cmds []redis.Cmder) []any {
 // A script Redis does not hold is loaded once and every command that met NOSCRIPT runs again.
 func TestExecLoadsAfterNoScript(t *testing.T) {
 	g := NewWithT(t)
-	c := newClient(t)
+	c := redisclient.Fresh(t, redisconn.Options{})
 	ctx := context.Background()
 	for _, n := range []int{1, 3} {
 		g.Expect(c.ScriptFlush(ctx).Err()).To(Succeed())
@@ -94,7 +79,7 @@ func (h flushAfterLoad) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 // keeps its type, and nothing fails.
 func TestExecEvalsWhenFlushedAgain(t *testing.T) {
 	g := NewWithT(t)
-	c := newClient(t)
+	c := redisclient.Fresh(t, redisconn.Options{})
 	ctx := context.Background()
 	admin, err := redisconn.NewClient("redis://"+c.(*redis.Client).Options().Addr, redisconn.Options{ReadTimeout: 5 * time.Second})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -112,7 +97,7 @@ func TestExecEvalsWhenFlushedAgain(t *testing.T) {
 // A command whose script Exec was not given cannot be healed: it fails, saying so.
 func TestExecUnknownScript(t *testing.T) {
 	g := NewWithT(t)
-	c := newClient(t)
+	c := redisclient.Fresh(t, redisconn.Options{})
 	ctx := context.Background()
 	cmds := evals(ctx, 1)
 	g.Expect(scripts.Exec(ctx, c, cmds, nil)).To(Equal(scripts.Counts{RoundTrips: 1}))
@@ -123,7 +108,7 @@ func TestExecUnknownScript(t *testing.T) {
 // what a flush took away.
 func TestLoadAndMissing(t *testing.T) {
 	g := NewWithT(t)
-	c := newClient(t)
+	c := redisclient.Fresh(t, redisconn.Options{})
 	ctx := context.Background()
 	g.Expect(scripts.Missing(ctx, c)).To(HaveLen(len(limiter.Algorithms)))
 	shas, err := scripts.Load(ctx, c)

@@ -3,9 +3,9 @@
 // program that started it dies, waited for over HTTP, stopped with SIGTERM and then SIGKILL.
 //
 // The e2e stack (internal/testutil/stack), the redis-server helper (internal/testutil/redistest),
-// Prometheus (internal/testutil/promtest), the sidecar harness (internal/testutil/sidecarproc)
-// and the drivers of hack/bench and hack/ratelimitcompare all start their processes here. Those
-// two are modules of their own, but their import paths lie under this module's, so Go's
+// Prometheus (internal/testutil/promtest), the sidecar launcher (internal/testutil/sidecarproc,
+// for test/sidecar and the harnesses) and the drivers of hack/bench and hack/ratelimitcompare
+// all start their processes here. Those two are modules of their own, but their import paths lie under this module's, so Go's
 // internal-package rule lets them import it.
 package proc
 
@@ -85,6 +85,9 @@ func (p *Process) Exited() (bool, error) {
 	}
 }
 
+// Done is closed when the process has ended.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
 // Signal sends sig to the process group, for faults such as SIGSTOP and SIGCONT.
 func (p *Process) Signal(sig syscall.Signal) error {
 	if done, _ := p.Exited(); done {
@@ -137,6 +140,12 @@ func (p *Process) LogTail(n int) string {
 			data = data[i+1:]
 		}
 	}
+	return string(data)
+}
+
+// Log returns the process's whole log so far.
+func (p *Process) Log() string {
+	data, _ := os.ReadFile(p.LogPath)
 	return string(data)
 }
 

@@ -1,6 +1,6 @@
 // Package sidecarproc builds the sidecar binary, runs it (on proc) with the files kubelet would
-// give it, and reads its metrics and CPU time, for the harnesses under hack/ that run it as a
-// process beside other servers.
+// give it, and reads its metrics and CPU time, for the sidecar's system tests (test/sidecar) and
+// the harnesses under hack/ that run it as a process beside other servers.
 package sidecarproc
 
 import (

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,6 +93,35 @@ func TestStartRunsTheSidecarUntilStopped(t *testing.T) {
 	done, exitErr := sc.Exited()
 	g.Expect(done).To(BeTrue())
 	g.Expect(exitErr).NotTo(HaveOccurred(), "a clean shutdown on SIGTERM; log:\n%s", sc.LogTail(2000))
+}
+
+// With AnyPort every face binds port 0 and Start takes the addresses the kernel gave from the
+// sidecar's "listening" line: each face answers on its own, and the environment of Env reaches
+// the process.
+func TestStartWithAnyPortReadsTheBoundAddresses(t *testing.T) {
+	g := NewWithT(t)
+	bin := build(t)
+	srv, err := redistest.Start()
+	g.Expect(err).NotTo(HaveOccurred())
+	defer srv.Close()
+	dir := t.TempDir()
+	sc, err := Start(context.Background(), Options{Bin: bin, Dir: filepath.Join(dir, "logs"), Name: "any-0", Namespace: "ns",
+		Files: writeFiles(t, dir, 1), RedisURL: srv.URL(), AnyPort: true, ReadyPath: "/healthz", Env: []string{"GOMAXPROCS=2"}})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = sc.Kill() }()
+	addrs := []string{sc.Proxy, sc.Admin, sc.Check, sc.GRPC}
+	for _, a := range addrs {
+		g.Expect(a).To(HavePrefix("127.0.0.1:"))
+		g.Expect(a).NotTo(HaveSuffix(":0"))
+	}
+	g.Expect(slices.Compact(slices.Sorted(slices.Values(addrs)))).To(HaveLen(4), "a port per face")
+	g.Expect(check(t, sc.Check)).To(BeTrue())
+	g.Expect(sc.Log()).To(ContainSubstring(`"msg":"listening"`))
+	g.Expect(sc.Log()).To(ContainSubstring(`"maxProcs":2`), "GOMAXPROCS from Env")
+	g.Expect(sc.Stop(30 * time.Second)).To(Succeed())
+	<-sc.Done()
+	_, exitErr := sc.Exited()
+	g.Expect(exitErr).NotTo(HaveOccurred())
 }
 
 // A sidecar that cannot start is reported with the end of its log, at once.

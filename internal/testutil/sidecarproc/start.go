@@ -2,10 +2,13 @@ package sidecarproc
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redline-dev/redline/internal/policydoc"
@@ -56,6 +59,16 @@ type Options struct {
 	Upstream string
 	// Args come after the flags Start sets, so that they win.
 	Args []string
+	// Env comes after the environment Start sets (NAME=value), so that it wins.
+	Env []string
+	// AnyPort binds every face on port 0 and reads the addresses the kernel gave from the
+	// sidecar's "listening" log line, so that no other process can take a port between its
+	// choice and its bind. It logs at info level at least, for that line; sidecars built before
+	// that line existed need it false (ports are then chosen free beforehand).
+	AnyPort bool
+	// ReadyPath is the admin path Start waits for a 200 from: /readyz unless set (/healthz for a
+	// sidecar that is not meant to be ready yet).
+	ReadyPath string
 }
 
 // Sidecar is a sidecar process with every face on a loopback port of its own.
@@ -65,14 +78,19 @@ type Sidecar struct {
 	Proxy, Admin, Check, GRPC string
 }
 
-// readyTimeout is how long Start waits for /readyz.
+// readyTimeout is how long Start waits for the listening line and for the ready path.
 const readyTimeout = 30 * time.Second
 
-// Start runs the sidecar with warn-level logs and the flags every sidecar version the harnesses
-// build knows, and waits until /readyz answers 200. The caller stops it (Stop).
+// Start runs the sidecar with warn-level logs (info with AnyPort) and the flags every sidecar
+// version the harnesses build knows, and waits until the ready path answers 200. The caller
+// stops it (Stop).
 func Start(ctx context.Context, o Options) (*Sidecar, error) {
 	var addrs [5]string
 	for i := range addrs {
+		if o.AnyPort && i < 4 {
+			addrs[i] = "127.0.0.1:0"
+			continue
+		}
 		p, err := redistest.FreePort()
 		if err != nil {
 			return nil, fmt.Errorf("finding a free port: %w", err)
@@ -88,18 +106,68 @@ func Start(ctx context.Context, o Options) (*Sidecar, error) {
 	if pod == "" {
 		pod = o.Name
 	}
+	level := "warn"
+	if o.AnyPort {
+		level = "info"
+	}
 	args := append([]string{"--listen=" + s.Proxy, "--upstream=" + upstream, "--admin-listen=" + s.Admin,
 		"--check-listen=" + s.Check, "--grpc-listen=" + s.GRPC, "--config-dir=" + o.Files.ConfigDir,
-		"--pod-labels=" + o.Files.Labels, "--log-level=warn"}, o.Args...)
+		"--pod-labels=" + o.Files.Labels, "--log-level=" + level}, o.Args...)
 	env := append(os.Environ(), "REDLINE_REDIS_URL="+o.RedisURL, "POD_NAME="+pod, "POD_NAMESPACE="+o.Namespace)
-	p, err := proc.Start(o.Dir, o.Name, o.Bin, args, env)
+	p, err := proc.Start(o.Dir, o.Name, o.Bin, args, append(env, o.Env...))
 	if err != nil {
 		return nil, err
 	}
 	s.Process = p
-	if err := p.WaitHTTP(ctx, "http://"+s.Admin+"/readyz", readyTimeout, 50*time.Millisecond); err != nil {
+	if o.AnyPort {
+		if err := s.readAddrs(ctx); err != nil {
+			_ = p.Stop(3 * time.Second)
+			return nil, err
+		}
+	}
+	path := o.ReadyPath
+	if path == "" {
+		path = "/readyz"
+	}
+	if err := p.WaitHTTP(ctx, "http://"+s.Admin+path, readyTimeout, 20*time.Millisecond); err != nil {
 		_ = p.Stop(3 * time.Second)
-		return nil, fmt.Errorf("waiting for the sidecar to be ready: %w", err)
+		return nil, fmt.Errorf("waiting for the sidecar to answer %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// readAddrs waits for the sidecar's "listening" line and takes the addresses it bound, on
+// loopback where it bound every interface.
+func (s *Sidecar) readAddrs(ctx context.Context) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, readyTimeout, fmt.Errorf("no \"listening\" line within %s", readyTimeout))
+	defer cancel()
+	for {
+		for line := range strings.SplitSeq(s.Log(), "\n") {
+			var l struct{ Msg, Proxy, Admin, Check, GRPC string }
+			if json.Unmarshal([]byte(line), &l) != nil || l.Msg != "listening" {
+				continue
+			}
+			s.Proxy, s.Admin, s.Check, s.GRPC = loopback(l.Proxy), loopback(l.Admin), loopback(l.Check), loopback(l.GRPC)
+			return nil
+		}
+		select {
+		case <-s.Done():
+			return s.ExitError()
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w; last lines of %s:\n%s", s.Name, context.Cause(ctx), s.LogPath, s.LogTail(3000))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// loopback is addr with an unspecified host (every interface) replaced by 127.0.0.1.
+func loopback(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/redistest/redisclient"
 )
 
 // Limiter returns a limiter with default options on a redis-server of its own, both stopped
@@ -23,11 +24,7 @@ func Limiter(t testing.TB) *limiter.Limiter {
 	// enough, 32 callers waited past go-redis's default pool wait (ReadTimeout + 1s) for one of
 	// its connections and a settle failed with "connection pool timeout". A wait bounded by
 	// the test's own deadline instead.
-	c, err := redisconn.NewClient(srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := redisclient.New(t, srv.URL(), redisconn.Options{ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolTimeout: time.Minute})
 	lim, err := limiter.New(c, limiter.Options{})
 	if err != nil {
 		t.Fatal(err)

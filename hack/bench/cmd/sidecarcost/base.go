@@ -12,6 +12,16 @@ import (
 	"strings"
 )
 
+// resolve names rev's commit by its short hash, so that the report says what was measured
+// whatever name -base gave (HEAD, a branch).
+func resolve(ctx context.Context, root, rev string) (string, error) {
+	out, err := exec.CommandContext(ctx, "git", "-C", root, "rev-parse", "--short", "--verify", rev+"^{commit}").Output()
+	if err != nil {
+		return "", fmt.Errorf("-base %s is not a commit of %s: %w", rev, root, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
 // extract writes the tree of commit into dir with git archive.
 func extract(ctx context.Context, root, commit, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {

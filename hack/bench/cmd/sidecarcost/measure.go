@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/redline-dev/redline/hack/bench/internal/machine"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/sidecarproc"
@@ -68,6 +69,10 @@ func measure(ctx context.Context, o options, v *version, c cell, f sidecarproc.F
 	if err != nil {
 		return sample{}, fmt.Errorf("reading the sidecar's CPU time: %w", err)
 	}
+	redis0, err := machine.RedisCPU(ctx, rc)
+	if err != nil {
+		return sample{}, err
+	}
 	stopRSS := samplePeak(sc.Pid())
 	profiled := make(chan error, 1)
 	if profile != "" {
@@ -87,6 +92,10 @@ func measure(ctx context.Context, o options, v *version, c cell, f sidecarproc.F
 	if err != nil {
 		return sample{}, fmt.Errorf("reading the sidecar's CPU time: %w", err)
 	}
+	redis1, err := machine.RedisCPU(ctx, rc)
+	if err != nil {
+		return sample{}, err
+	}
 	hwm, err := statusMiB(sc.Pid(), "VmHWM:")
 	if err != nil {
 		return sample{}, err
@@ -95,7 +104,7 @@ func measure(ctx context.Context, o options, v *version, c cell, f sidecarproc.F
 	if err != nil {
 		return sample{}, err
 	}
-	return sample{cpuPerDecision: (cpu1 - cpu0) / time.Duration(ops), rssPeakMiB: peak, hwmMiB: hwm,
+	return sample{cpuPerDecision: (cpu1 - cpu0) / time.Duration(ops), redisPerDecision: (redis1 - redis0) / time.Duration(ops), rssPeakMiB: peak, hwmMiB: hwm,
 		perSec: float64(ops) / elapsed.Seconds(), degraded: after - before}, nil
 }
 
