@@ -29,6 +29,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
 )
 
 // Run starts the sidecar and serves until ctx ends, then shuts down gracefully. It returns the
@@ -237,8 +238,9 @@ func (s *sidecar) decisions(conns *redisconn.ConnStats) error {
 		}
 		return decisionLog.Dropped()
 	})
-	s.engine = &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld, Log: decisionLog}
 	s.memory = memoryBudget(cfg, log)
+	s.engine = &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld,
+		Queue: &slotqueue.Queue{Max: cfg.InFlightQueueMax, Memory: s.memory}, OnQueued: m.SlotsQueued, Log: decisionLog}
 	m.WatchMemory(s.memory.Stats)
 	s.ph, err = proxy.New(proxy.Options{
 		Upstream: cfg.Upstream, UpstreamProtocol: cfg.UpstreamProtocol, MaxStreams: cfg.MaxConns, Engine: s.engine, Store: s.store, Headers: cfg.RateLimitHeaders,
