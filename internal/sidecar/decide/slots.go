@@ -171,6 +171,14 @@ func (s *Slots) Lost() []<-chan struct{} {
 	return out
 }
 
+// keyed is the limiter key of each slot s holds, and the limit of its rule.
+func (s *Slots) keyed() (keys []string, limits []int64) {
+	for i, sl := range s.held {
+		keys, limits = append(keys, sl.Key()), append(limits, s.rules[i].InFlight.Max)
+	}
+	return keys, limits
+}
+
 // Held says how many slots the request holds.
 func (s *Slots) Held() int { return len(s.held) }
 
