@@ -85,6 +85,8 @@ func (q *Queue) Wait(ctx context.Context, key string, size int, try func() (done
 	if poll <= 0 {
 		poll = DefaultPoll
 	}
+	// Only the head polls: a waiter behind it lets its first timer lapse and waits for the
+	// wake that makes it the head, so the waiters of a key cost one timer, not one each.
 	t := time.NewTimer(poll)
 	defer t.Stop()
 	for {
@@ -94,10 +96,12 @@ func (q *Queue) Wait(ctx context.Context, key string, size int, try func() (done
 		case <-w.wake:
 		case <-t.C:
 		}
-		if q.head(key, el) && try() {
-			return nil
+		if q.head(key, el) {
+			if try() {
+				return nil
+			}
+			t.Reset(poll)
 		}
-		t.Reset(poll)
 	}
 }
 
