@@ -174,7 +174,8 @@ func TestInFlightQueueOverTwoSidecars(t *testing.T) {
 		up.finish(id)
 		g.Eventually(results[id], time.Minute).Should(Receive(Equal("200 " + id)))
 	}
-	t.Logf("served after a1 and a2, in order: %v; most at once at the upstream: %d", order, up.peak.Load())
+	t.Logf("served after a1 and a2, in order: %v; most at once at the upstream: %d; Redis round trips for 8 served and 2 refused: %v (a), %v (b)",
+		order, up.peak.Load(), a.metric(t, "redline_sidecar_redis_round_trips_total"), b.metric(t, "redline_sidecar_redis_round_trips_total"))
 
 	g.Expect(up.peak.Load()).To(Equal(int64(2)), "the most requests of the key at the upstream at once")
 	g.Expect(order).To(ConsistOf("qa1", "qa3", "qa4", "qa5", "qb1", "qb2"))
