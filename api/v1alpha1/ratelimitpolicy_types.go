@@ -344,6 +344,7 @@ const MaxInFlight = 100_000
 // Limit is a number of requests per window, or of requests in progress at once.
 // +kubebuilder:validation:XValidation:rule="has(self.inFlight) ? !has(self.requests) && !has(self.window) && !has(self.burst) && !has(self.calendar) : has(self.requests) && (has(self.window) || has(self.calendar))",message="limit sets either requests and window (requests per window) or inFlight (requests in progress at once), not both: put each in a rule of its own"
 // +kubebuilder:validation:XValidation:rule="!has(self.window) || !has(self.calendar)",message="limit sets either window (a rolling or fixed length) or calendar (days, weeks or months of a time zone), not both"
+// +kubebuilder:validation:XValidation:rule="!has(self.queue) || has(self.inFlight)",message="limit.queue needs limit.inFlight: requests wait for a slot of an in-flight rule; a limit per window refuses at once"
 type Limit struct {
 	// requests admitted per window, at most 1000000000 (10000 for SlidingWindowLog). For
 	// TokenBucket, the refill: requests tokens per window. Under a rule's cost.from: Response
@@ -386,6 +387,14 @@ type Limit struct {
 	// +kubebuilder:validation:Maximum=100000
 	// +optional
 	InFlight *int64 `json:"inFlight,omitempty"`
+
+	// queue, with inFlight only, lets a request of a full key wait for a slot instead of being
+	// refused at once: in a queue of each key per sidecar, first come first served, at most
+	// size requests, each for at most timeout; one that finds its key's queue full, or whose
+	// timeout passes, is refused with 429 as without a queue. Through the sidecar's proxy
+	// only: /v1/check and Envoy's rate limit service still answer at once.
+	// +optional
+	Queue *InFlightQueue `json:"queue,omitempty"`
 }
 
 // ScriptStatus records the Redis script an algorithm runs.

@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/policydoc"
@@ -25,10 +26,29 @@ func compileInFlight(r v1alpha1.Rule) (policydoc.Rule, error) {
 	case r.Refused != "":
 		return policydoc.Rule{}, errors.New("limit.inFlight cannot go with refused: a slot always goes back when its request is refused or ends; leave refused unset")
 	}
+	queue, err := compileQueue(r.Limit.Queue)
+	if err != nil {
+		return policydoc.Rule{}, err
+	}
 	return policydoc.Rule{
 		Name:         r.Name,
 		InFlight:     n,
+		Queue:        queue,
 		Mode:         string(orDefault(r.Mode, v1alpha1.Enforce)),
 		ReportValues: r.TopKeys == v1alpha1.TopKeysValues,
 	}, nil
+}
+
+// compileQueue compiles limit.queue (nil: none), with the schema's bounds and words.
+func compileQueue(q *v1alpha1.InFlightQueue) (*policydoc.Queue, error) {
+	if q == nil {
+		return nil, nil
+	}
+	switch {
+	case q.Size < 1 || q.Size > v1alpha1.MaxQueueSize:
+		return nil, fmt.Errorf("limit.queue.size %d must be between 1 and %d", q.Size, v1alpha1.MaxQueueSize)
+	case q.Timeout.Duration < time.Millisecond || q.Timeout.Duration > 10*time.Minute:
+		return nil, errors.New("limit.queue.timeout must be between 1ms and 10m: a request waits no longer than that for a slot")
+	}
+	return &policydoc.Queue{Size: int64(q.Size), TimeoutMS: q.Timeout.Milliseconds()}, nil
 }

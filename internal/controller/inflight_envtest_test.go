@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/policydoc"
 )
 
 var _ = Describe("In-flight rules", func() {
@@ -44,13 +45,22 @@ var _ = Describe("In-flight rules", func() {
 		Entry("a candidate inFlight", func(p *v1alpha1.RateLimitPolicy) {
 			p.Spec.Rules[0].Candidate = &v1alpha1.CandidateLimit{Limit: v1alpha1.Limit{InFlight: ptr.To[int64](4)}}
 		}, "candidate.limit.inFlight is not supported"),
+		Entry("a queue on a limit per window", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Limit.Queue = &v1alpha1.InFlightQueue{Size: 4, Timeout: metav1.Duration{Duration: time.Second}}
+		}, "limit.queue needs limit.inFlight"),
+		Entry("a queue too long to wait", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Limit = v1alpha1.Limit{InFlight: ptr.To[int64](4), Queue: &v1alpha1.InFlightQueue{Size: 4, Timeout: metav1.Duration{Duration: time.Hour}}}
+		}, "limit.queue.timeout must be between 1ms and 10m"),
+		Entry("a queue too large", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Limit = v1alpha1.Limit{InFlight: ptr.To[int64](4), Queue: &v1alpha1.InFlightQueue{Size: 10_001, Timeout: metav1.Duration{Duration: time.Second}}}
+		}, "should be less than or equal to 10000"),
 	)
 
 	It("accepts an in-flight rule and compiles it beside a limit per window", func() {
 		ns := newNamespace(ctx)
 		p := policy(ns, "slots", 10)
 		slots := p.Spec.Rules[0]
-		slots.Name, slots.Limit = "slots", v1alpha1.Limit{InFlight: ptr.To[int64](16)}
+		slots.Name, slots.Limit = "slots", v1alpha1.Limit{InFlight: ptr.To[int64](16), Queue: &v1alpha1.InFlightQueue{Size: 8, Timeout: metav1.Duration{Duration: 30 * time.Second}}}
 		p.Spec.Rules = append(p.Spec.Rules, slots)
 		Expect(k8s.Create(ctx, p)).To(Succeed())
 		expectProgrammed(ctx, ns, "slots")
@@ -59,6 +69,7 @@ var _ = Describe("In-flight rules", func() {
 			g.Expect(doc.Policies[0].Rules).To(HaveLen(2))
 			g.Expect(doc.Policies[0].Rules[1].InFlight).To(BeEquivalentTo(16))
 			g.Expect(doc.Policies[0].Rules[1].Algorithm).To(BeEmpty())
+			g.Expect(doc.Policies[0].Rules[1].Queue).To(Equal(&policydoc.Queue{Size: 8, TimeoutMS: 30_000}))
 		}, timeout, interval).Should(Succeed())
 	})
 })

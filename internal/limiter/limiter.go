@@ -133,7 +133,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		quit:     make(chan struct{}),
 		clock:    newRedisClock(),
 		holdTag:  NewReplicaID(),
-		slotBook: newSlotBook(maxSlots),
+		slotBook: newSlotBook(MaxSlots),
 		waitSem:  make(chan struct{}, waitConcurrency(client)),
 	}
 	l.wg.Go(l.slotRenewer)

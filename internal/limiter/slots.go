@@ -58,9 +58,9 @@ import (
 // 10 s, renewed every 2.5 s.
 const DefaultSlotExpiry = 10 * time.Second
 
-// maxSlots bounds the in-flight slots this replica holds at once: a Slot beyond it is refused
-// with ErrSlotsFull.
-const maxSlots = 65536
+// MaxSlots bounds the in-flight slots this replica holds at once: a Slot beyond it is refused
+// with ErrSlotsFull. The faces size their kept slots from it.
+const MaxSlots = 65536
 
 // MaxInFlight is the most an in-flight limit may be.
 const MaxInFlight = 100_000

@@ -104,6 +104,11 @@ type Rule struct {
 	// one of them refuses a document with it and keeps its last good one, rather than take an
 	// in-flight rule for a limit per window.
 	InFlight int64 `json:"inFlight,omitempty"`
+	// Queue, with InFlight only, lets requests of a full key wait for a slot. Omitted when not
+	// set, so a document without queues stays readable by sidecars that do not know the field;
+	// one of them refuses a document with it and keeps its last good one, rather than refuse
+	// at once what the rule says should wait.
+	Queue *Queue `json:"queue,omitempty"`
 	// Calendar, when set, makes a FixedWindow count the periods of a calendar (see package
 	// calendar); WindowMS is then the longest a period can be. Omitted when not set, so a
 	// document without calendar windows stays readable by sidecars that do not know the field;
@@ -133,6 +138,19 @@ func (c *Calendar) Spec() calendar.Spec {
 
 // MaxInFlight bounds Rule.InFlight.
 const MaxInFlight = 100_000
+
+// Bounds of a Queue: waiters of a key in one sidecar, and the longest wait.
+const (
+	MaxQueueSize      = 10_000
+	MaxQueueTimeoutMS = 10 * 60 * 1000
+)
+
+// Queue is how requests of an in-flight rule's full key wait for a slot in a sidecar: at most
+// Size of a key at once, each at most TimeoutMS.
+type Queue struct {
+	Size      int64 `json:"size"`
+	TimeoutMS int64 `json:"timeoutMs"`
+}
 
 // Candidate is a rule's candidate limit.
 type Candidate struct {
@@ -264,6 +282,9 @@ func Parse(data []byte) (*Document, error) {
 				}
 				continue
 			}
+			if r.Queue != nil {
+				return nil, fmt.Errorf("policy %s rule %s: a queue without inFlight", p.Name, r.Name)
+			}
 			if r.Requests < 1 || r.WindowMS < 1000 || len(r.Key) == 0 {
 				return nil, fmt.Errorf("policy %s rule %s: invalid limit or key", p.Name, r.Name)
 			}
@@ -339,6 +360,10 @@ func (r *Rule) validInFlight() error {
 		return errors.New("inFlight with a candidate, a cost, countRefused or durability")
 	case len(r.Key) == 0:
 		return errors.New("no key")
+	case r.Queue != nil && (r.Queue.Size < 1 || r.Queue.Size > MaxQueueSize):
+		return fmt.Errorf("queue size %d not in 1..%d", r.Queue.Size, MaxQueueSize)
+	case r.Queue != nil && (r.Queue.TimeoutMS < 1 || r.Queue.TimeoutMS > MaxQueueTimeoutMS):
+		return fmt.Errorf("queue timeoutMs %d not in 1..%d", r.Queue.TimeoutMS, MaxQueueTimeoutMS)
 	}
 	return r.Match.validPath()
 }

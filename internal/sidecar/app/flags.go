@@ -20,6 +20,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/membudget"
+	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
 )
 
 // Config is the sidecar's configuration, from flags and environment.
@@ -79,8 +80,12 @@ type Config struct {
 	// InFlightEnvoyHold is how long a slot taken for Envoy's rate limit service is kept
 	// without its stream-done call (decide.SlotRegistry.Lease of that face).
 	InFlightEnvoyHold time.Duration
-	ShareKeys         int
-	LogLevel          slog.Level
+	// InFlightQueueMax bounds the proxy's requests waiting for a slot, over every key.
+	InFlightQueueMax int
+	// InFlightMaxRenew bounds how long one slot the decision API keeps may be renewed.
+	InFlightMaxRenew time.Duration
+	ShareKeys        int
+	LogLevel         slog.Level
 	// DecisionLog is the decision log's mode (decide.DecisionLogOff, Refused or All), of which
 	// DecisionLogSample is kept, at most DecisionLogRate lines a second.
 	DecisionLog       string
@@ -173,6 +178,8 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep serving (unready) this long before closing listeners, while endpoints update")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", fleet.DefaultInterval, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
 	fs.DurationVar(&c.InFlightExpiry, "in-flight-expiry", limiter.DefaultSlotExpiry, "how long an in-flight rule's slot counts without a renewal (2s to 10m), renewed every quarter of it: a dead sidecar's slots return this long after their last renewal at most")
+	fs.IntVar(&c.InFlightQueueMax, "in-flight-queue-max", slotqueue.DefaultMax, "most requests waiting for a slot of an in-flight rule's queue in this sidecar, over every key (1 to 1000000); each also draws on the memory budget")
+	fs.DurationVar(&c.InFlightMaxRenew, "in-flight-max-renew", time.Hour, "longest a slot /v1/check keeps may be renewed, from its acquire (1m to 168h): a renew past it answers 410 and the slot goes back")
 	fs.DurationVar(&c.InFlightEnvoyHold, "in-flight-envoy-hold", 10*time.Minute, "how long a slot taken for an Envoy descriptor of an in-flight rule is kept without its stream-done call (2s to 24h): Envoy cannot renew, so this bounds what an Envoy that never comes back holds, and a stream running longer loses its slot")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")
 	fs.StringVar(&c.RedisURL, "redis-url", getenv(contract.EnvRedisURL), "Redis URL (default $"+contract.EnvRedisURL+"); $"+contract.EnvNamespaceRedisURL+", set by the injector from the namespace's redline-sidecar-redis ConfigMap, wins, with the TLS settings beside it replacing every --redis-tls-* flag")
@@ -358,6 +365,12 @@ func (c *Config) inFlightErrors() []error {
 	}
 	if c.InFlightEnvoyHold < 2*time.Second || c.InFlightEnvoyHold > 24*time.Hour {
 		errs = append(errs, errors.New("--in-flight-envoy-hold must be 2s to 24h"))
+	}
+	if c.InFlightQueueMax < 1 || c.InFlightQueueMax > 1_000_000 {
+		errs = append(errs, errors.New("--in-flight-queue-max must be 1 to 1000000"))
+	}
+	if c.InFlightMaxRenew < time.Minute || c.InFlightMaxRenew > 168*time.Hour {
+		errs = append(errs, errors.New("--in-flight-max-renew must be 1m to 168h"))
 	}
 	return errs
 }

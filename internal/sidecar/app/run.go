@@ -29,6 +29,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/proxy"
 	"github.com/redline-dev/redline/internal/sidecar/rls"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
 )
 
 // Run starts the sidecar and serves until ctx ends, then shuts down gracefully. It returns the
@@ -237,8 +238,9 @@ func (s *sidecar) decisions(conns *redisconn.ConnStats) error {
 		}
 		return decisionLog.Dropped()
 	})
-	s.engine = &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld, Log: decisionLog}
 	s.memory = memoryBudget(cfg, log)
+	s.engine = &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld,
+		Queue: &slotqueue.Queue{Max: cfg.InFlightQueueMax, Memory: s.memory}, OnQueued: m.SlotsQueued, Log: decisionLog}
 	m.WatchMemory(s.memory.Stats)
 	s.ph, err = proxy.New(proxy.Options{
 		Upstream: cfg.Upstream, UpstreamProtocol: cfg.UpstreamProtocol, MaxStreams: cfg.MaxConns, Engine: s.engine, Store: s.store, Headers: cfg.RateLimitHeaders,
@@ -264,7 +266,7 @@ func (s *sidecar) servers() error {
 	s.adminSrv = newAdminServer(adminMux(cfg, s.store, s.m, &s.draining), errLog)
 	s.adminSrv.ConnState = s.adminIdle.ConnState
 	if cfg.CheckListen != "" {
-		checkSlots := &decide.SlotRegistry{Memory: s.memory, Lease: cfg.InFlightExpiry}
+		checkSlots := s.keptSlots(cfg.InFlightExpiry, cfg.InFlightMaxRenew)
 		checkSlots.Expired = s.m.WatchSlotRegistry(metrics.FaceCheck, checkSlots)
 		s.slotRegs = append(s.slotRegs, checkSlots)
 		check := http.NewServeMux()
@@ -278,7 +280,7 @@ func (s *sidecar) servers() error {
 	}
 	if cfg.GRPCListen != "" {
 		var hs *health.Server
-		envoySlots := &decide.SlotRegistry{Memory: s.memory, Lease: cfg.InFlightEnvoyHold}
+		envoySlots := s.keptSlots(cfg.InFlightEnvoyHold, 0)
 		envoySlots.Expired = s.m.WatchSlotRegistry(metrics.FaceRLS, envoySlots)
 		s.slotRegs = append(s.slotRegs, envoySlots)
 		s.grpcSrv, hs = rls.NewServer(&rls.Server{Engine: s.engine, Store: s.store, Holds: &decide.Registry{Memory: s.memory, Refused: s.m.RegistryRefused(metrics.FaceRLS)}, OnUnsized: s.m.UnsizedRefused, Slots: envoySlots}, rls.ServerOptions{
@@ -292,6 +294,18 @@ func (s *sidecar) servers() error {
 	}
 	return nil
 }
+
+// keptSlots is a face's registry of the slots it keeps for its clients, leased for lease and
+// renewable up to maxRenew (0: Envoy cannot renew). It keeps at most a quarter of the
+// limiter's slot table and of the memory budget: the clients of one face, however many ids
+// they keep, leave room for the proxy's requests and the other face's.
+func (s *sidecar) keptSlots(lease, maxRenew time.Duration) *decide.SlotRegistry {
+	return &decide.SlotRegistry{Memory: s.memory, Lease: lease, MaxRenew: maxRenew,
+		MaxSlots: limiter.MaxSlots / keptShare, MaxBytes: s.memory.Stats().Size / keptShare}
+}
+
+// keptShare: each face's registry keeps at most 1/keptShare of the slot table and the budget.
+const keptShare = 4
 
 // serve serves every face on its listener; the channel receives the first failure.
 func (s *sidecar) serve(lns *listeners) <-chan error {

@@ -18,6 +18,7 @@ import (
 	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
 )
 
 // Allower decides one limit; *limiter.Limiter is one.
@@ -108,6 +109,12 @@ type Engine struct {
 	// OnSlots, if set, hears of every slot a request takes (+1) and gives back (-1), by rule
 	// (the per-rule gauge of requests in progress).
 	OnSlots func(r *ruleset.Rule, delta int)
+	// Queue, if set, is where the proxy's requests of a full key wait for a slot of a rule
+	// with a queue (WaitSlots); a slot given back wakes its key's waiters.
+	Queue *slotqueue.Queue
+	// OnQueued, if set, hears of every request that starts (+1) and stops (-1) waiting in
+	// Queue, by rule (the per-rule gauge of requests queued).
+	OnQueued func(r *ruleset.Rule, delta int)
 	// Log, if set, writes the decisions it keeps (see DecisionLog).
 	Log *DecisionLog
 }

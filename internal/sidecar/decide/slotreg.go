@@ -26,11 +26,27 @@ import (
 // (ErrNoMemory) and its caller gives its slots back. Without a memory budget, Max bounds the
 // entries (ErrTooManySlots). Ids are 128 random bits: an id is found only by whoever it was
 // given to, never guessed into someone else's slot.
+//
+// A face's clients must not starve the others (the proxy, the other face) by keeping slots:
+// MaxSlots and MaxBytes cap one registry's share of the limiter's slot table and of the memory
+// budget; no key keeps more slots here than its rule's limit (ErrKeyFull), so one tenant's
+// keys hold at most what their rules allow; and MaxRenew bounds how long a client may keep one
+// id alive by renewing it (ErrRenewLimit).
 type SlotRegistry struct {
 	// Memory is the budget every entry draws from (nil: none, and Max bounds the entries).
 	Memory *membudget.Budget
 	// Max is the most entries kept (0: none beside a memory budget, else DefaultMaxHolds).
 	Max int
+	// MaxSlots is the most slots kept over all entries (0: no bound but Max): this face's
+	// share of the limiter's slot table.
+	MaxSlots int
+	// MaxBytes is the most the entries draw from Memory (0: no bound but Memory's): this
+	// face's share of the memory budget.
+	MaxBytes int64
+	// MaxRenew is how long an entry may be kept from its Put, renewals included (0: no
+	// bound): a renew past it answers ErrRenewLimit and gives the slots back, and no lease
+	// runs past it.
+	MaxRenew time.Duration
 	// Lease is how long an entry is kept without a renewal.
 	Lease time.Duration
 	// Now is the clock (default time.Now).
@@ -45,18 +61,33 @@ type SlotRegistry struct {
 	// to come, oldest first; owedN counts them all (see Owe).
 	owed  map[string][]time.Time
 	owedN int
+	// slots and bytes are what all entries keep and draw; perKey counts the slots kept of
+	// each limiter key.
+	slots  int
+	bytes  int64
+	perKey map[string]int
 }
 
 type slotEntry struct {
-	id, key  string
-	slots    *Slots
-	deadline time.Time
-	bytes    int64
-	inKey    *list.Element
+	id, key     string
+	slots       *Slots
+	born        time.Time // its Put, from which MaxRenew counts
+	deadline    time.Time
+	bytes       int64
+	inKey       *list.Element
+	limiterKeys []string // of each slot it keeps
 }
 
 // ErrTooManySlots is wrapped by Put's error when a registry without a memory budget is full.
 var ErrTooManySlots = errors.New("too many in-flight slots kept on this sidecar")
+
+// ErrKeyFull is wrapped by Put's error when a key of the slots keeps as many here as its rule
+// allows already (kept entries whose slots were lost and not yet renewed or swept).
+var ErrKeyFull = errors.New("this key keeps as many in-flight slots on this sidecar as its rule allows")
+
+// ErrRenewLimit is the error of Renew for an entry kept MaxRenew already: it is released, and
+// its request should end.
+var ErrRenewLimit = errors.New("slot renewed for as long as this sidecar allows (--in-flight-max-renew): it is released; end the request")
 
 // ErrNoSuchSlot is the error of Renew for an id that names no entry.
 var ErrNoSuchSlot = errors.New("no such slot: released already, or its lease ran out")
@@ -87,14 +118,31 @@ func (g *SlotRegistry) Put(s *Slots, key string) (id string, deadline time.Time,
 	if limit == 0 && g.Memory == nil {
 		limit = DefaultMaxHolds
 	}
-	if limit > 0 && len(g.byID) >= limit {
+	keys, limits := s.keyed()
+	switch {
+	case limit > 0 && len(g.byID) >= limit, g.MaxSlots > 0 && g.slots+len(keys) > g.MaxSlots:
 		return "", time.Time{}, &RefusedError{Err: ErrTooManySlots, RetryAfter: g.Lease}
+	case g.MaxBytes > 0 && g.bytes+bytes > g.MaxBytes:
+		return "", time.Time{}, &RefusedError{Err: ErrNoMemory, RetryAfter: g.Lease}
+	}
+	for i, k := range keys {
+		if g.perKey[k]+count(keys, k) > int(limits[i]) {
+			return "", time.Time{}, &RefusedError{Err: ErrKeyFull, RetryAfter: g.Lease}
+		}
 	}
 	if !g.Memory.Draw(bytes, nil) {
 		return "", time.Time{}, &RefusedError{Err: ErrNoMemory, RetryAfter: g.Lease}
 	}
-	e := &slotEntry{id: newHoldID(), key: key, slots: s, deadline: now.Add(g.Lease), bytes: bytes}
+	e := &slotEntry{id: newHoldID(), key: key, slots: s, born: now, bytes: bytes, limiterKeys: keys}
+	e.deadline = g.leaseEnd(e, now)
 	g.byID[e.id] = e
+	g.slots, g.bytes = g.slots+len(keys), g.bytes+bytes
+	if g.perKey == nil {
+		g.perKey = map[string]int{}
+	}
+	for _, k := range keys {
+		g.perKey[k]++
+	}
 	if key != "" {
 		l := g.byKey[key]
 		if l == nil {
@@ -122,8 +170,13 @@ func (g *SlotRegistry) Renew(ctx context.Context, id string) (held int, deadline
 		g.mu.Unlock()
 		e.slots.Release(ctx)
 		return 0, time.Time{}, ErrSlotLost
+	case g.MaxRenew > 0 && !now.Before(e.born.Add(g.MaxRenew)):
+		g.remove(e)
+		g.mu.Unlock()
+		e.slots.Release(ctx)
+		return 0, time.Time{}, ErrRenewLimit
 	}
-	e.deadline = now.Add(g.Lease)
+	e.deadline = g.leaseEnd(e, now)
 	held, deadline = e.slots.Held(), e.deadline
 	g.mu.Unlock()
 	return held, deadline, nil
@@ -165,6 +218,40 @@ func (g *SlotRegistry) remove(e *slotEntry) {
 		}
 	}
 	g.Memory.Return(e.bytes)
+	g.slots, g.bytes = g.slots-len(e.limiterKeys), g.bytes-e.bytes
+	for _, k := range e.limiterKeys {
+		if g.perKey[k]--; g.perKey[k] <= 0 {
+			delete(g.perKey, k)
+		}
+	}
+}
+
+// leaseEnd is when e's lease, renewed at now, runs out: a lease from now, and never past
+// MaxRenew from its Put.
+func (g *SlotRegistry) leaseEnd(e *slotEntry, now time.Time) time.Time {
+	end := now.Add(g.Lease)
+	if g.MaxRenew > 0 {
+		end = minTime(end, e.born.Add(g.MaxRenew))
+	}
+	return end
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// count is how many times k is in keys.
+func count(keys []string, k string) int {
+	n := 0
+	for _, x := range keys {
+		if x == k {
+			n++
+		}
+	}
+	return n
 }
 
 // Len is how many entries are kept, and how many slots they hold.

@@ -37,10 +37,11 @@ type Slots struct {
 	// Refused is the refusing outcome, or nil when the request may proceed.
 	Refused *SlotOutcome
 
-	slotter Slotter
-	held    []*limiter.Slot
-	rules   []*ruleset.Rule // of each held slot
-	onSlots func(r *ruleset.Rule, delta int)
+	slotter  Slotter
+	held     []*limiter.Slot
+	rules    []*ruleset.Rule // of each held slot
+	onSlots  func(r *ruleset.Rule, delta int)
+	released func(key string) // wakes the key's waiters (Engine.Queue)
 }
 
 // AcquireSlots takes a slot of every in-flight rule of set that req matches, in rule order (one
@@ -54,7 +55,7 @@ func (e *Engine) AcquireSlots(ctx context.Context, set *ruleset.Set, req *Reques
 	}
 	a := attrs{req: req, hops: e.TrustedHops}
 	for _, r := range set.InFlight {
-		if Matches(r.Match, req) && !e.acquire(ctx, s, set.Namespace, r, a.parts(r.Key)) {
+		if Matches(r.Match, req) && !e.acquire(ctx, s, set.Namespace, r, a.parts(r.Key), false) {
 			return s
 		}
 	}
@@ -77,7 +78,7 @@ func (e *Engine) AcquireSlotHits(ctx context.Context, set *ruleset.Set, hits []H
 		}
 	}
 	for i, r := range rules {
-		if r != nil && !e.acquire(ctx, s, set.Namespace, r, hits[i].Key) {
+		if r != nil && !e.acquire(ctx, s, set.Namespace, r, hits[i].Key, false) {
 			return s, nil
 		}
 	}
@@ -98,21 +99,21 @@ func SplitHits(set *ruleset.Set, hits []Hit) (slots, others []Hit, slotAt, other
 }
 
 // acquire takes a slot of r for key parts into s, and says whether the request may go on;
-// when it may not, s.Refused is set and every slot s held went back.
-func (e *Engine) acquire(ctx context.Context, s *Slots, namespace string, r *ruleset.Rule, parts []string) bool {
+// when it may not, s.Refused is set and every slot s held went back. With wait, a rule with a
+// queue waits in e.Queue for a slot of a full key (see WaitSlots).
+func (e *Engine) acquire(ctx context.Context, s *Slots, namespace string, r *ruleset.Rule, parts []string, wait bool) bool {
 	sl, _ := e.Limiter.(Slotter)
 	s.slotter, s.onSlots = sl, e.OnSlots
+	if e.Queue != nil {
+		s.released = e.Queue.Released
+	}
 	key := keyscheme.Key(namespace, r.Policy.Name, r.StateName, parts...)
 	var res limiter.SlotResult
 	var slot *limiter.Slot
-	err := errNoSlots
-	if sl != nil {
-		res, slot, err = sl.Acquire(ctx, key, *r.InFlight)
-	}
-	if err != nil {
-		// An invalid limit, a closed limiter or none that keeps slots: decided as a Redis
-		// failure would be.
-		res = limiter.SlotResult{Allowed: r.InFlight.FailureMode != limiter.FailureModeClosed || r.Shadow, Err: err}
+	if wait && r.Queue != nil && e.Queue != nil {
+		res, slot = e.waitSlot(ctx, sl, key, r)
+	} else {
+		res, slot = takeSlot(ctx, sl, key, r)
 	}
 	if e.ObserveSlot != nil {
 		e.ObserveSlot(r, res)
@@ -137,7 +138,7 @@ func (e *Engine) acquire(ctx context.Context, s *Slots, namespace string, r *rul
 func (s *Slots) Split() []KeyedSlots {
 	out := make([]KeyedSlots, len(s.held))
 	for i, sl := range s.held {
-		out[i] = KeyedSlots{Key: sl.Key(), Slots: &Slots{slotter: s.slotter, held: []*limiter.Slot{sl}, rules: s.rules[i : i+1], onSlots: s.onSlots}}
+		out[i] = KeyedSlots{Key: sl.Key(), Slots: &Slots{slotter: s.slotter, held: []*limiter.Slot{sl}, rules: s.rules[i : i+1], onSlots: s.onSlots, released: s.released}}
 	}
 	s.held, s.rules = nil, nil
 	return out
@@ -171,6 +172,14 @@ func (s *Slots) Lost() []<-chan struct{} {
 	return out
 }
 
+// keyed is the limiter key of each slot s holds, and the limit of its rule.
+func (s *Slots) keyed() (keys []string, limits []int64) {
+	for i, sl := range s.held {
+		keys, limits = append(keys, sl.Key()), append(limits, s.rules[i].InFlight.Max)
+	}
+	return keys, limits
+}
+
 // Held says how many slots the request holds.
 func (s *Slots) Held() int { return len(s.held) }
 
@@ -180,6 +189,9 @@ func (s *Slots) Release(ctx context.Context) {
 		s.slotter.Release(ctx, sl)
 		if s.onSlots != nil {
 			s.onSlots(s.rules[i], -1)
+		}
+		if s.released != nil {
+			s.released(sl.Key())
 		}
 	}
 	s.held, s.rules = nil, nil

@@ -63,8 +63,11 @@ type Metrics struct {
 	slotDecisions *prometheus.CounterVec
 	// slotsHeld is the per-rule gauge of slots held, once WatchSlots registered it.
 	slotsHeld *prometheus.GaugeVec
-	policyMu  sync.Mutex
-	policies  map[string]bool // the policies whose restoration counters show
+	// slotsQueued is the per-rule gauge of requests waiting for a slot, once WatchSlots
+	// registered it.
+	slotsQueued *prometheus.GaugeVec
+	policyMu    sync.Mutex
+	policies    map[string]bool // the policies whose restoration counters show
 }
 
 // New registers the collectors. stats reads the limiter's counters and store the set in force

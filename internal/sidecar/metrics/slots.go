@@ -20,7 +20,11 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 		Namespace: ns, Name: "in_flight",
 		Help: "Requests of an in-flight rule in progress through this sidecar now (the slots it holds), by policy and rule: summed over the replicas, what the key's limit bounds.",
 	}, []string{labelPolicy, labelRule})
-	m.Registry.MustRegister(m.slotDecisions, m.slotsHeld,
+	m.slotsQueued = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "in_flight_queued",
+		Help: "Requests of an in-flight rule waiting in this sidecar for a slot of their full key now, by policy and rule (rules with a queue).",
+	}, []string{labelPolicy, labelRule})
+	m.Registry.MustRegister(m.slotDecisions, m.slotsHeld, m.slotsQueued,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Name: "in_flight_slots",
 			Help: "In-flight slots this sidecar holds now: requests of in-flight rules in progress through it.",
@@ -44,6 +48,14 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 func (m *Metrics) SlotsHeld(r *ruleset.Rule, delta int) {
 	if m.slotsHeld != nil {
 		m.slotsHeld.WithLabelValues(r.Policy.Name, r.Name).Add(float64(delta))
+	}
+}
+
+// SlotsQueued moves rule r's gauge of requests waiting for a slot by delta
+// (decide.Engine.OnQueued).
+func (m *Metrics) SlotsQueued(r *ruleset.Rule, delta int) {
+	if m.slotsQueued != nil {
+		m.slotsQueued.WithLabelValues(r.Policy.Name, r.Name).Add(float64(delta))
 	}
 }
 

@@ -31,7 +31,7 @@ import (
 // takeSlots takes the request's slots, or answers the refusal (giving back what d counted, when
 // d is not nil) and returns nil.
 func (h *Handler) takeSlots(w http.ResponseWriter, r *http.Request, set *ruleset.Set, req *decide.Request, d *decide.Decision) *decide.Slots {
-	slots := h.opts.Engine.AcquireSlots(r.Context(), set, req)
+	slots := h.opts.Engine.WaitSlots(r.Context(), set, req)
 	if slots.Refused == nil {
 		return slots
 	}

@@ -99,6 +99,9 @@ type Rule struct {
 	// InFlight, when not nil, makes the rule bound the requests of a key in progress at once:
 	// Limit is then empty, and the rule is in Set.InFlight, not Set.Rules.
 	InFlight *limiter.InFlight
+	// Queue, when not nil (an in-flight rule only), lets the proxy's requests of a full key
+	// wait for a slot.
+	Queue *Queue
 	// Cost, when not nil, says the rule's cost comes from the response: Limit counts units
 	// (such as tokens) that a request holds before it is forwarded and settles after. Nil:
 	// every request costs one unit. A rule with a Cost has no Candidate.
@@ -379,6 +382,9 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 		}
 		r.Limit, r.WindowSeconds = limiter.Limit{}, 0
 		r.InFlight = &limiter.InFlight{Max: cr.InFlight, FailureMode: p.FailureMode, Shadow: r.Shadow}
+		if q := cr.Queue; q != nil {
+			r.Queue = &Queue{Size: int(q.Size), Timeout: time.Duration(q.TimeoutMS) * time.Millisecond}
+		}
 	} else if err := r.setCalendar(cr.Calendar); err != nil {
 		return nil, err
 	} else if err := r.Limit.Validate(); err != nil {

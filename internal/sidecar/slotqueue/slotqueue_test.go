@@ -1,0 +1,133 @@
+package slotqueue_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
+	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
+)
+
+// slots is a pure stand-in for a key's free slots: a try takes one when there is one.
+type slots struct {
+	mu   sync.Mutex
+	free int
+}
+
+func (s *slots) try() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.free == 0 {
+		return false
+	}
+	s.free--
+	return true
+}
+
+func (s *slots) give(q *slotqueue.Queue, key string) {
+	s.mu.Lock()
+	s.free++
+	s.mu.Unlock()
+	q.Released(key)
+}
+
+// waitInBackground starts a Wait for key and reports its error on the channel it returns once
+// the request is counted in the queue (or decided).
+func waitInBackground(g Gomega, ctx context.Context, q *slotqueue.Queue, key string, size int, s *slots) <-chan error {
+	done := make(chan error, 1)
+	before := q.Len()
+	go func() { done <- q.Wait(ctx, key, size, s.try, nil) }()
+	g.Eventually(func() bool { return q.Len() > before || len(done) > 0 }, time.Minute, time.Millisecond).Should(BeTrue())
+	return done
+}
+
+// Waiters of a key get their slots in the order they came, each when a slot of the key is given
+// back here: no poll is needed (it is an hour).
+func TestWaitersOfAKeyAreServedInOrder(t *testing.T) {
+	g := NewWithT(t)
+	q := &slotqueue.Queue{Poll: time.Hour}
+	s := &slots{}
+	var order []int
+	var mu sync.Mutex
+	var dones []<-chan error
+	for i := range 4 {
+		done := make(chan error, 1)
+		before := q.Len()
+		go func() {
+			err := q.Wait(context.Background(), "k", 4, s.try, nil)
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			done <- err
+		}()
+		g.Eventually(q.Len, time.Minute, time.Millisecond).Should(Equal(before + 1))
+		dones = append(dones, done)
+	}
+	for i := range 4 {
+		s.give(q, "k")
+		g.Expect(<-dones[i]).To(Succeed())
+	}
+	g.Expect(order).To(Equal([]int{0, 1, 2, 3}))
+	g.Expect(q.Len()).To(BeZero())
+}
+
+// A key's queue holds at most its size and the sidecar's at most Max: a request past either is
+// refused at once. A waiter whose context ends leaves, and its place is free for another.
+func TestQueueBoundsAndLeaving(t *testing.T) {
+	g := NewWithT(t)
+	q := &slotqueue.Queue{Poll: time.Hour, Max: 3}
+	s := &slots{}
+	ctx, cancel := context.WithCancel(context.Background())
+	first := waitInBackground(g, ctx, q, "a", 2, s)
+	second := waitInBackground(g, context.Background(), q, "a", 2, s)
+	g.Expect(q.Wait(context.Background(), "a", 2, s.try, nil)).To(MatchError(slotqueue.ErrFull), "the key's queue is full")
+	third := waitInBackground(g, context.Background(), q, "b", 2, s)
+	g.Expect(q.Wait(context.Background(), "c", 2, s.try, nil)).To(MatchError(slotqueue.ErrFull), "the sidecar's queue is full")
+
+	cancel()
+	g.Expect(<-first).To(MatchError(context.Canceled))
+	g.Expect(q.Len()).To(Equal(2))
+	fourth := waitInBackground(g, context.Background(), q, "a", 2, s)
+	g.Expect(q.Len()).To(Equal(3), "the place the cancelled waiter left is taken")
+
+	// The head left: the next in line is the head and is woken by the key's next slot.
+	s.give(q, "a")
+	g.Expect(<-second).To(Succeed())
+	s.give(q, "a")
+	g.Expect(<-fourth).To(Succeed())
+	s.give(q, "b")
+	g.Expect(<-third).To(Succeed())
+	g.Expect(q.Len()).To(BeZero())
+}
+
+// Every waiter draws on the memory budget while it waits: one the budget has no room for is
+// refused at once, and a waiter that leaves gives its share back.
+func TestWaitersDrawOnTheMemoryBudget(t *testing.T) {
+	g := NewWithT(t)
+	budget := membudget.New(slotqueue.WaiterBytes)
+	q := &slotqueue.Queue{Poll: time.Hour, Memory: budget}
+	s := &slots{}
+	ctx, cancel := context.WithCancel(context.Background())
+	first := waitInBackground(g, ctx, q, "a", 10, s)
+	g.Expect(q.Wait(context.Background(), "b", 10, s.try, nil)).To(MatchError(slotqueue.ErrNoMemory))
+	cancel()
+	g.Expect(<-first).To(MatchError(context.Canceled))
+	g.Expect(budget.Stats().InUse).To(BeZero())
+}
+
+// A waiter that is not woken asks again every Poll: a slot given back by another replica is
+// found without a wake.
+func TestTheHeadPolls(t *testing.T) {
+	g := NewWithT(t)
+	q := &slotqueue.Queue{Poll: time.Millisecond}
+	s := &slots{}
+	done := waitInBackground(g, context.Background(), q, "a", 1, s)
+	s.mu.Lock()
+	s.free = 1 // given back elsewhere: no Released
+	s.mu.Unlock()
+	g.Expect(<-done).To(Succeed())
+}
