@@ -119,11 +119,12 @@ func (l *Limiter) GiveBack(ctx context.Context, refunds []Refund) (int64, error)
 
 // pendingBack is one give-back sent to Redis.
 type pendingBack struct {
-	cmd   *redis.Cmd
-	key   string // the state key
-	limit Limit
-	sp    spent
-	share bool // the replica's share was lowered by sp.units before it was sent
+	cmd     *redis.Cmd
+	key     string // the state key
+	limit   Limit
+	sp      spent
+	share   bool  // the replica's share was lowered before it was sent
+	lowered int64 // by how much (sp.units at most: what it held of sp's window)
 }
 
 // giveBackCmd builds the script call that gives sp back to sk in Redis.
@@ -151,14 +152,14 @@ func (l *Limiter) giveBackCmd(ctx context.Context, sk string, lim Limit, sp spen
 			// decision of this key in flight that read the share before would otherwise find
 			// Redis short of it once they went back, and restore them. The call says what
 			// this replica knew before its own lowering, which the script makes after restoring.
-			l.shares.lower(sk, lim.Window, sp.startMS, sp.units)
+			p.lowered = l.shares.lower(sk, lim.Window, sp.startMS, sp.units)
 			p.share = true
 			start, cur, prev, lv := l.shares.known(sk)
 			switch {
 			case start == sp.startMS:
-				cur += sp.units
+				cur += p.lowered
 			case start == sp.startMS+lim.Window.Milliseconds():
-				prev += sp.units
+				prev += p.lowered
 			}
 			args = append(args, l.shares.id, start, cur, prev, lv)
 		}
@@ -181,9 +182,11 @@ func (p *pendingBack) done(l *Limiter, cmd redis.Cmder) (int64, error) {
 	default:
 		back = vals[0]
 	}
-	if p.share && back < p.sp.units {
+	if d := p.lowered - back; p.share && d != 0 {
+		// Never more than was lowered: a share above what this replica knows it was granted
+		// would restore units in Redis.
 		hold, _ := l.shares.holdFor(p.limit)
-		l.shares.add(p.key, p.limit.Algorithm, p.limit.Policy, p.limit.Window, hold, p.sp.startMS, p.sp.units-back)
+		l.shares.add(p.key, p.limit.Algorithm, p.limit.Policy, p.limit.Window, hold, p.sp.startMS, d)
 	}
 	if err == nil && len(vals) >= 4 && p.share && vals[3] > 0 {
 		l.restored(p.limit.Policy, vals[3])

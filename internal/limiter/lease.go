@@ -90,6 +90,7 @@ type leaseReturn struct {
 	window      time.Duration
 	windowStart int64
 	units       int64
+	lowered     int64 // what the share was lowered by before the return was sent
 }
 
 func newLeases(size int, horizon time.Duration, maxUnits int64, now func() time.Time) (*leases, error) {
@@ -370,13 +371,13 @@ func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 				// every grant of the key for a heartbeat (a reload that changes the rule
 				// returns every lease at once). The call says what this replica knew before
 				// its own lowering, stamped, and the script writes the stamp.
-				ls.shares.lower(r.key, r.window, r.windowStart, r.units)
+				r.lowered = ls.shares.lower(r.key, r.window, r.windowStart, r.units)
 				start, cur, prev, lv := ls.shares.known(r.key)
 				switch {
 				case start == r.windowStart:
-					cur += r.units
+					cur += r.lowered
 				case start == r.windowStart+r.window.Milliseconds():
-					prev += r.units
+					prev += r.lowered
 				}
 				args = append(args, ls.shares.id, start, cur, prev, lv)
 			}
@@ -402,11 +403,12 @@ func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 			if ok {
 				back = vals[0]
 			}
-			// What did not go back (an ended window, units this Redis never counted, an error
-			// that may have come after the script ran) is in the share again: a share above
-			// Redis's count only ever under-admits.
-			if back < r.units {
-				ls.shares.add(r.key, "", "", r.window, 0, r.windowStart, r.units-back)
+			// The share ends lowered by what went back: what was lowered and did not go back
+			// (an ended window, units this Redis never counted, an error that may have come
+			// after the script ran) is in it again, and never more than was lowered (a share
+			// above what this replica knows it was granted would restore units in Redis).
+			if d := r.lowered - back; d != 0 {
+				ls.shares.add(r.key, "", "", r.window, 0, r.windowStart, d)
 			}
 			if ok && vals[1] > 0 && ls.onRestore != nil {
 				ls.onRestore(r.policy, vals[1])

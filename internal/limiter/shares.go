@@ -105,19 +105,28 @@ func (s *shares) known(key string) (start, cur, prev, lv int64) {
 }
 
 // lower takes units from key's share in the window starting at start, for a lowering Redis
-// will be told of with the stamp known reads after it (see shares_open.lua).
-func (s *shares) lower(key string, window time.Duration, start, units int64) {
+// will be told of with the stamp known reads after it (see shares_open.lua). It returns what
+// it took: less than units where the share held less, 0 where it holds nothing of that window
+// (what a caller adds back of a lowering Redis did not make is never more than this).
+func (s *shares) lower(key string, window time.Duration, start, units int64) int64 {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	s.lowerings.Add(1)
-	if e, ok := sh.m[key]; ok {
-		if e.window == window && e.start == start {
-			e.cur = max(e.cur-units, 0)
-		} else if e.window == window && e.start == start+window.Milliseconds() {
-			e.prev = max(e.prev-units, 0)
-		}
+	e, ok := sh.m[key]
+	if !ok || e.window != window {
+		return 0
 	}
+	var took int64
+	switch {
+	case e.start == start:
+		took = min(e.cur, units)
+		e.cur -= took
+	case e.start == start+window.Milliseconds():
+		took = min(e.prev, units)
+		e.prev -= took
+	}
+	return max(took, 0)
 }
 
 // add records units (negative: given back) granted to key, of a limit of alg and policy, in the
