@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
+
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -86,7 +88,7 @@ func checkSidecarDefaults(o *manager.Options) error {
 	// sentinel URL's is no exception: with the sentinels' credential a tenant can SENTINEL
 	// MONITOR the group at a server of its own and collect every client's password there.
 	// Sidecars get a read-only sentinel user in their namespace's Secret instead.
-	if o.TenantACL != controller.TenantACLOff && redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
+	if o.TenantACL != tenantacl.ModeOff && redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
 		return errors.New("the Redis URL given to sidecars (--sidecar-redis-url, default --redis-url) carries credentials every tenant could read: put the admin password in --redis-password-file (and the sentinels' in --redis-sentinel-password-file)")
 	}
 	return nil
@@ -123,14 +125,14 @@ func dialManagerRedis(o *manager.Options, tlsFileError func(error)) (*backend.Ba
 // probeTenantACL stops the manager at once, with --redis-tenant-acl=required, when its Redis
 // (or sentinels) refuse ACLs.
 func probeTenantACL(mode string, def *backend.Backend) error {
-	if mode != controller.TenantACLRequired {
+	if mode != tenantacl.ModeRequired {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := controller.ProbeTenantACL(ctx, def.Nodes)
+	err := tenantacl.Probe(ctx, def.Nodes)
 	if err == nil && def.Sentinels != nil {
-		err = controller.ProbeSentinels(ctx, def.Sentinels)
+		err = tenantacl.ProbeSentinels(ctx, def.Sentinels)
 	}
 	if err != nil {
 		return fmt.Errorf("--redis-tenant-acl=required: %w", err)

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
@@ -176,11 +175,11 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		}, timeout, interval).Should(Succeed())
 		// A few resyncs with nothing lost: no Event.
 		Consistently(func() []string { return eventReasons(ctx, ns, "p") }, time.Second, interval).
-			ShouldNot(ContainElement(controller.ReasonRedisLostCounts))
+			ShouldNot(ContainElement(v1alpha1.ReasonRedisLostCounts))
 
 		beat(true) // a sidecar found Redis short of its shares and restored them
 		Eventually(func() []string { return eventReasons(ctx, ns, "p") }, timeout, interval).
-			Should(ContainElement(controller.ReasonRedisLostCounts))
+			Should(ContainElement(v1alpha1.ReasonRedisLostCounts))
 	})
 
 	It("updates the ConfigMap and its hash when a policy changes, and deletes it with the last policy", func() {

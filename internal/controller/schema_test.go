@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/compile"
 	"github.com/redline-dev/redline/internal/limiter"
 )
 
@@ -48,7 +48,7 @@ func decodeAndCompile(g Gomega, u *unstructured.Unstructured) error {
 	g.Expect(err).NotTo(HaveOccurred())
 	var p v1alpha1.RateLimitPolicy
 	g.Expect(json.Unmarshal(data, &p)).To(Succeed(), "the API server stored what v1alpha1 cannot decode: %s", data)
-	cp, err := controller.CompilePolicy(&p)
+	cp, err := compile.Policy(&p)
 	if err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ var _ = Describe("Schema", func() {
 				g.Expect(c.ObservedGeneration).To(Equal(u.GetGeneration()))
 				g.Expect(c.Message).NotTo(BeEmpty())
 				if c.Status != "True" {
-					g.Expect(c.Reason).To(Equal(controller.ReasonInvalid))
+					g.Expect(c.Reason).To(Equal(v1alpha1.ReasonInvalid))
 				}
 			}, timeout, interval).Should(Succeed())
 		}
