@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/tenantacl"
-
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -27,6 +25,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/manager"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"

@@ -7,9 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/redisbackend"
-	"github.com/redline-dev/redline/internal/controller/tenantacl"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
@@ -23,6 +20,8 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/redisbackend"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisacl"

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/memorypolicy"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -14,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller/memorypolicy"
 )
 
 // The suite's redis-server starts without persistence and without replicas, as redistest

@@ -1,5 +1,5 @@
 // Package controller wires the manager's control loops, one package each: the policy
-// reconciler (policy), the scripts kept loaded (scriptwatcher), the connection budget
+// reconciler (policies), the scripts kept loaded (scriptwatcher), the connection budget
 // (budget), the memory policy check (memorypolicy), each namespace's Redis user (tenantacl),
 // RedisBackends (redisbackend) and the top keys (topkeysstatus). Each namespace is served by
 // its backend in internal/backend's registry, which Setup is given.
@@ -11,6 +11,13 @@ import (
 	"maps"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller/budget"
 	"github.com/redline-dev/redline/internal/controller/memorypolicy"
 	"github.com/redline-dev/redline/internal/controller/policies"
@@ -18,15 +25,6 @@ import (
 	"github.com/redline-dev/redline/internal/controller/scriptwatcher"
 	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/controller/topkeysstatus"
-
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/redline-dev/redline/internal/backend"
 )
 
 // Config wires the controllers to the namespaces' Redis.

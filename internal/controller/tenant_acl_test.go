@@ -6,9 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-	"github.com/redline-dev/redline/internal/controller/tenantacl"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
@@ -26,6 +23,8 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/loop"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/sidecar/contract"

@@ -11,9 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-	"github.com/redline-dev/redline/internal/controller/policies"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -27,6 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller/loop"
+	"github.com/redline-dev/redline/internal/controller/policies"
 	"github.com/redline-dev/redline/internal/policydoc"
 )
 

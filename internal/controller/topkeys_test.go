@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/topkeysstatus"
-
 	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -16,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller/topkeysstatus"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/topkeys"
 )

@@ -6,13 +6,12 @@ import (
 	"flag"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/tenantacl"
-	"github.com/redline-dev/redline/internal/controller/topkeysstatus"
-
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/redline-dev/redline/internal/backend"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
+	"github.com/redline-dev/redline/internal/controller/topkeysstatus"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"

@@ -35,9 +35,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/tenantacl"
-
 	"github.com/redline-dev/redline/internal/backend"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/testutil/failover"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/stack"

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	"k8s.io/apimachinery/pkg/types"
@@ -25,6 +23,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/connbudget"
+	"github.com/redline-dev/redline/internal/controller/loop"
 )
 
 // budgetRequest is the one key of the budget reconciler: every namespace of a Redis shares

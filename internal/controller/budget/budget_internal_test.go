@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	. "github.com/onsi/gomega"
 	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
@@ -26,6 +24,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/connbudget"
+	"github.com/redline-dev/redline/internal/controller/loop"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 )

@@ -7,14 +7,13 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
+	"github.com/redline-dev/redline/internal/controller/loop"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 

@@ -4,11 +4,10 @@ import (
 	"maps"
 	"slices"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 

@@ -6,9 +6,9 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redline-dev/redline/internal/controller/loop"
 )
 
 // NodeClients is what one Redis master reports about its clients.

@@ -6,14 +6,13 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/redline-dev/redline/internal/connbudget"
+	"github.com/redline-dev/redline/internal/controller/loop"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 

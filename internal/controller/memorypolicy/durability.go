@@ -7,13 +7,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller/loop"
 )
 
 // Why the manager checks Redis's persistence beside its memory policy.

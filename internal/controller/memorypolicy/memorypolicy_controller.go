@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
@@ -30,6 +28,7 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
+	"github.com/redline-dev/redline/internal/controller/loop"
 )
 
 // Why the manager watches Redis's memory policy.

@@ -4,10 +4,10 @@ import (
 	"errors"
 	"testing"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 )
 
 // One evicting node is enough for False, whatever the others do (a cluster's keys live on all

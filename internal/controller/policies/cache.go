@@ -3,8 +3,6 @@ package policies
 import (
 	"strings"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/redline-dev/redline/internal/controller/loop"
 	"github.com/redline-dev/redline/internal/policydoc"
 )
 

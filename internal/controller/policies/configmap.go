@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/redline-dev/redline/internal/controller/loop"
 	"github.com/redline-dev/redline/internal/policydoc"
 )
 

@@ -12,10 +12,9 @@ import (
 	"slices"
 	"strings"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-
 	corev1 "k8s.io/api/core/v1"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/policydoc"
 )
 

@@ -11,11 +11,10 @@ import (
 	"strings"
 	"testing"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/metrics"

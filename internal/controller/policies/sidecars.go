@@ -5,12 +5,11 @@ import (
 	"fmt"
 	"slices"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
+	"github.com/redline-dev/redline/internal/controller/loop"
 	"github.com/redline-dev/redline/internal/fleet"
 )
 

@@ -4,11 +4,10 @@ import (
 	"errors"
 	"testing"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/fleet"
 )
 

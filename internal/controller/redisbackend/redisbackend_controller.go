@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -33,6 +31,7 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
+	"github.com/redline-dev/redline/internal/controller/loop"
 )
 
 // Keys of a RedisBackend's credentials Secret.

@@ -9,11 +9,11 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/redline-dev/redline/internal/controller/loop"
 )
 
 // derivePassword is namespace's password of rotation period n.

@@ -10,10 +10,9 @@ import (
 	"sync"
 	"time"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-
 	"github.com/redis/go-redis/v9"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )

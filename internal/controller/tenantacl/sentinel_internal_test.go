@@ -3,11 +3,10 @@ package tenantacl
 import (
 	"testing"
 
-	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller/loop"
-
 	. "github.com/onsi/gomega"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller/loop"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
