@@ -32,22 +32,6 @@ func newNamespace(ctx context.Context) string {
 	return ns.Name
 }
 
-func policy(ns, name string, requests int64) *v1alpha1.RateLimitPolicy {
-	return &v1alpha1.RateLimitPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.RateLimitPolicySpec{
-			TargetSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "checkout"}},
-			Rules: []v1alpha1.Rule{{
-				Name:      "per-api-key",
-				Match:     &v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Value: "/api/"}, Methods: []v1alpha1.HTTPMethod{"POST"}},
-				Key:       []v1alpha1.KeyPart{{Header: "X-API-Key"}},
-				Algorithm: v1alpha1.SlidingWindowCounter,
-				Limit:     v1alpha1.Limit{Requests: requests, Window: metav1.Duration{Duration: time.Minute}},
-			}},
-		},
-	}
-}
-
 // document reads and parses the namespace's compiled ConfigMap.
 func document(g Gomega, ctx context.Context, ns string) (*policydoc.Document, *corev1.ConfigMap) {
 	var cm corev1.ConfigMap

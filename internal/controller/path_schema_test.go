@@ -47,21 +47,6 @@ func installDeprecationWarnings(ctx context.Context) {
 	Expect(k8s.Delete(ctx, ns)).To(Succeed())
 }
 
-// pathPolicy is a one-rule policy (rule "r") with this match, as a user writes it.
-func pathPolicy(ns, name string, match map[string]any) client.Object {
-	rule := rawRule("1m")
-	rule["match"] = match
-	return rawPolicy(ns, name, rule)
-}
-
-func pathValue(typ, value string) map[string]any {
-	p := map[string]any{"value": value}
-	if typ != "" {
-		p["type"] = typ
-	}
-	return map[string]any{"path": p}
-}
-
 var _ = Describe("match.path", func() {
 	ctx := context.Background()
 

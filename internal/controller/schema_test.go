@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller/compile"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,30 +15,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
+	"github.com/redline-dev/redline/internal/controller/compile"
 	"github.com/redline-dev/redline/internal/limiter"
 )
-
-// rawPolicy is a policy as a user writes it, any field of any JSON type.
-func rawPolicy(ns, name string, rule map[string]any) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(),
-		"kind":       "RateLimitPolicy",
-		"metadata":   map[string]any{"namespace": ns, "name": name},
-		"spec": map[string]any{
-			"targetSelector": map[string]any{"matchLabels": map[string]any{"app": "checkout"}},
-			"rules":          []any{rule},
-		},
-	}}
-	return u
-}
-
-func rawRule(window any) map[string]any {
-	return map[string]any{
-		"name":  "r",
-		"key":   []any{map[string]any{"header": "X-API-Key"}},
-		"limit": map[string]any{"requests": int64(100), "window": window},
-	}
-}
 
 // decodeAndCompile decodes what the API server stored as the controller's typed client would,
 // and compiles it; every compiled rule must be one the limiter can enforce.
