@@ -26,6 +26,7 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/manager"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
@@ -87,7 +88,7 @@ func checkSidecarDefaults(o *manager.Options) error {
 	// sentinel URL's is no exception: with the sentinels' credential a tenant can SENTINEL
 	// MONITOR the group at a server of its own and collect every client's password there.
 	// Sidecars get a read-only sentinel user in their namespace's Secret instead.
-	if o.TenantACL != controller.TenantACLOff && redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
+	if o.TenantACL != tenantacl.ModeOff && redisconn.RedactURL(webhookCfg.RedisURL) != webhookCfg.RedisURL {
 		return errors.New("the Redis URL given to sidecars (--sidecar-redis-url, default --redis-url) carries credentials every tenant could read: put the admin password in --redis-password-file (and the sentinels' in --redis-sentinel-password-file)")
 	}
 	return nil
@@ -124,14 +125,14 @@ func dialManagerRedis(o *manager.Options, tlsFileError func(error)) (*backend.Ba
 // probeTenantACL stops the manager at once, with --redis-tenant-acl=required, when its Redis
 // (or sentinels) refuse ACLs.
 func probeTenantACL(mode string, def *backend.Backend) error {
-	if mode != controller.TenantACLRequired {
+	if mode != tenantacl.ModeRequired {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := controller.ProbeTenantACL(ctx, def.Nodes)
+	err := tenantacl.Probe(ctx, def.Nodes)
 	if err == nil && def.Sentinels != nil {
-		err = controller.ProbeSentinels(ctx, def.Sentinels)
+		err = tenantacl.ProbeSentinels(ctx, def.Sentinels)
 	}
 	if err != nil {
 		return fmt.Errorf("--redis-tenant-acl=required: %w", err)

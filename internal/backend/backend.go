@@ -38,6 +38,11 @@ const (
 	// DefaultMaxBackoff caps the retry delay of a reconciler while its Redis is down
 	// (--max-backoff), so that status recovers soon after Redis does.
 	DefaultMaxBackoff = 30 * time.Second
+	// DefaultCheckInterval is how often the manager checks, on every Redis node, that the
+	// scripts are loaded and that the node did not restart (--script-check-interval): a second,
+	// so that a Redis restarted empty is given its scripts and its ACL users within a second of
+	// answering again. Each check is one SCRIPT EXISTS and one INFO server per node.
+	DefaultCheckInterval = time.Second
 	// ManagerPoolSize is the manager's own pool on each Redis, counted in the connection budget.
 	ManagerPoolSize = 4
 	// dialTimeout bounds the manager's dial, read and write on a Redis; poolTimeout its wait
@@ -51,6 +56,9 @@ func Timeout(d time.Duration) time.Duration { return or(d, DefaultTimeout) }
 
 // MaxBackoff is d, or DefaultMaxBackoff when d is not positive.
 func MaxBackoff(d time.Duration) time.Duration { return or(d, DefaultMaxBackoff) }
+
+// CheckInterval is d, or DefaultCheckInterval when d is not positive.
+func CheckInterval(d time.Duration) time.Duration { return or(d, DefaultCheckInterval) }
 
 func or(d, def time.Duration) time.Duration {
 	if d > 0 {

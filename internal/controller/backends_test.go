@@ -20,6 +20,8 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/redisbackend"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 	"github.com/redline-dev/redline/internal/redisacl"
@@ -44,7 +46,7 @@ func redisBackend(name, url, secret string, selector map[string]string) *v1alpha
 func backendSecret(name, password string) *corev1.Secret {
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: backendSecretsNamespace, Name: name},
-		Data:       map[string][]byte{controller.BackendPasswordKey: []byte(password)},
+		Data:       map[string][]byte{redisbackend.PasswordKey: []byte(password)},
 	}
 }
 
@@ -104,7 +106,7 @@ func redisURLOf(g Gomega, ctx context.Context, ns string, c *corev1.Container) s
 // manager runs everything else) until the returned function is called.
 func startBackendTenantACL(keyNS string) func() {
 	return startTenantACLManager(controller.TenantACLConfig{
-		Mode: controller.TenantACLAuto, SecretName: "redline-redis", Backends: suiteBackends,
+		Mode: tenantacl.ModeAuto, SecretName: "redline-redis", Backends: suiteBackends,
 		KeySecret:    types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		RedisTimeout: 2 * time.Second, MaxBackoff: time.Second,
 	}, nil)
@@ -198,14 +200,14 @@ var _ = Describe("RedisBackends", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		Consistently(func(g Gomega) {
 			c := condition(g, ctx, nsB, "p", v1alpha1.ConditionEnforced)
-			g.Expect(c.Reason).To(Equal(controller.ReasonNoSidecars), "a heartbeat in the manager's Redis is not B's")
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonNoSidecars), "a heartbeat in the manager's Redis is not B's")
 		}, 2*time.Second, 200*time.Millisecond).Should(Succeed())
 
 		By("each policy carries its own Redis's memory policy")
 		Expect(adminA.ConfigSet(ctx, "maxmemory", "100mb").Err()).To(Succeed())
 		Expect(adminA.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err()).To(Succeed())
 		Eventually(func(g Gomega) {
-			g.Expect(condition(g, ctx, nsA, "p", v1alpha1.ConditionRedisMemoryPolicy).Reason).To(Equal(controller.ReasonEvictionPossible))
+			g.Expect(condition(g, ctx, nsA, "p", v1alpha1.ConditionRedisMemoryPolicy).Reason).To(Equal(v1alpha1.ReasonEvictionPossible))
 			g.Expect(condition(g, ctx, nsB, "p", v1alpha1.ConditionRedisMemoryPolicy).Status).To(Equal(metav1.ConditionTrue))
 			g.Expect(condition(g, ctx, nsD, "p", v1alpha1.ConditionRedisMemoryPolicy).Status).To(Equal(metav1.ConditionTrue))
 			g.Expect(gauge(g, "redline_redis_counts_evictable", map[string]string{"backend": beA})).To(Equal(1.0))
@@ -303,14 +305,14 @@ var _ = Describe("RedisBackends", Ordered, func() {
 		})
 		Eventually(func(g Gomega) {
 			c, _ := backendCondition(g, ctx, broken)
-			g.Expect(c.Reason).To(Equal(controller.ReasonBackendSecretError))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonBackendSecretError))
 			g.Expect(c.Message).To(ContainSubstring("not found"))
 		}, timeout, interval).Should(Succeed())
 		Expect(k8s.Create(ctx, policy(nsE, "p", 100))).To(Succeed())
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, nsE, "p", v1alpha1.ConditionProgrammed)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonRedisUnavailable))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonRedisUnavailable))
 			g.Expect(c.Message).To(ContainSubstring("RedisBackend " + broken + " is not ready"))
 		}, timeout, interval).Should(Succeed())
 
@@ -332,7 +334,7 @@ var _ = Describe("RedisBackends", Ordered, func() {
 		})
 		Eventually(func(g Gomega) {
 			c, _ := backendCondition(g, ctx, wrong)
-			g.Expect(c.Reason).To(Equal(controller.ReasonBackendUnavailable))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonBackendUnavailable))
 			g.Expect(strings.ToUpper(c.Message)).To(ContainSubstring("WRONGPASS"))
 		}, timeout, interval).Should(Succeed())
 	})

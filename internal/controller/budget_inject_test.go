@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -129,7 +128,7 @@ var _ = Describe("Pools sized from the Redis connection budget", func() {
 			g.Expect(pool).To(Equal("16"), "pool of a new pod at maxReplicas 5")
 			g.Expect(warns).To(BeEmpty())
 			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonWithinBudget))
 			g.Expect(c.Message).To(HaveSuffix("Deployment " + ns + "/checkout 5 x 16"))
 		}, timeout, interval).Should(Succeed())
 
@@ -139,7 +138,7 @@ var _ = Describe("Pools sized from the Redis connection budget", func() {
 			pool, _ := admitPod(g, ctx, rs)
 			g.Expect(pool).To(Equal("4"), "pool of a new pod at maxReplicas 40")
 			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget), "the controller counts the pool the injector gives: 40 x 4 + 4 = 164")
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonWithinBudget), "the controller counts the pool the injector gives: 40 x 4 + 4 = 164")
 			g.Expect(c.Message).To(HaveSuffix("Deployment " + ns + "/checkout 40 x 4"))
 			g.Expect(gauge(g, "redline_redis_connections_worst_case", nil)).To(Equal(164.0))
 		}, timeout, interval).Should(Succeed())
@@ -190,10 +189,10 @@ var _ = Describe("Pools sized from the Redis connection budget", func() {
 
 			// 30 x 8 + 5 x 16 = 320 > 186, the namespace's share.
 			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonOverBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonOverBudget))
 			g.Expect(c.Message).To(ContainSubstring("namespace " + ns + "'s worst case 320 connections per Redis node at maxReplicas (deployment pinned 30 x 8, deployment checkout 5 x 16), over its share of Redis's connections, 186"))
 			g.Expect(eventsAbout(g, ctx, ns, "HorizontalPodAutoscaler", "pinned")).To(ContainElement(
-				HavePrefix("Warning/" + controller.ReasonOverBudget + ": Deployment " + ns + "/pinned at 30 replicas x 8 connections")))
+				HavePrefix("Warning/" + v1alpha1.ReasonOverBudget + ": Deployment " + ns + "/pinned at 30 replicas x 8 connections")))
 		}, timeout, interval).Should(Succeed())
 
 		By("pinned's maxReplicas 10: 80 fits its share, and the total is back within")
@@ -203,9 +202,9 @@ var _ = Describe("Pools sized from the Redis connection budget", func() {
 			g.Expect(pool).To(Equal("8"))
 			g.Expect(warns).To(BeEmpty())
 			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonWithinBudget))
 			g.Expect(eventsAbout(g, ctx, ns, "HorizontalPodAutoscaler", "pinned")).To(ContainElement(
-				HavePrefix("Normal/" + controller.ReasonWithinBudget + ": Redis connections are within the namespace's share again")))
+				HavePrefix("Normal/" + v1alpha1.ReasonWithinBudget + ": Redis connections are within the namespace's share again")))
 		}, timeout, interval).Should(Succeed())
 	})
 

@@ -17,7 +17,6 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -127,7 +126,7 @@ var _ = Describe("Redis connection budget", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, shop, p.Name, v1alpha1.ConditionRedisConnectionBudget)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
-			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonWithinBudget))
 			// Only the policy's own workloads: a total in every policy's message would rewrite
 			// them all on every change anywhere.
 			g.Expect(c.Message).To(Equal("within the namespace's share of Redis's connections; this policy's workloads at maxReplicas x pool: Deployment " + shop + "/checkout 5 x 8"))
@@ -145,11 +144,11 @@ var _ = Describe("Redis connection budget", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, shop, p.Name, v1alpha1.ConditionRedisConnectionBudget)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonOverBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonOverBudget))
 			g.Expect(c.Message).To(ContainSubstring("namespace " + shop + "'s worst case 272 connections per Redis node at maxReplicas (deployment checkout 30 x 8, deployment search 2 x 16), over its share of Redis's connections, 186"))
 			g.Expect(c.Message).To(ContainSubstring("lower maxReplicas"))
 			g.Expect(eventsAbout(g, ctx, shop, "HorizontalPodAutoscaler", "checkout")).To(ContainElement(SatisfyAll(
-				HavePrefix("Warning/"+controller.ReasonOverBudget+": Deployment "+shop+"/checkout at 30 replicas x 8 connections"),
+				HavePrefix("Warning/"+v1alpha1.ReasonOverBudget+": Deployment "+shop+"/checkout at 30 replicas x 8 connections"),
 				ContainSubstring("worst case 272"))))
 			g.Expect(gauge(g, "redline_redis_connections_worst_case", onDefault)).To(Equal(276.0))
 		}, timeout, interval).Should(Succeed())
@@ -159,7 +158,7 @@ var _ = Describe("Redis connection budget", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, other, unrelated.Name, v1alpha1.ConditionRedisConnectionBudget)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
-			g.Expect(c.Reason).To(Equal(controller.ReasonNoInjectedWorkloads))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonNoInjectedWorkloads))
 			g.Expect(c.Message).NotTo(ContainSubstring("worst case"))
 		}, timeout, interval).Should(Succeed())
 		// The other conditions stay beside it.
@@ -174,10 +173,10 @@ var _ = Describe("Redis connection budget", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, shop, p.Name, v1alpha1.ConditionRedisConnectionBudget)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
-			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonWithinBudget))
 			g.Expect(c.Message).To(HaveSuffix("checkout 5 x 8"))
 			g.Expect(eventsAbout(g, ctx, shop, "HorizontalPodAutoscaler", "checkout")).To(ContainElement(
-				HavePrefix("Normal/" + controller.ReasonWithinBudget + ": Redis connections are within the namespace's share again")))
+				HavePrefix("Normal/" + v1alpha1.ReasonWithinBudget + ": Redis connections are within the namespace's share again")))
 			g.Expect(gauge(g, "redline_redis_connections_worst_case", onDefault)).To(Equal(76.0))
 		}, timeout, interval).Should(Succeed())
 
@@ -189,7 +188,7 @@ var _ = Describe("Redis connection budget", func() {
 			g.Expect(gauge(g, "redline_redis_workload_connections_worst_case",
 				map[string]string{"namespace": shop, "name": "search"})).To(Equal(88.0))
 			g.Expect(gauge(g, "redline_redis_connections_worst_case", onDefault)).To(Equal(132.0))
-			g.Expect(condition(g, ctx, shop, p.Name, v1alpha1.ConditionRedisConnectionBudget).Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(condition(g, ctx, shop, p.Name, v1alpha1.ConditionRedisConnectionBudget).Reason).To(Equal(v1alpha1.ReasonWithinBudget))
 		}, timeout, interval).Should(Succeed())
 
 		By("its annotation forcing the default pool: 11 x 16 pushes it over")
@@ -198,15 +197,15 @@ var _ = Describe("Redis connection budget", func() {
 		Expect(k8s.Update(ctx, search)).To(Succeed())
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, shop, p.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonOverBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonOverBudget))
 			g.Expect(c.Message).To(ContainSubstring("worst case 216"))
 			g.Expect(eventsAbout(g, ctx, shop, "Deployment", "search")).To(ContainElement(
-				HavePrefix("Warning/" + controller.ReasonOverBudget + ": Deployment " + shop + "/search at 11 replicas x 16")))
+				HavePrefix("Warning/" + v1alpha1.ReasonOverBudget + ": Deployment " + shop + "/search at 11 replicas x 16")))
 		}, timeout, interval).Should(Succeed())
 		Expect(k8s.Delete(ctx, search)).To(Succeed())
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, shop, p.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonWithinBudget))
 			g.Expect(gauge(g, "redline_redis_connections_worst_case", onDefault)).To(Equal(44.0))
 			g.Expect(strings.Contains(c.Message, "search")).To(BeFalse())
 		}, timeout, interval).Should(Succeed())
@@ -236,7 +235,7 @@ var _ = Describe("Redis connection budget", func() {
 
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonWithinBudget))
 			g.Expect(c.Message).To(HaveSuffix("this policy's workloads at maxReplicas x pool: StatefulSet " + ns + "/ledger 6 x 4"))
 			g.Expect(gauge(g, "redline_redis_workload_connections_worst_case",
 				map[string]string{"namespace": ns, "kind": "StatefulSet", "name": "ledger"})).To(Equal(24.0))

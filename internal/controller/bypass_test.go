@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 )
 
 func service(ns, name string, target intstr.IntOrString) *corev1.Service {
@@ -42,14 +41,14 @@ var _ = Describe("Services around the sidecar", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, "p", v1alpha1.ConditionEnforced)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse), "%s: %s", c.Reason, c.Message)
-			g.Expect(c.Reason).To(Equal(controller.ReasonServiceBypassesSidecar))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonServiceBypassesSidecar))
 			g.Expect(c.Message).To(HavePrefix("1 Service port(s) reach this policy's pods around the sidecar"))
 			g.Expect(c.Message).To(ContainSubstring("Service by-number port 80 targets 8080, the application's port 8080 of Deployment checkout"))
 			g.Expect(c.Message).NotTo(ContainSubstring("Service by-name"), "the injector hands the name http over to the sidecar's port")
 			g.Expect(c.Message).NotTo(ContainSubstring("Service through"))
 		}, timeout, interval).Should(Succeed())
 		Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "p") }, timeout, interval).
-			Should(ContainElement(HavePrefix("Warning/"+controller.ReasonServiceBypassesSidecar+": Enforced=False: ")), "told when the first one appeared")
+			Should(ContainElement(HavePrefix("Warning/"+v1alpha1.ReasonServiceBypassesSidecar+": Enforced=False: ")), "told when the first one appeared")
 		Eventually(func(g Gomega) float64 {
 			return gauge(g, "redline_policy_service_bypasses", map[string]string{"namespace": ns, "policy": "p"})
 		}, timeout, interval).Should(Equal(1.0))
@@ -63,7 +62,7 @@ var _ = Describe("Services around the sidecar", func() {
 		}
 		Eventually(func(g Gomega) string {
 			return condition(g, ctx, ns, "p", v1alpha1.ConditionEnforced).Reason
-		}, timeout, interval).Should(Equal(controller.ReasonNoSidecars))
+		}, timeout, interval).Should(Equal(v1alpha1.ReasonNoSidecars))
 		Eventually(func(g Gomega) float64 {
 			return gauge(g, "redline_policy_service_bypasses", map[string]string{"namespace": ns, "policy": "p"})
 		}, timeout, interval).Should(BeZero())

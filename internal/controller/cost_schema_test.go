@@ -2,12 +2,10 @@ package controller_test
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
@@ -38,61 +36,6 @@ var _ = Describe("Token budgets in the schema", func() {
 		r["limit"].(map[string]any)["burst"] = burst
 		return r
 	}
-	candidate := func(r map[string]any) map[string]any {
-		r["candidate"] = map[string]any{"limit": map[string]any{"requests": int64(10), "window": "1m"}}
-		return r
-	}
-
-	DescribeTable("refuses a cost the rule cannot hold and settle, saying why",
-		func(rule map[string]any, message string) {
-			ns := newNamespace(ctx)
-			err := k8s.Create(ctx, rawPolicy(ns, "c", rule))
-			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
-			Expect(err.Error()).To(ContainSubstring(message))
-		},
-		Entry("a candidate", candidate(costRule("", 10_000, response())),
-			"cost.from: Response cannot have a candidate (not supported yet)"),
-		Entry("a candidate of its own algorithm", candidate(costRule("FixedWindow", 10_000, response())),
-			"cost.from: Response cannot have a candidate"),
-		Entry("defaultHold over requests, algorithm inherited", costRule("", 500, response("defaultHold", int64(501))),
-			"cost.defaultHold must be at most the limit's capacity"),
-		Entry("defaultHold over a TokenBucket's burst", withBurst(costRule("TokenBucket", 5000, response("defaultHold", int64(2001))), 2000),
-			"cost.defaultHold must be at most the limit's capacity"),
-		Entry("minOutput over requests", costRule("FixedWindow", 500, response("minOutput", int64(501))),
-			"cost.minOutput must be at most the limit's capacity"),
-		Entry("a zero defaultHold", costRule("", 500, response("defaultHold", int64(0))), "cost.defaultHold"),
-		Entry("a negative minOutput", costRule("", 500, response("minOutput", int64(-1))), "cost.minOutput"),
-		Entry("a defaultHold over 1e9", costRule("", 1_000_000_000, response("defaultHold", int64(1_000_000_001))), "cost.defaultHold"),
-		Entry("a header with a space", costRule("", 500, response("header", "Redline Cost")), "cost.header"),
-		Entry("a header with a colon", costRule("", 500, response("header", "Redline-Cost:")), "cost.header"),
-		Entry("a header of 65 characters", costRule("", 500, response("header", strings.Repeat("x", 65))), "cost.header"),
-		Entry("an empty header", costRule("", 500, response("header", "")), "cost.header"),
-		Entry("a timeout of 2h", costRule("", 500, response("timeout", "2h")), "cost.timeout must be between 1s and 1h"),
-		Entry("a timeout of 500ms", costRule("", 500, response("timeout", "500ms")), "cost.timeout must be between 1s and 1h"),
-		Entry("a timeout in days", costRule("", 500, response("timeout", "1d")), "cost.timeout must be a duration"),
-		Entry("an unknown usage", costRule("", 500, response("usage", "Cohere")), "cost.usage"),
-		Entry("an unknown source", costRule("", 500, map[string]any{"from": "Body"}), "cost.from"),
-		Entry("an unknown onError", costRule("", 500, response("onError", "Half")), "cost.onError"),
-		Entry("an unknown unsizedBody", costRule("", 500, response("unsizedBody", "Maybe")), "cost.unsizedBody"),
-		Entry("unsizedBody Refuse with usage Header", costRule("", 500, response("usage", "Header", "unsizedBody", "Refuse")),
-			"cost.unsizedBody: Refuse cannot go with usage: Header"),
-		Entry("refused: Counted", func() map[string]any {
-			r := costRule("", 500, response())
-			r["refused"] = "Counted"
-			return r
-		}(), "refused: Counted cannot go with cost.from: Response"),
-	)
-
-	It("refuses every header the sidecar may not remove, whatever its case", func() {
-		ns := newNamespace(ctx)
-		for _, name := range policydoc.ReservedCostHeaders {
-			for _, spelling := range []string{name, strings.ToUpper(name)} {
-				err := k8s.Create(ctx, rawPolicy(ns, "c", costRule("", 500, response("header", spelling))))
-				Expect(apierrors.IsInvalid(err)).To(BeTrue(), "header %s: %v", spelling, err)
-				Expect(err.Error()).To(ContainSubstring("cost.header must not be a hop-by-hop or framing field"))
-			}
-		}
-	})
 
 	DescribeTable("accepts and compiles a cost the rule can hold and settle",
 		func(rule map[string]any, want policydoc.Cost) {

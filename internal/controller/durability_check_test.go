@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/memorypolicy"
 )
 
 // The suite's redis-server starts without persistence and without replicas, as redistest
@@ -57,24 +57,24 @@ var _ = Describe("Redis durability", func() {
 			}, timeout, interval).Should(Succeed())
 		}
 
-		expect("month", metav1.ConditionFalse, controller.ReasonCountsLostOnRestart, "rule per-api-key counts a 2h0m0s window in "+redisSrv.Addr()+"'s memory, which runs with appendonly no")
+		expect("month", metav1.ConditionFalse, v1alpha1.ReasonCountsLostOnRestart, "rule per-api-key counts a 2h0m0s window in "+redisSrv.Addr()+"'s memory, which runs with appendonly no")
 		Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "month") }, timeout, interval).
-			Should(ContainElement(HavePrefix("Warning/" + controller.ReasonCountsLostOnRestart + ": ")))
-		expect("replica", metav1.ConditionFalse, controller.ReasonNoReplica, "has no replica connected")
+			Should(ContainElement(HavePrefix("Warning/" + v1alpha1.ReasonCountsLostOnRestart + ": ")))
+		expect("replica", metav1.ConditionFalse, v1alpha1.ReasonNoReplica, "has no replica connected")
 
 		Expect(rdb.ConfigSet(ctx, "appendonly", "yes").Err()).To(Succeed())
-		expect("month", metav1.ConditionTrue, controller.ReasonDurable, "on all 1 Redis masters")
+		expect("month", metav1.ConditionTrue, v1alpha1.ReasonDurable, "on all 1 Redis masters")
 		Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "month") }, timeout, interval).
-			Should(ContainElement(HavePrefix("Normal/" + controller.ReasonDurable + ": ")))
+			Should(ContainElement(HavePrefix("Normal/" + v1alpha1.ReasonDurable + ": ")))
 		// This machine's Redis is 7.0: WAITAOF is unknown, and the rule asking for it is told.
 		info, err := rdb.Info(ctx, "server").Result()
 		Expect(err).NotTo(HaveOccurred())
-		if (controller.NodeDurability{Version: infoValue(info, "redis_version")}).WaitAOF() {
-			expect("aof", metav1.ConditionTrue, controller.ReasonDurable, "")
+		if (memorypolicy.NodeDurability{Version: infoValue(info, "redis_version")}).WaitAOF() {
+			expect("aof", metav1.ConditionTrue, v1alpha1.ReasonDurable, "")
 		} else {
-			expect("aof", metav1.ConditionFalse, controller.ReasonDurabilityUnsupported, "which has no WAITAOF (7.2 or later)")
+			expect("aof", metav1.ConditionFalse, v1alpha1.ReasonDurabilityUnsupported, "which has no WAITAOF (7.2 or later)")
 			Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "aof") }, timeout, interval).
-				Should(ContainElement(HavePrefix("Warning/" + controller.ReasonDurabilityUnsupported + ": rule per-api-key asks durability AppendOnlyFile")))
+				Should(ContainElement(HavePrefix("Warning/" + v1alpha1.ReasonDurabilityUnsupported + ": rule per-api-key asks durability AppendOnlyFile")))
 		}
 
 		// A short window without durability is not concerned: no condition.

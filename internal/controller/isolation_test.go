@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/policydoc"
 )
 
@@ -91,7 +90,7 @@ var _ = Describe("One namespace cannot stop the others", Ordered, func() {
 
 		// The bad object is reported on itself.
 		Eventually(func(g Gomega) {
-			g.Expect(eventReasons(ctx, bad, "poisoned")).To(ContainElement(controller.ReasonUndecodable))
+			g.Expect(eventReasons(ctx, bad, "poisoned")).To(ContainElement(v1alpha1.ReasonUndecodable))
 		}, timeout, interval).Should(Succeed())
 	})
 
@@ -135,7 +134,7 @@ var _ = Describe("One namespace cannot stop the others", Ordered, func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, "big", v1alpha1.ConditionProgrammed)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonDocumentTooLarge))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonDocumentTooLarge))
 			g.Expect(c.Message).To(ContainSubstring("the policies of namespace " + ns + " compile to"))
 			g.Expect(c.Message).To(ContainSubstring(fmt.Sprintf("over the %d bytes a sidecar loads within its default memory limit", policydoc.MaxDocumentBytes)))
 			g.Expect(c.Message).To(ContainSubstring("these policies do not fit (the oldest are kept first): big, bigger."))

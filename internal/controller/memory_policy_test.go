@@ -8,7 +8,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 )
 
 // The suite's redis-server starts without maxmemory, as redis-server does. Each step sets what
@@ -32,25 +31,25 @@ var _ = Describe("Redis memory policy", func() {
 			}, timeout, interval).Should(Succeed())
 		}
 
-		expect(metav1.ConditionTrue, controller.ReasonNoMaxmemory, "maxmemory 0 on "+redisSrv.Addr())
+		expect(metav1.ConditionTrue, v1alpha1.ReasonNoMaxmemory, "maxmemory 0 on "+redisSrv.Addr())
 
 		Expect(rdb.ConfigSet(ctx, "maxmemory", "100mb").Err()).To(Succeed())
 		Expect(rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err()).To(Succeed())
-		expect(metav1.ConditionFalse, controller.ReasonEvictionPossible, "counts can be evicted by another tenant's writes: "+redisSrv.Addr()+" (maxmemory-policy allkeys-lru")
+		expect(metav1.ConditionFalse, v1alpha1.ReasonEvictionPossible, "counts can be evicted by another tenant's writes: "+redisSrv.Addr()+" (maxmemory-policy allkeys-lru")
 		Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "mem") }, timeout, interval).
-			Should(ContainElement(HavePrefix("Warning/" + controller.ReasonEvictionPossible + ": counts can be evicted")))
+			Should(ContainElement(HavePrefix("Warning/" + v1alpha1.ReasonEvictionPossible + ": counts can be evicted")))
 		Eventually(func(g Gomega) float64 {
 			return gauge(g, "redline_redis_counts_evictable", map[string]string{"node": redisSrv.Addr(), "maxmemory_policy": "allkeys-lru"})
 		}, timeout, interval).Should(Equal(1.0))
 
 		// Every Redline key has a TTL: a volatile policy evicts them as well.
 		Expect(rdb.ConfigSet(ctx, "maxmemory-policy", "volatile-ttl").Err()).To(Succeed())
-		expect(metav1.ConditionFalse, controller.ReasonEvictionPossible, "(maxmemory-policy volatile-ttl")
+		expect(metav1.ConditionFalse, v1alpha1.ReasonEvictionPossible, "(maxmemory-policy volatile-ttl")
 
 		Expect(rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err()).To(Succeed())
-		expect(metav1.ConditionTrue, controller.ReasonNoEviction, "maxmemory-policy noeviction on all 1 Redis nodes")
+		expect(metav1.ConditionTrue, v1alpha1.ReasonNoEviction, "maxmemory-policy noeviction on all 1 Redis nodes")
 		Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "mem") }, timeout, interval).
-			Should(ContainElement(HavePrefix("Normal/" + controller.ReasonNoEviction + ": ")))
+			Should(ContainElement(HavePrefix("Normal/" + v1alpha1.ReasonNoEviction + ": ")))
 		Eventually(func(g Gomega) float64 {
 			return gauge(g, "redline_redis_counts_evictable", map[string]string{"node": redisSrv.Addr(), "maxmemory_policy": "noeviction"})
 		}, timeout, interval).Should(Equal(0.0))

@@ -1,18 +1,15 @@
 package controller
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"slices"
+
+	"github.com/redline-dev/redline/internal/controller/budget"
+	"github.com/redline-dev/redline/internal/controller/memorypolicy"
+	"github.com/redline-dev/redline/internal/controller/policies"
 )
 
-// Collectors are the manager's own collectors, registered on controller-runtime's registry
-// (which serves /metrics beside controller-runtime's and Go's): the list the metrics
-// reference (internal/docgen) is generated from, so a collector cannot be registered without
-// being documented.
-var Collectors = []prometheus.Collector{
-	policyCondition, policyBypasses, policyPodsWithoutSidecar,
-	budgetMaxClients, budgetConnected, budgetWorstCase, budgetWorkload,
-	memoryEvictable,
-}
-
-func init() { metrics.Registry.MustRegister(Collectors...) }
+// Collectors are the manager's own collectors, each registered by its loop on
+// controller-runtime's registry (which serves /metrics beside controller-runtime's and Go's):
+// the list the metrics reference (internal/docgen) is generated from, so a collector cannot be
+// registered without being documented.
+var Collectors = slices.Concat(policies.Collectors, budget.Collectors, memorypolicy.Collectors)

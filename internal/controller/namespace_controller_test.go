@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
@@ -31,22 +30,6 @@ func newNamespace(ctx context.Context) string {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "rlp-"}}
 	Expect(k8s.Create(ctx, ns)).To(Succeed())
 	return ns.Name
-}
-
-func policy(ns, name string, requests int64) *v1alpha1.RateLimitPolicy {
-	return &v1alpha1.RateLimitPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.RateLimitPolicySpec{
-			TargetSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "checkout"}},
-			Rules: []v1alpha1.Rule{{
-				Name:      "per-api-key",
-				Match:     &v1alpha1.RuleMatch{Path: &v1alpha1.PathMatch{Value: "/api/"}, Methods: []v1alpha1.HTTPMethod{"POST"}},
-				Key:       []v1alpha1.KeyPart{{Header: "X-API-Key"}},
-				Algorithm: v1alpha1.SlidingWindowCounter,
-				Limit:     v1alpha1.Limit{Requests: requests, Window: metav1.Duration{Duration: time.Minute}},
-			}},
-		},
-	}
 }
 
 // document reads and parses the namespace's compiled ConfigMap.
@@ -176,11 +159,11 @@ var _ = Describe("RateLimitPolicy controller", func() {
 		}, timeout, interval).Should(Succeed())
 		// A few resyncs with nothing lost: no Event.
 		Consistently(func() []string { return eventReasons(ctx, ns, "p") }, time.Second, interval).
-			ShouldNot(ContainElement(controller.ReasonRedisLostCounts))
+			ShouldNot(ContainElement(v1alpha1.ReasonRedisLostCounts))
 
 		beat(true) // a sidecar found Redis short of its shares and restored them
 		Eventually(func() []string { return eventReasons(ctx, ns, "p") }, timeout, interval).
-			Should(ContainElement(controller.ReasonRedisLostCounts))
+			Should(ContainElement(v1alpha1.ReasonRedisLostCounts))
 	})
 
 	It("updates the ConfigMap and its hash when a policy changes, and deletes it with the last policy", func() {

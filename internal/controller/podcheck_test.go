@@ -9,7 +9,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -43,12 +42,12 @@ var _ = Describe("Pods without a sidecar", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, "p", v1alpha1.ConditionEnforced)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse), "%s: %s", c.Reason, c.Message)
-			g.Expect(c.Reason).To(Equal(controller.ReasonPodsWithoutSidecar))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonPodsWithoutSidecar))
 			g.Expect(c.Message).To(HavePrefix("1 Ready pod(s) this policy selects run without the Redline sidecar, so their traffic is not limited: unguarded."))
 			g.Expect(c.Message).NotTo(ContainSubstring("guarded,"))
 		}, timeout, interval).Should(Succeed())
 		Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "p") }, timeout, interval).
-			Should(ContainElement(HavePrefix("Warning/"+controller.ReasonPodsWithoutSidecar+": Enforced=False: ")), "told when it appeared")
+			Should(ContainElement(HavePrefix("Warning/"+v1alpha1.ReasonPodsWithoutSidecar+": Enforced=False: ")), "told when it appeared")
 		Eventually(func(g Gomega) float64 {
 			return gauge(g, "redline_policy_pods_without_sidecar", map[string]string{"namespace": ns, "policy": "p"})
 		}, timeout, interval).Should(Equal(1.0))
@@ -61,7 +60,7 @@ var _ = Describe("Pods without a sidecar", func() {
 		Expect(k8s.Status().Update(ctx, bare)).To(Succeed())
 		Eventually(func(g Gomega) string {
 			return condition(g, ctx, ns, "p", v1alpha1.ConditionEnforced).Reason
-		}, timeout, interval).Should(Equal(controller.ReasonNoSidecars))
+		}, timeout, interval).Should(Equal(v1alpha1.ReasonNoSidecars))
 		Eventually(func(g Gomega) float64 {
 			return gauge(g, "redline_policy_pods_without_sidecar", map[string]string{"namespace": ns, "policy": "p"})
 		}, timeout, interval).Should(BeZero())

@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
 )
 
@@ -218,7 +217,7 @@ var _ = Describe("config/samples", func() {
 		// goes around the sidecar.
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionEnforced)
-			g.Expect(c.Reason).To(Equal(controller.ReasonNoSidecars), "%s: %s", c.Reason, c.Message)
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonNoSidecars), "%s: %s", c.Reason, c.Message)
 		}, timeout, interval).Should(Succeed())
 		// The same Service sent to the application's port would: the check reads this Service.
 		edit(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svc.Name}}, func(s *corev1.Service) {
@@ -226,7 +225,7 @@ var _ = Describe("config/samples", func() {
 		})
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, p.Name, v1alpha1.ConditionEnforced)
-			g.Expect(c.Reason).To(Equal(controller.ReasonServiceBypassesSidecar), "%s: %s", c.Reason, c.Message)
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonServiceBypassesSidecar), "%s: %s", c.Reason, c.Message)
 		}, timeout, interval).Should(Succeed())
 	})
 

@@ -1,3 +1,8 @@
+// Package controller wires the manager's control loops, one package each: the policy
+// reconciler (policies), the scripts kept loaded (scriptwatcher), the connection budget
+// (budget), the memory policy check (memorypolicy), each namespace's Redis user (tenantacl),
+// RedisBackends (redisbackend) and the top keys (topkeysstatus). Each namespace is served by
+// its backend in internal/backend's registry, which Setup is given.
 package controller
 
 import (
@@ -6,30 +11,32 @@ import (
 	"maps"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/redline-dev/redline/internal/backend"
+	"github.com/redline-dev/redline/internal/controller/budget"
+	"github.com/redline-dev/redline/internal/controller/memorypolicy"
+	"github.com/redline-dev/redline/internal/controller/policies"
+	"github.com/redline-dev/redline/internal/controller/redisbackend"
+	"github.com/redline-dev/redline/internal/controller/scriptwatcher"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
+	"github.com/redline-dev/redline/internal/controller/topkeysstatus"
 )
-
-// DefaultCheckInterval is how often the manager checks, on every Redis node, that the scripts
-// are loaded and that the node did not restart (--script-check-interval): a second, so that a
-// Redis restarted empty is given its scripts and its ACL users within a second of answering
-// again. Each check is one SCRIPT EXISTS and one INFO server per node.
-const DefaultCheckInterval = time.Second
 
 // Config wires the controllers to the namespaces' Redis.
 type Config struct {
 	// Backends are the namespaces' Redis, the manager's own as their Default; required.
 	Backends *backend.Registry
 	// Dial, when set, serves RedisBackends: their Redis is dialed with it (backend.Dial).
-	Dial BackendDialer
+	Dial redisbackend.Dialer
 	// RedisTimeout bounds the Redis calls of one reconcile (default backend.DefaultTimeout).
 	RedisTimeout time.Duration
 	// CheckInterval is how often the scripts are re-checked in Redis (default
-	// DefaultCheckInterval).
+	// backend.DefaultCheckInterval).
 	CheckInterval time.Duration
 	// MaxBackoff caps the retry delay while Redis is down (default backend.DefaultMaxBackoff).
 	MaxBackoff time.Duration
@@ -49,17 +56,17 @@ type Config struct {
 	// Namespace is the manager's, where RedisBackends' credentials Secrets live.
 	Namespace string
 	// TopKeysInterval is how often the sidecars' top-keys summaries are merged into the
-	// policies' status (default DefaultTopKeysInterval); negative turns it off.
+	// policies' status (default topkeysstatus.DefaultInterval); negative turns it off.
 	TopKeysInterval time.Duration
 }
 
-// CacheOptions restricts the manager's cache to what it reads (see slimByObject): ConfigMaps
+// CacheOptions restricts the manager's cache to what it reads (see policies.SlimByObject): ConfigMaps
 // by name, workloads and HPAs without what a tenant can grow.
 func CacheOptions(opts cache.Options) cache.Options {
 	if opts.ByObject == nil {
 		opts.ByObject = map[client.Object]cache.ByObject{}
 	}
-	maps.Copy(opts.ByObject, slimByObject())
+	maps.Copy(opts.ByObject, policies.SlimByObject())
 	return opts
 }
 
@@ -72,7 +79,7 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 		return errors.New("controller setup: Config.Backends with the manager's Redis as its Default is required")
 	}
 	if cfg.CheckInterval == 0 {
-		cfg.CheckInterval = DefaultCheckInterval
+		cfg.CheckInterval = backend.DefaultCheckInterval
 	}
 	if cfg.ManagerConnections == 0 {
 		cfg.ManagerConnections = backend.ManagerPoolSize
@@ -95,7 +102,7 @@ func setupBackends(mgr ctrl.Manager, cfg Config) error {
 	if cfg.Dial == nil {
 		return nil
 	}
-	br := &RedisBackendReconciler{
+	br := &redisbackend.Reconciler{
 		Client: mgr.GetClient(), Reader: mgr.GetCache(), APIReader: mgr.GetAPIReader(),
 		Backends: cfg.Backends, Namespace: cfg.Namespace, Dial: cfg.Dial,
 		RedisTimeout: cfg.RedisTimeout, Elected: mgr.Elected(),
@@ -107,7 +114,7 @@ func setupBackends(mgr ctrl.Manager, cfg Config) error {
 // that wakes it.
 func setupPolicies(mgr ctrl.Manager, cfg Config) error {
 	events := make(chan event.GenericEvent, 1)
-	if err := mgr.Add(&ScriptWatcher{
+	if err := mgr.Add(&scriptwatcher.Watcher{
 		Backends: cfg.Backends,
 		Interval: cfg.CheckInterval,
 		Log:      mgr.GetLogger().WithName("scripts"),
@@ -115,7 +122,7 @@ func setupPolicies(mgr ctrl.Manager, cfg Config) error {
 	}); err != nil {
 		return err
 	}
-	r := &NamespaceReconciler{
+	r := &policies.NamespaceReconciler{
 		Client:         mgr.GetClient(),
 		Direct:         mgr.GetAPIReader(),
 		Policies:       mgr.GetCache(),
@@ -134,7 +141,7 @@ func setupPolicies(mgr ctrl.Manager, cfg Config) error {
 
 // setupBudget adds the connection budget reconciler.
 func setupBudget(mgr ctrl.Manager, cfg Config) error {
-	b := &BudgetReconciler{
+	b := &budget.Reconciler{
 		Client:             mgr.GetClient(),
 		Policies:           mgr.GetCache(),
 		Backends:           cfg.Backends,
@@ -154,7 +161,7 @@ func setupTopKeys(mgr ctrl.Manager, cfg Config) error {
 	if cfg.TopKeysInterval < 0 {
 		return nil
 	}
-	return mgr.Add(&TopKeysWriter{
+	return mgr.Add(&topkeysstatus.Writer{
 		Client: mgr.GetClient(), Policies: mgr.GetCache(), Direct: mgr.GetAPIReader(), Backends: cfg.Backends,
 		Interval: cfg.TopKeysInterval, RedisTimeout: cfg.RedisTimeout,
 		Log: mgr.GetLogger().WithName("topkeys"),
@@ -163,10 +170,46 @@ func setupTopKeys(mgr ctrl.Manager, cfg Config) error {
 
 // setupMemoryPolicy adds the memory policy check.
 func setupMemoryPolicy(mgr ctrl.Manager, cfg Config) error {
-	m := &MemoryPolicyReconciler{
+	m := &memorypolicy.Reconciler{
 		Client: mgr.GetClient(), Policies: mgr.GetCache(), Backends: cfg.Backends,
 		Recorder: mgr.GetEventRecorder("redline-controller"),
 		Interval: cfg.BudgetInterval, RedisTimeout: cfg.RedisTimeout, MaxBackoff: cfg.MaxBackoff,
 	}
 	return m.SetupWithManager(mgr)
+}
+
+// TenantACLConfig wires the tenant ACL reconciler (see SetupTenantACL).
+type TenantACLConfig struct {
+	// Mode is tenantacl.ModeAuto, tenantacl.ModeRequired or tenantacl.ModeOff.
+	Mode string
+	// Backends are the namespaces' Redis (see tenantacl.Reconciler.Backends); required.
+	Backends *backend.Registry
+	// SecretName is the credentials Secret of each namespace (the injector's).
+	SecretName string
+	// KeySecret holds the key passwords are derived from, in the manager's namespace.
+	KeySecret types.NamespacedName
+	// Rotation, RedisTimeout, MaxBackoff and CheckInterval: see tenantacl.Reconciler.
+	Rotation, RedisTimeout, MaxBackoff, CheckInterval time.Duration
+}
+
+// SetupTenantACL adds the tenant ACL reconciler to mgr, on the same backends as Setup's loops.
+func SetupTenantACL(mgr ctrl.Manager, cfg TenantACLConfig) error {
+	switch cfg.Mode {
+	case tenantacl.ModeAuto, tenantacl.ModeRequired, tenantacl.ModeOff:
+	default:
+		return fmt.Errorf("--redis-tenant-acl=%q: want auto, required or off", cfg.Mode)
+	}
+	if cfg.Backends == nil {
+		return errors.New("tenant ACLs need the namespaces' backends")
+	}
+	if cfg.SecretName == "" && cfg.Mode != tenantacl.ModeOff {
+		return errors.New("tenant ACLs need the sidecars' credentials Secret name (--sidecar-redis-secret)")
+	}
+	r := &tenantacl.Reconciler{
+		Client: mgr.GetClient(), Policies: mgr.GetCache(), APIReader: mgr.GetAPIReader(),
+		Backends: cfg.Backends, Mode: cfg.Mode, SecretName: cfg.SecretName, KeySecret: cfg.KeySecret,
+		Rotation: cfg.Rotation, RedisTimeout: cfg.RedisTimeout, MaxBackoff: cfg.MaxBackoff,
+		CheckInterval: cfg.CheckInterval,
+	}
+	return r.SetupWithManager(mgr)
 }

@@ -12,7 +12,6 @@ import (
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/testutil/fleettest"
 )
@@ -65,7 +64,7 @@ var _ = Describe("What the manager reads of sidecar heartbeats", func() {
 			for _, n := range names {
 				c := condition(g, ctx, stuffedNS, n, v1alpha1.ConditionEnforced)
 				g.Expect(c.Status).To(Equal(metav1.ConditionUnknown), "%s: %s", n, c.Message)
-				g.Expect(c.Reason).To(Equal(controller.ReasonSidecarReportsOverBound))
+				g.Expect(c.Reason).To(Equal(v1alpha1.ReasonSidecarReportsOverBound))
 				g.Expect(c.Message).To(HavePrefix(fmt.Sprintf("10000 live sidecars report for this policy, more than the %d heartbeats the manager reads of one policy, or than were left of the %d",
 					fleet.MaxMembers, fleet.NamespaceMembers)))
 			}
@@ -76,7 +75,7 @@ var _ = Describe("What the manager reads of sidecar heartbeats", func() {
 			c = condition(g, ctx, victim, "api", v1alpha1.ConditionEnforced)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), c.Message)
 			g.Expect(c.Message).To(HavePrefix("2 of 2 live sidecars"))
-			g.Expect(eventReasons(ctx, stuffedNS, names[0])).To(ContainElement(controller.ReasonSidecarReportsOverBound))
+			g.Expect(eventReasons(ctx, stuffedNS, names[0])).To(ContainElement(v1alpha1.ReasonSidecarReportsOverBound))
 		}, timeout, interval).Should(Succeed())
 		Eventually(beat).Should(Succeed())
 
@@ -131,10 +130,10 @@ var _ = Describe("What the manager reads of sidecar heartbeats", func() {
 		Expect(k8s.Create(ctx, wide)).To(Succeed())
 		DeferCleanup(func(ctx context.Context) { _ = k8s.Delete(ctx, wide) })
 		Eventually(func(g Gomega) {
-			g.Expect(condition(g, ctx, ns, "small", v1alpha1.ConditionProgrammed).Reason).To(Equal(controller.ReasonDocumentTooLarge))
+			g.Expect(condition(g, ctx, ns, "small", v1alpha1.ConditionProgrammed).Reason).To(Equal(v1alpha1.ReasonDocumentTooLarge))
 			c := condition(g, ctx, ns, "small", v1alpha1.ConditionEnforced)
 			g.Expect(c.Status).To(Equal(metav1.ConditionUnknown))
-			g.Expect(c.Reason).To(Equal(controller.ReasonNotWritten))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonNotWritten))
 		}, timeout, interval).Should(Succeed())
 		// The manager reconciles every 300ms; a read would keep the idle time at 0.
 		Eventually(func() int64 {

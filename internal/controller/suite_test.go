@@ -29,6 +29,7 @@ import (
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/testutil/apiwarn"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
+	"github.com/redline-dev/redline/internal/testutil/rlptest"
 	"github.com/redline-dev/redline/internal/webhook/podinject"
 )
 
@@ -44,6 +45,15 @@ var (
 	warnings      *apiwarn.Recorder
 	warnK8s       client.Client // k8s, with admission warnings recorded in warnings
 	mgrCache      cache.Cache   // the suite manager's cache, to check what it holds
+)
+
+// The policies the specs send, built as the API suite builds them (rlptest).
+var (
+	policy     = rlptest.Policy
+	rawPolicy  = rlptest.RawPolicy
+	rawRule    = rlptest.RawRule
+	pathPolicy = rlptest.PathPolicy
+	pathValue  = rlptest.PathValue
 )
 
 func TestController(t *testing.T) {

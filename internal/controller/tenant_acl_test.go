@@ -23,6 +23,8 @@ import (
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/loop"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/redisacl"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
@@ -95,7 +97,7 @@ func tenantPolicy(ns string) {
 func tenantSecret(g Gomega, ns string) (user, password string) {
 	var s corev1.Secret
 	g.Expect(k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "redline-redis"}, &s)).To(Succeed())
-	g.Expect(s.Labels).To(HaveKeyWithValue(controller.ManagedByLabel, controller.ManagedByValue))
+	g.Expect(s.Labels).To(HaveKeyWithValue(loop.ManagedByLabel, loop.ManagedByValue))
 	return string(s.Data[contract.RedisUsernameKey]), string(s.Data[contract.RedisSecretKey])
 }
 
@@ -124,7 +126,7 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 
 	It("gives each namespace a user limited to its keys, keeps its Secret, rotates and removes it", func(ctx SpecContext) {
 		keyNS := tenantNamespace("redline-acl-key")
-		stop := startTenantACL(srv, controller.TenantACLAuto, 6*time.Second, keyNS)
+		stop := startTenantACL(srv, tenantacl.ModeAuto, 6*time.Second, keyNS)
 		defer stop()
 		a, b := tenantNamespace("tenant-a"), tenantNamespace("tenant-b")
 		tenantPolicy(a)
@@ -140,7 +142,7 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		Eventually(func(g Gomega) {
 			c := isolation(g, a)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
-			g.Expect(c.Reason).To(Equal(controller.ReasonTenantIsolated))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonTenantIsolated))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 		// The key the passwords come from is in the manager's namespace, not the tenants'.
 		var key corev1.Secret
@@ -200,7 +202,7 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 	It("sets a namespace's user at most once in 10 seconds, however often its tenant edits the Secret", func(ctx SpecContext) {
 		setusers := &setuserCounter{}
 		start := time.Now()
-		stop := startTenantACL(srv, controller.TenantACLAuto, time.Hour, tenantNamespace("redline-acl-key"), setusers)
+		stop := startTenantACL(srv, tenantacl.ModeAuto, time.Hour, tenantNamespace("redline-acl-key"), setusers)
 		defer stop()
 		ns := tenantNamespace("tenant-churn")
 		tenantPolicy(ns)
@@ -240,7 +242,7 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		defer refusing.Close()
 		keyNS := tenantNamespace("redline-acl-key")
-		stop := startTenantACL(refusing, controller.TenantACLAuto, time.Hour, keyNS)
+		stop := startTenantACL(refusing, tenantacl.ModeAuto, time.Hour, keyNS)
 		defer stop()
 		ns := tenantNamespace("tenant-shared")
 		// The admin's shared Secret, as before per-namespace users: left as it is.
@@ -253,39 +255,39 @@ var _ = Describe("Tenant Redis users", Ordered, func() {
 		Eventually(func(g Gomega) {
 			c := isolation(g, ns)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonRedisACLUnavailable))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonRedisACLUnavailable))
 			g.Expect(c.Message).To(ContainSubstring("any tenant holding it can read, change or delete every namespace's Redis keys"))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 		var s corev1.Secret
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "redline-redis"}, &s)).To(Succeed())
 		Expect(s.Data).To(Equal(shared.Data), "the admin's Secret is not touched")
-		Expect(s.Labels).NotTo(HaveKey(controller.ManagedByLabel))
+		Expect(s.Labels).NotTo(HaveKey(loop.ManagedByLabel))
 	})
 
 	It("says tenants are not isolated when Redis's default user needs no password", func(ctx SpecContext) {
 		open, err := redistest.Start()
 		Expect(err).NotTo(HaveOccurred())
 		defer open.Close()
-		stop := startTenantACL(open, controller.TenantACLAuto, time.Hour, tenantNamespace("redline-acl-key"))
+		stop := startTenantACL(open, tenantacl.ModeAuto, time.Hour, tenantNamespace("redline-acl-key"))
 		defer stop()
 		ns := tenantNamespace("tenant-open")
 		tenantPolicy(ns)
 		Eventually(func(g Gomega) {
 			c := isolation(g, ns)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonRedisDefaultUserOpen))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonRedisDefaultUserOpen))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 	})
 
 	It("says tenants are not isolated when told not to set users", func(ctx SpecContext) {
-		stop := startTenantACL(srv, controller.TenantACLOff, time.Hour, tenantNamespace("redline-acl-key"))
+		stop := startTenantACL(srv, tenantacl.ModeOff, time.Hour, tenantNamespace("redline-acl-key"))
 		defer stop()
 		ns := tenantNamespace("tenant-off")
 		tenantPolicy(ns)
 		Eventually(func(g Gomega) {
 			c := isolation(g, ns)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonTenantACLDisabled))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonTenantACLDisabled))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 		Expect(apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "redline-redis"}, &corev1.Secret{}))).To(BeTrue())
 	})
@@ -350,7 +352,7 @@ func replicaGetsTheUser(view *laggingView) {
 		return nil
 	}
 	stop := startTenantACLManager(controller.TenantACLConfig{
-		Mode: controller.TenantACLAuto, SecretName: "redline-redis",
+		Mode: tenantacl.ModeAuto, SecretName: "redline-redis",
 		KeySecret: types.NamespacedName{Namespace: tenantNamespace("redline-acl-key"), Name: "redline-redis-acl"},
 		Rotation:  time.Hour, RedisTimeout: 2 * time.Second, MaxBackoff: 5 * time.Second,
 		CheckInterval: 100 * time.Millisecond,

@@ -15,8 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/backend"
 	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/redisacl"
@@ -41,7 +43,7 @@ func startTenantACLSentinel(grp *redistest.Sentinel, keyNS string) func() {
 	Expect(err).NotTo(HaveOccurred())
 	// As the manager wires it: the manager's Redis is a backend, the default.
 	stop := startTenantACLManager(controller.TenantACLConfig{
-		Mode: controller.TenantACLAuto, SecretName: "redline-redis",
+		Mode: tenantacl.ModeAuto, SecretName: "redline-redis",
 		KeySecret:    types.NamespacedName{Namespace: keyNS, Name: "redline-redis-acl"},
 		RedisTimeout: 5 * time.Second, MaxBackoff: time.Second,
 	}, backend.New("", grp.URL(), rdb, nodes.Each, nodes.EachSentinel, 0, time.Minute, nil))
@@ -192,7 +194,7 @@ var _ = Describe("Tenant Redis users with Sentinel", func() {
 		Eventually(func(g Gomega) {
 			c := isolation(g, ns)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonSentinelUnprotected))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonSentinelUnprotected))
 			g.Expect(c.Message).To(ContainSubstring("SENTINEL REMOVE and MONITOR"))
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 		Expect(secretData(Default, ns)).NotTo(HaveKey(contract.RedisSentinelSecretKey), "no sentinel user to hand out")

@@ -24,7 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/loop"
+	"github.com/redline-dev/redline/internal/controller/policies"
 	"github.com/redline-dev/redline/internal/policydoc"
 )
 
@@ -170,9 +171,9 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, "p", v1alpha1.ConditionProgrammed)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonConfigMapError))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonConfigMapError))
 			g.Expect(c.Message).To(ContainSubstring("is immutable"))
-			g.Expect(eventReasons(ctx, ns, "p")).To(ContainElement(controller.ReasonConfigMapError))
+			g.Expect(eventReasons(ctx, ns, "p")).To(ContainElement(v1alpha1.ReasonConfigMapError))
 		}, timeout, interval).Should(Succeed())
 		Consistently(readyz, 3*time.Second, interval).Should(Equal(http.StatusOK))
 
@@ -216,7 +217,7 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, refused.Name, "q", v1alpha1.ConditionProgrammed)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonConfigMapError))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonConfigMapError))
 			g.Expect(c.Message).To(ContainSubstring("the API server refused it"))
 			g.Expect(c.Message).To(ContainSubstring("no ConfigMaps in this namespace"))
 		}, timeout, interval).Should(Succeed())
@@ -238,7 +239,7 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 		Expect(k8s.Create(ctx, policy(ns, "p", 100))).To(Succeed())
 		expectProgrammed(ctx, ns, "p")
 		other := &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "other", Labels: map[string]string{controller.ManagedByLabel: controller.ManagedByValue}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "other", Labels: map[string]string{loop.ManagedByLabel: loop.ManagedByValue}},
 			Data:       map[string]string{"big": strings.Repeat("x", 512<<10)},
 		}
 		Expect(k8s.Create(ctx, other)).To(Succeed())
@@ -261,7 +262,7 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 			g.Expect(mgrCache.Get(ctx, client.ObjectKey{Namespace: ns, Name: policydoc.ConfigMapName}, &cm)).To(Succeed())
 			g.Expect(cm.Data).To(BeNil())
 			g.Expect(cm.BinaryData).To(BeNil())
-			g.Expect(cm.Labels).To(HaveKeyWithValue(controller.ManagedByLabel, controller.ManagedByValue))
+			g.Expect(cm.Labels).To(HaveKeyWithValue(loop.ManagedByLabel, loop.ManagedByValue))
 		}, timeout, interval).Should(Succeed())
 		var list corev1.ConfigMapList
 		Expect(mgrCache.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
@@ -336,7 +337,7 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 			g.Expect(mgrCache.List(ctx, &list)).To(Succeed())
 			n := 0
 			for _, cm := range list.Items {
-				if cm.Annotations[controller.HashAnnotation] == "" && cm.Labels[controller.ManagedByLabel] == "" {
+				if cm.Annotations[policies.HashAnnotation] == "" && cm.Labels[loop.ManagedByLabel] == "" {
 					n++
 				}
 			}
@@ -377,11 +378,11 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, ns, "wide", v1alpha1.ConditionProgrammed)
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal(controller.ReasonDocumentTooLarge))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonDocumentTooLarge))
 			g.Expect(c.Message).To(ContainSubstring(fmt.Sprintf("over the %d bytes a sidecar loads within its default memory limit", policydoc.MaxDocumentBytes)))
 			g.Expect(c.Message).To(ContainSubstring("keeps the last configuration that fit (hash %.12s) in force", inForce))
 			g.Expect(c.Message).To(ContainSubstring("these policies do not fit (the oldest are kept first): wide."))
-			g.Expect(condition(g, ctx, ns, "small", v1alpha1.ConditionProgrammed).Reason).To(Equal(controller.ReasonDocumentTooLarge))
+			g.Expect(condition(g, ctx, ns, "small", v1alpha1.ConditionProgrammed).Reason).To(Equal(v1alpha1.ReasonDocumentTooLarge))
 		}, timeout, interval).Should(Succeed())
 		Consistently(func(g Gomega) {
 			doc, _ := document(g, ctx, ns)
@@ -414,7 +415,7 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 			pool, _ := admitPod(g, ctx, apiRS)
 			g.Expect(pool).To(Equal("16"), "(200 - 14) / 5 replicas, capped")
 			c := condition(g, ctx, victim, vp.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonWithinBudget))
 			alone = c.Message
 		}, timeout, interval).Should(Succeed())
 
@@ -436,7 +437,7 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 		// Once a budget pass has counted the attacker's workloads:
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, attacker, ap.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonOverBudget), "the absurd maxReplicas is the attacker's own problem")
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonOverBudget), "the absurd maxReplicas is the attacker's own problem")
 			g.Expect(c.Message).To(ContainSubstring("huge 100000 x 2"))
 		}, timeout, interval).Should(Succeed())
 		pool, _ := admitPod(Default, ctx, apiRS)
@@ -444,11 +445,11 @@ var _ = Describe("A tenant cannot reach the manager", func() {
 		Eventually(func(g Gomega) {
 			c := condition(g, ctx, attacker, ap.Name, v1alpha1.ConditionRedisConnectionBudget)
 			g.Expect(c.Message).To(HavePrefix("namespace " + attacker + "'s worst case 200,000 connections per Redis node at maxReplicas (deployment huge 100000 x 2)"))
-			g.Expect(eventsAbout(g, ctx, attacker, "HorizontalPodAutoscaler", "huge")).To(ContainElement(HavePrefix("Warning/" + controller.ReasonOverBudget)))
+			g.Expect(eventsAbout(g, ctx, attacker, "HorizontalPodAutoscaler", "huge")).To(ContainElement(HavePrefix("Warning/" + v1alpha1.ReasonOverBudget)))
 		}, timeout, interval).Should(Succeed())
 		Consistently(func(g Gomega) {
 			c := condition(g, ctx, victim, vp.Name, v1alpha1.ConditionRedisConnectionBudget)
-			g.Expect(c.Reason).To(Equal(controller.ReasonWithinBudget))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonWithinBudget))
 			g.Expect(c.Message).To(Equal(alone), "nothing of the attacker's reaches the victim's status")
 			g.Expect(c.Message).NotTo(ContainSubstring(attacker))
 			for _, kind := range []string{"HorizontalPodAutoscaler", "Deployment"} {

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/topkeysstatus"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/topkeys"
 )
@@ -60,10 +60,10 @@ func getPolicy(ctx context.Context, ns, name string) *v1alpha1.RateLimitPolicy {
 
 var _ = Describe("Top keys in status", func() {
 	var ctx context.Context
-	var w *controller.TopKeysWriter
+	var w *topkeysstatus.Writer
 	BeforeEach(func() {
 		ctx = context.Background()
-		w = &controller.TopKeysWriter{Client: k8s, Policies: k8s, Backends: suiteBackends, Log: logr.Discard(), RedisTimeout: 5 * time.Second}
+		w = &topkeysstatus.Writer{Client: k8s, Policies: k8s, Backends: suiteBackends, Log: logr.Discard(), RedisTimeout: 5 * time.Second}
 	})
 
 	It("merges every replica's summary per rule, counts a candidate's totals once, and keeps the conditions", func() {
@@ -136,8 +136,8 @@ var _ = Describe("Top keys in status", func() {
 			expectProgrammed(ctx, ns, fmt.Sprint("p", i))
 			beatSummary(ctx, ns, fmt.Sprint("p", i), "pod-a", 10, map[int]uint64{i: 1}, false)
 		}
-		Expect(w.Pass(ctx)[ns]).To(Equal(controller.DefaultTopKeysNamespaceWrites))
-		Expect(w.Pass(ctx)[ns]).To(Equal(n - controller.DefaultTopKeysNamespaceWrites))
+		Expect(w.Pass(ctx)[ns]).To(Equal(topkeysstatus.DefaultNamespaceWrites))
+		Expect(w.Pass(ctx)[ns]).To(Equal(n - topkeysstatus.DefaultNamespaceWrites))
 		Expect(w.Pass(ctx)[ns]).To(BeZero())
 		for i := range n {
 			Expect(getPolicy(ctx, ns, fmt.Sprint("p", i)).Status.Rules[0].TopRefused).To(Equal([]v1alpha1.TopKey{{Key: hexKey(i), Count: 1}}))
@@ -159,11 +159,11 @@ var _ = Describe("Top keys in status", func() {
 		cond := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionTopKeys)
 		Expect(cond).NotTo(BeNil())
 		Expect(cond.Status).To(Equal(metav1.ConditionFalse))
-		Expect(cond.Reason).To(Equal(controller.ReasonInvalidSummaries))
+		Expect(cond.Reason).To(Equal(v1alpha1.ReasonInvalidSummaries))
 		Expect(cond.Message).To(ContainSubstring("1 top-keys summaries"))
 		// The namespace reconciler resyncs every 300 ms here and owns the other conditions.
 		Consistently(func() *metav1.Condition {
 			return meta.FindStatusCondition(getPolicy(ctx, ns, "forged").Status.Conditions, v1alpha1.ConditionTopKeys)
-		}, 2*time.Second, 200*time.Millisecond).Should(HaveField("Reason", controller.ReasonInvalidSummaries))
+		}, 2*time.Second, 200*time.Millisecond).Should(HaveField("Reason", v1alpha1.ReasonInvalidSummaries))
 	})
 })

@@ -164,20 +164,17 @@ func NamespaceInjection(root string) (label, value, doc string, err error) {
 	return label, value, doc, nil
 }
 
-// The packages holding the condition types and the reasons.
-const (
-	APIDir        = "api/v1alpha1"
-	ControllerDir = "internal/controller"
-)
+// APIDir is the package holding the condition types and their reasons.
+const APIDir = "api/v1alpha1"
 
 // Conditions are the condition types of the API's objects.
 func Conditions(root string) ([]Const, error) {
 	return StringConsts(filepath.Join(root, APIDir), "Condition")
 }
 
-// Reasons are the reasons the controller writes on conditions.
+// Reasons are the reasons the controllers write on conditions, declared beside the types.
 func Reasons(root string) ([]Const, error) {
-	return StringConsts(filepath.Join(root, ControllerDir), "Reason")
+	return StringConsts(filepath.Join(root, APIDir), "Reason")
 }
 
 func genConditions(root string, b *bytes.Buffer) error {

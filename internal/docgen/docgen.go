@@ -32,7 +32,7 @@ var Pages = []Page{
 	{Name: "flags.md", From: "the flag sets of internal/manager and internal/sidecar/app", gen: genFlags},
 	{Name: "annotations.md", From: "the constants of internal/sidecar/contract", gen: genAnnotations},
 	{Name: "metrics.md", From: "the manager's and the sidecar's Prometheus registries", gen: genMetrics},
-	{Name: "conditions.md", From: "the constants of api/v1alpha1 and internal/controller", gen: genConditions},
+	{Name: "conditions.md", From: "the constants of api/v1alpha1", gen: genConditions},
 }
 
 // Header is the first line of every page.

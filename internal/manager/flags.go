@@ -10,7 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/redline-dev/redline/internal/backend"
-	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
+	"github.com/redline-dev/redline/internal/controller/topkeysstatus"
 	"github.com/redline-dev/redline/internal/fleet"
 	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/contract"
@@ -81,14 +82,14 @@ func BindFlags(fs *flag.FlagSet, getenv func(string) string) *Options {
 	fs.StringVar(&o.RedisTLS.ServerName, "redis-tls-server-name", "", "With rediss://: the name Redis's certificates must carry (empty: the host each connection dials, as the URL, the cluster or the sentinels name it).")
 	fs.StringVar(&o.RedisTLS.MinVersion, "redis-tls-min-version", "", "With rediss://: oldest TLS version accepted, 1.2 or 1.3 (empty: 1.2).")
 	fs.DurationVar(&o.RedisTimeout, "redis-timeout", backend.DefaultTimeout, "Bound on the script check of one reconcile.")
-	fs.DurationVar(&o.CheckInterval, "script-check-interval", controller.DefaultCheckInterval, "How often every Redis node, replicas included, is checked for the scripts and for a restart (which lost them and the ACL users): after restarts, failovers, SCRIPT FLUSH.")
+	fs.DurationVar(&o.CheckInterval, "script-check-interval", backend.DefaultCheckInterval, "How often every Redis node, replicas included, is checked for the scripts and for a restart (which lost them and the ACL users): after restarts, failovers, SCRIPT FLUSH.")
 	fs.DurationVar(&o.MaxBackoff, "max-backoff", backend.DefaultMaxBackoff, "Longest retry delay while Redis is unavailable.")
 	fs.DurationVar(&o.HeartbeatTTL, "heartbeat-ttl", fleet.TTL(fleet.DefaultInterval), "How long a sidecar counts as live after its last heartbeat (match the sidecars').")
 	fs.DurationVar(&o.Resync, "resync-interval", 15*time.Second, "How often each namespace is re-read to follow sidecar heartbeats into the Enforced condition.")
 	fs.Int64Var(&o.RedisMaxClients, "redis-maxclients", 0, "Redis's maxclients, for a Redis that refuses CONFIG GET (managed services); 0 reads it with CONFIG GET.")
-	fs.DurationVar(&o.TopKeysInterval, "top-keys-interval", controller.DefaultTopKeysInterval, "How often the sidecars' top-keys summaries are merged into the policies' status.rules (at most 16 policies of a namespace and 64 in all written per interval); 0 or less turns it off.")
+	fs.DurationVar(&o.TopKeysInterval, "top-keys-interval", topkeysstatus.DefaultInterval, "How often the sidecars' top-keys summaries are merged into the policies' status.rules (at most 16 policies of a namespace and 64 in all written per interval); 0 or less turns it off.")
 	fs.DurationVar(&o.BudgetInterval, "budget-interval", 30*time.Second, "How often the Redis connection budget is recomputed without a workload change (follows connected_clients).")
-	fs.StringVar(&o.TenantACL, "redis-tenant-acl", controller.TenantACLAuto, "Per-namespace Redis users: auto (an ACL user per namespace with policies, limited to its keys; where Redis refuses ACL commands, the admin's shared credential and TenantIsolation=False), required (auto, but do not start when Redis refuses ACLs) or off (the admin's shared credential everywhere).")
+	fs.StringVar(&o.TenantACL, "redis-tenant-acl", tenantacl.ModeAuto, "Per-namespace Redis users: auto (an ACL user per namespace with policies, limited to its keys; where Redis refuses ACL commands, the admin's shared credential and TenantIsolation=False), required (auto, but do not start when Redis refuses ACLs) or off (the admin's shared credential everywhere).")
 	fs.StringVar(&o.ACLKeySecret, "redis-acl-key-secret", "redline-redis-acl", "Secret in the manager's namespace holding the key namespaces' Redis passwords are derived from (created on first use).")
 	fs.DurationVar(&o.CredentialRotation, "redis-credential-rotation", 24*time.Hour, "How often each namespace's Redis password changes; the previous one stays valid one more period.")
 	o.Webhook.BindFlags(fs)

@@ -38,7 +38,7 @@
 // FLUSH, FLUSHALL, CONFIG, ACL, KEYS, SCAN, CLIENT KILL and the rest are refused. So a sidecar
 // cannot load a script Redis lost (restart, failover): it meets NOSCRIPT, is refused SCRIPT
 // LOAD, decides by its failure mode, and the manager, which checks every node's scripts on a
-// period, loads them again (see controller.ScriptWatcher).
+// period, loads them again (see scriptwatcher.Watcher).
 package redisacl
 
 import (

@@ -55,7 +55,7 @@ func startLab(t testing.TB) *lab {
 			t.Fatalf("setting the user of %s: %v", ns, err)
 		}
 	}
-	// Every script the manager loads: the sidecars' (as controller.ScriptWatcher does) and its
+	// Every script the manager loads: the sidecars' (as scriptwatcher.Watcher does) and its
 	// own group reads (which scripts.Exec loads by EVAL at their first run), and the members
 	// read once more through its own path (fleet.Read).
 	for _, s := range append(redisacl.SidecarScripts(), fleet.ManagerScripts()...) {

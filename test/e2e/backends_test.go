@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/controller/redisbackend"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 )
@@ -44,7 +44,7 @@ var _ = Describe("Namespaces on Redis backends of their own", func() {
 			name := "e2e-" + t.ns
 			Expect(st.Client.Create(ctx, &corev1.Secret{
 				ObjectMeta: metav1.ObjectMeta{Namespace: stack.ManagerNamespace, Name: name},
-				Data:       map[string][]byte{controller.BackendPasswordKey: []byte(password)},
+				Data:       map[string][]byte{redisbackend.PasswordKey: []byte(password)},
 			})).To(Succeed())
 			Expect(st.Client.Create(ctx, &v1alpha1.RedisBackend{
 				ObjectMeta: metav1.ObjectMeta{Name: name},

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
-	"github.com/redline-dev/redline/internal/controller"
 	"github.com/redline-dev/redline/internal/testutil/stack"
 )
 
@@ -144,7 +143,7 @@ func waitIsolated(ctx context.Context, ns string) {
 			c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionTenantIsolation)
 			g.Expect(c).NotTo(BeNil(), "%s/%s has no TenantIsolation yet", ns, p.Name)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s/%s: %s %s", ns, p.Name, c.Reason, c.Message)
-			g.Expect(c.Reason).To(Equal(controller.ReasonTenantIsolated))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonTenantIsolated))
 		}
 	}).WithTimeout(time.Minute).Should(Succeed())
 }

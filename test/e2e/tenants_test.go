@@ -151,7 +151,7 @@ func errString(err error) string {
 
 // The suite runs what the chart installs: the manager with none of the intervals, bounds and
 // modes the chart leaves to the binary (so tenant ACLs at --redis-tenant-acl=auto and the
-// script and restart checks at controller.DefaultCheckInterval), on a Redis whose default user
+// script and restart checks at backend.DefaultCheckInterval), on a Redis whose default user
 // has a password only the manager holds, so every sidecar is its namespace's own user.
 var _ = Describe("The end-to-end stack", func() {
 	It("runs the manager at its defaults, with per-namespace Redis users", func() {

@@ -35,7 +35,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redline-dev/redline/internal/controller"
+	"github.com/redline-dev/redline/internal/backend"
+	"github.com/redline-dev/redline/internal/controller/tenantacl"
 	"github.com/redline-dev/redline/internal/testutil/failover"
 	"github.com/redline-dev/redline/internal/testutil/redistest"
 	"github.com/redline-dev/redline/internal/testutil/stack"
@@ -298,7 +299,7 @@ func TestRedisRestartedEmptyIsRestoredWithinTheWindow(t *testing.T) {
 // The suite runs what the chart installs: the manager binary's own defaults for the tenant ACL
 // mode and the script check interval, which the chart does not set and the Env does not pass,
 // are the ones this suite was written for (checkInterval, tenantACL) and the controller's
-// (controller.DefaultCheckInterval, controller.TenantACLAuto). A default changed in one place
+// (backend.DefaultCheckInterval, tenantacl.ModeAuto). A default changed in one place
 // only, or set by the chart or the Env, fails here.
 func TestSuiteRunsTheChartsDefaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -311,17 +312,17 @@ func TestSuiteRunsTheChartsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the manager's -%s default %q: %v", failover.FlagScriptCheckInterval, defaults[failover.FlagScriptCheckInterval], err)
 	}
-	if interval != controller.DefaultCheckInterval {
-		t.Errorf("the manager's -%s defaults to %s, not controller.DefaultCheckInterval (%s)",
-			failover.FlagScriptCheckInterval, interval, controller.DefaultCheckInterval)
+	if interval != backend.DefaultCheckInterval {
+		t.Errorf("the manager's -%s defaults to %s, not backend.DefaultCheckInterval (%s)",
+			failover.FlagScriptCheckInterval, interval, backend.DefaultCheckInterval)
 	}
 	if interval != checkInterval {
 		t.Errorf("the manager's -%s defaults to %s; this suite was written and measured for %s: look at its bounds and the numbers of docs/design/failover-shares.md again",
 			failover.FlagScriptCheckInterval, interval, checkInterval)
 	}
 	acl := defaults[failover.FlagTenantACL]
-	if acl != controller.TenantACLAuto {
-		t.Errorf("the manager's -%s defaults to %q, not controller.TenantACLAuto (%q)", failover.FlagTenantACL, acl, controller.TenantACLAuto)
+	if acl != tenantacl.ModeAuto {
+		t.Errorf("the manager's -%s defaults to %q, not tenantacl.ModeAuto (%q)", failover.FlagTenantACL, acl, tenantacl.ModeAuto)
 	}
 	if acl != tenantACL {
 		t.Errorf("the manager's -%s defaults to %q; this suite was written for %q", failover.FlagTenantACL, acl, tenantACL)

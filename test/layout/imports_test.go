@@ -29,6 +29,27 @@ var upward = map[string][]string{
 	"internal/sidecar/contract": {"internal/controller", "internal/webhook", "internal/backend", "cmd"},
 }
 
+// controlLoops are internal/controller's packages of one control loop each: a loop shares what
+// it needs with another through internal/controller/loop (and the compiler), never imports
+// another, and the shared packages import no loop.
+var controlLoops = []string{"budget", "memorypolicy", "policies", "redisbackend", "scriptwatcher", "tenantacl", "topkeysstatus"}
+
+func init() {
+	shared := []string{"internal/controller/loop", "internal/controller/compile"}
+	for _, l := range controlLoops {
+		from := "internal/controller/" + l
+		for _, o := range controlLoops {
+			if o != l {
+				upward[from] = append(upward[from], "internal/controller/"+o)
+			}
+		}
+		for _, s := range shared {
+			upward[s] = append(upward[s], from)
+		}
+	}
+	upward["internal/controller/compile"] = append(upward["internal/controller/compile"], "internal/controller/loop")
+}
+
 // TestNoImportRunsBackUp holds the product's imports (tests aside) to the layout's direction.
 func TestNoImportRunsBackUp(t *testing.T) {
 	root := repoRoot(t)

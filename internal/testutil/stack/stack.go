@@ -37,7 +37,7 @@ type Options struct {
 	// (the demo); without it a missing variable is an error (the tests).
 	InstallTools bool
 	// ScriptCheckInterval, when set, is the manager's --script-check-interval; zero leaves the
-	// manager's default (controller.DefaultCheckInterval), which is what the chart ships and so
+	// manager's default (backend.DefaultCheckInterval), which is what the chart ships and so
 	// what the suites run. Set it only in a test that measures another interval as a control.
 	ScriptCheckInterval time.Duration
 	// ManagerArgs are extra manager flags.
