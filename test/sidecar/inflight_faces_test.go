@@ -62,6 +62,9 @@ func TestInFlightThroughTheDecisionFaces(t *testing.T) {
 		start(t, "pod-b", e, shared.URL(), up.Listener.Addr().String(), true),
 	}
 	rlsClients := []rlsv3.RateLimitServiceClient{rlsClient(t, scs[0].grpc), rlsClient(t, scs[1].grpc)}
+	for _, s := range scs {
+		g.Expect(inFlight(t, s)).To(BeZero(), "%s's gauge before any request", s.name)
+	}
 	var on serving
 	gate := make(chan struct{})
 	var done, refused atomic.Int64
@@ -187,9 +190,9 @@ func TestInFlightCheckClientThatNeverComesBack(t *testing.T) {
 	g.Expect(s.metric(t, `redline_sidecar_in_flight_leases_expired_total{face="check"}`)).To(BeNumerically("==", 1))
 }
 
-// inFlight is s's gauge of the requests of rule p/slots in progress through it. A sidecar that
-// has not yet taken a slot of the rule has no such series (metric's -1), which is what a
-// Prometheus sum over the replicas reads as none: 0. All the slots can go to one sidecar.
+// inFlight is s's gauge of the requests of rule p/slots in progress through it. It shows, at 0,
+// from the rule's load on: a sidecar that holds no slot when the key is full (all of them may
+// run through the other) counts 0 in the sum, and an absent series (metric's -1) fails it.
 func inFlight(t testing.TB, s *sidecar) float64 {
-	return max(s.metric(t, `redline_sidecar_in_flight{policy="p",rule="slots"}`), 0)
+	return s.metric(t, `redline_sidecar_in_flight{policy="p",rule="slots"}`)
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -77,9 +79,19 @@ type env struct {
 	namespace string
 }
 
+// envRuns counts newEnv's runs of each test, by name (*atomic.Int64).
+var envRuns sync.Map
+
 func newEnv(t testing.TB, app string) *env {
 	t.Helper()
-	e := &env{configDir: filepath.Join(t.TempDir(), "policies"), labels: filepath.Join(t.TempDir(), "podinfo", "labels"), namespace: "ns-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))}
+	ns := "ns-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
+	// What a run leaves in the shared Redis (a window's log, a slot's place) outlives it: the
+	// same test run again in this process (-count) gets a namespace of its own.
+	runs, _ := envRuns.LoadOrStore(t.Name(), new(atomic.Int64))
+	if run := runs.(*atomic.Int64).Add(1); run > 1 {
+		ns += "-" + strconv.FormatInt(run, 10)
+	}
+	e := &env{configDir: filepath.Join(t.TempDir(), "policies"), labels: filepath.Join(t.TempDir(), "podinfo", "labels"), namespace: ns}
 	if err := os.MkdirAll(e.configDir, 0o755); err != nil {
 		t.Fatal(err)
 	}

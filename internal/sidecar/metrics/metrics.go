@@ -160,11 +160,12 @@ func (m *Metrics) Observe(r *ruleset.Rule, res limiter.Result) {
 
 // ConfigLoaded records the set now in force. The restoration counters of its policies show
 // from then on, at 0, so that the first restoration is an increase a query can see; those of
-// policies no longer in force go.
+// policies no longer in force go. Its in-flight rules' gauges show too (slotRulesLoaded).
 func (m *Metrics) ConfigLoaded(s *ruleset.Set) {
 	m.reloads.Inc()
 	m.configInfo.Reset()
 	m.configInfo.WithLabelValues(s.Namespace, s.Hash).Set(1)
+	m.slotRulesLoaded(s)
 	m.policyMu.Lock()
 	defer m.policyMu.Unlock()
 	now := make(map[string]bool, len(s.Policies))

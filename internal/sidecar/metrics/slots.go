@@ -59,6 +59,19 @@ func (m *Metrics) SlotsQueued(r *ruleset.Rule, delta int) {
 	}
 }
 
+// slotRulesLoaded shows the gauge of requests in progress of every in-flight rule of s, at 0
+// until its first slot, so that a sidecar through which none runs yet says 0 rather than
+// nothing. Those of rules no longer in force stay: requests taken under them may still run,
+// and their releases move the gauge back to 0.
+func (m *Metrics) slotRulesLoaded(s *ruleset.Set) {
+	if m.slotsHeld == nil {
+		return
+	}
+	for _, r := range s.InFlight {
+		m.slotsHeld.WithLabelValues(r.Policy.Name, r.Name)
+	}
+}
+
 // ObserveSlot counts one in-flight rule's decision.
 func (m *Metrics) ObserveSlot(r *ruleset.Rule, res limiter.SlotResult) {
 	if m.slotDecisions == nil {
