@@ -59,16 +59,20 @@ func (m *Metrics) SlotsQueued(r *ruleset.Rule, delta int) {
 	}
 }
 
-// slotRulesLoaded shows the gauge of requests in progress of every in-flight rule of s, at 0
-// until its first slot, so that a sidecar through which none runs yet says 0 rather than
-// nothing. Those of rules no longer in force stay: requests taken under them may still run,
-// and their releases move the gauge back to 0.
+// slotRulesLoaded shows the gauge of requests in progress of every in-flight rule of s, and
+// of requests waiting for every rule with a queue, at 0 until first used, so that a sidecar
+// through which none runs yet says 0 rather than nothing. Those of rules no longer in force
+// stay: requests taken under them may still run or wait, and their ends move the gauges back
+// to 0.
 func (m *Metrics) slotRulesLoaded(s *ruleset.Set) {
 	if m.slotsHeld == nil {
 		return
 	}
 	for _, r := range s.InFlight {
 		m.slotsHeld.WithLabelValues(r.Policy.Name, r.Name)
+		if r.Queue != nil && m.slotsQueued != nil {
+			m.slotsQueued.WithLabelValues(r.Policy.Name, r.Name)
+		}
 	}
 }
 
