@@ -39,10 +39,13 @@ const (
 
 // Reasons of the RedisDurability condition.
 const (
-	ReasonDurable               = "Durable"
-	ReasonCountsLostOnRestart   = "CountsLostOnRestart"
-	ReasonDurabilityUnsupported = "DurabilityUnsupported"
-	ReasonNoReplica             = "NoReplica"
+	ReasonDurable             = "Durable"
+	ReasonCountsLostOnRestart = "CountsLostOnRestart"
+	// ReasonCountsLostSinceSnapshot: no append-only file, but RDB snapshots that succeed: a
+	// restart loses what was counted since the last one.
+	ReasonCountsLostSinceSnapshot = "CountsLostSinceSnapshot"
+	ReasonDurabilityUnsupported   = "DurabilityUnsupported"
+	ReasonNoReplica               = "NoReplica"
 )
 
 // Reasons of the RedisMemoryPolicy condition.

@@ -33,6 +33,7 @@ var _ = Describe("Redis durability", func() {
 		Expect(k8s.Create(ctx, replica)).To(Succeed())
 		Expect(k8s.Create(ctx, policy(ns, "short", 100))).To(Succeed())
 		DeferCleanup(func() {
+			Expect(rdb.ConfigSet(ctx, "save", "").Err()).To(Succeed())
 			Expect(rdb.ConfigSet(ctx, "appendonly", "no").Err()).To(Succeed())
 			// Every long-window policy of the suite's other specs turned True with the file on:
 			// wait until the manager turned them all back, so that the status writes and Events
@@ -61,6 +62,14 @@ var _ = Describe("Redis durability", func() {
 		Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "month") }, timeout, interval).
 			Should(ContainElement(HavePrefix("Warning/" + v1alpha1.ReasonCountsLostOnRestart + ": ")))
 		expect("replica", metav1.ConditionFalse, v1alpha1.ReasonNoReplica, "has no replica connected")
+
+		// RDB snapshots bound the loss to what was counted since the last one: said, not Durable.
+		Expect(rdb.ConfigSet(ctx, "save", "3600 1").Err()).To(Succeed())
+		expect("month", metav1.ConditionFalse, v1alpha1.ReasonCountsLostSinceSnapshot, `runs with appendonly no and RDB snapshots only (save "3600 1"`)
+		Eventually(func(g Gomega) []string { return eventsAbout(g, ctx, ns, "RateLimitPolicy", "month") }, timeout, interval).
+			Should(ContainElement(HavePrefix("Warning/" + v1alpha1.ReasonCountsLostSinceSnapshot + ": ")))
+		Expect(rdb.ConfigSet(ctx, "save", "").Err()).To(Succeed())
+		expect("month", metav1.ConditionFalse, v1alpha1.ReasonCountsLostOnRestart, `and no RDB snapshots (save "")`)
 
 		Expect(rdb.ConfigSet(ctx, "appendonly", "yes").Err()).To(Succeed())
 		expect("month", metav1.ConditionTrue, v1alpha1.ReasonDurable, "on all 1 Redis masters")

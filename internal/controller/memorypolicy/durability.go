@@ -2,6 +2,7 @@ package memorypolicy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -35,7 +36,16 @@ type NodeDurability struct {
 	// AOF is INFO persistence's aof_enabled; Replicas is connected_slaves of a master.
 	AOF      bool
 	Replicas int64
+	// Save is the node's RDB snapshot rules (CONFIG GET save, "3600 1 300 100"; "" for none),
+	// read only where AOF is off: INFO does not carry them. SaveKnown is false where CONFIG is
+	// refused or renamed. BgsaveOK is INFO persistence's rdb_last_bgsave_status:ok.
+	Save      string
+	SaveKnown bool
+	BgsaveOK  bool
 }
+
+// maxSaveRules bounds the save rules quoted in a message.
+const maxSaveRules = 128
 
 // WaitAOF says whether the node knows WAITAOF (Redis 7.2 or later).
 func (n NodeDurability) WaitAOF() bool {
@@ -48,8 +58,10 @@ func (n NodeDurability) WaitAOF() bool {
 	return major > 7 || major == 7 && minor >= 2
 }
 
-// ReadNodeDurability reads the node's version, append-only file and replicas from INFO, which
-// managed Redis services answer where they refuse CONFIG GET.
+// ReadNodeDurability reads the node's version, append-only file, last snapshot's status and
+// replicas from INFO, which managed Redis services answer where they refuse CONFIG GET. On a
+// node without the append-only file it asks CONFIG GET save for the snapshot rules, which INFO
+// does not report; a refusal (renamed command, ACL) leaves them unknown, not an error.
 func ReadNodeDurability(ctx context.Context, c *redis.Client) (NodeDurability, error) {
 	n := NodeDurability{Addr: c.Options().Addr}
 	info, err := c.Info(ctx, "server", "persistence", "replication").Result()
@@ -64,8 +76,24 @@ func ReadNodeDurability(ctx context.Context, c *redis.Client) (NodeDurability, e
 	}
 	n.Version, n.Master, n.AOF = fields["redis_version"], fields["role"] == "master", fields["aof_enabled"] == "1"
 	n.Replicas, _ = strconv.ParseInt(fields["connected_slaves"], 10, 64)
-	if n.Version == "" || fields["role"] == "" || fields["aof_enabled"] == "" {
-		return n, fmt.Errorf("reading INFO persistence on %s: redis_version, role or aof_enabled missing", n.Addr)
+	n.BgsaveOK = fields["rdb_last_bgsave_status"] == "ok"
+	if n.Version == "" || fields["role"] == "" || fields["aof_enabled"] == "" || fields["rdb_last_bgsave_status"] == "" {
+		return n, fmt.Errorf("reading INFO persistence on %s: redis_version, role, aof_enabled or rdb_last_bgsave_status missing", n.Addr)
+	}
+	if n.AOF {
+		return n, nil
+	}
+	save, err := c.ConfigGet(ctx, "save").Result()
+	var refused redis.Error
+	switch {
+	case errors.As(err, &refused):
+		return n, nil // CONFIG renamed or refused: the rules stay unknown
+	case err != nil:
+		return n, fmt.Errorf("reading CONFIG GET save on %s: %w", n.Addr, err)
+	}
+	n.Save, n.SaveKnown = save["save"]
+	if len(n.Save) > maxSaveRules {
+		n.Save = n.Save[:maxSaveRules] + "..."
 	}
 	return n, nil
 }
@@ -102,6 +130,9 @@ func durabilityCondition(rules []v1alpha1.Rule, nodes []NodeDurability, err erro
 		}
 	}
 	slices.SortFunc(masters, func(a, b NodeDurability) int { return strings.Compare(a.Addr, b.Addr) })
+	// A master that snapshots loses less than one that does not: it decides only if nothing
+	// worse does.
+	var sinceSnapshot string
 	for _, r := range rules {
 		for _, m := range masters {
 			switch mode := durabilityMode(r); {
@@ -111,12 +142,40 @@ func durabilityCondition(rules []v1alpha1.Rule, nodes []NodeDurability, err erro
 				return metav1.ConditionFalse, v1alpha1.ReasonCountsLostOnRestart, fmt.Sprintf("rule %s asks durability AppendOnlyFile, but %s runs with appendonly no: WAITAOF fails and its grants are answered without the acknowledgement; set appendonly yes", r.Name, m.Addr)
 			case mode == v1alpha1.DurabilityReplica && m.Replicas < 1:
 				return metav1.ConditionFalse, v1alpha1.ReasonNoReplica, fmt.Sprintf("rule %s asks durability Replica, but the master %s has no replica connected: every grant waits its whole timeout and is answered without the acknowledgement; add a replica, or ask AppendOnlyFile", r.Name, m.Addr)
+			case longWindow(r) && !m.AOF && m.SaveKnown && m.Save != "" && m.BgsaveOK:
+				if sinceSnapshot == "" {
+					sinceSnapshot = fmt.Sprintf("rule %s counts a %s window in %s's memory, which runs with appendonly no and RDB snapshots only (save %q: after so many seconds if so many keys changed): a restart loses what was counted since the last snapshot; set appendonly yes with appendfsync everysec or always", r.Name, window(r), m.Addr, m.Save)
+				}
 			case longWindow(r) && !m.AOF:
-				return metav1.ConditionFalse, v1alpha1.ReasonCountsLostOnRestart, fmt.Sprintf("rule %s counts a %s window in %s's memory, which runs with appendonly no: a restart loses the window's counts (a replica of it resyncs to the empty master; an RDB snapshot keeps only what it held at its last save); set appendonly yes with appendfsync everysec or always", r.Name, r.Limit.Window.Duration, m.Addr)
+				return metav1.ConditionFalse, v1alpha1.ReasonCountsLostOnRestart, fmt.Sprintf("rule %s counts a %s window in %s's memory, which runs with appendonly no %s; set appendonly yes with appendfsync everysec or always", r.Name, window(r), m.Addr, withoutSnapshot(m))
 			}
 		}
 	}
+	if sinceSnapshot != "" {
+		return metav1.ConditionFalse, v1alpha1.ReasonCountsLostSinceSnapshot, sinceSnapshot
+	}
 	return metav1.ConditionTrue, v1alpha1.ReasonDurable, fmt.Sprintf("the durability of every long-window rule and every rule asking it holds on all %d Redis masters (append-only file, replicas, WAITAOF as needed)", len(masters))
+}
+
+// withoutSnapshot says what a master without the append-only file keeps through a restart
+// when no working snapshot bounds the loss.
+func withoutSnapshot(m NodeDurability) string {
+	switch {
+	case m.SaveKnown && m.Save == "":
+		return `and no RDB snapshots (save ""): a restart loses the window's counts (a replica of it resyncs to the empty master)`
+	case !m.BgsaveOK:
+		return "and its last RDB snapshot failed (rdb_last_bgsave_status:err, see its log): a restart loses every count since the last snapshot that succeeded, however old, and with stop-writes-on-bgsave-error yes it refuses writes meanwhile"
+	default:
+		return "and its RDB snapshot rules are unreadable (CONFIG GET save refused): a restart loses at least what was counted since the last snapshot, and the window's counts if it takes none"
+	}
+}
+
+// window names a rule's window for a message: its duration, or its calendar unit.
+func window(r v1alpha1.Rule) string {
+	if r.Limit.Calendar != nil {
+		return "calendar " + string(r.Limit.Calendar.Unit)
+	}
+	return r.Limit.Window.Duration.String()
 }
 
 // setDurabilityCondition writes p's RedisDurability condition from what its Redis's nodes

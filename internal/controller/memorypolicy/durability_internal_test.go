@@ -21,9 +21,10 @@ func TestDurabilityCondition(t *testing.T) {
 		}
 		return r
 	}
-	v70 := NodeDurability{Addr: "m:1", Version: "7.0.15", Master: true}
+	v70 := NodeDurability{Addr: "m:1", Version: "7.0.15", Master: true, SaveKnown: true, BgsaveOK: true}
 	v72aof := NodeDurability{Addr: "m:1", Version: "7.2.4", Master: true, AOF: true, Replicas: 1}
 	replicaNode := NodeDurability{Addr: "r:1", Version: "6.2.0", Master: false}
+	snapshots := NodeDurability{Addr: "m:1", Version: "7.0.15", Master: true, Save: "3600 1 300 100", SaveKnown: true, BgsaveOK: true}
 	for _, tc := range []struct {
 		name   string
 		rule   v1alpha1.Rule
@@ -40,6 +41,11 @@ func TestDurabilityCondition(t *testing.T) {
 		{"WAIT without a replica", rule(time.Minute, v1alpha1.DurabilityReplica), []NodeDurability{v70}, nil, metav1.ConditionFalse, v1alpha1.ReasonNoReplica},
 		{"WAIT with a replica, short window, no AOF", rule(time.Minute, v1alpha1.DurabilityReplica), []NodeDurability{func() NodeDurability { n := v70; n.Replicas = 1; return n }(), replicaNode}, nil, metav1.ConditionTrue, v1alpha1.ReasonDurable},
 		{"unreadable", rule(time.Hour, ""), nil, errors.New("boom"), metav1.ConditionUnknown, v1alpha1.ReasonMemoryUnknown},
+		{"a long window on snapshots", rule(time.Hour, ""), []NodeDurability{snapshots}, nil, metav1.ConditionFalse, v1alpha1.ReasonCountsLostSinceSnapshot},
+		{"a long window on snapshots that fail", rule(time.Hour, ""), []NodeDurability{func() NodeDurability { n := snapshots; n.BgsaveOK = false; return n }()}, nil, metav1.ConditionFalse, v1alpha1.ReasonCountsLostOnRestart},
+		{"a long window, save rules unreadable", rule(time.Hour, ""), []NodeDurability{func() NodeDurability { n := snapshots; n.Save, n.SaveKnown = "", false; return n }()}, nil, metav1.ConditionFalse, v1alpha1.ReasonCountsLostOnRestart},
+		{"a snapshotting master and one without", rule(time.Hour, ""), []NodeDurability{snapshots, func() NodeDurability { n := v70; n.Addr = "z:1"; return n }()}, nil, metav1.ConditionFalse, v1alpha1.ReasonCountsLostOnRestart},
+		{"a long window with AOF, failing snapshots", rule(time.Hour, ""), []NodeDurability{func() NodeDurability { n := v72aof; n.Save = "3600 1"; return n }()}, nil, metav1.ConditionTrue, v1alpha1.ReasonDurable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
