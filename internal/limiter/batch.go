@@ -188,12 +188,27 @@ func (l *Limiter) runShards(batch []*call, cmds []redis.Cmder) []redis.Cmder {
 // whose grants wait for an acknowledgement leave in a pipeline of their own, on a goroutine the
 // flusher does not wait for: a lagging replica holds up neither the others' answers nor the
 // flusher, only the callers of rules that asked to wait (each waits its timeout at most, plus
-// the read timeout; what bounds those goroutines is what bounds the callers).
+// the read timeout). Those goroutines hold a token of waitSem for their whole run, so there are
+// never more of them than waiting pipelines allowed (waitConcurrency); when none is free the
+// calls go with the others, without their wait, counted busy (see startDurable).
 func (l *Limiter) runShard(group []*call, cmds []redis.Cmder) []redis.Cmder {
 	if i := splitDurable(group); i >= 0 {
-		durable := slices.Clone(group[i:]) // the flusher reuses its batch
-		go l.runShard1(durable, make([]redis.Cmder, 0, len(durable)))
-		if group = group[:i]; len(group) == 0 {
+		durable := group[i:]
+		switch l.startDurable(durable) {
+		case durableStarted:
+			group = group[:i]
+		case durableClosed:
+			for _, c := range durable {
+				c.err = ErrClosed
+				l.answer(c)
+			}
+			group = group[:i]
+		case durableBusy:
+			for _, c := range durable {
+				c.unacked = UnackedBusy // pipeline sends these without a wait
+			}
+		}
+		if len(group) == 0 {
 			return cmds
 		}
 	}
@@ -259,7 +274,7 @@ func (l *Limiter) answer(c *call) {
 // A batch whose calls all wait for an acknowledgement (see runShard) sends the waits after them.
 func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, error) {
 	ctx := context.Background()
-	durable := batch[0].dur.Mode != ""
+	durable := batch[0].dur.Mode != "" && batch[0].unacked != UnackedBusy
 	sent := time.Now()
 	deadline := noDeadline
 	if l.opts.CallDeadline > 0 {

@@ -36,7 +36,8 @@ import (
 //     7.0's "unknown command" is counted as unsupported.
 //   - Calls with durability leave in a pipeline of their own, on a goroutine of their own
 //     (runShard), so that a lagging replica slows neither the batch's other calls nor the
-//     flusher: only the rules that asked to wait for it.
+//     flusher: only the rules that asked to wait for it. Those goroutines are as many as the
+//     waits allowed at once, at most (startDurable); Close waits for them.
 //   - A pipeline with a WAIT reads its replies for up to the client's read timeout plus the
 //     longest wait plus one second (an idle Redis at hz 1 notices a timed-out wait a second
 //     late), through a clone of the client that shares its connection pool.
@@ -214,19 +215,55 @@ func (l *Limiter) waitClient(ctx context.Context, batch []*call, w waits) (redis
 	return c, nil
 }
 
-// execDurable runs cmds, the EVALSHAs of batch, followed by its waits, and records on each
-// granted call whether its grant was acknowledged.
-func (l *Limiter) execDurable(ctx context.Context, batch []*call, cmds []redis.Cmder) scripts.Counts {
+// durableRuns are the goroutines of waiting pipelines in flight (see startDurable).
+type durableRuns struct {
+	mu      sync.Mutex
+	closing bool // set by Close: no more runs start
+	wg      sync.WaitGroup
+}
+
+type durableStart int
+
+const (
+	durableStarted durableStart = iota // on a goroutine of its own, which answers the calls
+	durableBusy                        // every token is taken: the caller sends them without a wait
+	durableClosed                      // the limiter is closing: the caller answers ErrClosed
+)
+
+// startDurable runs the calls of group, which all wait for an acknowledgement, in a pipeline on
+// a goroutine of their own, if a token of waitSem is free. The token is held for the
+// goroutine's whole run: a flood of durable decisions starts at most waitConcurrency of them,
+// whatever the number of callers, and the rest leave at once without their wait (busy).
+func (l *Limiter) startDurable(group []*call) durableStart {
+	l.durableRuns.mu.Lock()
+	defer l.durableRuns.mu.Unlock()
+	if l.durableRuns.closing {
+		return durableClosed
+	}
 	select {
 	case l.waitSem <- struct{}{}:
-		defer func() { <-l.waitSem }()
 	default:
-		n := scripts.Exec(ctx, l.client, cmds, decisionScripts)
-		for _, call := range batch {
-			call.unacked = UnackedBusy
-		}
-		return n
+		return durableBusy
 	}
+	group = slices.Clone(group) // the flusher reuses its batch
+	l.durableRuns.wg.Go(func() {
+		defer func() { <-l.waitSem }()
+		l.runShard1(group, make([]redis.Cmder, 0, len(group)))
+	})
+	return durableStarted
+}
+
+// stopDurable starts no more waiting pipelines and waits for those in flight.
+func (l *Limiter) stopDurable() {
+	l.durableRuns.mu.Lock()
+	l.durableRuns.closing = true
+	l.durableRuns.mu.Unlock()
+	l.durableRuns.wg.Wait()
+}
+
+// execDurable runs cmds, the EVALSHAs of batch, followed by its waits, and records on each
+// granted call whether its grant was acknowledged. The caller holds a token of waitSem.
+func (l *Limiter) execDurable(ctx context.Context, batch []*call, cmds []redis.Cmder) scripts.Counts {
 	w := waitsOf(batch)
 	c, err := l.waitClient(ctx, batch, w)
 	if err != nil {

@@ -110,8 +110,11 @@ type Limiter struct {
 	// for a wait (durability.go).
 	durability  durabilityCounters
 	waitClients waitClients
-	// waitSem bounds the pipelines waiting for an acknowledgement at once (waitConcurrency).
-	waitSem chan struct{}
+	// waitSem bounds the pipelines waiting for an acknowledgement at once (waitConcurrency),
+	// and so the goroutines they run on; durableRuns lets Close wait for them.
+	waitSem     chan struct{}
+	durableRuns durableRuns
+	stopped     chan struct{} // closed once Close has waited for every goroutine of the limiter
 }
 
 // New returns a Limiter over client. The client stays the caller's to close.
@@ -135,6 +138,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		holdTag:  NewReplicaID(),
 		slotBook: newSlotBook(MaxSlots),
 		waitSem:  make(chan struct{}, waitConcurrency(client)),
+		stopped:  make(chan struct{}),
 	}
 	l.wg.Go(l.slotRenewer)
 	if o.ReplicaID != "" {
@@ -168,11 +172,18 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	return l, nil
 }
 
-// Close stops the limiter's goroutines. Decisions in flight end with a failure-mode result.
+// Close stops the limiter's goroutines. Decisions in flight end with a failure-mode result,
+// but for grants waiting for an acknowledgement: Close waits for those pipelines (each reads
+// for at most the client's read timeout plus its wait plus a second) so that none of them uses
+// the client after Close returns.
 func (l *Limiter) Close() {
 	if l.closed.CompareAndSwap(false, true) {
 		close(l.quit)
 		l.wg.Wait()
+		l.stopDurable()
+		close(l.stopped)
+	} else {
+		<-l.stopped
 	}
 }
 
@@ -303,9 +314,9 @@ func (l *Limiter) askAt(ctx context.Context, sk string, limit Limit, cost, want 
 		}
 		<-c.done
 	case <-l.quit:
-		// c may have been queued after the flushers drained the queue; once they are gone,
-		// nobody else will answer it.
-		l.wg.Wait()
+		// c may have been queued after the flushers drained the queue; once they and the
+		// durable pipelines are gone, nobody else will answer it.
+		<-l.stopped
 		if c.state.CompareAndSwap(callPending, callAbandoned) {
 			return l.degraded(sk, limit, cost, now, ErrClosed, h), grant{}, false, nil
 		}

@@ -251,8 +251,10 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// unackedOf counts the grants answered without their acknowledgement, those sent without a
+// wait because every waiting pipeline was taken (busy) included.
 func unackedOf(st limiter.Stats) int64 {
-	return int64(st.Unacked.Timeout + st.Unacked.Unsupported + st.Unacked.Error)
+	return int64(st.Unacked.Timeout + st.Unacked.Unsupported + st.Unacked.Error + st.Unacked.Busy)
 }
 
 // cell runs m from n callers, each starting its next decision when the previous is answered,
@@ -373,7 +375,7 @@ func printTable(command, load string, rounds int, cellTime time.Duration, cellOp
 		"Master CPU: INFO cpu's used_cpu_sys+used_cpu_user over the run (replication and the file included) per decision; " +
 		"process CPU: this process's getrusage (limiter, go-redis, callers) per decision. Values are medians over the runs; " +
 		"\"vs plain\": against the plain rule without persistence at the same callers. Unacknowledged: grants answered without " +
-		"their acknowledgement (the limiter's stats; on a Redis before 7.2 every WAITAOF is an unknown command).")
+		"their acknowledgement (the limiter's stats: timed out, unsupported, failed, or sent without a wait because every waiting pipeline was taken; on a Redis before 7.2 every WAITAOF is an unknown command).")
 	fmt.Println()
 	fmt.Println("| rule | callers | runs | decisions/s | vs plain | p50 | p99 | master CPU µs/decision | vs plain | process CPU µs/decision | vs plain | unacknowledged |")
 	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
