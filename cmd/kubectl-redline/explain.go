@@ -204,9 +204,12 @@ func topRefused(ctx context.Context, cl client.Client, ns string, set *ruleset.S
 }
 
 // limitText is a rule's limit as the table shows it: requests per window and algorithm, per
-// calendar period in its zone, or requests in progress at once.
+// calendar period in its zone, or requests in progress at once and, when the rule queues, how
+// many requests of a full key wait for a slot and for how long at most.
 func limitText(r *ruleset.Rule) string {
 	switch c := r.Limit.Calendar; {
+	case r.InFlight != nil && r.Queue != nil:
+		return fmt.Sprintf("%d in flight, queue %d for %s", r.InFlight.Max, r.Queue.Size, r.Queue.Timeout)
 	case r.InFlight != nil:
 		return fmt.Sprintf("%d in flight", r.InFlight.Max)
 	case c != nil:

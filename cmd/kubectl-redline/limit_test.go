@@ -10,7 +10,7 @@ import (
 )
 
 // The explain table names each kind of limit as its policy does: per window, per calendar
-// period in its zone, in flight.
+// period in its zone, in flight with or without a queue.
 func TestLimitText(t *testing.T) {
 	month, err := calendar.New(calendar.Spec{Unit: calendar.Month, Zone: "Europe/Berlin"})
 	if err != nil {
@@ -28,6 +28,8 @@ func TestLimitText(t *testing.T) {
 		{ruleset.Rule{Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 5000, Window: month.MaxLength(), Calendar: month}}, "5000/Month Europe/Berlin"},
 		{ruleset.Rule{Limit: limiter.Limit{Algorithm: limiter.FixedWindow, Requests: 10, Window: day.MaxLength(), Calendar: day}}, "10/Day UTC"},
 		{ruleset.Rule{InFlight: &limiter.InFlight{Max: 8}}, "8 in flight"},
+		{ruleset.Rule{InFlight: &limiter.InFlight{Max: 8}, Queue: &ruleset.Queue{Size: 4, Timeout: 30 * time.Second}}, "8 in flight, queue 4 for 30s"},
+		{ruleset.Rule{InFlight: &limiter.InFlight{Max: 2}, Queue: &ruleset.Queue{Size: 1, Timeout: 1500 * time.Millisecond}}, "2 in flight, queue 1 for 1.5s"},
 	} {
 		if got := limitText(&tc.rule); got != tc.want {
 			t.Errorf("limitText = %q, want %q", got, tc.want)
