@@ -154,13 +154,7 @@ func (l *Limiter) giveBackCmd(ctx context.Context, sk string, lim Limit, sp spen
 			// this replica knew before its own lowering, which the script makes after restoring.
 			p.lowered = l.shares.lower(sk, lim.Window, sp.startMS, sp.units)
 			p.share = true
-			start, cur, prev, lv := l.shares.known(sk)
-			switch {
-			case start == sp.startMS:
-				cur += p.lowered
-			case start == sp.startMS+lim.Window.Milliseconds():
-				prev += p.lowered
-			}
+			start, cur, prev, lv := l.shares.knownBefore(sk, lim.Window, sp.startMS, p.lowered)
 			args = append(args, l.shares.id, start, cur, prev, lv)
 		}
 		p.cmd = scripts.EvalSha(ctx, scripts.HoldSettle(), []string{sk, holdKey(sk)}, args...)

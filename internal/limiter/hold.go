@@ -346,13 +346,7 @@ func (l *Limiter) settleRedis(ctx context.Context, h *Hold, used int64) (Settled
 		args := []any{lim.Requests, lim.Window.Milliseconds(), h.record, used, h.deadlineMS, fixed}
 		if l.shares != nil {
 			// What it knows before its own lowering, which the script makes after restoring.
-			start, cur, prev, lv := l.shares.known(h.key)
-			switch {
-			case start == h.start:
-				cur += pre
-			case start == h.start+lim.Window.Milliseconds():
-				prev += pre
-			}
+			start, cur, prev, lv := l.shares.knownBefore(h.key, lim.Window, h.start, pre)
 			args = append(args, l.shares.id, start, cur, prev, lv)
 		}
 		cmd = scripts.EvalSha(ctx, scripts.HoldSettle(), keys, args...)

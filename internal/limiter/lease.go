@@ -372,13 +372,7 @@ func (ls *leases) send(ctx context.Context, client redis.UniversalClient) {
 				// returns every lease at once). The call says what this replica knew before
 				// its own lowering, stamped, and the script writes the stamp.
 				r.lowered = ls.shares.lower(r.key, r.window, r.windowStart, r.units)
-				start, cur, prev, lv := ls.shares.known(r.key)
-				switch {
-				case start == r.windowStart:
-					cur += r.lowered
-				case start == r.windowStart+r.window.Milliseconds():
-					prev += r.lowered
-				}
+				start, cur, prev, lv := ls.shares.knownBefore(r.key, r.window, r.windowStart, r.lowered)
 				args = append(args, ls.shares.id, start, cur, prev, lv)
 			}
 			cmds = append(cmds, scripts.EvalSha(ctx, scripts.LeaseReturn(), []string{r.key}, args...))

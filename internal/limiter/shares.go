@@ -104,6 +104,20 @@ func (s *shares) known(key string) (start, cur, prev, lv int64) {
 	return 0, 0, 0, lv
 }
 
+// knownBefore is known as it was before a lowering of lowered units in the window starting at
+// start: what a call that makes that lowering in Redis says it knew (the script restores
+// first, then lowers).
+func (s *shares) knownBefore(key string, window time.Duration, start, lowered int64) (from, cur, prev, lv int64) {
+	from, cur, prev, lv = s.known(key)
+	switch {
+	case from == start:
+		cur += lowered
+	case from == start+window.Milliseconds():
+		prev += lowered
+	}
+	return from, cur, prev, lv
+}
+
 // lower takes units from key's share in the window starting at start, for a lowering Redis
 // will be told of with the stamp known reads after it (see shares_open.lua). It returns what
 // it took: less than units where the share held less, 0 where it holds nothing of that window
