@@ -93,14 +93,16 @@ func explain(ctx context.Context, args []string, w io.Writer) error {
 	defer func() { _, _ = w.Write(out.Bytes()) }()
 	req := &decide.Request{Method: strings.ToUpper(*method), Path: path, Header: headers.h, RemoteAddr: *remote}
 	fmt.Fprintf(&out, "configuration %.12s of namespace %s: %d of its %d policies select the pod\n", doc.Hash, ns, len(set.Policies), len(doc.Policies))
-	if err := decide.CheckKeyHeaders(set, req); err != nil {
+	// An engine without a Limiter: planning and explaining decide nothing.
+	engine := &decide.Engine{TrustedHops: *hops}
+	if _, err := engine.Plan(set, req, 1); err != nil {
 		fmt.Fprintf(&out, "refused before any rule with 400 repeated_key_header: %v\n", err)
 		return nil
 	}
 	top := topRefused(ctx, cl, ns, set)
 	var tw bytes.Buffer // the table's rows, aligned by a tabwriter at the end
 	fmt.Fprintln(&tw, "POLICY\tRULE\tMATCHES\tMODE\tLIMIT\tKEY HASH\tIN TOP REFUSED")
-	for _, x := range (&decide.Engine{TrustedHops: *hops}).Explain(set, req) {
+	for _, x := range engine.Explain(set, req) {
 		r := x.Rule
 		mode := "Enforce"
 		if r.Shadow {

@@ -226,36 +226,57 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, resp)
 }
 
-// decideAll decides a check by its rules per window and its in-flight rules, in the proxy's
-// order: a token budget's request takes its slots first, then its holds; any other decides
-// its rules per window first, so a request they refuse takes no slot. Whichever refuses, what
-// the other took goes back. slots is never nil.
+// decideAll decides a check by its rules per window and its in-flight rules, matched once
+// (plan), in the proxy's order: a token budget's request takes its slots first, then its holds;
+// any other decides its rules per window first, so a request they refuse takes no slot.
+// Whichever refuses, what the other took goes back. slots is never nil.
 func (h *Handler) decideAll(r *http.Request, set *ruleset.Set, req *Request) (d decide.Decision, hold *Hold, slots *decide.Slots, err error) {
+	ctx := r.Context()
 	slots = &decide.Slots{}
+	plan, err := h.plan(set, req)
+	if err != nil {
+		return d, nil, slots, err
+	}
 	if req.DryRun {
-		d, err = h.dryRun(r, set, req)
+		d, err = h.Engine.DryRun(ctx, &plan)
 		return d, nil, slots, err
 	}
 	if req.Reserve != nil {
-		if slots, err = h.takeSlots(r.Context(), set, req); err != nil || slots.Refused != nil {
-			return d, nil, slots, err
+		if slots = h.Engine.AcquireSlots(ctx, &plan); slots.Refused != nil {
+			return d, nil, slots, nil
 		}
-		d, hold, err = h.reserve(r, set, req)
+		d, hold, err = h.reserve(r, &plan, req)
 		if err != nil || !d.Allowed {
-			slots.Release(r.Context())
+			slots.Release(ctx)
 		}
 		return d, hold, slots, err
 	}
-	if d, err = h.decide(r, set, req); err != nil || !d.Allowed {
-		return d, nil, slots, err
+	if d = h.Engine.Decide(ctx, &plan); !d.Allowed {
+		return d, nil, slots, nil
 	}
-	if slots, err = h.takeSlots(r.Context(), set, req); err != nil || slots.Refused != nil {
-		d.GiveBack(r.Context())
+	if slots = h.Engine.AcquireSlots(ctx, &plan); slots.Refused != nil {
+		d.GiveBack(ctx)
 	}
-	if slots == nil {
-		slots = &decide.Slots{}
+	return d, nil, slots, nil
+}
+
+// plan matches a check once: the rules its hits name, or those its described request meets
+// (refused when it repeats a key header), each rule per window at the check's cost. A
+// reserve's described request costs one unit in the rules of a known cost, as a proxied one
+// does.
+func (h *Handler) plan(set *ruleset.Set, req *Request) (decide.Plan, error) {
+	hits, dr, err := parse(req)
+	if err != nil {
+		return decide.Plan{}, err
 	}
-	return d, nil, slots, err
+	cost := max(req.Cost, 1)
+	if hits != nil {
+		return h.Engine.PlanHits(set, hits, cost)
+	}
+	if req.Reserve != nil {
+		cost = 1
+	}
+	return h.Engine.Plan(set, dr, cost)
 }
 
 // undo gives back all an admitted check took: its slots, its hold and what its rules counted.
@@ -309,39 +330,6 @@ func Decode(r io.Reader) (*Request, error) {
 		return nil, err
 	}
 	return &req, nil
-}
-
-func (h *Handler) decide(r *http.Request, set *ruleset.Set, req *Request) (decide.Decision, error) {
-	cost := max(req.Cost, 1)
-	hits, dr, err := parse(req)
-	if err != nil {
-		return decide.Decision{}, err
-	}
-	if hits != nil {
-		_, windows, _, _ := decide.SplitHits(set, hits)
-		return h.Engine.DecideHits(r.Context(), set, windows, cost)
-	}
-	if err := decide.CheckKeyHeaders(set, dr); err != nil {
-		return decide.Decision{}, err
-	}
-	return h.Engine.Decide(r.Context(), set, dr, cost), nil
-}
-
-// dryRun is decide without counting anything (decide.Engine.DryRun): the same rules, keys and
-// key-header checks.
-func (h *Handler) dryRun(r *http.Request, set *ruleset.Set, req *Request) (decide.Decision, error) {
-	cost := max(req.Cost, 1)
-	hits, dr, err := parse(req)
-	if err != nil {
-		return decide.Decision{}, err
-	}
-	if hits != nil {
-		return h.Engine.DryRunHits(r.Context(), set, hits, cost)
-	}
-	if err := decide.CheckKeyHeaders(set, dr); err != nil {
-		return decide.Decision{}, err
-	}
-	return h.Engine.DryRun(r.Context(), set, dr, cost)
 }
 
 // parse reads what a check decides: rule hits, or else a described request.

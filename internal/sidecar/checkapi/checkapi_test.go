@@ -26,7 +26,7 @@ func (admitAll) Allow(_ context.Context, _ string, l limiter.Limit, _ int64) (li
 }
 
 func handler(t testing.TB) *checkapi.Handler {
-	return &checkapi.Handler{Engine: &decide.Engine{Limiter: admitAll{}}, Store: sidecartest.Store(t, 10, time.Minute)}
+	return &checkapi.Handler{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: admitAll{}.Allow}}, Store: sidecartest.Store(t, 10, time.Minute)}
 }
 
 func do(h http.Handler, method, body string) *httptest.ResponseRecorder {
@@ -130,7 +130,7 @@ func FuzzDecode(f *testing.F) {
 // The decision API matches a described path in the normal form the proxy matches and forwards.
 func TestCheckNormalisesThePath(t *testing.T) {
 	g := NewWithT(t)
-	h := &checkapi.Handler{Engine: &decide.Engine{Limiter: admitAll{}},
+	h := &checkapi.Handler{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: admitAll{}.Allow}},
 		Store: sidecartest.StoreOf(t, sidecartest.DocumentPathPrefix("ns", "p", "r", "web", 10, time.Minute, "x-key", "/login"))}
 	for _, c := range []struct {
 		path    string

@@ -178,7 +178,7 @@ func TestDryRunReadsOnlyItsOwnKeys(t *testing.T) {
 // A limiter that cannot answer a dry run makes it 503, never a decision that counted.
 func TestDryRunUnavailableIs503(t *testing.T) {
 	g := NewWithT(t)
-	h := &checkapi.Handler{Engine: &decide.Engine{Limiter: admitAll{}}, Store: sidecartest.Store(t, 10, time.Minute)}
+	h := &checkapi.Handler{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: admitAll{}.Allow}}, Store: sidecartest.Store(t, 10, time.Minute)}
 	rec := do(h, http.MethodPost, `{"method":"GET","path":"/","dryRun":true}`)
 	g.Expect(rec.Code).To(Equal(http.StatusServiceUnavailable), rec.Body.String())
 }

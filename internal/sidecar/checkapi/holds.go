@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
-	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // Token budgets through the decision API: a gateway that sees a request's body and its
@@ -97,37 +96,20 @@ func checkHolds(req *Request) error {
 	return nil
 }
 
-func (h *Handler) reserve(r *http.Request, set *ruleset.Set, req *Request) (decide.Decision, *Hold, error) {
+func (h *Handler) reserve(r *http.Request, plan *decide.Plan, req *Request) (decide.Decision, *Hold, error) {
 	if h.Holds == nil {
 		return decide.Decision{}, nil, errNoHolds
 	}
 	need := decide.Need{Sized: req.Reserve.Prompt > 0 || req.Reserve.MaxOutput > 0, Prompt: req.Reserve.Prompt, Output: req.Reserve.MaxOutput}
-	hits, dr, err := parse(req)
-	if err != nil {
-		return decide.Decision{}, nil, err
-	}
 	if !need.Sized {
-		if rule := refusesUnsized(set, hits, dr); rule != nil {
+		if rule := plan.RefusesUnsized(); rule != nil {
 			if h.OnUnsized != nil {
 				h.OnUnsized(rule, ReasonReserveWithoutSize)
 			}
 			return decide.Decision{}, nil, fmt.Errorf("reserve without a size: rule %s/%s refuses requests it cannot size (cost.unsizedBody: Refuse); send reserve.prompt (and reserve.maxOutput, 0 for none), or set unsizedBody: Hold", rule.Policy.Name, rule.Name)
 		}
 	}
-	var d decide.Decision
-	var hs *decide.Holds
-	if hits != nil {
-		_, hits, _, _ = decide.SplitHits(set, hits) // in-flight rules take slots (slots.go)
-		for i := range hits {
-			hits[i].Cost = req.Cost
-		}
-		d, hs, err = h.Engine.ReserveHits(r.Context(), set, hits, need)
-	} else {
-		if err := decide.CheckKeyHeaders(set, dr); err != nil {
-			return decide.Decision{}, nil, err
-		}
-		d, hs, err = h.Engine.Reserve(r.Context(), set, dr, need)
-	}
+	d, hs, err := h.Engine.Reserve(r.Context(), plan, need)
 	if err != nil || hs == nil {
 		return d, nil, err
 	}
@@ -151,25 +133,6 @@ func (h *Handler) reserve(r *http.Request, set *ruleset.Set, req *Request) (deci
 
 // ReasonReserveWithoutSize is the reason a reserve without a size is refused, in the metric.
 const ReasonReserveWithoutSize = "reserve_without_size"
-
-// refusesUnsized is the first Enforce rule the reserve holds for that refuses a request it
-// cannot size; nil when none does.
-func refusesUnsized(set *ruleset.Set, hits []decide.Hit, dr *decide.Request) *ruleset.Rule {
-	refuses := func(r *ruleset.Rule) bool { return r != nil && r.Cost != nil && r.Cost.RefuseUnsized && !r.Shadow }
-	for _, hit := range hits {
-		if r := set.Find(hit.Policy, hit.Rule); refuses(r) {
-			return r
-		}
-	}
-	if dr != nil {
-		for _, r := range set.Rules {
-			if refuses(r) && decide.Matches(r.Match, dr) {
-				return r
-			}
-		}
-	}
-	return nil
-}
 
 func (h *Handler) settle(w http.ResponseWriter, r *http.Request, s *Settle) {
 	if h.Holds == nil {

@@ -1,7 +1,6 @@
 package checkapi
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
-	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // In-flight limits through the decision API: a check that matches in-flight rules (a described
@@ -71,22 +69,6 @@ func checkSlotRefs(req *Request) error {
 		}
 	}
 	return nil
-}
-
-// takeSlots takes the slots of the in-flight rules req matches (or its hits name).
-func (h *Handler) takeSlots(ctx context.Context, set *ruleset.Set, req *Request) (*decide.Slots, error) {
-	hits, dr, err := parse(req)
-	if err != nil {
-		return nil, err
-	}
-	if hits != nil {
-		slotHits, _, _, _ := decide.SplitHits(set, hits)
-		return h.Engine.AcquireSlotHits(ctx, set, slotHits)
-	}
-	if err := decide.CheckKeyHeaders(set, dr); err != nil {
-		return nil, err
-	}
-	return h.Engine.AcquireSlots(ctx, set, dr), nil
 }
 
 // keepSlots keeps what slots hold under a new id for the client to renew and release. When

@@ -17,6 +17,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/checkapi"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // refuseOverThree refuses a key's fourth decision and later, per key, as a limit of 3 would.
@@ -61,7 +62,7 @@ func TestCandidatesAndTopKeysFaces(t *testing.T) {
 	for _, values := range []bool{false, true} {
 		g := NewWithT(t)
 		store := candidateStore(t, values)
-		engine := &decide.Engine{Limiter: &refuseOverThree{seen: map[string]int{}}}
+		engine := &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: (&refuseOverThree{seen: map[string]int{}}).Allow}}
 		check := &checkapi.Handler{Engine: engine, Store: store}
 		var last checkapi.Response
 		for range 5 {

@@ -96,7 +96,7 @@ func TestCandidateCountsWhatEnforcingItWouldRefuse(t *testing.T) {
 				}
 				rq := &decide.Request{Method: "GET", Path: "/", Header: http.Header{"X-Key": {key}}, RemoteAddr: "10.0.0.1:1"}
 				before := lim.Stats().Pipelines
-				d := e.Decide(context.Background(), set, rq, 1)
+				d := decideReq(context.Background(), e, set, rq)
 				if len(d.Outcomes) != 1 || len(d.WaitCandidates()) != 1 {
 					t.Fatalf("request %d: %d outcomes and %d candidates, want 1 and 1", i, len(d.Outcomes), len(d.Candidates))
 				}
@@ -104,7 +104,7 @@ func TestCandidateCountsWhatEnforcingItWouldRefuse(t *testing.T) {
 				decisions++
 				by := map[string]decide.Outcome{"live": d.Outcomes[0]}
 				for _, p := range []string{"same", "half"} {
-					by[p] = e.Decide(context.Background(), sets[p], rq, 1).Outcomes[0]
+					by[p] = decideReq(context.Background(), e, sets[p], rq).Outcomes[0]
 				}
 				cand := d.Candidates[0]
 				if cand.Rule.CandidateOf != by["live"].Rule || !cand.Result.Allowed {

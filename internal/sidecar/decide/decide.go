@@ -1,6 +1,6 @@
-// Package decide is the sidecar's decision core: which rules a request matches, the key each
-// rule counts it under, one limiter call per matching rule, and the verdict with its RateLimit
-// header fields. It does no I/O of its own; the limiter behind Allower does.
+// Package decide is the sidecar's decision core: which rules a request matches and the key each
+// rule counts it under (a Plan, made once per request), one limiter call per matching rule, and
+// the verdict with its RateLimit header fields. It does no I/O of its own; its Limiter does.
 package decide
 
 import (
@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redline-dev/redline/internal/keyscheme"
@@ -20,11 +19,6 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
 )
-
-// Allower decides one limit; *limiter.Limiter is one.
-type Allower interface {
-	Allow(ctx context.Context, key string, limit limiter.Limit, cost int64) (limiter.Result, error)
-}
 
 // Request is what a decision looks at.
 type Request struct {
@@ -94,7 +88,9 @@ func (d *Decision) WaitCandidates() []Outcome {
 
 // Engine decides requests against a rule set.
 type Engine struct {
-	Limiter Allower
+	// Limiter decides, holds and takes slots: the sidecar's *limiter.Limiter (nil only for an
+	// engine that plans and explains).
+	Limiter Limiter
 	// TrustedHops is how many proxies in front of the sidecar append to X-Forwarded-For and
 	// are trusted to; see ClientIP.
 	TrustedHops int
@@ -119,51 +115,17 @@ type Engine struct {
 	Log *DecisionLog
 }
 
-// Batcher decides several limits with their Redis calls in one batch; *limiter.Limiter is one.
-// An Allower that is not one has its limits asked concurrently.
-type Batcher interface {
-	AllowAll(ctx context.Context, asks []limiter.Ask, detached func(i int, r limiter.Result, err error)) ([]limiter.Result, []error)
-}
-
 // ErrUnknownRule is wrapped by errors about a Hit that names no rule of the set.
 var ErrUnknownRule = errors.New("unknown policy or rule")
 
-// Decide evaluates every rule of set that matches req, each under its own key, cost units each.
-// A nil set (no policies loaded) admits.
-func (e *Engine) Decide(ctx context.Context, set *ruleset.Set, req *Request, cost int64) Decision {
-	if set == nil || len(set.Rules) == 0 {
+// Decide decides every rule per window of plan, each under its own key and at its cost, as one
+// batch: the limiter pipelines them. A rule whose cost comes from the response counts its
+// plain cost here (Reserve holds for it instead). An empty plan admits.
+func (e *Engine) Decide(ctx context.Context, plan *Plan) Decision {
+	if len(plan.calls) == 0 {
 		return Decision{Allowed: true}
 	}
-	a := attrs{req: req, hops: e.TrustedHops}
-	var calls []call
-	for _, r := range set.Rules {
-		if !Matches(r.Match, req) {
-			continue
-		}
-		calls = appendCalls(calls, set.Namespace, r, a.parts(r.Key), cost)
-	}
-	return e.decided(ctx, e.run(ctx, calls))
-}
-
-// DecideHits evaluates the named rules with the given key parts, each hit cost units (or its
-// own Cost), as one batch: the hits are asked together, so the limiter pipelines them.
-func (e *Engine) DecideHits(ctx context.Context, set *ruleset.Set, hits []Hit, cost int64) (Decision, error) {
-	if set == nil {
-		return Decision{}, errors.New("deciding hits: no policies loaded")
-	}
-	calls := make([]call, 0, len(hits))
-	for _, h := range hits {
-		r := set.Find(h.Policy, h.Rule)
-		if r == nil {
-			return Decision{}, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, h.Policy, h.Rule)
-		}
-		c := cost
-		if h.Cost > 0 {
-			c = h.Cost
-		}
-		calls = appendCalls(calls, set.Namespace, r, h.Key, c)
-	}
-	return e.decided(ctx, e.run(ctx, calls)), nil
+	return e.decided(ctx, e.run(ctx, plan.calls))
 }
 
 // decided gives back what d counted when some rule refused it.
@@ -174,26 +136,9 @@ func (e *Engine) decided(ctx context.Context, d Decision) Decision {
 	return d
 }
 
-type call struct {
-	rule  *ruleset.Rule
-	key   string
-	parts []string
-	cost  int64
-}
-
-// appendCalls adds the call of rule r for key parts, and its candidate's under the candidate's
-// own state name, with the same parts and cost.
-func appendCalls(calls []call, namespace string, r *ruleset.Rule, parts []string, cost int64) []call {
-	calls = append(calls, call{rule: r, key: keyscheme.Key(namespace, r.Policy.Name, r.StateName, parts...), parts: parts, cost: cost})
-	if c := r.Candidate; c != nil {
-		calls = append(calls, call{rule: c, key: keyscheme.Key(namespace, c.Policy.Name, c.StateName, parts...), parts: parts, cost: cost})
-	}
-	return calls
-}
-
-// run decides every call, with one round trip for all of them where the limiter batches
-// (Batcher), else concurrently, so that the request waits for one round trip, not one per rule.
-// Candidates ride in the same batch, detached: the verdict does not wait for them.
+// run decides every call, with one round trip for all of them (AllowAll), so that the request
+// waits for one round trip, not one per rule. Candidates ride in the same batch, detached: the
+// verdict does not wait for them.
 func (e *Engine) run(ctx context.Context, calls []call) Decision {
 	d := Decision{Allowed: true, engine: e}
 	if len(calls) == 0 {
@@ -215,16 +160,14 @@ func (e *Engine) run(ctx context.Context, calls []call) Decision {
 	if pending != nil {
 		pending.wg.Add(len(pending.outs))
 	}
-	b, batches := e.Limiter.(Batcher)
-	switch {
-	case len(calls) == 1:
+	if len(calls) == 1 {
 		results[0] = e.one(ctx, calls[0])
-	case batches:
+	} else {
 		asks := make([]limiter.Ask, len(calls))
 		for i, c := range calls {
 			asks[i] = limiter.Ask{Key: c.key, Limit: limitOf(c.rule), Cost: c.cost, Detached: slot[i] >= 0}
 		}
-		res, errs := b.AllowAll(ctx, asks, func(i int, r limiter.Result, err error) {
+		res, errs := e.Limiter.AllowAll(ctx, asks, func(i int, r limiter.Result, err error) {
 			pending.arrive(e, slot[i], e.outcome(calls[i], asks[i].Limit, r, err))
 		})
 		for i, c := range calls {
@@ -232,17 +175,6 @@ func (e *Engine) run(ctx context.Context, calls []call) Decision {
 				results[i] = e.outcome(c, asks[i].Limit, res[i], errs[i])
 			}
 		}
-	default:
-		var wg sync.WaitGroup
-		for i, c := range calls {
-			if slot[i] >= 0 {
-				dctx := context.WithoutCancel(ctx)
-				go func() { pending.arrive(e, slot[i], e.one(dctx, c)) }()
-				continue
-			}
-			wg.Go(func() { results[i] = e.one(ctx, c) })
-		}
-		wg.Wait()
 	}
 	d.pending = pending
 	d.Outcomes = results
@@ -332,8 +264,8 @@ func failureResult(lim limiter.Limit, cost int64, err error) limiter.Result {
 	return r
 }
 
-// Matches reports whether a rule's match admits the request. A nil match matches everything.
-func Matches(m *ruleset.Match, req *Request) bool {
+// matches reports whether a rule's match admits the request. A nil match matches everything.
+func matches(m *ruleset.Match, req *Request) bool {
 	return m.Matches(req.Method, req.Path, req.Header)
 }
 
@@ -346,30 +278,6 @@ type RepeatedHeaderError struct {
 
 func (e *RepeatedHeaderError) Error() string {
 	return fmt.Sprintf("header %s is sent more than once, and a rule keys on it: send it once", e.Header)
-}
-
-// CheckKeyHeaders returns a *RepeatedHeaderError when req carries more than one field of a
-// header that a rule of set matching req keys on; nil otherwise, whatever other headers repeat.
-//
-// Such a request has no one key. Applications disagree on which field they read: Go's
-// Header.Get and a servlet's getHeader read the first, others the last or all of them joined.
-// Counting it under any one choice lets a client spend another key's count, or escape its own
-// by varying the field the application does not read (a fresh key per request), so the faces
-// refuse it before deciding: that is right whichever field the application reads.
-func CheckKeyHeaders(set *ruleset.Set, req *Request) error {
-	if set == nil {
-		return nil
-	}
-	for _, rules := range [][]*ruleset.Rule{set.Rules, set.InFlight} {
-		for _, r := range rules {
-			for _, k := range r.Key {
-				if k.Header != "" && len(req.Header[k.Header]) > 1 && Matches(r.Match, req) {
-					return &RepeatedHeaderError{Header: k.Header}
-				}
-			}
-		}
-	}
-	return nil
 }
 
 // attrs resolves key parts of one request, computing the client IP at most once.
@@ -391,7 +299,7 @@ func (a *attrs) parts(key []ruleset.KeyPart) []string {
 			case 1:
 				out[i] = vals[0]
 			default:
-				// The faces refuse such a request first (CheckKeyHeaders). Should one not, all
+				// Plan refuses such a request first. Should one not, all
 				// values count, so that a second field never picks a key of its own.
 				out[i] = strings.Join(vals, ",")
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+	"github.com/redline-dev/redline/internal/testutil/sidecartest"
 )
 
 // fakeLimiter counts per key in memory and admits Requests per key.
@@ -91,11 +92,11 @@ func TestDecideMatchesKeysAndRefuses(t *testing.T) {
 	set := testSet(t, "")
 	g.Expect(set.PolicyNames()).To(Equal([]string{"api"}), "only policies selecting the pod's labels")
 	fl := &fakeLimiter{}
-	e := &decide.Engine{Limiter: fl, TrustedHops: 1}
+	e := &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: fl.Allow}, TrustedHops: 1}
 	ctx := context.Background()
 
 	// POST /api/ with a key: per-key and per-ip match; shadow rule only with x-tier: free.
-	d := e.Decide(ctx, set, req("POST", "/api/orders", "10.0.0.1:5555", "X-Api-Key", "k1", "X-Forwarded-For", "1.1.1.1, 2.2.2.2"), 1)
+	d := decideReq(ctx, e, set, req("POST", "/api/orders", "10.0.0.1:5555", "X-Api-Key", "k1", "X-Forwarded-For", "1.1.1.1, 2.2.2.2"))
 	g.Expect(d.Allowed).To(BeTrue())
 	g.Expect(d.Outcomes).To(HaveLen(2))
 	// Rules are asked concurrently, so the order of the calls is not fixed.
@@ -107,14 +108,14 @@ func TestDecideMatchesKeysAndRefuses(t *testing.T) {
 	g.Expect(f.RetryAfter).To(BeEmpty())
 
 	// GET does not match per-key.
-	d = e.Decide(ctx, set, req("GET", "/api/orders", "10.0.0.9:1", "X-Api-Key", "k1"), 1)
+	d = decideReq(ctx, e, set, req("GET", "/api/orders", "10.0.0.9:1", "X-Api-Key", "k1"))
 	g.Expect(d.Outcomes).To(HaveLen(1))
 	g.Expect(d.Outcomes[0].Rule.Name).To(Equal("per-ip"))
 
 	// Second POST with k1 admitted, third refused by per-key with Retry-After rounded up.
-	d = e.Decide(ctx, set, req("POST", "/api/x", "10.0.0.2:1", "X-Api-Key", "k1"), 1)
+	d = decideReq(ctx, e, set, req("POST", "/api/x", "10.0.0.2:1", "X-Api-Key", "k1"))
 	g.Expect(d.Allowed).To(BeTrue())
-	d = e.Decide(ctx, set, req("POST", "/api/x", "10.0.0.3:1", "X-Api-Key", "k1"), 1)
+	d = decideReq(ctx, e, set, req("POST", "/api/x", "10.0.0.3:1", "X-Api-Key", "k1"))
 	g.Expect(d.Allowed).To(BeFalse())
 	g.Expect(d.Refused.Rule.ID).To(Equal("api/per-key"))
 	g.Expect(d.RetryAfterSeconds()).To(Equal(int64(31)))
@@ -122,14 +123,14 @@ func TestDecideMatchesKeysAndRefuses(t *testing.T) {
 
 	// Shadow rule: refuses in the count but the request passes, and it stays out of the headers.
 	for i := range 3 {
-		d = e.Decide(ctx, set, req("GET", "/", "10.1.0.1:1", "X-Tier", "free"), 1)
+		d = decideReq(ctx, e, set, req("GET", "/", "10.1.0.1:1", "X-Tier", "free"))
 		g.Expect(d.Allowed).To(BeTrue(), "request %d", i)
 	}
 	g.Expect(d.Outcomes).To(HaveLen(2))
 	g.Expect(d.Outcomes[1].Result.OverLimit).To(BeTrue())
 	g.Expect(d.Fields().Policy).NotTo(ContainSubstring("trial"))
 	// A header match with the wrong value does not match.
-	d = e.Decide(ctx, set, req("GET", "/", "10.1.0.2:1", "X-Tier", "gold"), 1)
+	d = decideReq(ctx, e, set, req("GET", "/", "10.1.0.2:1", "X-Tier", "gold"))
 	g.Expect(d.Outcomes).To(HaveLen(1))
 }
 
@@ -137,15 +138,15 @@ func TestDecideHits(t *testing.T) {
 	g := NewWithT(t)
 	set := testSet(t, "")
 	fl := &fakeLimiter{}
-	e := &decide.Engine{Limiter: fl}
-	d, err := e.DecideHits(context.Background(), set, []decide.Hit{{Policy: "api", Rule: "per-key", Key: []string{"k9"}}}, 2)
+	e := &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: fl.Allow}}
+	d, err := decideHits(context.Background(), e, set, []decide.Hit{{Policy: "api", Rule: "per-key", Key: []string{"k9"}}}, 2)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(d.Allowed).To(BeTrue())
 	g.Expect(fl.keys).To(Equal([]string{keyscheme.Key("shop", "api", "per-key", "k9")}), "same key as the proxy computes for that header")
-	d, err = e.DecideHits(context.Background(), set, []decide.Hit{{Policy: "api", Rule: "per-key", Key: []string{"k9"}}}, 1)
+	d, err = decideHits(context.Background(), e, set, []decide.Hit{{Policy: "api", Rule: "per-key", Key: []string{"k9"}}}, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(d.Allowed).To(BeFalse())
-	_, err = e.DecideHits(context.Background(), set, []decide.Hit{{Policy: "other-app", Rule: "r"}}, 1)
+	_, err = decideHits(context.Background(), e, set, []decide.Hit{{Policy: "other-app", Rule: "r"}}, 1)
 	g.Expect(err).To(MatchError(decide.ErrUnknownRule))
 }
 
@@ -155,20 +156,20 @@ func TestFailureModeOverrideAndLimiterErrors(t *testing.T) {
 	for _, r := range set.Rules {
 		g.Expect(r.Limit.FailureMode).To(Equal(limiter.FailureModeClosed))
 	}
-	e := &decide.Engine{Limiter: &fakeLimiter{err: limiter.ErrClosed}}
-	d := e.Decide(context.Background(), set, req("GET", "/", "1.2.3.4:1"), 1)
+	e := &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: (&fakeLimiter{err: limiter.ErrClosed}).Allow}}
+	d := decideReq(context.Background(), e, set, req("GET", "/", "1.2.3.4:1"))
 	g.Expect(d.Allowed).To(BeFalse(), "Closed refuses when the limiter cannot answer")
 	g.Expect(d.Fields().RetryAfter).To(Equal("1"))
 
-	e = &decide.Engine{Limiter: &fakeLimiter{err: limiter.ErrClosed}}
-	d = e.Decide(context.Background(), testSet(t, limiter.FailureModeOpen), req("GET", "/", "1.2.3.4:1"), 1)
+	e = &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: (&fakeLimiter{err: limiter.ErrClosed}).Allow}}
+	d = decideReq(context.Background(), e, testSet(t, limiter.FailureModeOpen), req("GET", "/", "1.2.3.4:1"))
 	g.Expect(d.Allowed).To(BeTrue())
 }
 
 func TestNoPoliciesAdmits(t *testing.T) {
 	g := NewWithT(t)
-	e := &decide.Engine{Limiter: &fakeLimiter{}}
-	d := e.Decide(context.Background(), nil, req("GET", "/", "1.2.3.4:1"), 1)
+	e := &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: (&fakeLimiter{}).Allow}}
+	d := decideReq(context.Background(), e, nil, req("GET", "/", "1.2.3.4:1"))
 	g.Expect(d.Allowed).To(BeTrue())
 	g.Expect(d.Fields()).To(Equal(decide.Fields{}))
 }
@@ -233,13 +234,13 @@ func TestHeadersOnRefusalOnly(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	set, err := ruleset.NewBuilder("").Build(doc, nil)
 	g.Expect(err).NotTo(HaveOccurred())
-	e := &decide.Engine{Limiter: &fakeLimiter{}}
+	e := &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: (&fakeLimiter{}).Allow}}
 
-	d := e.Decide(context.Background(), set, req("GET", "/", "10.0.0.1:1"), 1)
+	d := decideReq(context.Background(), e, set, req("GET", "/", "10.0.0.1:1"))
 	g.Expect(d.Allowed).To(BeTrue())
 	g.Expect(d.Fields()).To(Equal(decide.Fields{}))
 
-	d = e.Decide(context.Background(), set, req("GET", "/", "10.0.0.1:1"), 1)
+	d = decideReq(context.Background(), e, set, req("GET", "/", "10.0.0.1:1"))
 	g.Expect(d.Allowed).To(BeFalse())
 	g.Expect(d.Fields().Policy).To(Equal(`"quiet/r";q=1;w=60`))
 	g.Expect(d.Fields().RetryAfter).To(Equal("31"))
@@ -248,7 +249,7 @@ func TestHeadersOnRefusalOnly(t *testing.T) {
 // A request with two fields of a header that a rule it matches keys on has no one key: it is
 // refused by name, whichever field an application would read; other repeated headers, and a
 // key header of a rule the request does not match, are no reason to refuse.
-func TestCheckKeyHeaders(t *testing.T) {
+func TestPlanRefusesRepeatedKeyHeaders(t *testing.T) {
 	set := testSet(t, "")
 	cases := []struct {
 		name string
@@ -266,7 +267,7 @@ func TestCheckKeyHeaders(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			g := NewWithT(t)
-			err := decide.CheckKeyHeaders(set, c.req)
+			_, err := (&decide.Engine{}).Plan(set, c.req, 1)
 			if c.want == "" {
 				g.Expect(err).NotTo(HaveOccurred())
 				return
@@ -277,5 +278,6 @@ func TestCheckKeyHeaders(t *testing.T) {
 			g.Expect(err.Error()).To(ContainSubstring(c.want))
 		})
 	}
-	NewWithT(t).Expect(decide.CheckKeyHeaders(nil, req("POST", "/api/x", "", "X-Api-Key", "a", "X-Api-Key", "b"))).To(Succeed(), "no policies")
+	_, err := (&decide.Engine{}).Plan(nil, req("POST", "/api/x", "", "X-Api-Key", "a", "X-Api-Key", "b"), 1)
+	NewWithT(t).Expect(err).To(Succeed(), "no policies")
 }

@@ -31,7 +31,7 @@ func (e *Engine) Explain(set *ruleset.Set, req *Request) []Explanation {
 	a := attrs{req: req, hops: e.TrustedHops}
 	out := make([]Explanation, 0, len(set.Rules)+len(set.InFlight))
 	for _, r := range slices.Concat(set.Rules, set.InFlight) {
-		x := Explanation{Rule: r, Matches: Matches(r.Match, req)}
+		x := Explanation{Rule: r, Matches: matches(r.Match, req)}
 		if x.Matches {
 			parts := a.parts(r.Key)
 			x.Key = keyscheme.Key(set.Namespace, r.Policy.Name, r.StateName, parts...)

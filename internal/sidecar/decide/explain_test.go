@@ -24,7 +24,7 @@ func TestExplainCoversInFlightRules(t *testing.T) {
 	if x.Rule.InFlight == nil || !x.Matches {
 		t.Fatalf("the in-flight rule: %+v, want a matching in-flight rule", x)
 	}
-	if want := decide.SlotKey(set, x.Rule, []string{"acme"}); x.Key != want {
+	if want, _, _ := decide.HitKey(set, decide.Hit{Policy: x.Rule.Policy.Name, Rule: x.Rule.Name, Key: []string{"acme"}}); x.Key != want {
 		t.Fatalf("in-flight key %q, want the slots' key %q", x.Key, want)
 	}
 	if x.Hash != keyscheme.Hash(x.Key) || x.Hash == "" {

@@ -10,12 +10,6 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
-// GiveBacker gives back what admitted decisions counted; *limiter.Limiter is one. An Allower
-// that is not one gives nothing back.
-type GiveBacker interface {
-	GiveBack(ctx context.Context, refunds []limiter.Refund) (int64, error)
-}
-
 // giveBackTimeout bounds one give-back: it runs once the request is refused, whatever its
 // client does meanwhile.
 const giveBackTimeout = 2 * time.Second
@@ -88,14 +82,13 @@ func appendRefund(refunds []limiter.Refund, o *Outcome, why *refusal) []limiter.
 
 // giveBack gives refunds back, bounded by giveBackTimeout.
 func (e *Engine) giveBack(ctx context.Context, refunds []limiter.Refund) {
-	gb, ok := e.Limiter.(GiveBacker)
-	if !ok || len(refunds) == 0 {
+	if len(refunds) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 	defer cancel()
 	// What went back, and why some could not, is in the limiter's counters (metrics).
-	_, _ = gb.GiveBack(ctx, refunds)
+	_, _ = e.Limiter.GiveBack(ctx, refunds)
 }
 
 // pendingCandidates are candidates' decisions still under way when the verdict was reached.

@@ -96,7 +96,7 @@ func admitted(e *decide.Engine, set *ruleset.Set, rq *decide.Request, n int) (in
 	got := 0
 	var last []decide.Outcome
 	for range n {
-		d := e.Decide(context.Background(), set, rq, 1)
+		d := decideReq(context.Background(), e, set, rq)
 		last = d.WaitCandidates()
 		if d.Allowed {
 			got++
@@ -179,7 +179,7 @@ func TestAFaceRefusalGivesBackEveryRule(t *testing.T) {
 			set := stackedSet(t, stackedRule("user", "x-user", string(alg), 3), stackedRule("org", "x-org", string(alg), 3))
 			lim := e.Limiter.(*limiter.Limiter)
 			for range 5 {
-				d := e.Decide(context.Background(), set, stackedReq("u"+run, run), 1)
+				d := decideReq(context.Background(), e, set, stackedReq("u"+run, run))
 				g.Expect(d.Allowed).To(BeTrue())
 				before := lim.Stats()
 				d.GiveBack(context.Background())
@@ -206,7 +206,7 @@ func TestGiveBackAfterAReload(t *testing.T) {
 			before := stackedSet(t, stackedRule("user", "x-user", string(alg), 3), stackedRule("org", "x-org", string(alg), 3))
 			var ds []decide.Decision
 			for range 3 {
-				d := e.Decide(context.Background(), before, stackedReq("u"+run, run), 1)
+				d := decideReq(context.Background(), e, before, stackedReq("u"+run, run))
 				g.Expect(d.Allowed).To(BeTrue())
 				ds = append(ds, d)
 			}

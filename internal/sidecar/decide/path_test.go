@@ -121,7 +121,7 @@ func TestPathMatchesAsGatewayAPI(t *testing.T) {
 			case err != nil:
 				g.Expect(errors.Is(err, reqpath.ErrAmbiguous)).To(BeTrue(), "%v", err)
 				got = refused
-			case decide.Matches(set.Rules[0].Match, req("GET", decoded, "10.0.0.1:1")):
+			case (&decide.Engine{}).Explain(set, req("GET", decoded, "10.0.0.1:1"))[0].Matches:
 				got = counted
 			}
 			g.Expect(got).To(Equal(tc.want), "%s %q, request %q (normalised %q)", kind, value, tc.path, decoded)

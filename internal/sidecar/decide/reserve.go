@@ -12,13 +12,6 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
-// Reserver holds and settles units of limits whose cost is known only after the response;
-// *limiter.Limiter is one.
-type Reserver interface {
-	Reserve(ctx context.Context, key string, limit limiter.Limit, min, want int64, ttl time.Duration) (limiter.Result, *limiter.Hold, error)
-	Settle(ctx context.Context, h *limiter.Hold, used int64) (limiter.Settled, error)
-}
-
 // Need is what a request is known to need before it is sent, read from its body: the
 // request's share of a rule whose cost comes from its response.
 type Need struct {
@@ -34,9 +27,6 @@ type Need struct {
 // settleTimeout bounds one settle: it runs after the request, whose context may be gone.
 const settleTimeout = 5 * time.Second
 
-// ErrNoReserver is returned by Reserve when the engine's limiter cannot hold units.
-var ErrNoReserver = errors.New("the limiter cannot hold units (no Reserve)")
-
 // held is one rule's hold of a request.
 type held struct {
 	rule *ruleset.Rule
@@ -48,7 +38,7 @@ type held struct {
 // its response. Settle ends them once; the holds of a request that is never settled stay spent
 // (its holder is taken for dead at their deadline: its stream may have been served).
 type Holds struct {
-	r     Reserver
+	r     Limiter
 	holds []held
 	once  sync.Once
 	sum   limiter.Settled
@@ -153,40 +143,28 @@ func sat(a, b int64) int64 {
 	return 1<<63 - 1
 }
 
-// Reserve decides req like Decide, with a cost of one for every matching rule but those whose
-// cost comes from the response: each of those holds between the request's least (its prompt
-// and the rule's MinOutput, or the DefaultHold of an unsized request) and its most (the prompt
-// and the client's output cap, or all the limit can give). A request refused by any rule takes
-// no hold and counts in no rule: those already taken go back at once. The returned Holds (nil when no rule holds or
-// the request is refused) must be settled when the response ends.
-func (e *Engine) Reserve(ctx context.Context, set *ruleset.Set, req *Request, need Need) (Decision, *Holds, error) {
-	if set == nil || len(set.Rules) == 0 {
+// Reserve decides plan like Decide, but each rule whose cost comes from the response holds
+// between the request's least (its prompt and the rule's MinOutput, or the DefaultHold of an
+// unsized request) and its most (the prompt and the client's output cap, or all the limit can
+// give). A request refused by any rule takes no hold and counts in no rule: those already taken
+// go back at once. The outcomes are in the plan's order. The returned Holds (nil when no rule
+// holds or the request is refused) must be settled when the response ends.
+func (e *Engine) Reserve(ctx context.Context, plan *Plan, need Need) (Decision, *Holds, error) {
+	if len(plan.calls) == 0 {
 		return Decision{Allowed: true}, nil, nil
 	}
-	a := attrs{req: req, hops: e.TrustedHops}
 	var b batch
-	for _, r := range set.Rules {
-		if Matches(r.Match, req) {
-			b.add(set.Namespace, r, a.parts(r.Key), 1)
+	for _, c := range plan.calls {
+		switch {
+		case c.rule.CandidateOf != nil:
+			b.plain = append(b.plain, c) // beside its rule, which has no Cost
+		case c.rule.Cost != nil:
+			b.reserve = append(b.reserve, c)
+			b.held = append(b.held, true)
+		default:
+			b.plain = append(b.plain, c)
+			b.held = append(b.held, false)
 		}
-	}
-	return e.reserve(ctx, &b, need)
-}
-
-// ReserveHits is Reserve for rules named with their key parts (the decision API, Envoy's
-// descriptors): a hit of a rule whose cost comes from the response holds, by need; any other
-// costs its own Cost, else one. The outcomes are in the order of hits.
-func (e *Engine) ReserveHits(ctx context.Context, set *ruleset.Set, hits []Hit, need Need) (Decision, *Holds, error) {
-	if set == nil {
-		return Decision{}, nil, errors.New("deciding hits: no policies loaded")
-	}
-	var b batch
-	for _, h := range hits {
-		r := set.Find(h.Policy, h.Rule)
-		if r == nil {
-			return Decision{}, nil, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, h.Policy, h.Rule)
-		}
-		b.add(set.Namespace, r, h.Key, max(h.Cost, 1))
 	}
 	return e.reserve(ctx, &b, need)
 }
@@ -198,26 +176,12 @@ type batch struct {
 	held           []bool // per rule in order: does it hold (else it is the next plain rule)
 }
 
-func (b *batch) add(namespace string, r *ruleset.Rule, parts []string, cost int64) {
-	if r.Cost != nil {
-		b.reserve = append(b.reserve, call{rule: r, key: keyscheme.Key(namespace, r.Policy.Name, r.StateName, parts...), parts: parts})
-		b.held = append(b.held, true)
-		return
-	}
-	b.plain = appendCalls(b.plain, namespace, r, parts, cost)
-	b.held = append(b.held, false)
-}
-
 // reserve decides the plain calls as one batch and holds for each of reserve, all at once, so
 // that an admitted request waits for one round trip. A request refused by any rule keeps no
 // hold: what was held goes back at once.
 func (e *Engine) reserve(ctx context.Context, b *batch, need Need) (Decision, *Holds, error) {
 	if len(b.reserve) == 0 {
 		return e.decided(ctx, e.run(ctx, b.plain)), nil, nil
-	}
-	rv, ok := e.Limiter.(Reserver)
-	if !ok {
-		return Decision{}, nil, ErrNoReserver
 	}
 	outs := make([]Outcome, len(b.reserve))
 	taken := make([]*limiter.Hold, len(b.reserve))
@@ -229,12 +193,12 @@ func (e *Engine) reserve(ctx context.Context, b *batch, need Need) (Decision, *H
 			lim := limitOf(c.rule)
 			lo, hi := bounds(c.rule, need)
 			c.cost = lo
-			res, h, err := rv.Reserve(ctx, c.key, lim, lo, hi, c.rule.Cost.Timeout)
+			res, h, err := e.Limiter.Reserve(ctx, c.key, lim, lo, hi, c.rule.Cost.Timeout)
 			outs[i], taken[i] = e.outcome(c, lim, res, err), h
 		})
 	}
 	wg.Wait()
-	hs := &Holds{r: rv, holds: make([]held, 0, len(b.reserve)), observe: e.ObserveSettle}
+	hs := &Holds{r: e.Limiter, holds: make([]held, 0, len(b.reserve)), observe: e.ObserveSettle}
 	for i := range outs {
 		if taken[i] != nil {
 			hs.holds = append(hs.holds, held{rule: b.reserve[i].rule, key: b.reserve[i].key, hold: taken[i]})
@@ -299,18 +263,14 @@ func (h *Holds) Split() []Keyed {
 	return out
 }
 
-// Charger counts units a request used on a key without a hold for them: past the limit when
-// they do not fit (debt). *limiter.Limiter is one.
-type Charger interface {
-	Charge(ctx context.Context, key string, limit limiter.Limit, units int64) (limiter.Settled, error)
-}
-
-// HitKey is the limiter key of a hit's rule and key parts; ok is false when the set has no
-// such rule. It is the key Split names a hold of the hit by.
+// HitKey is the limiter key of a hit's rule (per window or in flight) and key parts; ok is
+// false when the set has no such rule. It is the key Holds.Split names a hold of the hit by,
+// and Slots.Split a slot.
 func HitKey(set *ruleset.Set, h Hit) (key string, r *ruleset.Rule, ok bool) {
-	r = set.Find(h.Policy, h.Rule)
-	if r == nil {
-		return "", nil, false
+	if r = set.FindInFlight(h.Policy, h.Rule); r == nil {
+		if r = set.Find(h.Policy, h.Rule); r == nil {
+			return "", nil, false
+		}
 	}
 	return keyscheme.Key(set.Namespace, r.Policy.Name, r.StateName, h.Key...), r, true
 }
@@ -319,15 +279,11 @@ func HitKey(set *ruleset.Set, h Hit) (key string, r *ruleset.Rule, ok bool) {
 // settle that reached another sidecar than its reserve, or came after its hold was forgotten.
 // The hold, if any, stays spent past its deadline: both count until its window ends.
 func (e *Engine) Charge(ctx context.Context, set *ruleset.Set, hit Hit, units int64) (limiter.Settled, error) {
-	ch, ok := e.Limiter.(Charger)
-	if !ok {
-		return limiter.Settled{}, ErrNoReserver
-	}
 	key, r, ok := HitKey(set, hit)
-	if !ok {
+	if !ok || r.InFlight != nil {
 		return limiter.Settled{}, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, hit.Policy, hit.Rule)
 	}
-	s, err := ch.Charge(ctx, key, limitOf(r), units)
+	s, err := e.Limiter.Charge(ctx, key, limitOf(r), units)
 	if e.ObserveSettle != nil {
 		e.ObserveSettle(r, s, err)
 	}

@@ -58,7 +58,7 @@ func TestReserveNeverAdmitsPastTheBudget(t *testing.T) {
 			for w := range 32 {
 				wg.Go(func() {
 					for i := range 20 {
-						d, hs, err := e.Reserve(context.Background(), set, budgetReq("k"), decide.Need{Sized: true, Prompt: 50, Output: 200})
+						d, hs, err := reserveReq(context.Background(), e, set, budgetReq("k"), decide.Need{Sized: true, Prompt: 50, Output: 200})
 						if err != nil {
 							t.Error(err)
 							return
@@ -112,7 +112,7 @@ func TestReserveSettleGivesBackAndRefusalHoldsNothing(t *testing.T) {
 	e := &decide.Engine{Limiter: lim}
 	ctx := context.Background()
 
-	d, hs, err := e.Reserve(ctx, set, budgetReq("a"), decide.Need{Sized: true, Prompt: 100})
+	d, hs, err := reserveReq(ctx, e, set, budgetReq("a"), decide.Need{Sized: true, Prompt: 100})
 	if err != nil || !d.Allowed {
 		t.Fatalf("first request: allowed %v, err %v", d.Allowed, err)
 	}
@@ -126,7 +126,7 @@ func TestReserveSettleGivesBackAndRefusalHoldsNothing(t *testing.T) {
 	if s2, _ := hs.Settle(ctx, 1, true, false); s2 != s {
 		t.Fatalf("a second settle did something: %+v", s2)
 	}
-	d, hs, _ = e.Reserve(ctx, set, budgetReq("a"), decide.Need{Sized: true, Prompt: 100, Output: 600})
+	d, hs, _ = reserveReq(ctx, e, set, budgetReq("a"), decide.Need{Sized: true, Prompt: 100, Output: 600})
 	if !d.Allowed {
 		t.Fatal("700 units were left for a request holding 700")
 	}
@@ -137,12 +137,12 @@ func TestReserveSettleGivesBackAndRefusalHoldsNothing(t *testing.T) {
 	if _, err := hs.Settle(ctx, 100, true, false); err != nil {
 		t.Fatal(err)
 	}
-	d, hs, _ = e.Reserve(ctx, set, budgetReq("a"), decide.Need{Sized: true, Prompt: 10, Output: 10})
+	d, hs, _ = reserveReq(ctx, e, set, budgetReq("a"), decide.Need{Sized: true, Prompt: 10, Output: 10})
 	if d.Allowed || hs != nil || d.Refused.Rule.Name != "calls" {
 		t.Fatalf("third request: allowed %v, holds %v: want refused by calls, no hold", d.Allowed, hs)
 	}
 	// Unsized: the default hold.
-	d, hs, _ = e.Reserve(ctx, set, budgetReq("b"), decide.Need{})
+	d, hs, _ = reserveReq(ctx, e, set, budgetReq("b"), decide.Need{})
 	if units, _ := hs.Afford(); !d.Allowed || units != 100 {
 		t.Fatalf("an unsized request: allowed %v, afford %d, want the default hold of 100", d.Allowed, units)
 	}
@@ -151,7 +151,7 @@ func TestReserveSettleGivesBackAndRefusalHoldsNothing(t *testing.T) {
 	if s.Debt != 4_900 {
 		t.Fatalf("settle of 5000 against a hold of 100: %+v, want a debt of 4900 (all it used past the hold)", s)
 	}
-	d, _, _ = e.Reserve(ctx, set, budgetReq("b"), decide.Need{Sized: true, Prompt: 1, Output: 1})
+	d, _, _ = reserveReq(ctx, e, set, budgetReq("b"), decide.Need{Sized: true, Prompt: 1, Output: 1})
 	if d.Allowed {
 		t.Fatal("a key in debt admitted a request")
 	}

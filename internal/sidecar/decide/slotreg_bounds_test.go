@@ -36,7 +36,7 @@ func TestSlotRegistryKeepsNoMoreOfAKeyThanItsLimit(t *testing.T) {
 	ctx := context.Background()
 	hit := []decide.Hit{{Policy: "p", Rule: "slots", Key: []string{"a"}}}
 	take := func() (*decide.Slots, error) {
-		s, err := e.AcquireSlotHits(ctx, store.Current(), hit)
+		s, err := acquireHits(ctx, e, store.Current(), hit)
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(s.Refused).To(BeNil())
 		_, _, err = reg.Put(s, "")
@@ -46,7 +46,7 @@ func TestSlotRegistryKeepsNoMoreOfAKeyThanItsLimit(t *testing.T) {
 		_, err := take()
 		g.Expect(err).NotTo(HaveOccurred())
 	}
-	key := decide.SlotKey(store.Current(), store.Current().FindInFlight("p", "slots"), []string{"a"})
+	key := slotKey(store.Current(), "p", "slots", "a")
 	g.Expect(c.ZPopMin(ctx, key, 1).Err()).To(Succeed())
 	third, err := take()
 	var refused *decide.RefusedError
@@ -56,7 +56,7 @@ func TestSlotRegistryKeepsNoMoreOfAKeyThanItsLimit(t *testing.T) {
 	entries, slots := reg.Len()
 	g.Expect([]int{entries, slots}).To(Equal([]int{2, 2}))
 	// Another key has room of its own.
-	other, err := e.AcquireSlotHits(ctx, store.Current(), []decide.Hit{{Policy: "p", Rule: "slots", Key: []string{"b"}}})
+	other, err := acquireHits(ctx, e, store.Current(), []decide.Hit{{Policy: "p", Rule: "slots", Key: []string{"b"}}})
 	g.Expect(err).NotTo(HaveOccurred())
 	_, _, err = reg.Put(other, "")
 	g.Expect(err).NotTo(HaveOccurred())

@@ -2,23 +2,11 @@ package decide
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strconv"
 
-	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
-
-// Slotter takes and gives back the slots of in-flight rules; *limiter.Limiter is one.
-type Slotter interface {
-	Acquire(ctx context.Context, key string, lim limiter.InFlight) (limiter.SlotResult, *limiter.Slot, error)
-	Release(ctx context.Context, s *limiter.Slot)
-}
-
-// errNoSlots is the error of an in-flight rule decided by an Allower that keeps no slots.
-var errNoSlots = errors.New("this limiter keeps no in-flight slots")
 
 // SlotOutcome is one in-flight rule's decision.
 type SlotOutcome struct {
@@ -37,77 +25,36 @@ type Slots struct {
 	// Refused is the refusing outcome, or nil when the request may proceed.
 	Refused *SlotOutcome
 
-	slotter  Slotter
+	slotter  Limiter
 	held     []*limiter.Slot
 	rules    []*ruleset.Rule // of each held slot
 	onSlots  func(r *ruleset.Rule, delta int)
 	released func(key string) // wakes the key's waiters (Engine.Queue)
 }
 
-// AcquireSlots takes a slot of every in-flight rule of set that req matches, in rule order (one
-// Redis call each). When one refuses, the slots taken already go back at once and Refused says
-// which; the request then holds nothing. A request that matches none holds nothing and costs
-// nothing. Release what it returns when the request ends, whatever the verdict.
-func (e *Engine) AcquireSlots(ctx context.Context, set *ruleset.Set, req *Request) *Slots {
+// AcquireSlots takes a slot of every in-flight rule of plan, in its order (one Redis call
+// each). When one refuses, the slots taken already go back at once and Refused says which; the
+// request then holds nothing. A plan without in-flight rules holds nothing and costs nothing.
+// Release what it returns when the request ends, whatever the verdict.
+func (e *Engine) AcquireSlots(ctx context.Context, plan *Plan) *Slots {
 	s := &Slots{}
-	if set == nil || len(set.InFlight) == 0 {
-		return s
-	}
-	a := attrs{req: req, hops: e.TrustedHops}
-	for _, r := range set.InFlight {
-		if Matches(r.Match, req) && !e.acquire(ctx, s, set.Namespace, r, a.parts(r.Key), false) {
+	for _, c := range plan.slots {
+		if !e.acquire(ctx, s, c, false) {
 			return s
 		}
 	}
 	return s
 }
 
-// AcquireSlotHits takes a slot of every in-flight rule that hits name, with their key parts,
-// in the order given, as AcquireSlots does for a request. Hits naming a rule per window are
-// left out: DecideHits decides those. A hit naming no rule of the set is an ErrUnknownRule, and
-// nothing is taken then.
-func (e *Engine) AcquireSlotHits(ctx context.Context, set *ruleset.Set, hits []Hit) (*Slots, error) {
-	s := &Slots{}
-	if set == nil {
-		return s, errors.New("taking slots: no policies loaded")
-	}
-	rules := make([]*ruleset.Rule, len(hits))
-	for i, h := range hits {
-		if rules[i] = set.FindInFlight(h.Policy, h.Rule); rules[i] == nil && set.Find(h.Policy, h.Rule) == nil {
-			return s, fmt.Errorf("%w: %s/%s is not enforced by this sidecar", ErrUnknownRule, h.Policy, h.Rule)
-		}
-	}
-	for i, r := range rules {
-		if r != nil && !e.acquire(ctx, s, set.Namespace, r, hits[i].Key, false) {
-			return s, nil
-		}
-	}
-	return s, nil
-}
-
-// SplitHits says which of hits name in-flight rules of set (slots) and which do not (others),
-// each in the order given, with the index in hits of each.
-func SplitHits(set *ruleset.Set, hits []Hit) (slots, others []Hit, slotAt, otherAt []int) {
-	for i, h := range hits {
-		if set != nil && set.FindInFlight(h.Policy, h.Rule) != nil {
-			slots, slotAt = append(slots, h), append(slotAt, i)
-			continue
-		}
-		others, otherAt = append(others, h), append(otherAt, i)
-	}
-	return slots, others, slotAt, otherAt
-}
-
-// acquire takes a slot of r for key parts into s, and says whether the request may go on;
+// acquire takes a slot of c's rule under its key into s, and says whether the request may go on;
 // when it may not, s.Refused is set and every slot s held went back. With wait, a rule with a
 // queue waits in e.Queue for a slot of a full key (see WaitSlots).
-func (e *Engine) acquire(ctx context.Context, s *Slots, namespace string, r *ruleset.Rule, parts []string, wait bool) bool {
-	sl, _ := e.Limiter.(Slotter)
+func (e *Engine) acquire(ctx context.Context, s *Slots, c call, wait bool) bool {
+	sl, r, key := e.Limiter, c.rule, c.key
 	s.slotter, s.onSlots = sl, e.OnSlots
 	if e.Queue != nil {
 		s.released = e.Queue.Released
 	}
-	key := keyscheme.Key(namespace, r.Policy.Name, r.StateName, parts...)
 	var res limiter.SlotResult
 	var slot *limiter.Slot
 	if wait && r.Queue != nil && e.Queue != nil {
@@ -230,9 +177,4 @@ func (s *Slots) WriteFields(f *Fields) {
 	if s.Refused != nil {
 		f.RetryAfter = strconv.FormatInt(max(CeilSeconds(s.Refused.Result.RetryAfter), 1), 10)
 	}
-}
-
-// SlotKey is the limiter key of in-flight rule r for key parts.
-func SlotKey(set *ruleset.Set, r *ruleset.Rule, parts []string) string {
-	return keyscheme.Key(set.Namespace, r.Policy.Name, r.StateName, parts...)
 }

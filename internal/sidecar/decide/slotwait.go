@@ -15,29 +15,20 @@ import (
 // would be without a queue; one whose ctx ends (its client went away) leaves the queue and is
 // refused. While it waits for one rule's slot it holds those of the rules before it: every
 // request takes its rules' slots in the same order, so no two wait for each other's.
-func (e *Engine) WaitSlots(ctx context.Context, set *ruleset.Set, req *Request) *Slots {
+func (e *Engine) WaitSlots(ctx context.Context, plan *Plan) *Slots {
 	s := &Slots{}
-	if set == nil || len(set.InFlight) == 0 {
-		return s
-	}
-	a := attrs{req: req, hops: e.TrustedHops}
-	for _, r := range set.InFlight {
-		if Matches(r.Match, req) && !e.acquire(ctx, s, set.Namespace, r, a.parts(r.Key), true) {
+	for _, c := range plan.slots {
+		if !e.acquire(ctx, s, c, true) {
 			return s
 		}
 	}
 	return s
 }
 
-// takeSlot asks the limiter for a slot of r under key, once. A limiter that keeps no slots, an
-// invalid limit or a closed limiter is decided as a Redis failure would be.
-func takeSlot(ctx context.Context, sl Slotter, key string, r *ruleset.Rule) (limiter.SlotResult, *limiter.Slot) {
-	var res limiter.SlotResult
-	var slot *limiter.Slot
-	err := errNoSlots
-	if sl != nil {
-		res, slot, err = sl.Acquire(ctx, key, *r.InFlight)
-	}
+// takeSlot asks the limiter for a slot of r under key, once. An invalid limit or a closed
+// limiter is decided as a Redis failure would be.
+func takeSlot(ctx context.Context, sl Limiter, key string, r *ruleset.Rule) (limiter.SlotResult, *limiter.Slot) {
+	res, slot, err := sl.Acquire(ctx, key, *r.InFlight)
 	if err != nil {
 		res = limiter.SlotResult{Allowed: r.InFlight.FailureMode != limiter.FailureModeClosed || r.Shadow, Err: err}
 	}
@@ -49,7 +40,7 @@ func takeSlot(ctx context.Context, sl Slotter, key string, r *ruleset.Rule) (lim
 // slots, a failover's settling) and a shadow rule's are final at once. The Redis calls run under ctx, not the wait's
 // timeout, so a timeout passing mid-call never makes a failure mode admit; a refusal for a
 // timeout or a full queue is the key's last refusal, Full.
-func (e *Engine) waitSlot(ctx context.Context, sl Slotter, key string, r *ruleset.Rule) (limiter.SlotResult, *limiter.Slot) {
+func (e *Engine) waitSlot(ctx context.Context, sl Limiter, key string, r *ruleset.Rule) (limiter.SlotResult, *limiter.Slot) {
 	res := limiter.SlotResult{Full: true, InUse: r.InFlight.Max, RetryAfter: time.Second}
 	var slot *limiter.Slot
 	wctx, cancel := context.WithTimeout(ctx, r.Queue.Timeout)

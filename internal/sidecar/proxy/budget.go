@@ -67,18 +67,6 @@ func (b *budget) settle(ctx context.Context, used int64, known, failed bool) {
 	})
 }
 
-// firstCost is the cost of the first rule of set that matches req and takes its cost from the
-// response: it names the API whose bodies are read and the cost header. Rules with costs of
-// different APIs on the same requests are read as the first one says.
-func firstCost(set *ruleset.Set, req *decide.Request) *ruleset.Cost {
-	for _, r := range set.Rules {
-		if r.Cost != nil && decide.Matches(r.Match, req) {
-			return r.Cost
-		}
-	}
-	return nil
-}
-
 // Why a request cannot be sized: the reason label of the refusals' metric, and the refusal's
 // "reason" field.
 const (
@@ -117,17 +105,6 @@ type UnsizedRefusal struct {
 	Policy  string `json:"policy"`
 	Rule    string `json:"rule"`
 	Detail  string `json:"detail,omitempty"`
-}
-
-// refusesUnsized is the first Enforce rule of set that matches req and refuses a request that
-// cannot be sized; nil when none does (the request then holds its defaultHold).
-func refusesUnsized(set *ruleset.Set, req *decide.Request) *ruleset.Rule {
-	for _, r := range set.Rules {
-		if r.Cost != nil && r.Cost.RefuseUnsized && !r.Shadow && decide.Matches(r.Match, req) {
-			return r
-		}
-	}
-	return nil
 }
 
 // sizeBody reads and sizes a request's body, drawing the buffer and the work of sizing it
@@ -212,13 +189,13 @@ func (h *Handler) refuseUnsized(w http.ResponseWriter, rule *ruleset.Rule, reaso
 }
 
 // serveBudget decides, holds, forwards and settles a request of a token budget.
-func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *ruleset.Set, req *decide.Request) {
-	c := firstCost(set, req)
+func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *ruleset.Set, plan *decide.Plan) {
+	c := plan.Costed().Cost
 	kind, pathStream := c.KindFor(r.URL.Path)
-	plain, costed := h.split(set)
+	plain, costed := plan.Split()
 	// Rules of a known cost are decided before the body is read: a request they refuse is
 	// never buffered. They are not decided again with the holds (costed has none of them).
-	pd := h.opts.Engine.Decide(r.Context(), plain, req, 1)
+	pd := h.opts.Engine.Decide(r.Context(), &plain)
 	if !pd.Allowed {
 		refuse(w, &pd)
 		return
@@ -239,7 +216,7 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 		kept = int64(cap(body))
 	}
 	if reason != "" {
-		if rule := refusesUnsized(set, req); rule != nil {
+		if rule := plan.RefusesUnsized(); rule != nil {
 			pd.GiveBack(r.Context())
 			h.refuseUnsized(w, rule, reason, detail)
 			return
@@ -253,13 +230,13 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 	}
 	// The holds the request keeps until its settle draw from the memory budget too: one for
 	// each rule that may hold, down to those that did once the reserve has answered.
-	held, ok := h.opts.Memory.Take(decide.HoldBytes * int64(len(costed.Rules)))
+	held, ok := h.opts.Memory.Take(decide.HoldBytes * int64(costed.MostHolds()))
 	if !ok {
 		noMemory(w)
 		return
 	}
 	defer held.Release()
-	d, hs, err := h.opts.Engine.Reserve(r.Context(), costed, req, need)
+	d, hs, err := h.opts.Engine.Reserve(r.Context(), &costed, need)
 	held.ShrinkTo(decide.HoldBytes * int64(hs.Len()))
 	if err != nil {
 		pd.GiveBack(r.Context())
@@ -305,32 +282,6 @@ func (h *Handler) serveBudget(w http.ResponseWriter, r *http.Request, set *rules
 func noMemory(w http.ResponseWriter) {
 	w.Header()[decide.HeaderRetryAfter] = []string{"1"}
 	writeJSONError(w, http.StatusServiceUnavailable, "memory_budget_full")
-}
-
-// ruleSplit is a set's rules of a known cost (plain) and those whose cost comes from the
-// response (costed), each as a set of its own.
-type ruleSplit struct {
-	of            *ruleset.Set
-	plain, costed *ruleset.Set
-}
-
-// split returns set's rules of a known cost and those whose cost comes from the response,
-// made once per set in force.
-func (h *Handler) split(set *ruleset.Set) (plain, costed *ruleset.Set) {
-	if s := h.splits.Load(); s != nil && s.of == set {
-		return s.plain, s.costed
-	}
-	p, c := *set, *set
-	p.Rules, c.Rules = nil, nil
-	for _, r := range set.Rules {
-		if r.Cost != nil {
-			c.Rules = append(c.Rules, r)
-		} else {
-			p.Rules = append(p.Rules, r)
-		}
-	}
-	h.splits.Store(&ruleSplit{of: set, plain: &p, costed: &c})
-	return &p, &c
 }
 
 // inRuleOrder merges the outcomes of the two decisions of one request in the order of their

@@ -50,7 +50,7 @@ func startUpstream(t *testing.T, h http.HandlerFunc) (*httptest.Server, *connCou
 
 func startProxy(t *testing.T, upstream string, mutate func(*proxy.Options)) (*httptest.Server, *proxy.Handler) {
 	t.Helper()
-	opts := proxy.Options{Upstream: upstream, Engine: &decide.Engine{Limiter: byKey{}}, Store: sidecartest.Store(t, 10, time.Minute), Headers: true}
+	opts := proxy.Options{Upstream: upstream, Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: byKey{}.Allow}}, Store: sidecartest.Store(t, 10, time.Minute), Headers: true}
 	if mutate != nil {
 		mutate(&opts)
 	}

@@ -59,23 +59,16 @@ func refuseRepeatedFor(w http.ResponseWriter, r *http.Request, err error) {
 	writeGRPCStatus(w, codes.InvalidArgument, "a rate limit key header is sent more than once: "+err.Error())
 }
 
-// refuseCostedGRPC answers a gRPC call that a rule taking its cost from the response (a token
-// budget) matches. Such a rule reads a model API's JSON bodies and usage; a gRPC call's are
+// refuseCostedGRPC answers a gRPC call that rule, which takes its cost from the response (a
+// token budget), matches. Such a rule reads a model API's JSON bodies and usage; a gRPC call's are
 // length-prefixed protobuf messages it cannot read, so it would be charged what the rule
 // guesses, not what it cost. It is refused instead, naming the rule, so that the policy's
 // author narrows the rule's match.
-func (h *Handler) refuseCostedGRPC(w http.ResponseWriter, set *ruleset.Set, req *decide.Request) {
-	name := "a token budget rule"
-	for _, rule := range set.Rules {
-		if rule.Cost != nil && decide.Matches(rule.Match, req) {
-			name = "rule " + rule.Name + " of policy " + rule.Policy.Name
-			if h.opts.OnUnsized != nil {
-				h.opts.OnUnsized(rule, UnsizedGRPC)
-			}
-			break
-		}
+func (h *Handler) refuseCostedGRPC(w http.ResponseWriter, rule *ruleset.Rule) {
+	if h.opts.OnUnsized != nil {
+		h.opts.OnUnsized(rule, UnsizedGRPC)
 	}
-	writeGRPCStatus(w, codes.Unimplemented, name+" takes its cost from the response, which the sidecar cannot read from a gRPC call: match the rule to the model API's HTTP paths only")
+	writeGRPCStatus(w, codes.Unimplemented, "rule "+rule.Name+" of policy "+rule.Policy.Name+" takes its cost from the response, which the sidecar cannot read from a gRPC call: match the rule to the model API's HTTP paths only")
 }
 
 // UnsizedGRPC is the reason a gRPC call matched by a token budget rule is refused.

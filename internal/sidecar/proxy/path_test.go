@@ -43,7 +43,7 @@ func TestPathIsMatchedAndForwardedNormalised(t *testing.T) {
 	})
 	doc := sidecartest.DocumentPathPrefix("ns", "p", "r", "web", 10, time.Minute, "x-key", "/admin/")
 	front, _ := startProxy(t, up.Listener.Addr().String(), func(o *proxy.Options) {
-		o.Engine = &decide.Engine{Limiter: refuseAll{}}
+		o.Engine = &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: refuseAll{}.Allow}}
 		o.Store = sidecartest.StoreOf(t, doc)
 	})
 	addr := front.Listener.Addr().String()

@@ -80,8 +80,7 @@ type Handler struct {
 	opts      Options
 	rp        *httputil.ReverseProxy
 	transport http.RoundTripper
-	streams   chan struct{}             // one token per HTTP/2 request in flight; nil: unbounded
-	splits    atomic.Pointer[ruleSplit] // of the set last seen by serveBudget
+	streams   chan struct{} // one token per HTTP/2 request in flight; nil: unbounded
 }
 
 // New returns a Handler forwarding to opts.Upstream.
@@ -208,31 +207,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if set != nil && (len(set.Rules) > 0 || len(set.InFlight) > 0) {
 		// Upper-cased as /v1/check does: a Method key part counts "get" with "GET".
 		req := &decide.Request{Method: strings.ToUpper(r.Method), Path: r.URL.Path, Header: r.Header, RemoteAddr: r.RemoteAddr}
-		if err := decide.CheckKeyHeaders(set, req); err != nil {
+		plan, err := h.opts.Engine.Plan(set, req, 1)
+		if err != nil {
 			refuseRepeatedFor(w, r, err)
 			return
 		}
-		if set.CostFromResponse(r.Method, r.URL.Path, r.Header) {
+		if costed := plan.Costed(); costed != nil {
 			if isGRPC(r) {
-				h.refuseCostedGRPC(w, set, req)
+				h.refuseCostedGRPC(w, costed)
 				return
 			}
-			slots := h.takeSlots(w, r, set, req, nil)
+			slots := h.takeSlots(w, r, &plan, nil)
 			if slots == nil {
 				return
 			}
 			defer slots.Release(r.Context())
 			r, stop := endOnLost(r, slots)
 			defer stop()
-			h.serveBudget(w, r, set, req)
+			h.serveBudget(w, r, set, &plan)
 			return
 		}
-		d := h.opts.Engine.Decide(r.Context(), set, req, 1)
+		d := h.opts.Engine.Decide(r.Context(), &plan)
 		if !d.Allowed {
 			refuseFor(w, r, &d)
 			return
 		}
-		slots := h.takeSlots(w, r, set, req, &d)
+		slots := h.takeSlots(w, r, &plan, &d)
 		if slots == nil {
 			return
 		}
@@ -339,8 +339,8 @@ func refuse(w http.ResponseWriter, d *decide.Decision) {
 	_, _ = w.Write(body)
 }
 
-// refuseRepeated answers a request that sends a key header more than once (decide.CheckKeyHeaders):
-// 400, naming the header. Nothing was counted.
+// refuseRepeated answers a request that sends a key header more than once (decide.Engine.Plan
+// refuses it): 400, naming the header. Nothing was counted.
 func refuseRepeated(w http.ResponseWriter, err error) {
 	name := ""
 	if rh, ok := errors.AsType[*decide.RepeatedHeaderError](err); ok {

@@ -29,7 +29,7 @@ func (byKey) Allow(_ context.Context, key string, l limiter.Limit, _ int64) (lim
 }
 
 func newProxy(t testing.TB, upstream string, headers bool) http.Handler {
-	h, err := proxy.New(proxy.Options{Upstream: upstream, Engine: &decide.Engine{Limiter: byKey{}}, Store: sidecartest.Store(t, 10, time.Minute), Headers: headers})
+	h, err := proxy.New(proxy.Options{Upstream: upstream, Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: byKey{}.Allow}}, Store: sidecartest.Store(t, 10, time.Minute), Headers: headers})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
-	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // In-flight limits: a request that matches an in-flight rule holds a slot of its key from its
@@ -28,10 +27,10 @@ import (
 // request's context: ReverseProxy stops forwarding and cuts the response, since another
 // request may hold its place.
 
-// takeSlots takes the request's slots, or answers the refusal (giving back what d counted, when
+// takeSlots takes the slots of plan's in-flight rules, or answers the refusal (giving back what d counted, when
 // d is not nil) and returns nil.
-func (h *Handler) takeSlots(w http.ResponseWriter, r *http.Request, set *ruleset.Set, req *decide.Request, d *decide.Decision) *decide.Slots {
-	slots := h.opts.Engine.WaitSlots(r.Context(), set, req)
+func (h *Handler) takeSlots(w http.ResponseWriter, r *http.Request, plan *decide.Plan, d *decide.Decision) *decide.Slots {
+	slots := h.opts.Engine.WaitSlots(r.Context(), plan)
 	if slots.Refused == nil {
 		return slots
 	}

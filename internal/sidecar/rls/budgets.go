@@ -36,12 +36,12 @@ type noRoom struct {
 	Err *decide.RefusedError
 }
 
-// reserve decides hits as DecideHits does, but the hits of token budgets hold their rule's
+// reserve decides plan as Decide does, but the hits of token budgets hold their rule's
 // defaultHold, each kept under its key until its stream is done. When the registry has no room
 // for them (decide.Registry), the request is refused (refused non-nil) and every hold it took
 // goes back at once: a request is never admitted with a hold nobody could settle.
-func (s *Server) reserve(ctx context.Context, set *ruleset.Set, hits []decide.Hit) (d decide.Decision, refused *noRoom, err error) {
-	d, hs, err := s.Engine.ReserveHits(ctx, set, hits, decide.Need{})
+func (s *Server) reserve(ctx context.Context, plan *decide.Plan) (d decide.Decision, refused *noRoom, err error) {
+	d, hs, err := s.Engine.Reserve(ctx, plan, decide.Need{})
 	if err != nil || hs == nil {
 		return d, nil, err
 	}

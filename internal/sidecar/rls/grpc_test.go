@@ -68,7 +68,7 @@ func rlsRequest() *rlsv3.RateLimitRequest {
 // What a grpc-go client sees of the protocol around ShouldRateLimit.
 func TestGRPCClient(t *testing.T) {
 	store := sidecartest.Store(t, 1000, time.Minute)
-	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: &countingLimiter{}}, Store: store})
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: (&countingLimiter{}).Allow}}, Store: store})
 	conn := dial(t, addr)
 	client := rlsv3.NewRateLimitServiceClient(conn)
 
@@ -160,7 +160,7 @@ func TestGRPCClient(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(first.Status).To(Equal(healthpb.HealthCheckResponse_SERVING))
 
-		empty, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: &countingLimiter{}}, Store: &ruleset.Store{}})
+		empty, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: (&countingLimiter{}).Allow}}, Store: &ruleset.Store{}})
 		resp, err := healthpb.NewHealthClient(dial(t, empty)).Check(ctxTimeout(t, 10*time.Second), &healthpb.HealthCheckRequest{})
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(resp.Status).To(Equal(healthpb.HealthCheckResponse_NOT_SERVING), "no policies loaded")
@@ -172,7 +172,7 @@ func TestGRPCDeadline(t *testing.T) {
 	g := NewWithT(t)
 	lim := newBlockingLimiter()
 	lim.outlast = true
-	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.Store(t, 10, time.Minute)})
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: lim.Allow}}, Store: sidecartest.Store(t, 10, time.Minute)})
 	t.Cleanup(func() { close(lim.release) }) // before the server's graceful stop waits for the call
 	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	start := time.Now()
@@ -189,7 +189,7 @@ func TestGRPCDeadline(t *testing.T) {
 func TestGracefulShutdown(t *testing.T) {
 	g := NewWithT(t)
 	lim := newBlockingLimiter()
-	addr, gs := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.Store(t, 10, time.Minute)})
+	addr, gs := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: lim.Allow}}, Store: sidecartest.Store(t, 10, time.Minute)})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	type result struct {
 		resp *rlsv3.RateLimitResponse
@@ -219,7 +219,7 @@ func TestGracefulShutdown(t *testing.T) {
 // is served.
 func TestExposedFaceServesNoStreams(t *testing.T) {
 	g := NewWithT(t)
-	srv := &rls.Server{Engine: &decide.Engine{Limiter: &countingLimiter{}}, Store: sidecartest.Store(t, 1000, time.Minute)}
+	srv := &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: (&countingLimiter{}).Allow}}, Store: sidecartest.Store(t, 1000, time.Minute)}
 	exposed, _ := serveWith(t, srv, rls.ServerOptions{Exposed: true})
 	hc := healthpb.NewHealthClient(dial(t, exposed))
 	w, err := hc.Watch(ctxTimeout(t, 10*time.Second), &healthpb.HealthCheckRequest{})

@@ -162,7 +162,7 @@ func (s *Server) collectHits(ctx context.Context, set *ruleset.Set, req *rlsv3.R
 		}
 		if r := set.FindInFlight(hit.Policy, hit.Rule); r != nil && s.Slots != nil {
 			if desc.GetIsNegativeHits() {
-				s.endSlot(ctx, set, r, hit)
+				s.endSlot(ctx, set, hit)
 				continue
 			}
 			c.slotHits = append(c.slotHits, slotHit{hit: hit, at: i})

@@ -132,7 +132,7 @@ func TestShouldRateLimit(t *testing.T) {
 	set := sidecartest.Store(t, 10, 2*time.Hour).Current()
 	store := &ruleset.Store{}
 	lim := &countingLimiter{}
-	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: store})
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: lim.Allow}}, Store: store})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 
 	_, err := client.ShouldRateLimit(ctxTimeout(t, 10*time.Second), &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("generic_key", "p/r")}})
@@ -208,7 +208,7 @@ func TestCurrentLimitUnits(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.window.String(), func(t *testing.T) {
 			g := NewWithT(t)
-			addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: &countingLimiter{}}, Store: sidecartest.Store(t, 5, c.window)})
+			addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: (&countingLimiter{}).Allow}}, Store: sidecartest.Store(t, 5, c.window)})
 			resp, err := rlsv3.NewRateLimitServiceClient(dial(t, addr)).ShouldRateLimit(ctxTimeout(t, 10*time.Second),
 				&rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("generic_key", "p/r")}})
 			g.Expect(err).NotTo(HaveOccurred())
@@ -248,7 +248,7 @@ func TestCost(t *testing.T) {
 func TestRequestBounds(t *testing.T) {
 	g := NewWithT(t)
 	lim := &countingLimiter{}
-	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.Store(t, 10, time.Minute)})
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: lim.Allow}}, Store: sidecartest.Store(t, 10, time.Minute)})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 
 	many := &rlsv3.RateLimitRequest{}
@@ -279,7 +279,7 @@ func TestRequestBounds(t *testing.T) {
 func TestDescriptorsAreOneBatch(t *testing.T) {
 	g := NewWithT(t)
 	lim := newBlockingLimiter()
-	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: lim}, Store: sidecartest.Store(t, 10, time.Minute)})
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: lim.Allow}}, Store: sidecartest.Store(t, 10, time.Minute)})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	done := make(chan error, 1)
 	go func() {
@@ -300,7 +300,7 @@ func TestDescriptorsAreOneBatch(t *testing.T) {
 func TestNeverAdmissibleIsTheRefusal(t *testing.T) {
 	g := NewWithT(t)
 	lim := &countingLimiter{}
-	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: never{lim}}, Store: sidecartest.Store(t, 10, time.Minute)})
+	addr, _ := serve(t, &rls.Server{Engine: &decide.Engine{Limiter: sidecartest.FakeLimiter{Decide: never{lim}.Allow}}, Store: sidecartest.Store(t, 10, time.Minute)})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
 	over := desc("generic_key", "p/r", "k", "over")
 	over.HitsAddend = wrapperspb.UInt64(11)

@@ -30,9 +30,11 @@ type slotHit struct {
 // under the key (decide.SlotRegistry.Owe), or else gives back the oldest slot kept under it.
 // One descriptor ends one request, whatever its hits_addend: a larger one would end other
 // requests' slots.
-func (s *Server) endSlot(ctx context.Context, set *ruleset.Set, r *ruleset.Rule, hit decide.Hit) {
-	if sl := s.Slots.EndOne(decide.SlotKey(set, r, hit.Key)); sl != nil {
-		sl.Release(ctx)
+func (s *Server) endSlot(ctx context.Context, set *ruleset.Set, hit decide.Hit) {
+	if key, _, ok := decide.HitKey(set, hit); ok {
+		if sl := s.Slots.EndOne(key); sl != nil {
+			sl.Release(ctx)
+		}
 	}
 }
 
@@ -40,23 +42,19 @@ func (s *Server) endSlot(ctx context.Context, set *ruleset.Set, r *ruleset.Rule,
 // or admitted while its rule was reloaded away), that its stream-done call ends no slot.
 func (s *Server) oweSlots(set *ruleset.Set, hits []slotHit) {
 	for _, h := range hits {
-		if r := set.FindInFlight(h.hit.Policy, h.hit.Rule); r != nil {
-			s.Slots.Owe(decide.SlotKey(set, r, h.hit.Key))
+		if key, r, ok := decide.HitKey(set, h.hit); ok && r.InFlight != nil {
+			s.Slots.Owe(key)
 		}
 	}
 }
 
-// takeSlots takes a slot of each in-flight descriptor and keeps each under its key for its
+// takeSlots takes a slot of each in-flight rule of plan and keeps each under its key for its
 // stream-done call. When a rule refuses, or there is no room to keep a slot, every slot taken
 // goes back (slots.Refused says which rule refused; err is the registry's error).
-func (s *Server) takeSlots(ctx context.Context, set *ruleset.Set, hits []slotHit) (slots *decide.Slots, ids []string, err error) {
-	dh := make([]decide.Hit, len(hits))
-	for i, h := range hits {
-		dh[i] = h.hit
-	}
-	slots, err = s.Engine.AcquireSlotHits(ctx, set, dh)
-	if err != nil || slots.Refused != nil {
-		return slots, nil, err
+func (s *Server) takeSlots(ctx context.Context, plan *decide.Plan) (slots *decide.Slots, ids []string, err error) {
+	slots = s.Engine.AcquireSlots(ctx, plan)
+	if slots.Refused != nil {
+		return slots, nil, nil
 	}
 	keyed := slots.Split()
 	for i, k := range keyed {
@@ -97,41 +95,50 @@ func slotStatuses(resp *rlsv3.RateLimitResponse, slots *decide.Slots, hits []slo
 	}
 }
 
-// decideAll decides the rules per window of hits and takes the slots of slotHits, in the
-// proxy's order: with token budgets' holds, the slots first, then the holds; otherwise the
-// rules per window first, so a request they refuse takes no slot. Whichever refuses, what the
-// other took goes back. When the registry has no room for a slot or hold, full says so and the
-// request is refused as a whole.
+// decideAll decides the rules per window of hits and takes the slots of slotHits, matched once
+// (one plan), in the proxy's order: with token budgets' holds, the slots first, then the
+// holds; otherwise the rules per window first, so a request they refuse takes no slot.
+// Whichever refuses, what the other took goes back. When the registry has no room for a slot
+// or hold, full says so and the request is refused as a whole.
 func (s *Server) decideAll(ctx context.Context, set *ruleset.Set, hits []decide.Hit, slotHits []slotHit, holds bool) (d decide.Decision, full *noRoom, slots *decide.Slots, err error) {
+	all := hits
+	if len(slotHits) > 0 {
+		all = make([]decide.Hit, 0, len(hits)+len(slotHits))
+		all = append(all, hits...)
+		for _, h := range slotHits {
+			all = append(all, h.hit)
+		}
+	}
+	plan, err := s.Engine.PlanHits(set, all, 1)
+	if err != nil {
+		return decide.Decision{}, nil, nil, err
+	}
 	var ids []string
 	if holds {
-		if slots, ids, full, err = s.slotsOf(ctx, set, slotHits); err != nil || full != nil || slots.Refused != nil {
+		if slots, ids, full, err = s.slotsOf(ctx, &plan, len(slotHits)); err != nil || full != nil || slots.Refused != nil {
 			return decide.Decision{}, full, slots, err
 		}
-		d, full, err = s.reserve(ctx, set, hits)
+		d, full, err = s.reserve(ctx, &plan)
 		if err != nil || full != nil || !d.Allowed {
 			s.dropSlots(ctx, ids)
 		}
 		return d, full, slots, err
 	}
-	d = decide.Decision{Allowed: true}
-	if len(hits) > 0 {
-		if d, err = s.Engine.DecideHits(ctx, set, hits, 1); err != nil || !d.Allowed {
-			return d, nil, nil, err
-		}
+	if d = s.Engine.Decide(ctx, &plan); !d.Allowed {
+		return d, nil, nil, nil
 	}
-	if slots, _, full, err = s.slotsOf(ctx, set, slotHits); err != nil || full != nil || slots.Refused != nil {
+	if slots, _, full, err = s.slotsOf(ctx, &plan, len(slotHits)); err != nil || full != nil || slots.Refused != nil {
 		d.GiveBack(ctx)
 	}
 	return d, full, slots, err
 }
 
-// slotsOf is takeSlots with the registry's refusal as a noRoom.
-func (s *Server) slotsOf(ctx context.Context, set *ruleset.Set, slotHits []slotHit) (*decide.Slots, []string, *noRoom, error) {
-	if len(slotHits) == 0 {
+// slotsOf is takeSlots of plan's n in-flight rules with the registry's refusal as a noRoom.
+func (s *Server) slotsOf(ctx context.Context, plan *decide.Plan, n int) (*decide.Slots, []string, *noRoom, error) {
+	if n == 0 {
 		return &decide.Slots{}, nil, nil, nil
 	}
-	slots, ids, err := s.takeSlots(ctx, set, slotHits)
+	slots, ids, err := s.takeSlots(ctx, plan)
 	if re, ok := errors.AsType[*decide.RefusedError](err); ok {
 		return slots, nil, &noRoom{Err: re}, nil
 	}

@@ -108,15 +108,6 @@ func newCost(c *policydoc.Cost) (*Cost, error) {
 	return out, nil
 }
 
-// CostFromResponse reports whether some rule of the set that matches the request (its method,
-// normalised path and header fields, canonical names) takes its cost from the response: a
-// face asks it before deciding, to know whether to read the body and hold rather than take
-// one unit. Nothing but the rules with a cost is looked at, and a set without any answers at
-// once.
-func (s *Set) CostFromResponse(method, path string, header http.Header) bool {
-	return slices.ContainsFunc(s.costed, func(r *Rule) bool { return r.Match.Matches(method, path, header) })
-}
-
 // methodMatches reports whether a rule's method want (upper-case, as the API writes it) counts
 // a request's method: compared case-insensitively, since some servers route a "get" as a GET
 // (and a rule must not be dodged by spelling a method in lower case), and GET counts HEAD,

@@ -1,7 +1,6 @@
 package ruleset_test
 
 import (
-	"net/http"
 	"testing"
 	"time"
 
@@ -96,36 +95,6 @@ func TestCostKindFor(t *testing.T) {
 	g.Expect(k).To(Equal(tokens.Unknown), "usage Header reads no body")
 }
 
-// TestCostFromResponse: only a matching rule with a cost makes a request one to hold.
-func TestCostFromResponse(t *testing.T) {
-	g := NewWithT(t)
-	set, err := ruleset.NewBuilder("").Build(costDoc(t, policydoc.UsageAuto), nil)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(set.CostFromResponse("POST", "/v1/chat/completions", http.Header{})).To(BeTrue())
-	g.Expect(set.CostFromResponse("GET", "/v1/chat/completions", http.Header{})).To(BeFalse(), "the budget matches POST only")
-	g.Expect(set.CostFromResponse("POST", "/v2/chat/completions", http.Header{})).To(BeFalse(), "the budget matches /v1 only")
-
-	plain := costDoc(t, policydoc.UsageAuto)
-	plain.Policies[0].Rules = plain.Policies[0].Rules[:1]
-	set, err = ruleset.NewBuilder("").Build(plain, nil)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(set.CostFromResponse("POST", "/v1/chat/completions", http.Header{})).To(BeFalse())
-
-	other := costDoc(t, policydoc.UsageAuto)
-	other.Policies[0].Selector = policydoc.Selector{MatchLabels: map[string]string{"app": "checkout"}}
-	set, err = ruleset.NewBuilder("").Build(other, map[string]string{"app": "search"})
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(set.CostFromResponse("POST", "/v1/chat/completions", http.Header{})).To(BeFalse(), "a budget of a policy that does not select the pod")
-
-	headed := costDoc(t, policydoc.UsageAuto)
-	headed.Policies[0].Rules[1].Match.Headers = []policydoc.HeaderMatch{{Name: "x-tier", Value: new("free")}}
-	set, err = ruleset.NewBuilder("").Build(headed, nil)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(set.CostFromResponse("POST", "/v1/chat/completions", http.Header{"X-Tier": {"free"}})).To(BeTrue())
-	g.Expect(set.CostFromResponse("POST", "/v1/chat/completions", http.Header{"X-Tier": {"paid"}})).To(BeFalse())
-	g.Expect(set.CostFromResponse("POST", "/v1/chat/completions", http.Header{})).To(BeFalse())
-}
-
 // TestBuildRefusesCostsParseWouldRefuse: a document handed to Build without Parse (a tool, a
 // test) still cannot give a rule a cost the sidecar cannot apply.
 func TestBuildRefusesCostsParseWouldRefuse(t *testing.T) {
@@ -144,26 +113,6 @@ func TestBuildRefusesCostsParseWouldRefuse(t *testing.T) {
 			edit(doc.Policies[0].Rules[1].Cost)
 			_, err := ruleset.NewBuilder("").Build(doc, nil)
 			g.Expect(err).To(MatchError(ContainSubstring("policy p rule tokens: ")))
-		})
-	}
-}
-
-// BenchmarkCostFromResponse: what asking costs a request, for a set without token budgets
-// (every request of today) and for one whose budget matches.
-func BenchmarkCostFromResponse(b *testing.B) {
-	h := http.Header{"X-Api-Key": {"k"}}
-	none := costDoc(b, policydoc.UsageAuto)
-	none.Policies[0].Rules = none.Policies[0].Rules[:1]
-	for name, doc := range map[string]*policydoc.Document{"none": none, "matching": costDoc(b, policydoc.UsageAuto)} {
-		set, err := ruleset.NewBuilder("").Build(doc, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Run(name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				set.CostFromResponse("POST", "/v1/chat/completions", h)
-			}
 		})
 	}
 }

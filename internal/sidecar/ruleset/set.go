@@ -45,8 +45,6 @@ type Set struct {
 	NeedsForwardedFor bool
 	// Total is how many policies the document had, selected or not.
 	Total int
-	// costed are the Rules with a Cost, in order (CostFromResponse).
-	costed []*Rule
 }
 
 // Policy is one selected policy.
@@ -331,9 +329,6 @@ func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*
 			}
 			p.Rules = append(p.Rules, r)
 			s.Rules = append(s.Rules, r)
-			if r.Cost != nil {
-				s.costed = append(s.costed, r)
-			}
 		}
 		s.Policies = append(s.Policies, p)
 	}
