@@ -12,7 +12,7 @@
 -- longest period. The deadline may pass the period's end: the hold's units end with their
 -- period, but its request may still run, and may still owe debt, so it counts among the key's
 -- open holds until its deadline (hold_bound.lua), in whichever period that falls. The records
--- live until their last deadline.
+-- live a longest period after the last reserve, past every deadline.
 --!include calendar_open.lua
 local hk, want, htag, httl, hmax = KEYS[4], tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])
 if not (hk and htag and #htag <= 100 and whole(cost, 1, 1e15) and whole(want, cost, 1e15)
@@ -41,7 +41,5 @@ redis.call('INCRBY', key, add)
 redis.call('PEXPIREAT', key, b[i + 1])
 local hdl = now + math.min(httl, span)
 redis.call('ZADD', hk, hdl, string.format('%d:%d:%s', b[i], add, htag))
-if redis.call('PTTL', hk) < hdl - now then
-  redis.call('PEXPIREAT', hk, hdl)
-end
+redis.call('PEXPIRE', hk, span) -- past every record's deadline: each is at most a span after its reserve
 return {1, left - add, 0, reset, now_us, add, hdl}
