@@ -81,6 +81,8 @@ const maxUsed = 1 << 50
 //     goes back, an excess counts past the limit as debt, refused until repaid.
 //   - Every reserve and settle first sweeps up to 16 expired records of the key
 //     (lua/hold_sweep.lua): a hold nobody settled, whose units stay spent (below).
+//   - A calendar window (Limit.Calendar) reserves and settles in its periods, with scripts of
+//     its own and no share (see calendar_hold.go).
 //
 // A hold nobody settles by its deadline counts as spent: its holder died (or lost the settle),
 // and its request may have been served in full, so no unit of it goes back to the budget. Its
