@@ -61,9 +61,33 @@ var _ = Describe("Calendar and long windows", func() {
 			fixed(p, &v1alpha1.CalendarWindow{Unit: "Year"})
 		}, `supported values: "Day", "Week", "Month"`),
 		Entry("a zone name with a space", func(p *v1alpha1.RateLimitPolicy) { fixed(p, day("Europe/Berlin ")) }, "spec.rules[0].limit.calendar.timeZone"),
-		Entry("a calendar with a token budget", func(p *v1alpha1.RateLimitPolicy) {
-			fixed(p, day(""))
+		Entry("a candidate calendar with SlidingWindowCounter", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Candidate = &v1alpha1.CandidateLimit{Limit: v1alpha1.Limit{Requests: 10, Calendar: day("")}}
+		}, "candidate.limit.calendar needs algorithm FixedWindow"),
+		Entry("a candidate's fixed window over 24h", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Candidate = &v1alpha1.CandidateLimit{Algorithm: v1alpha1.FixedWindow,
+				Limit: v1alpha1.Limit{Requests: 10, Window: metav1.Duration{Duration: 48 * time.Hour}}}
+		}, "candidate.limit.window longer than 24h needs algorithm SlidingWindowCounter"),
+	)
+
+	DescribeTable("the API server accepts token budgets and candidates on calendar and long windows",
+		func(mutate func(*v1alpha1.RateLimitPolicy)) {
+			ns := newNamespace(ctx)
+			p := policy(ns, "valid", 100)
+			mutate(p)
+			Expect(k8s.Create(ctx, p)).To(Succeed())
+		},
+		Entry("a token budget per day in a zone", func(p *v1alpha1.RateLimitPolicy) {
+			fixed(p, day("Europe/Berlin"))
 			p.Spec.Rules[0].Cost = &v1alpha1.Cost{From: v1alpha1.CostFromResponse}
-		}, "limit.calendar cannot go with cost.from: Response"),
+		}),
+		Entry("a candidate month over a day's quota", func(p *v1alpha1.RateLimitPolicy) {
+			fixed(p, day("Asia/Tokyo"))
+			p.Spec.Rules[0].Candidate = &v1alpha1.CandidateLimit{Limit: v1alpha1.Limit{Requests: 20000,
+				Calendar: &v1alpha1.CalendarWindow{Unit: v1alpha1.CalendarMonth, TimeZone: "Asia/Tokyo"}}}
+		}),
+		Entry("a candidate rolling week over a per-minute rule", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Candidate = &v1alpha1.CandidateLimit{Limit: v1alpha1.Limit{Requests: 5000, Window: metav1.Duration{Duration: 168 * time.Hour}}}
+		}),
 	)
 })

@@ -123,8 +123,7 @@ func explain(ctx context.Context, args []string, w io.Writer) error {
 			if n, ok := top[r.Policy.Name+"/"+r.Name+"~candidate/"+x.CandidateHash]; ok {
 				cin = fmt.Sprintf("yes (%d would-refuse in the last interval)", n)
 			}
-			c := r.Candidate
-			fmt.Fprintf(&tw, "%s\t%s (candidate)\tyes\tShadow\t%d/%s %s\t%s\t%s\n", r.Policy.Name, r.Name, c.Limit.Requests, c.Limit.Window, c.Limit.Algorithm, x.CandidateHash, cin)
+			fmt.Fprintf(&tw, "%s\t%s (candidate)\tyes\tShadow\t%s\t%s\t%s\n", r.Policy.Name, r.Name, limitText(r.Candidate), x.CandidateHash, cin)
 		}
 	}
 	return table(&out, tw.Bytes())

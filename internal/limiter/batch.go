@@ -44,7 +44,7 @@ type call struct {
 }
 
 // decisionScripts are the algorithms' scripts, for scripts.Exec to load after NOSCRIPT.
-var decisionScripts = append(scripts.All(), scripts.CalendarWindow())
+var decisionScripts = append(scripts.All(), scripts.CalendarWindow(), scripts.CalendarReserve())
 
 // shaArgs holds each script's SHA already boxed, so that building a command does not allocate it.
 var shaArgs = func() map[Algorithm]any {
@@ -315,7 +315,7 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 			continue
 		}
 		if c.ask != nil {
-			vals = c.ask.cut(c.alg, vals)
+			vals = c.ask.cut(c.alg, c.cal, vals)
 		}
 		c.res, c.g, err = decodeReply(vals)
 		l.clock.observe(c.g.nowUS, read)

@@ -29,8 +29,8 @@ import (
 // A calendar window takes no leases (a lease's units would be counted in a period they might not
 // be admitted in, near a boundary the two clocks disagree on), keeps no shares (a period's count
 // lost with a Redis is for the rule's durability to prevent, not for shares that a month of pods
-// coming and going would not hold anyway), and takes no holds (a rule with cost from the response
-// cannot have a calendar window yet: the API refuses it).
+// coming and going would not hold anyway). It takes holds and charges, a token budget per day or
+// month, in its periods: see calendar_hold.go.
 
 // calendarSuffix names the state of a calendar window: <key>:cal:<unit>:<period start, ms>.
 // Apart from every other algorithm's, so a rule moving to or from a calendar starts afresh; and
@@ -64,15 +64,24 @@ const (
 	maxLongWindow     = 32 * 24 * time.Hour
 )
 
-var calendarSHA any = scripts.CalendarWindow().SHA
+var calendarSHA, calendarReserveSHA any = scripts.CalendarWindow().SHA, scripts.CalendarReserve().SHA
 
 // prepareCalendar makes c the calendar call of cost units of sk, around atMS on Redis's clock:
 // the periods before, at and after it. Its deadline is ARGV[4], two keys after a plain call's.
+// A Reserve's call (c.ask set) holds up to its want (lua/calendar_reserve.lua): one key more,
+// its hold records, and the hold's arguments after the periods'.
 func (c *call) prepareCalendar(sk string, limit Limit, cost, atMS int64) {
 	keys, args := calendarArgs(sk, limit, cost, atMS)
 	c.cal, c.known, c.hold = true, 0, 0
 	c.dlArg = deadlineArg + 2
-	c.args = append(c.args[:0], "evalsha", calendarSHA, len(keys))
+	sha := calendarSHA
+	if c.ask != nil {
+		keys = append(keys, holdKey(sk))
+		args = append(args, c.ask.want, c.ask.tag, c.ask.ttlMS, c.ask.maxOpen)
+		c.dlArg++
+		sha = calendarReserveSHA
+	}
+	c.args = append(c.args[:0], "evalsha", sha, len(keys))
 	for _, k := range keys {
 		c.args = append(c.args, k)
 	}
@@ -127,14 +136,14 @@ func (l *Limiter) redisNowMS() int64 {
 
 // askCalendar is ask for a calendar limit: around the estimate of Redis's clock, and once more
 // around Redis's own when its clock was in none of the periods.
-func (l *Limiter) askCalendar(ctx context.Context, sk string, limit Limit, cost int64, now time.Time, m *member) (Result, grant, bool, error) {
-	res, g, answered, err := l.askAt(ctx, sk, limit, cost, cost, now, m, nil, l.redisNowMS())
+func (l *Limiter) askCalendar(ctx context.Context, sk string, limit Limit, cost, want int64, now time.Time, m *member, h *holdAsk) (Result, grant, bool, error) {
+	res, g, answered, err := l.askAt(ctx, sk, limit, cost, want, now, m, h, l.redisNowMS())
 	if errors.Is(err, errCalendarMiss) {
-		res, g, answered, err = l.askAt(ctx, sk, limit, cost, cost, now, nil, nil, g.nowUS/1000)
+		res, g, answered, err = l.askAt(ctx, sk, limit, cost, want, now, nil, h, g.nowUS/1000)
 	}
 	if errors.Is(err, errCalendarMiss) {
 		// Redis's clock moved by more than a period between two calls: the failure mode decides.
-		return l.degraded(sk, limit, cost, now, err, nil), grant{}, false, nil
+		return l.degraded(sk, limit, cost, now, err, h), grant{}, false, nil
 	}
 	return res, g, answered, err
 }

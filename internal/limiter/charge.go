@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"fmt"
 )
 
 // chargeTag ends the record of a charge, which no hold ever has: a record of 0 units, which the
@@ -20,9 +19,6 @@ func (l *Limiter) Charge(ctx context.Context, key string, limit Limit, units int
 	if err := limit.Validate(); err != nil {
 		return Settled{}, err
 	}
-	if limit.Calendar != nil {
-		return Settled{}, fmt.Errorf("%w: a calendar window takes no charges", ErrInvalidLimit)
-	}
 	units = min(units, maxUsed)
 	if units <= 0 {
 		return Settled{}, nil
@@ -30,8 +26,8 @@ func (l *Limiter) Charge(ctx context.Context, key string, limit Limit, units int
 	if l.closed.Load() {
 		return Settled{}, ErrClosed
 	}
-	// A hold of no units counted in window 0: the settle charges what was used in full, now.
-	h := &Hold{key: stateKey(key, limit.Algorithm), limit: limit, record: "0:0:" + l.opts.ReplicaID + chargeTag}
+	// A hold of no units counted in window 0 (period 0 of a calendar): the settle charges what was used in full, now.
+	h := &Hold{key: limitKey(key, limit), limit: limit, record: "0:0:" + l.opts.ReplicaID + chargeTag}
 	s, _, err := l.settleRedis(ctx, h, units)
 	if err != nil {
 		return Settled{}, err

@@ -81,6 +81,8 @@ const maxUsed = 1 << 50
 //     goes back, an excess counts past the limit as debt, refused until repaid.
 //   - Every reserve and settle first sweeps up to 16 expired records of the key
 //     (lua/hold_sweep.lua): a hold nobody settled, whose units stay spent (below).
+//   - A calendar window (Limit.Calendar) reserves and settles in its periods, with scripts of
+//     its own and no share (see calendar_hold.go).
 //
 // A hold nobody settles by its deadline counts as spent: its holder died (or lost the settle),
 // and its request may have been served in full, so no unit of it goes back to the budget. Its
@@ -131,10 +133,10 @@ func holdKey(stateKey string) string { return stateKey + ":h" }
 func heldKey(stateKey string) string { return stateKey + ":held" }
 
 // cut takes the hold's deadline off a reply: the algorithms' scripts append it to their own.
-func (a *holdAsk) cut(alg Algorithm, vals []int64) []int64 {
+func (a *holdAsk) cut(alg Algorithm, cal bool, vals []int64) []int64 {
 	n := 7
-	if !alg.leases() {
-		n = 6 // TokenBucket's and SlidingWindowLog's replies carry no restored units
+	if !alg.leases() || cal {
+		n = 6 // TokenBucket's, SlidingWindowLog's and calendars' replies carry no restored units
 	}
 	if len(vals) == n+1 {
 		a.deadlineMS = vals[n]
@@ -149,7 +151,7 @@ func (a *holdAsk) granted(c *call, local time.Time) error {
 	if a.deadlineMS <= 0 {
 		return fmt.Errorf("%w: a hold granted without a deadline", errBadReply)
 	}
-	if c.alg.leases() {
+	if c.alg.leases() && !c.cal {
 		a.start, _ = c.g.window(c.window) // the others' holds are of no window: start 0
 	}
 	left := time.Duration(a.deadlineMS*1000-c.g.nowUS) * time.Microsecond
@@ -179,9 +181,6 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 	if err := limit.Validate(); err != nil {
 		return Result{}, nil, err
 	}
-	if limit.Calendar != nil {
-		return Result{}, nil, fmt.Errorf("%w: a calendar window takes no holds", ErrInvalidLimit)
-	}
 	if least < 1 || want < least {
 		return Result{}, nil, fmt.Errorf("%w: a hold needs 1 <= least <= want, got %d and %d", ErrInvalidLimit, least, want)
 	}
@@ -196,7 +195,7 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 	}
 	want = min(want, limit.Capacity())
 	ttl = min(ttl, limit.Window)
-	sk := stateKey(key, limit.Algorithm)
+	sk := limitKey(key, limit)
 	now := l.opts.now()
 	if r, h, ok := l.reserveLeased(sk, limit, want, ttl, now); ok {
 		l.stats.holdsReserved.Add(1)
@@ -213,6 +212,9 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 		return Result{}, nil, err
 	}
 	res = finish(res, limit)
+	if limit.Calendar != nil && answered {
+		a.start, _ = limit.Calendar.PeriodMS(g.nowUS / 1000) // the period the script counted in
+	}
 	var h *Hold
 	switch {
 	case answered && g.units > 0:
@@ -315,6 +317,9 @@ func (h *Hold) settleLocal(now time.Time, used int64) Settled {
 // and what it did not give back returns with its answer (settleShare).
 func (l *Limiter) settleRedis(ctx context.Context, h *Hold, used int64) (Settled, bool, error) {
 	lim := h.limit
+	if lim.Calendar != nil {
+		return l.settleCalendar(ctx, h, used)
+	}
 	keys := []string{h.key, holdKey(h.key)}
 	var base, pre int64 // what the share counts of h now, and what leaves it before the call
 	withShare := l.shares != nil && lim.Algorithm.leases()

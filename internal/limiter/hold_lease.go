@@ -66,7 +66,7 @@ func (ls *leases) putBack(key string, e *lease, limit Limit, start, units int64,
 
 // reserveLeased is Reserve from the key's lease, when it holds want units.
 func (l *Limiter) reserveLeased(sk string, limit Limit, want int64, ttl time.Duration, now time.Time) (Result, *Hold, bool) {
-	if l.leases == nil || !limit.Algorithm.leases() {
+	if l.leases == nil || !limit.Algorithm.leases() || limit.Calendar != nil {
 		return Result{}, nil, false
 	}
 	e, start, deadline, remaining, ok := l.leases.takeHold(sk, limit, want, int64(l.opts.maxOpenHolds), now)

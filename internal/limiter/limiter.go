@@ -256,8 +256,8 @@ func (l *Limiter) allow(ctx context.Context, key string, limit Limit, cost int64
 // failure mode when Redis cannot answer. answered says Redis decided (g is then its grant). h,
 // when not nil, makes it a Reserve's: a hold of up to h.want units.
 func (l *Limiter) ask(ctx context.Context, sk string, limit Limit, cost, want int64, now time.Time, m *member, h *holdAsk) (Result, grant, bool, error) {
-	if limit.Calendar != nil && h == nil {
-		return l.askCalendar(ctx, sk, limit, cost, now, m)
+	if limit.Calendar != nil {
+		return l.askCalendar(ctx, sk, limit, cost, want, now, m, h)
 	}
 	return l.askAt(ctx, sk, limit, cost, want, now, m, h, 0)
 }

@@ -117,16 +117,21 @@ func demandUntil(t *testing.T, ls []*limiter.Limiter, key string, lim limiter.Li
 
 // A Redis restarted empty mid-window (no persistence): three replicas, leasing, each restore
 // what they were granted, so the window admits no more than its limit; without shares, it
-// admits the limit again after the restart.
+// admits the limit again after the restart. So for a rolling window of 31 days, whose leases
+// are a thousandth of the limit (16 units here) and whose shares restore them as any window's.
 func TestSharesRestoreARestartedRedis(t *testing.T) {
-	for _, alg := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindowCounter} {
+	for _, tc := range []struct {
+		alg    limiter.Algorithm
+		window time.Duration
+	}{{limiter.FixedWindow, time.Hour}, {limiter.SlidingWindowCounter, time.Hour}, {limiter.SlidingWindowCounter, 744 * time.Hour}} {
+		alg := tc.alg
 		for _, withShares := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s/shares=%v", alg, withShares), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/%s/shares=%v", alg, tc.window, withShares), func(t *testing.T) {
 				g := NewWithT(t)
 				srv, err := redistest.Start()
 				g.Expect(err).NotTo(HaveOccurred())
 				t.Cleanup(func() { _ = srv.Close() })
-				lim := limiter.Limit{Algorithm: alg, Requests: 2000, Window: time.Hour, Replicas: 3,
+				lim := limiter.Limit{Algorithm: alg, Requests: 2000, Window: tc.window, Replicas: 3,
 					FailureMode: limiter.FailureModeClosed}
 				var ls []*limiter.Limiter
 				var first redis.UniversalClient
@@ -146,7 +151,7 @@ func TestSharesRestoreARestartedRedis(t *testing.T) {
 					ls = append(ls, newLimiter(t, c, o))
 					fleet.ls = append(fleet.ls, ls[len(ls)-1])
 				}
-				exactWindow(t, first, time.Hour, 2*time.Minute)
+				exactWindow(t, first, tc.window, 2*time.Minute)
 				key := uniqueKey(t)
 				admitted := &atomic.Int64{}
 				stop := fleetDemand(ls, key, lim, admitted)

@@ -158,6 +158,9 @@ type Candidate struct {
 	Requests  int64  `json:"requests"`
 	WindowMS  int64  `json:"windowMs"`
 	Burst     int64  `json:"burst,omitempty"`
+	// Calendar is as a Rule's. Omitted when not set, so a document without it stays readable
+	// by sidecars that do not know the field (one of them refuses a document with it).
+	Calendar *Calendar `json:"calendar,omitempty"`
 }
 
 // Match restricts a rule to some requests. Paths are decoded (as the sidecar matches them)
@@ -291,13 +294,18 @@ func Parse(data []byte) (*Document, error) {
 			if c := r.Candidate; c != nil && (c.Requests < 1 || c.WindowMS < 1000) {
 				return nil, fmt.Errorf("policy %s rule %s: invalid candidate limit", p.Name, r.Name)
 			}
+			if c := r.Candidate; c != nil {
+				if err := validCalendar(c.Calendar, c.Algorithm, c.WindowMS); err != nil {
+					return nil, fmt.Errorf("policy %s rule %s: candidate calendar: %w", p.Name, r.Name, err)
+				}
+			}
 			if err := r.Match.validPath(); err != nil {
 				return nil, fmt.Errorf("policy %s rule %s: %w", p.Name, r.Name, err)
 			}
 			if err := r.validCost(); err != nil {
 				return nil, fmt.Errorf("policy %s rule %s: cost: %w", p.Name, r.Name, err)
 			}
-			if err := r.validCalendar(); err != nil {
+			if err := validCalendar(r.Calendar, r.Algorithm, r.WindowMS); err != nil {
 				return nil, fmt.Errorf("policy %s rule %s: calendar: %w", p.Name, r.Name, err)
 			}
 			if err := r.Durability.valid(); err != nil {
@@ -330,21 +338,22 @@ func (p *Policy) Selects(podLabels map[string]string) bool {
 	return p.Selector.Matches(podLabels)
 }
 
-// validCalendar checks a calendar window (nil is valid): its zone is one this build knows, its
-// algorithm FixedWindow, and it has no cost from the response (holds are not taken on one).
-func (r *Rule) validCalendar() error {
-	if r.Calendar == nil {
+// validCalendar checks the calendar window cal (nil is valid) of a limit of algorithm and
+// windowMS: its zone is one this build knows, its algorithm FixedWindow, and its window the
+// longest period. A cost from the response is valid on one: holds count in its periods.
+func validCalendar(cal *Calendar, algorithm string, windowMS int64) error {
+	if cal == nil {
 		return nil
 	}
-	if r.Algorithm != "FixedWindow" || r.Cost != nil {
-		return errors.New("a calendar window is a FixedWindow without a cost from the response")
+	if algorithm != "FixedWindow" {
+		return errors.New("a calendar window is a FixedWindow")
 	}
-	c, err := calendar.New(r.Calendar.Spec())
+	c, err := calendar.New(cal.Spec())
 	if err != nil {
 		return err
 	}
-	if r.WindowMS != c.MaxLength().Milliseconds() {
-		return fmt.Errorf("windowMs %d, want the longest period, %d", r.WindowMS, c.MaxLength().Milliseconds())
+	if windowMS != c.MaxLength().Milliseconds() {
+		return fmt.Errorf("windowMs %d, want the longest period, %d", windowMS, c.MaxLength().Milliseconds())
 	}
 	return nil
 }

@@ -95,7 +95,7 @@ var anyCall = regexp.MustCompile(`redis\.p?call\(`)
 func SidecarScripts() []scripts.Script {
 	return slices.Concat(scripts.All(), []scripts.Script{scripts.LeaseReturn(), scripts.HoldSettle(), scripts.HoldSettleTokenBucket(), scripts.HoldSettleSlidingWindowLog(),
 		scripts.TokenReturn(), scripts.LogReturn(), scripts.SlotAcquire(), scripts.SlotRenew(),
-		scripts.CalendarWindow(), scripts.CalendarReturn()}, scripts.Peeks(), fleet.Scripts())
+		scripts.CalendarWindow(), scripts.CalendarReturn(), scripts.CalendarReserve(), scripts.CalendarSettle()}, scripts.Peeks(), fleet.Scripts())
 }
 
 // Commands returns the commands a namespace's user may run that every Redis 6+ knows (Rules adds

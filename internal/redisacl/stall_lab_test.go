@@ -278,6 +278,32 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 	add("CalendarReturn", []string{l.tat}, 5, 1)                       // a period that ended
 	add("CalendarReturn", []string{l.tat + ":cal:0"}, 5, l.start+hour) // a period with no count
 	add("HoldSettleSlidingWindowLog", []string{l.log, l.logHolds}, 100, hour, "0:5:r1:a", 3, 0)
+	// Calendar holds: reserves and settles over the stuffed hold records, on periods of no
+	// count and on the 64 MiB string, with hostile arguments where the hold's part parses.
+	fresh := []string{l.tat + ":cal:1", l.tat + ":cal:2", l.tat + ":cal:3", l.holds}
+	calHeld := []string{l.tat, l.tat, l.tat, l.holds}
+	at := func(tail ...any) []any {
+		return append([]any{100, 2 * hour, 1, 0, l.start - hour, l.start, l.start + hour, l.start + 2*hour}, tail...)
+	}
+	add("CalendarReserve", fresh, at(50, "r1:a", 60000, 64)...)
+	add("CalendarReserve", calHeld, at(50, "r1:a", 60000, 64)...)
+	add("CalendarReserve", fresh, at("1e300", strings.Repeat("t", 101), "1e300", "1e300")...)
+	add("CalendarReserve", fresh, at("nan", "r1:b", "nan", "nan")...)
+	add("CalendarReserve", fresh, at()...)                        // no hold arguments
+	add("CalendarReserve", fresh[:3], at(1, "r1:c", 1000, 64)...) // no KEYS[4]
+	add("CalendarReserve", fresh, "nan", "inf", "nan", 0, "nan", "nan", "nan", "nan", 1, "r1:d", 1, 1)
+	add("CalendarReserve", fresh)
+	calRec := fmt.Sprintf("%d:5:r1:a", l.start)
+	for _, tail := range [][]any{
+		{calRec, 3, l.start + hour}, {calRec, "1e300", "1e300"}, {calRec, "nan", "-inf"}, {calRec, -1, -1},
+		{fmt.Sprintf("%d:1e300:r1:a", l.start), 1, 0}, {fmt.Sprintf("%d:5:r1:a", l.start+2*hour), 1, 0},
+		{strings.Repeat("9", 200), 1, 0}, {"x", 1, 0}, {},
+	} {
+		add("CalendarSettle", fresh, at(tail...)...)
+	}
+	add("CalendarSettle", calHeld, at(calRec, 30, l.start+hour)...) // an excess on the string
+	add("CalendarSettle", fresh[:3], at(calRec, 1, 0)...)           // no KEYS[4]
+	add("CalendarSettle", fresh)
 	// Slots over the stuffed hold records (half of them live): take one, with every bound
 	// hostile, and renew the most ids a call reads, and more.
 	slotted := []string{l.holds}

@@ -139,15 +139,17 @@ func compileWindowLimit(r v1alpha1.Rule) (policydoc.Rule, error) {
 		}
 	}
 	if c := r.Candidate; c != nil {
-		if c.Limit.Calendar != nil || c.Limit.Window.Duration > v1alpha1.MaxWindow {
-			return policydoc.Rule{}, errors.New("candidate.limit takes neither calendar nor a window longer than 24h (not supported yet)")
-		}
 		calg := orDefault(c.Algorithm, alg)
 		cburst, err := checkLimit(calg, c.Limit, "candidate.limit")
 		if err != nil {
 			return policydoc.Rule{}, err
 		}
 		out.Candidate = &policydoc.Candidate{Algorithm: string(calg), Requests: c.Limit.Requests, WindowMS: c.Limit.Window.Milliseconds(), Burst: cburst}
+		if c.Limit.Calendar != nil {
+			if out.Candidate.Calendar, out.Candidate.WindowMS, err = compileCalendar(calg, c.Limit.Calendar); err != nil {
+				return policydoc.Rule{}, fmt.Errorf("candidate.%w", err)
+			}
+		}
 	}
 	if out.Cost, err = compileCost(r.Cost, &out); err != nil {
 		return policydoc.Rule{}, err

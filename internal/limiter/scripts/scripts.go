@@ -116,6 +116,14 @@ var (
 	CalendarReturn = sync.OnceValue(func() Script { return New("CalendarReturn", source("lua/calendar_return.lua")) })
 )
 
+// CalendarReserve takes a hold on a calendar window and CalendarSettle settles it, or charges
+// one (see lua/calendar_reserve.lua, lua/calendar_settle.lua): a calendar window's token budget.
+// Loaded like CalendarWindow.
+var (
+	CalendarReserve = sync.OnceValue(func() Script { return New("CalendarReserve", source("lua/calendar_reserve.lua")) })
+	CalendarSettle  = sync.OnceValue(func() Script { return New("CalendarSettle", source("lua/calendar_settle.lua")) })
+)
+
 // SlotAcquire takes a slot of an in-flight limit and SlotRenew renews a replica's slots of one
 // key (see lua/slot_acquire.lua, lua/slot_renew.lua). A slot is given back with a plain ZREM.
 // Like LeaseReturn, loaded by Exec on NOSCRIPT and by the manager with every sidecar script,

@@ -408,6 +408,9 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 			FailureMode: p.FailureMode, Shadow: true, Policy: p.Name,
 		}
 		cand.WindowSeconds = (c.WindowMS + 999) / 1000
+		if err := cand.setCalendar(c.Calendar); err != nil {
+			return nil, fmt.Errorf("checking candidate limit: %w", err)
+		}
 		if err := cand.Limit.Validate(); err != nil {
 			return nil, fmt.Errorf("checking candidate limit: %w", err)
 		}

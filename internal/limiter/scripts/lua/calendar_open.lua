@@ -1,6 +1,8 @@
--- Fragment of calendar_window.lua and peek_calendar_window.lua (included in place, see
--- scripts.go): checks the arguments, picks the period holding Redis's clock and answers every
--- outcome but a grant, leaving key, cur, left, reset and now_us to the script that includes it.
+-- Fragment of the calendar window's scripts (calendar_window.lua, peek_calendar_window.lua,
+-- calendar_reserve.lua, calendar_settle.lua; included in place, see scripts.go): checks the
+-- arguments they share, picks the period holding Redis's clock and answers a miss or a call past
+-- its deadline, leaving whole, b, i, key, cur, left, reset, now and now_us to the script that
+-- includes it.
 local limit, span, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4]) or 0
 local b = {tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])}
@@ -37,10 +39,3 @@ local key = KEYS[i]
 -- copied whole by GET on Redis's one thread. A count is at most 16 digits.
 local cur = tonumber(redis.call('GETRANGE', key, 0, 31)) or 0
 local left = math.max(limit - cur, 0)
-if cost > limit then
-  return {0, left, -1, reset, now_us, 0}
-elseif cost == 0 then
-  return {1, left, 0, reset, now_us, 0}
-elseif cur + cost > limit then
-  return {0, left, reset, reset, now_us, 0}
-end

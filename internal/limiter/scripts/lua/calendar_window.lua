@@ -15,6 +15,7 @@
 -- units are counted (a refusal writes nothing), so a limit raised mid-period admits at once and
 -- one lowered below the count refuses only what comes next.
 --!include calendar_open.lua
+--!include calendar_refuse.lua
 redis.call('INCRBY', key, cost)
 redis.call('PEXPIREAT', key, b[i + 1])
 return {1, left - cost, 0, reset, now_us, cost}

@@ -3,4 +3,5 @@
 -- given a TTL). KEYS and ARGV are calendar_window.lua's, and so is the reply; granted is the
 -- cost the decision would count.
 --!include calendar_open.lua
+--!include calendar_refuse.lua
 return {1, left - cost, 0, reset, now_us, cost}

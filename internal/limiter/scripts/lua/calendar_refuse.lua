@@ -1,0 +1,9 @@
+-- Fragment of calendar_window.lua and peek_calendar_window.lua (included in place, see
+-- scripts.go), after calendar_open.lua: answers every outcome of a decision but a grant.
+if cost > limit then
+  return {0, left, -1, reset, now_us, 0}
+elseif cost == 0 then
+  return {1, left, 0, reset, now_us, 0}
+elseif cur + cost > limit then
+  return {0, left, reset, reset, now_us, 0}
+end
