@@ -80,7 +80,7 @@ func TestCalendarTokenBudgetAndCandidate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, hs, err := e.Reserve(ctx, set, budgetReq("k"), decide.Need{Sized: true, Prompt: 50, Output: 200})
+		d, hs, err := reserveReq(ctx, e, set, budgetReq("k"), decide.Need{Sized: true, Prompt: 50, Output: 200})
 		if err != nil || !d.Allowed {
 			t.Fatalf("request %d: %+v, %v", i, d, err)
 		}
