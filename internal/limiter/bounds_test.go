@@ -73,12 +73,14 @@ func logMembers(t *testing.T, c redis.UniversalClient, key string) (members, byt
 // The cost bomb of issue 10: costs in the millions on the largest legal SlidingWindowLog rule.
 // Before, one member was stored per unit of cost (253 MB for cost 2,000,000, Redis BUSY for
 // seconds at 20,000,000). Now each request is one member whatever its cost, so the log stays
-// within the limit's size, and Redis's own SLOWLOG records no slow script.
+// within the limit's size, and Redis's own SLOWLOG records no script of a second or more (the
+// bomb held Redis for seconds; a loaded machine's preemption of a bounded script stays far
+// below that: 53 ms seen at a load average of 20).
 func TestCostBombOnLargestLogRuleKeepsRedisSmallAndResponsive(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	admin := newClient(t, shared.URL())
-	g.Expect(admin.ConfigSet(ctx, "slowlog-log-slower-than", "50000").Err()).To(Succeed()) // 50 ms
+	g.Expect(admin.ConfigSet(ctx, "slowlog-log-slower-than", "1000000").Err()).To(Succeed()) // 1 s
 	t.Cleanup(func() { _ = admin.ConfigSet(ctx, "slowlog-log-slower-than", "10000").Err() })
 	g.Expect(admin.SlowLogReset(ctx).Err()).To(Succeed())
 
@@ -122,7 +124,7 @@ func TestCostBombOnLargestLogRuleKeepsRedisSmallAndResponsive(t *testing.T) {
 	g.Expect(admin.Ping(ctx).Err()).To(Succeed())
 	slow, err := admin.SlowLogGet(ctx, 16).Result()
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(slow).To(BeEmpty(), "no command ran for 50 ms or more")
+	g.Expect(slow).To(BeEmpty(), "no command ran for a second or more")
 }
 
 // The running totals make the log exact with mixed costs: what leaves the window frees exactly

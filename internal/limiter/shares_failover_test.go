@@ -74,6 +74,28 @@ func fleetDemand(ls []*limiter.Limiter, key string, lim limiter.Limit, admitted 
 	return func() { close(quit); wg.Wait() }
 }
 
+// waitSettled waits, while a fleet's demand runs, until admitted reaches want and then grows
+// no more for quiet: the window is spent, whatever the machine's speed. A fixed time instead
+// (the demand ran 5 or 8 seconds) left a loaded machine's fleet short of the limit after a
+// failover. It fails after two minutes.
+func waitSettled(t *testing.T, admitted *atomic.Int64, want int64) {
+	t.Helper()
+	const quiet = 3 * time.Second
+	deadline := time.Now().Add(2 * time.Minute)
+	last, since := admitted.Load(), time.Now()
+	for time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		if n := admitted.Load(); n != last {
+			last, since = n, time.Now()
+			continue
+		}
+		if last >= want && time.Since(since) >= quiet {
+			return
+		}
+	}
+	t.Errorf("the demand did not settle at %d or more admitted in two minutes: %d", want, admitted.Load())
+}
+
 // waitAdmitted polls until admitted reaches n.
 func waitAdmitted(t *testing.T, admitted *atomic.Int64, n int64) {
 	t.Helper()
@@ -161,8 +183,13 @@ func TestSharesRestoreARestartedRedis(t *testing.T) {
 				g.Expect(srv.Stop()).To(Succeed())
 				g.Expect(srv.Start()).To(Succeed())
 				restarted := time.Now()
-				// Demand goes on until the limit is surely spent, and a few seconds more.
-				time.Sleep(5 * time.Second)
+				// Demand goes on until the limit is surely spent: without shares, past the
+				// limit by what the restart lost.
+				want := lim.Requests * 95 / 100
+				if !withShares {
+					want = lim.Requests + lost/2 + 1
+				}
+				waitSettled(t, admitted, want)
 				stop()
 				total := admitted.Load()
 				var restored uint64
@@ -250,7 +277,7 @@ func TestSharesRestoreAClusterFailover(t *testing.T) {
 	}
 	g.Expect(rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err()).To(Succeed())
 	stop := fleetDemand(ls, key, lim, admitted)
-	time.Sleep(8 * time.Second)
+	waitSettled(t, admitted, lim.Requests*95/100)
 	stop()
 	total := admitted.Load()
 	var restored uint64
@@ -321,7 +348,7 @@ func TestSharesRestoreASentinelFailover(t *testing.T) {
 			g.Expect(grp.Master().Stop()).To(Succeed())
 			stop := fleetDemand(ls, key, lim, admitted)
 			g.Expect(grp.WaitMaster(ctx, grp.Replica())).To(Succeed())
-			time.Sleep(8 * time.Second)
+			waitSettled(t, admitted, lim.Requests*95/100)
 			stop()
 			total := admitted.Load()
 			var restored uint64

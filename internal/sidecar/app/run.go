@@ -240,7 +240,7 @@ func (s *sidecar) decisions(conns *redisconn.ConnStats) error {
 	})
 	s.memory = memoryBudget(cfg, log)
 	s.engine = &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld,
-		Queue: &slotqueue.Queue{Max: cfg.InFlightQueueMax, Memory: s.memory}, OnQueued: m.SlotsQueued, Log: decisionLog}
+		Queue: &slotqueue.Queue{Max: queueMax(cfg), Memory: s.memory}, OnQueued: m.SlotsQueued, Log: decisionLog}
 	m.WatchMemory(s.memory.Stats)
 	s.ph, err = proxy.New(proxy.Options{
 		Upstream: cfg.Upstream, UpstreamProtocol: cfg.UpstreamProtocol, MaxStreams: cfg.MaxConns, Engine: s.engine, Store: s.store, Headers: cfg.RateLimitHeaders,
@@ -377,3 +377,10 @@ func sweepSlots(ctx context.Context, wg *sync.WaitGroup, regs []*decide.SlotRegi
 		wg.Go(func() { g.Run(ctx) })
 	}
 }
+
+// queueMax bounds the proxy's waiters for a slot: --in-flight-queue-max, and at most half the
+// proxy's connections, since each waiter holds one. A flood of waiters on full keys (a tenant
+// may allow 10,000 a key for 10 minutes) then leaves the other half to the other keys' requests:
+// the waiters beyond it are refused at once, and their idle keep-alive connections can be
+// closed for new ones.
+func queueMax(cfg *Config) int { return max(1, min(cfg.InFlightQueueMax, cfg.MaxConns/2)) }
