@@ -196,7 +196,8 @@ func (w *Writer) namespace(ctx context.Context, ns string, policies []*v1alpha1.
 	return wrote
 }
 
-// write patches p's status.rules and refused, and its TopKeys condition when cond is set.
+// write patches p's status.rules, refused, inFlight and quota, and its TopKeys condition when
+// cond is set.
 // A merge patch of the two fields alone carries no version: the conditions, written by the
 // namespace reconciler, are not in it. With cond, the patch carries the whole conditions list
 // and so goes under the optimistic lock: a list read before another writer's last write is
@@ -205,6 +206,7 @@ func (w *Writer) write(ctx context.Context, p *v1alpha1.RateLimitPolicy, st topK
 	apply := func(p *v1alpha1.RateLimitPolicy) error {
 		before := p.DeepCopy()
 		p.Status.Rules, p.Status.Refused = st.Rules, st.Refused
+		p.Status.InFlight, p.Status.Quota = st.InFlight, st.Quota
 		patch := client.MergeFrom(before)
 		if cond != nil {
 			meta.SetStatusCondition(&p.Status.Conditions, *cond)
