@@ -19,13 +19,15 @@ func TestMergeQuotaTakesThePeriodInForceAndTheReplicasMost(t *testing.T) {
 	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
 	end := time.Date(2026, 12, 31, 23, 0, 0, 0, time.UTC).UnixMilli() // midnight in Berlin
 	lim := v1alpha1.Limit{Requests: 1000, Calendar: &v1alpha1.CalendarWindow{Unit: v1alpha1.CalendarMonth, TimeZone: "Europe/Berlin"}}
-	entry := func(k int, n uint64) fleet.TopEntry { return fleet.TopEntry{Key: hexKey(k), Count: n, Label: fmt.Sprint("v", k)} }
+	entry := func(k int, n uint64) fleet.TopEntry {
+		return fleet.TopEntry{Key: hexKey(k), Count: n, Label: fmt.Sprint("v", k)}
+	}
 	quotas := []*fleet.QuotaSummary{
 		{EndMS: end, Top: []fleet.TopEntry{entry(1, 800), entry(2, 10)}},
-		{EndMS: end, Top: []fleet.TopEntry{entry(1, 812), entry(3, 1<<63 + 5)}},
-		{EndMS: now.Add(-time.Hour).UnixMilli(), Top: []fleet.TopEntry{entry(4, 999)}},         // a period that ended
+		{EndMS: end, Top: []fleet.TopEntry{entry(1, 812), entry(3, 1<<63+5)}},
+		{EndMS: now.Add(-time.Hour).UnixMilli(), Top: []fleet.TopEntry{entry(4, 999)}},        // a period that ended
 		{EndMS: now.Add(40 * 24 * time.Hour).UnixMilli(), Top: []fleet.TopEntry{entry(5, 1)}}, // no period ends that far ahead
-		{EndMS: 0, Top: []fleet.TopEntry{entry(6, 5)}},                                         // not of a calendar
+		{EndMS: 0, Top: []fleet.TopEntry{entry(6, 5)}},                                        // not of a calendar
 	}
 	st := mergeQuota(lim, quotas, false, now)
 	if st == nil {
