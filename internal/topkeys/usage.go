@@ -50,21 +50,22 @@ func (u *Usage) Use(key, label string, used uint64, end, now int64) {
 		e.seen = now
 		return
 	}
-	key, label = own(key, label)
-	e := usageEntry{Entry: Entry{Key: key, Label: label, Count: used}, seen: now}
-	if len(u.keys) < UsageKeys {
-		u.keys = append(u.keys, e)
-		return
-	}
-	least := 0
-	for i := range u.keys {
-		if u.keys[i].Count < u.keys[least].Count {
-			least = i
+	at := len(u.keys)
+	if at == UsageKeys {
+		at = 0
+		for i := range u.keys {
+			if u.keys[i].Count < u.keys[at].Count {
+				at = i
+			}
 		}
+		if used <= u.keys[at].Count {
+			return // lighter than every key kept: nothing copied
+		}
+	} else {
+		u.keys = append(u.keys, usageEntry{})
 	}
-	if used > u.keys[least].Count {
-		u.keys[least] = e
-	}
+	key, label = own(key, label)
+	u.keys[at] = usageEntry{Entry: Entry{Key: key, Label: label, Count: used}, seen: now}
 }
 
 // Take returns the period's end and its k heaviest users, the most first (ties by Key), of
