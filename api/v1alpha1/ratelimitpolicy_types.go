@@ -436,6 +436,16 @@ type RateLimitPolicyStatus struct {
 	// +optional
 	Refused string `json:"refused,omitempty"`
 
+	// inFlight is how full the busiest key of the policy's in-flight rules is, as the live
+	// replicas last reported: its slots held over its limit, such as "87.5%".
+	// +optional
+	InFlight string `json:"inFlight,omitempty"`
+
+	// quota is how much of its current period's quota the heaviest user of the policy's long
+	// windows (calendar periods, windows over 24h) used, such as "81.2%".
+	// +optional
+	Quota string `json:"quota,omitempty"`
+
 	// rules is what the sidecars counted of each rule over their last reported interval: who
 	// was refused, and what a candidate limit would have refused.
 	// +kubebuilder:validation:MaxItems=32
@@ -456,6 +466,8 @@ type RateLimitPolicyStatus struct {
 // +kubebuilder:printcolumn:name="Programmed",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].status`
 // +kubebuilder:printcolumn:name="Enforced",type=string,JSONPath=`.status.conditions[?(@.type=="Enforced")].status`
 // +kubebuilder:printcolumn:name="Refused",type=string,JSONPath=`.status.refused`,description="Share of decisions refused over the sidecars' last interval"
+// +kubebuilder:printcolumn:name="InFlight",type=string,JSONPath=`.status.inFlight`,description="Slots the busiest key of an in-flight rule holds, over its limit",priority=1
+// +kubebuilder:printcolumn:name="Quota",type=string,JSONPath=`.status.quota`,description="Share of the current period's quota the heaviest user of a long window used",priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Programmed")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type RateLimitPolicy struct {

@@ -73,6 +73,14 @@ type RuleStatus struct {
 	// candidate is what the rule's candidate limit would have done.
 	// +optional
 	Candidate *CandidateStatus `json:"candidate,omitempty"`
+
+	// inFlight is what the replicas hold of an in-flight rule's slots.
+	// +optional
+	InFlight *InFlightStatus `json:"inFlight,omitempty"`
+
+	// quota is how much of a long window's current period its heaviest users used.
+	// +optional
+	Quota *QuotaStatus `json:"quota,omitempty"`
 }
 
 // TopKey is one key of a top list, merged across replicas.

@@ -63,7 +63,10 @@ func SidecarRegistry() (*prometheus.Registry, error) {
 	p := policydoc.Policy{
 		Name: "p", Generation: 1, Selector: policydoc.Selector{MatchLabels: map[string]string{"app": "web"}}, FailureMode: "Open",
 		Rules: []policydoc.Rule{{Name: "r", Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: "FixedWindow", Requests: 10, WindowMS: 1000, Mode: "Enforce",
-			Candidate: &policydoc.Candidate{Algorithm: "FixedWindow", Requests: 5, WindowMS: 1000}}},
+			Candidate: &policydoc.Candidate{Algorithm: "FixedWindow", Requests: 5, WindowMS: 1000}},
+			// A calendar month: its quota gauge shows from the load on.
+			{Name: "month", Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: "FixedWindow", Requests: 10, WindowMS: 2685600000, Mode: "Enforce",
+				Calendar: &policydoc.Calendar{Unit: "Month"}}},
 	}
 	_, data, err := policydoc.Build("ns", []policydoc.Policy{p}, map[string]string{})
 	if err != nil {

@@ -93,6 +93,31 @@ type RuleSummary struct {
 	// Candidate lists the keys the rule's candidate limit would have refused; nil for a rule
 	// without one.
 	Candidate *TopList `json:"c,omitempty"`
+	// InFlight is what an in-flight rule's slots are doing in the replica; nil for another rule.
+	InFlight *InFlightSummary `json:"f,omitempty"`
+	// Quota lists the heaviest users of a long window's current period; nil for another rule.
+	Quota *QuotaSummary `json:"q,omitempty"`
+}
+
+// InFlightSummary is what one replica holds of an in-flight rule's slots.
+type InFlightSummary struct {
+	// Held counts the slots the replica holds at the summary's time, Peak the most it held at
+	// once over the interval, Queued the requests waiting in it for a slot.
+	Held   uint64 `json:"h"`
+	Peak   uint64 `json:"p,omitempty"`
+	Queued uint64 `json:"w,omitempty"`
+	// Top lists the keys holding the most slots at the summary's time (Total: Held).
+	Top TopList `json:"t"`
+}
+
+// QuotaSummary is what one replica saw of a long window's heaviest users.
+type QuotaSummary struct {
+	// EndMS is when the calendar period the counts are of ends (ms since the epoch, derived
+	// from Redis's answers); 0 for a rolling window.
+	EndMS int64 `json:"e,omitempty"`
+	// Top lists the keys that used the most of the period's quota, each with its latest count
+	// as Redis answered the replica (Count; Err unused).
+	Top []TopEntry `json:"t,omitempty"`
 }
 
 // PolicySummary is one replica's summary of one policy.
@@ -136,7 +161,9 @@ func (l TopList) Snapshot() topkeys.Snapshot {
 func EncodeSummary(s PolicySummary) []byte {
 	s.Version = summaryVersion
 	s.Rules = slices.DeleteFunc(slices.Clone(s.Rules), func(r RuleSummary) bool {
-		return r.Decisions == 0 && r.Refused.Total == 0 && (r.Candidate == nil || r.Candidate.Total == 0)
+		return r.Decisions == 0 && r.Refused.Total == 0 && (r.Candidate == nil || r.Candidate.Total == 0) &&
+			(r.InFlight == nil || r.InFlight.Held == 0 && r.InFlight.Peak == 0 && r.InFlight.Queued == 0) &&
+			(r.Quota == nil || len(r.Quota.Top) == 0)
 	})
 	if len(s.Rules) == 0 {
 		return nil
@@ -167,6 +194,16 @@ func cutLists(s PolicySummary, n int, noLabels bool) PolicySummary {
 		if r.Candidate != nil {
 			c := cutList(*r.Candidate, n, noLabels)
 			r.Candidate = &c
+		}
+		if r.InFlight != nil {
+			f := *r.InFlight
+			f.Top = cutList(f.Top, n, noLabels)
+			r.InFlight = &f
+		}
+		if r.Quota != nil {
+			q := *r.Quota
+			q.Top = cutList(TopList{Top: q.Top}, n, noLabels).Top
+			r.Quota = &q
 		}
 		rules[i] = r
 	}
@@ -235,6 +272,17 @@ func DecodeSummary(b []byte) (PolicySummary, error) {
 		if r.Candidate != nil {
 			if err := cleanList(r.Candidate); err != nil {
 				return PolicySummary{}, fmt.Errorf("%w: rule %q candidate: %v", ErrInvalidSummary, topkeys.Label(r.Rule), err)
+			}
+		}
+		if r.InFlight != nil {
+			if err := cleanList(&r.InFlight.Top); err != nil {
+				return PolicySummary{}, fmt.Errorf("%w: rule %q in flight: %v", ErrInvalidSummary, topkeys.Label(r.Rule), err)
+			}
+		}
+		if r.Quota != nil {
+			l := TopList{Top: r.Quota.Top}
+			if err := cleanList(&l); err != nil || r.Quota.EndMS < 0 {
+				return PolicySummary{}, fmt.Errorf("%w: rule %q quota: end %d, %v", ErrInvalidSummary, topkeys.Label(r.Rule), r.Quota.EndMS, err)
 			}
 		}
 	}

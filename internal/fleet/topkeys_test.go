@@ -33,9 +33,17 @@ func fullSummary() fleet.PolicySummary {
 			cand.Add(hexKey(i+1000), uint64(500-i), label)
 		}
 		c := fleet.ListFromSnapshot(cand.Take())
+		var slots topkeys.Holders
+		var quota []topkeys.Entry
+		for i := range 100 {
+			label := strings.Repeat("x", 70) + fmt.Sprint(i)
+			slots.Hold(hexKey(i+2000), label, int64(100-i))
+			quota = append(quota, topkeys.Entry{Key: hexKey(i + 3000), Label: label, Count: uint64(1_000_000 - i)})
+		}
 		s.Rules = append(s.Rules, fleet.RuleSummary{
 			Rule: fmt.Sprintf("rule-%02d-%s", r, strings.Repeat("r", 50)), Decisions: 1_000_000,
 			Refused: fleet.ListFromSnapshot(sk.Take()), Candidate: &c,
+			InFlight: fleet.InFlightFrom(slots.Take(128)), Quota: fleet.QuotaFrom(1_800_000_000_000, quota),
 		})
 	}
 	return s
@@ -51,6 +59,8 @@ func TestEncodeSummaryFitsItsBound(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got.Rules).To(HaveLen(fleet.MaxRules), "every rule is kept; its lists are cut to fit")
 	g.Expect(got.Rules[0].Refused.Top[0].Key).To(Equal(hexKey(0)), "the heaviest key stays")
+	g.Expect(got.Rules[0].InFlight.Top.Top[0].Key).To(Equal(hexKey(2000)), "the key holding the most slots stays")
+	g.Expect(got.Rules[0].Quota.Top[0].Key).To(Equal(hexKey(3000)), "the heaviest user stays")
 	t.Logf("a full summary (%d rules, lists of %d with %d-byte labels) encodes in %d bytes with %d entries per list",
 		fleet.MaxRules, fleet.SummaryEntries, topkeys.MaxLabelBytes, len(b), len(got.Rules[0].Refused.Top))
 
@@ -59,12 +69,20 @@ func TestEncodeSummaryFitsItsBound(t *testing.T) {
 	got, err = fleet.DecodeSummary(fleet.EncodeSummary(small))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got.Rules[0].Refused.Top).To(HaveLen(fleet.SummaryEntries))
+	g.Expect(got.Rules[0].InFlight.Top.Top).To(HaveLen(fleet.SummaryEntries))
+	g.Expect(got.Rules[0].InFlight.Held).To(BeEquivalentTo(5050))
+	g.Expect(got.Rules[0].Quota.Top).To(HaveLen(fleet.SummaryEntries))
+	g.Expect(got.Rules[0].Quota.EndMS).To(BeEquivalentTo(1_800_000_000_000))
 	g.Expect(got.Rules[0].Refused.Top[0].Label).To(Equal(strings.Repeat("x", topkeys.MaxLabelBytes)))
 	g.Expect(got.Rules[0].Refused.Min).To(BeEquivalentTo(1000-fleet.SummaryEntries),
 		"a key cut from the list may have been counted as often as the first one cut")
 
-	// Nothing counted, nothing published.
+	// Nothing counted, nothing published; slots held or a quota used are said without a decision.
 	g.Expect(fleet.EncodeSummary(fleet.PolicySummary{Rules: []fleet.RuleSummary{{Rule: "idle"}}})).To(BeNil())
+	g.Expect(fleet.EncodeSummary(fleet.PolicySummary{Rules: []fleet.RuleSummary{{Rule: "idle", InFlight: &fleet.InFlightSummary{}}}})).To(BeNil())
+	g.Expect(fleet.EncodeSummary(fleet.PolicySummary{Rules: []fleet.RuleSummary{{Rule: "streams", InFlight: &fleet.InFlightSummary{Held: 1}}}})).NotTo(BeNil())
+	g.Expect(fleet.EncodeSummary(fleet.PolicySummary{Rules: []fleet.RuleSummary{{Rule: "month", Quota: fleet.QuotaFrom(1, []topkeys.Entry{{Key: hexKey(1), Count: 5}})}}})).NotTo(BeNil())
+	g.Expect(fleet.QuotaFrom(1, []topkeys.Entry{{Key: "not-a-hash", Count: 5}})).To(BeNil(), "a key not of the limiter's form is left out")
 }
 
 func TestDecodeSummaryRefusesWhatIsNotOne(t *testing.T) {
@@ -106,6 +124,26 @@ func TestDecodeSummaryRefusesWhatIsNotOne(t *testing.T) {
 		"count too large": []byte(strings.Replace(string(good(func(map[string]any) {})), `"n":1,`, `"n":1e30,`, 1)),
 		"err over count":  good(func(m map[string]any) { entry(m)["e"] = 2 }),
 		"over the bound":  append(good(func(map[string]any) {}), make([]byte, fleet.SummaryMaxBytes)...),
+		"slots: too many entries": good(func(m map[string]any) {
+			es := make([]any, fleet.SummaryEntries+1)
+			for i := range es {
+				es[i] = map[string]any{"k": hexKey(i), "n": 1}
+			}
+			rule(m)["f"] = map[string]any{"h": 9, "t": map[string]any{"n": 9, "t": es}}
+		}),
+		"slots: key not a hash": good(func(m map[string]any) {
+			rule(m)["f"] = map[string]any{"h": 1, "t": map[string]any{"n": 1, "t": []any{map[string]any{"k": "bob", "n": 1}}}}
+		}),
+		"slots: negative held": good(func(m map[string]any) { rule(m)["f"] = map[string]any{"h": -1, "t": map[string]any{"n": 0}} }),
+		"quota: negative end":  good(func(m map[string]any) { rule(m)["q"] = map[string]any{"e": -5} }),
+		"quota: too many users": good(func(m map[string]any) {
+			es := make([]any, fleet.SummaryEntries+1)
+			for i := range es {
+				es[i] = map[string]any{"k": hexKey(i), "n": 1}
+			}
+			rule(m)["q"] = map[string]any{"e": 5, "t": es}
+		}),
+		"quota: unknown field": good(func(m map[string]any) { rule(m)["q"] = map[string]any{"e": 5, "z": 1} }),
 	}
 	for name, b := range cases {
 		if _, err := fleet.DecodeSummary(b); !errors.Is(err, fleet.ErrInvalidSummary) {

@@ -18,6 +18,11 @@ type Tracker struct {
 	decisions atomic.Uint64
 	refused   *Sketch
 	admitted  *Sketch
+
+	// Slots counts an in-flight rule's slots held now, by key.
+	Slots Holders
+	// Quota keeps a long window's heaviest users of the current period.
+	Quota Usage
 }
 
 // NewTracker returns an empty Tracker.

@@ -50,6 +50,19 @@ func e2ePolicy(name, prefix string, mode v1alpha1.FailureMode, rule v1alpha1.Mod
 	}
 }
 
+// usagePolicy limits /usage/ by requests in progress (with a queue) and by a calendar month,
+// so that the in-flight and quota panels have their series.
+func usagePolicy() *v1alpha1.RateLimitPolicy {
+	p := e2ePolicy("usage", "/usage/", v1alpha1.FailureModeOpen, v1alpha1.Enforce, 1_000_000)
+	r := &p.Spec.Rules[0]
+	r.Limit = v1alpha1.Limit{Requests: 1_000_000, Calendar: &v1alpha1.CalendarWindow{Unit: v1alpha1.CalendarMonth}}
+	slots := *r
+	slots.Name, slots.Algorithm = "slots", ""
+	slots.Limit = v1alpha1.Limit{InFlight: new(int64(1000)), Queue: &v1alpha1.InFlightQueue{Size: 10, Timeout: metav1.Duration{Duration: time.Second}}}
+	p.Spec.Rules = append(p.Spec.Rules, slots)
+	return p
+}
+
 // startPrometheus runs the real prometheus (promtest) scraping targets (address -> labels)
 // and evaluating rules (a rule file's content; nil: none).
 func startPrometheus(ctx context.Context, t *testing.T, dir string, targets map[string]map[string]string, rules []byte) promv1.API {
@@ -140,6 +153,7 @@ func startE2EStack(ctx context.Context, t *testing.T) (*stack.Stack, []*stack.Si
 		e2ePolicy("closed", "/closed/", v1alpha1.FailureModeClosed, v1alpha1.Enforce, 1000),
 		e2ePolicy("fallback", "/fallback/", v1alpha1.FailureModeLocalFallback, v1alpha1.Enforce, 20),
 		e2ePolicy("shadow", "/shadow/", v1alpha1.FailureModeOpen, v1alpha1.Shadow, 5),
+		usagePolicy(),
 	}
 	for _, p := range policies {
 		if err := st.ApplyPolicy(ctx, p); err != nil {
@@ -230,7 +244,7 @@ func TestPrometheusQueries(t *testing.T) {
 	if tl := send(ctx, "/fallback/", "heavy", 40); tl.Limited == 0 {
 		t.Fatalf("the client over its limit was never refused: %+v", tl.Counts)
 	}
-	stopHealthy := load("heavy", "/open/", "/closed/", "/fallback/", "/shadow/")
+	stopHealthy := load("heavy", "/open/", "/closed/", "/fallback/", "/shadow/", "/usage/")
 	defer stopHealthy()
 	for _, d := range dashboards.All() {
 		for _, p := range d.Panels {

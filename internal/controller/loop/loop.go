@@ -1,5 +1,5 @@
 // Package loop holds what the manager's control loops share, and only that: reading stored
-// RateLimitPolicies one by one, the one writer of their conditions, bounded condition
+// RateLimitPolicies one by one, the one writer of their status, bounded condition
 // messages, coalesced requests, leadership, Redis errors and INFO fields, a ReplicaSet's
 // Deployment, and the label of the objects Redline manages. It imports no loop.
 package loop

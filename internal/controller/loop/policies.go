@@ -50,13 +50,33 @@ func DecodePolicy(u *unstructured.Unstructured) (*v1alpha1.RateLimitPolicy, erro
 	return &p, nil
 }
 
-// SetPolicyCondition sets cond on p's status and writes it where it changed, as a merge patch
-// with the optimistic lock: several reconcilers write conditions of one policy, and a patch
-// from a stale read would drop theirs; a conflict is returned, to be retried on a fresh read.
-// It returns the condition of that type p had before (a copy, or nil) and whether it wrote;
-// a policy gone meanwhile is not an error. Every loop that sets a condition of a policy sets
-// it here; the policy reconciler, which writes its three conditions and the status beside
-// them in one patch, writes them the same way (merge patch, optimistic lock).
+// PatchPolicyStatus is the one writer of a RateLimitPolicy's status: it writes want where it
+// differs from p's, as a merge patch under the optimistic lock. Several loops write one policy's
+// status (the policy reconciler its conditions and the status beside them, the other loops a
+// condition each, the top-keys writer the sidecars' counts), and a merge patch replaces lists
+// whole: one computed from a stale read would drop another loop's conditions, so a read older
+// than the stored object is refused as a conflict (apierrors.IsConflict on the error), to be
+// retried on a fresh read. p's status becomes want. It returns whether it wrote; a policy gone
+// meanwhile is not an error.
+func PatchPolicyStatus(ctx context.Context, c client.Client, p *v1alpha1.RateLimitPolicy, want v1alpha1.RateLimitPolicyStatus) (bool, error) {
+	if apiequality.Semantic.DeepEqual(p.Status, want) {
+		return false, nil
+	}
+	before := p.DeepCopy()
+	p.Status = want
+	if err := c.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return true, nil
+}
+
+// SetPolicyCondition sets cond on p's status and writes it where it changed
+// (PatchPolicyStatus); a conflict is returned, to be retried on a fresh read. It returns the
+// condition of that type p had before (a copy, or nil) and whether it wrote. Every loop that
+// sets a condition of a policy sets it here.
 func SetPolicyCondition(ctx context.Context, c client.Client, p *v1alpha1.RateLimitPolicy, cond metav1.Condition) (*metav1.Condition, bool, error) {
 	var prev *metav1.Condition
 	if old := meta.FindStatusCondition(p.Status.Conditions, cond.Type); old != nil {
@@ -65,34 +85,18 @@ func SetPolicyCondition(ctx context.Context, c client.Client, p *v1alpha1.RateLi
 	want := p.Status.DeepCopy()
 	cond.ObservedGeneration = p.Generation
 	meta.SetStatusCondition(&want.Conditions, cond)
-	if apiequality.Semantic.DeepEqual(p.Status, *want) {
-		return prev, false, nil
-	}
-	before := p.DeepCopy()
-	p.Status = *want
-	if err := c.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		if apierrors.IsNotFound(err) {
-			return prev, false, nil
-		}
-		return prev, false, fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err)
-	}
-	return prev, true, nil
+	wrote, err := PatchPolicyStatus(ctx, c, p, *want)
+	return prev, wrote, err
 }
 
-// RemovePolicyCondition removes the condition of type t from p's status where p has one, as
-// SetPolicyCondition writes (merge patch, optimistic lock; a policy gone is not an error): a
-// loop whose condition no longer concerns a policy takes it off.
+// RemovePolicyCondition removes the condition of type t from p's status where p has one
+// (PatchPolicyStatus): a loop whose condition no longer concerns a policy takes it off.
 func RemovePolicyCondition(ctx context.Context, c client.Client, p *v1alpha1.RateLimitPolicy, t string) error {
 	if meta.FindStatusCondition(p.Status.Conditions, t) == nil {
 		return nil
 	}
-	before := p.DeepCopy()
-	meta.RemoveStatusCondition(&p.Status.Conditions, t)
-	if err := c.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err)
-	}
-	return nil
+	want := p.Status.DeepCopy()
+	meta.RemoveStatusCondition(&want.Conditions, t)
+	_, err := PatchPolicyStatus(ctx, c, p, *want)
+	return err
 }

@@ -8,11 +8,9 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 	"github.com/redline-dev/redline/internal/controller/loop"
@@ -108,26 +106,19 @@ var errStaleStatus = errors.New("policy changed since it was read")
 // wants to be told about.
 func (r *NamespaceReconciler) updateStatus(ctx context.Context, o outcome, doc *policydoc.Document) error {
 	p := o.policy
-	want := desiredStatus(o, doc)
-	if apiequality.Semantic.DeepEqual(p.Status, want) {
-		return nil
-	}
 	before := p.DeepCopy()
-	p.Status = want
-	// A merge patch replaces the whole conditions list. Read from a cache that has not seen the
-	// budget reconciler's last write, it would drop RedisConnectionBudget until the next
-	// budget pass; the optimistic lock turns that stale read into a conflict, retried on a
-	// fresh read, so the conditions this reconciler does not own are kept.
-	if err := r.Status().Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if apierrors.IsConflict(err) {
-			return errStaleStatus
-		}
-		return fmt.Errorf("updating status of %s/%s: %w", p.Namespace, p.Name, err)
+	// Read from a cache that has not seen the budget reconciler's last write, the patch would
+	// drop RedisConnectionBudget until the next budget pass: the one writer refuses that stale
+	// read as a conflict, retried on a fresh read.
+	wrote, err := loop.PatchPolicyStatus(ctx, r.Client, p, desiredStatus(o, doc))
+	switch {
+	case apierrors.IsConflict(err):
+		return errStaleStatus
+	case err != nil:
+		return err
+	case wrote:
+		r.recordChanges(before, p)
 	}
-	r.recordChanges(before, p)
 	return nil
 }
 

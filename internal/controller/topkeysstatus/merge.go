@@ -17,6 +17,9 @@ import (
 type topKeysStatus struct {
 	Rules   []v1alpha1.RuleStatus
 	Refused string
+	// InFlight and Quota are the policy's busiest in-flight key and heaviest quota user
+	// (status.inFlight, status.quota).
+	InFlight, Quota string
 	// Newest is the newest stamp of the summaries merged (ms, Redis's clock): a summary as new
 	// or older was added to the candidates' totals already.
 	Newest int64
@@ -40,12 +43,15 @@ func mergeTopKeys(p *v1alpha1.RateLimitPolicy, g fleet.GroupSummaries, merged in
 		out.Newest = max(out.Newest, s.Stamp)
 	}
 	var decisions, refused uint64
+	var busiest, heaviest share
 	for _, rule := range p.Spec.Rules {
 		st := v1alpha1.RuleStatus{Name: rule.Name, ObservedAt: metav1.NewTime(now)}
 		values := rule.TopKeys == v1alpha1.TopKeysValues
 		var parts, cparts []topkeys.Snapshot
 		var ruleDecisions, ruleRefused, would, newDecisions, newWould uint64
 		var interval int64
+		var flights []*fleet.InFlightSummary
+		var quotas []*fleet.QuotaSummary
 		for _, s := range g.Summaries {
 			for _, rs := range s.Rules {
 				if rs.Rule != rule.Name {
@@ -56,6 +62,12 @@ func mergeTopKeys(p *v1alpha1.RateLimitPolicy, g fleet.GroupSummaries, merged in
 				ruleDecisions = addSat(ruleDecisions, rs.Decisions)
 				ruleRefused = addSat(ruleRefused, rs.Refused.Total)
 				parts = append(parts, rs.Refused.Snapshot())
+				if rs.InFlight != nil {
+					flights = append(flights, rs.InFlight)
+				}
+				if rs.Quota != nil {
+					quotas = append(quotas, rs.Quota)
+				}
 				if rs.Candidate != nil {
 					would = addSat(would, rs.Candidate.Total)
 					cparts = append(cparts, rs.Candidate.Snapshot())
@@ -84,10 +96,21 @@ func mergeTopKeys(p *v1alpha1.RateLimitPolicy, g fleet.GroupSummaries, merged in
 			cs.TopRefused = topKeys(topkeys.Merge(v1alpha1.MaxTopKeys, cparts...), values)
 			st.Candidate = cs
 		}
+		if n := rule.Limit.InFlight; n != nil && len(flights) > 0 {
+			st.InFlight = mergeInFlight(*n, flights, values)
+			busiest = busiest.most(st.InFlight.TopHolders, *n)
+		}
+		if longWindow(rule.Limit) && len(quotas) > 0 {
+			st.Quota = mergeQuota(rule.Limit, quotas, values, now)
+			if st.Quota != nil && len(st.Quota.TopUsers) > 0 {
+				heaviest = heaviest.max(share{uint64(st.Quota.TopUsers[0].Used), uint64(rule.Limit.Requests)})
+			}
+		}
 		out.Rules = append(out.Rules, st)
 	}
 	if len(g.Summaries) > 0 {
 		out.Refused = ratio(refused, decisions)
+		out.InFlight, out.Quota = busiest.String(), heaviest.String()
 	}
 	return out
 }
@@ -103,17 +126,18 @@ func sameTopKeys(st v1alpha1.RateLimitPolicyStatus, t topKeysStatus) bool {
 		}
 		return out
 	}
-	return st.Refused == t.Refused && equality.Semantic.DeepEqual(strip(st.Rules), strip(t.Rules))
+	return st.Refused == t.Refused && st.InFlight == t.InFlight && st.Quota == t.Quota &&
+		equality.Semantic.DeepEqual(strip(st.Rules), strip(t.Rules))
 }
 
 // idle says whether a status shows no decision: a policy without summaries stays as it is.
 func idle(st v1alpha1.RateLimitPolicyStatus) bool {
 	for _, r := range st.Rules {
-		if r.Decisions != 0 || r.Refused != 0 || len(r.TopRefused) > 0 {
+		if r.Decisions != 0 || r.Refused != 0 || len(r.TopRefused) > 0 || r.InFlight != nil || r.Quota != nil {
 			return false
 		}
 	}
-	return st.Refused == ""
+	return st.Refused == "" && st.InFlight == "" && st.Quota == ""
 }
 
 func topKeys(s topkeys.Snapshot, values bool) []v1alpha1.TopKey {

@@ -196,24 +196,23 @@ func (w *Writer) namespace(ctx context.Context, ns string, policies []*v1alpha1.
 	return wrote
 }
 
-// write patches p's status.rules and refused, and its TopKeys condition when cond is set.
-// A merge patch of the two fields alone carries no version: the conditions, written by the
-// namespace reconciler, are not in it. With cond, the patch carries the whole conditions list
-// and so goes under the optimistic lock: a list read before another writer's last write is
-// refused, read again and patched again (retry.RetryOnConflict), never written over.
+// write writes p's status.rules, refused, inFlight and quota, and its TopKeys condition when
+// cond is set, through the one writer of policy status (loop.PatchPolicyStatus): a write from
+// a read older than another loop's last write is refused, read again and written again
+// (retry.RetryOnConflict), never written over.
 func (w *Writer) write(ctx context.Context, p *v1alpha1.RateLimitPolicy, st topKeysStatus, cond *metav1.Condition) error {
 	apply := func(p *v1alpha1.RateLimitPolicy) error {
-		before := p.DeepCopy()
-		p.Status.Rules, p.Status.Refused = st.Rules, st.Refused
-		patch := client.MergeFrom(before)
+		want := p.Status.DeepCopy()
+		want.Rules, want.Refused = st.Rules, st.Refused
+		want.InFlight, want.Quota = st.InFlight, st.Quota
 		if cond != nil {
-			meta.SetStatusCondition(&p.Status.Conditions, *cond)
-			patch = client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
+			meta.SetStatusCondition(&want.Conditions, *cond)
 		}
-		return w.Client.Status().Patch(ctx, p, patch)
+		_, err := loop.PatchPolicyStatus(ctx, w.Client, p, *want)
+		return err
 	}
 	first := true
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if first {
 			first = false
 			return apply(p.DeepCopy())
@@ -224,11 +223,10 @@ func (w *Writer) write(ctx context.Context, p *v1alpha1.RateLimitPolicy, st topK
 		}
 		fresh := &v1alpha1.RateLimitPolicy{}
 		if err := reader.Get(ctx, client.ObjectKeyFromObject(p), fresh); err != nil {
-			return err
+			return client.IgnoreNotFound(err)
 		}
 		return apply(fresh)
 	})
-	return client.IgnoreNotFound(err)
 }
 
 // topKeysCondition is the TopKeys condition g calls for, or nil when p's says it already (or

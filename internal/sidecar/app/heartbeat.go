@@ -44,9 +44,9 @@ func heartbeat(ctx context.Context, cfg *Config, log *slog.Logger, client redis.
 			st := lim.Stats()
 			lost := st.Restorations > told.Restorations
 			// Each beat publishes what the rules counted since the last one: who they refused,
-			// and what their candidates would have (see summaries).
+			// and what their candidates would have (see ruleset.Set.Summaries).
 			at := time.Now()
-			tops := summaries(set, at.Sub(taken))
+			tops := set.Summaries(at.Sub(taken))
 			taken = at
 			hctx, cancel := context.WithTimeout(ctx, cfg.HeartbeatInterval)
 			beats, err := fleet.BeatWithSummaries(hctx, client, set.Namespace, instance, set.Hash, ttl, set.PolicyNames(), lost, tops)

@@ -246,7 +246,11 @@ func (e *Engine) outcome(c call, lim limiter.Limit, res limiter.Result, err erro
 		if c.rule.ReportValues {
 			label = strings.Join(c.parts, " ")
 		}
-		t.Observe(keyscheme.Hash(c.key), label, res.OverLimit)
+		hash := keyscheme.Hash(c.key)
+		t.Observe(hash, label, res.OverLimit)
+		if c.rule.LongWindow {
+			useQuota(t, lim, hash, label, res)
+		}
 	}
 	return Outcome{Rule: c.rule, Result: res, key: c.key, lim: lim}
 }

@@ -3,6 +3,7 @@ package decide
 import (
 	"context"
 	"strconv"
+	"strings"
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
@@ -64,6 +65,17 @@ func (e *Engine) acquire(ctx context.Context, s *Slots, c call, wait bool) bool 
 	}
 	if e.ObserveSlot != nil {
 		e.ObserveSlot(r, res)
+	}
+	if t := r.Top; t != nil {
+		label := ""
+		if r.ReportValues {
+			label = strings.Join(parts, " ")
+		}
+		hash := keyscheme.Hash(key)
+		t.Observe(hash, label, res.Full)
+		if slot != nil {
+			t.Slots.Hold(hash, label, 1)
+		}
 	}
 	s.Outcomes = append(s.Outcomes, SlotOutcome{Rule: r, Result: res})
 	if slot != nil {
@@ -136,6 +148,9 @@ func (s *Slots) Release(ctx context.Context) {
 		s.slotter.Release(ctx, sl)
 		if s.onSlots != nil {
 			s.onSlots(s.rules[i], -1)
+		}
+		if t := s.rules[i].Top; t != nil {
+			t.Slots.Hold(keyscheme.Hash(sl.Key()), "", -1)
 		}
 		if s.released != nil {
 			s.released(sl.Key())

@@ -46,8 +46,15 @@ func (e *Engine) waitSlot(ctx context.Context, sl Limiter, key string, r *rulese
 	wctx, cancel := context.WithTimeout(ctx, r.Queue.Timeout)
 	defer cancel()
 	var queued func(int)
-	if e.OnQueued != nil {
-		queued = func(delta int) { e.OnQueued(r, delta) }
+	if e.OnQueued != nil || r.Top != nil {
+		queued = func(delta int) {
+			if e.OnQueued != nil {
+				e.OnQueued(r, delta)
+			}
+			if r.Top != nil {
+				r.Top.Slots.Queue(int64(delta))
+			}
+		}
 	}
 	// Wait's error (no room to wait, the timeout, the client gone) leaves res the key's last
 	// refusal, Full.

@@ -129,7 +129,7 @@ func New(stats func() limiter.Stats, store *ruleset.Store) *Metrics {
 	m.Registry.MustRegister(m.regressions, m.restoredUnit, m.lossSignals)
 	m.Registry.MustRegister(m.decisions, m.candidates, m.redisLatency, m.reloads, m.reloadErrors, m.configInfo, m.heartbeatErr, m.redisErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&limiterCollector{stats: stats, store: store})
+		&limiterCollector{stats: stats, store: store}, &quotaCollector{store: store})
 	return m
 }
 

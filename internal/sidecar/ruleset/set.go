@@ -104,6 +104,9 @@ type Rule struct {
 	// (such as tokens) that a request holds before it is forwarded and settles after. Nil:
 	// every request costs one unit. A rule with a Cost has no Candidate.
 	Cost *Cost
+	// LongWindow says the rule counts a calendar period or a window over a day: its top keys
+	// report how much of the period's quota they used (Top.Quota).
+	LongWindow bool
 	// Top counts the rule's decisions and its heaviest keys between two heartbeats (nil when
 	// the sidecar tracks MaxTrackedRules rules already). It outlives reloads: Sets built by the
 	// same Builder share it while the rule (or candidate) exists.
@@ -318,12 +321,12 @@ func (b *Builder) Build(doc *policydoc.Document, podLabels map[string]string) (*
 			for _, k := range r.Key {
 				s.NeedsForwardedFor = s.NeedsForwardedFor || k.Attribute == AttrForwardedFor
 			}
+			track(r)
 			if r.InFlight != nil {
 				p.InFlight = append(p.InFlight, r)
 				s.InFlight = append(s.InFlight, r)
 				continue
 			}
-			track(r)
 			if r.Candidate != nil {
 				track(r.Candidate)
 			}
@@ -385,6 +388,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 	} else if err := r.Limit.Validate(); err != nil {
 		return nil, fmt.Errorf("checking limit: %w", err)
 	}
+	r.LongWindow = r.InFlight == nil && (r.Limit.Calendar != nil || r.Limit.Window > 24*time.Hour)
 	cost, err := newCost(cr.Cost)
 	if err != nil {
 		return nil, err

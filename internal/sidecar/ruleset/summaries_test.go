@@ -1,4 +1,4 @@
-package app
+package ruleset_test
 
 import (
 	"fmt"
@@ -45,7 +45,7 @@ func TestSummariesTakeEachPolicysInterval(t *testing.T) {
 		a.Candidate.Top.Observe(fmt.Sprintf("%032x", i%2), "", i >= 5)
 	}
 	set.Find("busy", "b").Top.Observe(fmt.Sprintf("%032x", 9), "", false)
-	out := summaries(set, 5*time.Second)
+	out := set.Summaries(5 * time.Second)
 	if len(out) != 2 || out[1] != nil {
 		t.Fatalf("summaries = %d, the idle policy's %q: want 2, the second nil", len(out), out[1])
 	}
@@ -64,7 +64,7 @@ func TestSummariesTakeEachPolicysInterval(t *testing.T) {
 		t.Fatalf("rule b: %+v", b)
 	}
 	// Taken: the next interval starts empty.
-	if out := summaries(set, time.Second); out[0] != nil {
+	if out := set.Summaries(time.Second); out[0] != nil {
 		t.Fatalf("a second interval with no decision published %s", out[0])
 	}
 }
