@@ -75,14 +75,18 @@ var _ = Describe("In-flight use and quota use in status", func() {
 			s   *usageSidecar
 			key string
 		}{{a, "alice"}, {a, "alice"}, {b, "alice"}, {b, "bob"}} {
-			sl := take.s.engine.AcquireSlots(ctx, take.s.set, take.s.request(take.key))
+			plan, err := take.s.engine.Plan(take.s.set, take.s.request(take.key), 1)
+			Expect(err).NotTo(HaveOccurred())
+			sl := take.s.engine.AcquireSlots(ctx, &plan)
 			Expect(sl.Refused).To(BeNil())
 			held = append(held, sl)
 		}
 		// The month: alice 12 requests through a and 5 through b, bob 3 through b.
 		decideN := func(s *usageSidecar, key string, n int) {
 			for range n {
-				Expect(s.engine.Decide(ctx, s.set, s.request(key), 1).Allowed).To(BeTrue())
+				plan, err := s.engine.Plan(s.set, s.request(key), 1)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(s.engine.Decide(ctx, &plan).Allowed).To(BeTrue())
 			}
 		}
 		decideN(a, "alice", 12)

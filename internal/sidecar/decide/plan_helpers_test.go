@@ -50,3 +50,12 @@ func slotKey(set *ruleset.Set, policy, rule string, parts ...string) string {
 	key, _, _ := decide.HitKey(set, decide.Hit{Policy: policy, Rule: rule, Key: parts})
 	return key
 }
+
+// acquireReq plans rq against set and takes its in-flight rules' slots, as the proxy does.
+func acquireReq(ctx context.Context, e *decide.Engine, set *ruleset.Set, rq *decide.Request) *decide.Slots {
+	p, err := e.Plan(set, rq, 1)
+	if err != nil {
+		panic(err)
+	}
+	return e.AcquireSlots(ctx, &p)
+}

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -69,7 +70,7 @@ func (e *Engine) acquire(ctx context.Context, s *Slots, c call, wait bool) bool 
 	if t := r.Top; t != nil {
 		label := ""
 		if r.ReportValues {
-			label = strings.Join(parts, " ")
+			label = strings.Join(c.parts, " ")
 		}
 		hash := keyscheme.Hash(key)
 		t.Observe(hash, label, res.Full)

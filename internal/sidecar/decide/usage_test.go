@@ -101,13 +101,13 @@ func TestSummariesSayWhoHoldsSlots(t *testing.T) {
 	// Slots: three of "alice", one of "bob"; alice's fifth is refused (4 per key).
 	var held []*decide.Slots
 	for _, k := range []string{"alice", "alice", "alice", "bob", "alice"} {
-		s := e.AcquireSlots(ctx, set, req(k))
+		s := acquireReq(ctx, e, set, req(k))
 		if s.Refused != nil {
 			t.Fatalf("slot of %s refused", k)
 		}
 		held = append(held, s)
 	}
-	if s := e.AcquireSlots(ctx, set, req("alice")); s.Refused == nil {
+	if s := acquireReq(ctx, e, set, req("alice")); s.Refused == nil {
 		t.Fatal("a fifth slot of alice was taken: the rule allows 4")
 	}
 	s := summary(t, set)
@@ -149,7 +149,7 @@ func TestSummariesSayHowMuchOfTheMonthKeysUsed(t *testing.T) {
 	set, e := usageSet(t), usageEngine(t)
 	// The month: alice 7 requests, bob 2.
 	for _, k := range []string{"alice", "alice", "alice", "alice", "alice", "alice", "alice", "bob", "bob"} {
-		if d := e.Decide(ctx, set, keyRequest(k), 1); !d.Allowed {
+		if d := decideReq(ctx, e, set, keyRequest(k)); !d.Allowed {
 			t.Fatalf("request of %s refused", k)
 		}
 	}
