@@ -2,13 +2,8 @@ package sidecar_test
 
 import (
 	"bufio"
-	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,7 +53,7 @@ func TestInFlightThroughAClusterFailover(t *testing.T) {
 	mc, rc := cl.Client(masterAddr), cl.Client(replica.Addr())
 	defer mc.Close()
 	defer rc.Close()
-	g.Expect(cutClusterReplica(ctx, mc, rc)).To(Succeed()) // from here on, writes reach the master only
+	g.Expect(redistest.CutClusterReplica(ctx, mc, rc)).To(Succeed()) // from here on, writes reach the master only
 
 	for i := range n {
 		resp, err := get(ctx, scs[i%3].proxy+"/hold", "k")
@@ -72,40 +67,8 @@ func TestInFlightThroughAClusterFailover(t *testing.T) {
 	g.Expect(mc.ZCard(ctx, key).Val()).To(Equal(int64(n)), "the old master counts the running streams")
 	g.Expect(rc.Exists(ctx, key).Val()).To(BeZero(), "the cut replica never saw them")
 
-	stop := make(chan struct{})
-	var served, refused atomic.Int64
-	var wrong atomic.Value
-	var wg sync.WaitGroup
-	for i := range 12 {
-		s := scs[i%3]
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				resp, err := get(ctx, s.proxy+"/", "k")
-				if err != nil {
-					wrong.Store(err.Error())
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				switch resp.StatusCode {
-				case http.StatusOK:
-					served.Add(1)
-				case http.StatusTooManyRequests:
-					refused.Add(1)
-					time.Sleep(20 * time.Millisecond)
-				default:
-					wrong.Store(fmt.Sprintf("status %d", resp.StatusCode))
-					return
-				}
-			}
-		})
-	}
-	g.Eventually(refused.Load, time.Minute, 10*time.Millisecond).Should(BeNumerically(">", 12))
+	cr := newCrowd(ctx, scs)
+	g.Eventually(cr.refused.Load, time.Minute, 10*time.Millisecond).Should(BeNumerically(">", 12))
 
 	g.Expect(master.Stop()).To(Succeed())
 	switched := time.Now()
@@ -140,42 +103,13 @@ func TestInFlightThroughAClusterFailover(t *testing.T) {
 	g.Eventually(reasserted, 2*time.Minute, 100*time.Millisecond).Should(BeNumerically("==", n))
 	g.Expect(rc.ZCard(ctx, key).Val()).To(Equal(int64(n)), "the promoted replica counts the running streams")
 	g.Expect(up.cur.Load()).To(Equal(int64(n)), "the streams ran on through the switch")
-	g.Expect(served.Load()).To(BeZero(), "no request took a running stream's place")
+	g.Expect(cr.served.Load()).To(BeZero(), "no request took a running stream's place")
 
 	up.release()
-	g.Eventually(served.Load, 2*time.Minute, 10*time.Millisecond).Should(BeNumerically(">", 0))
-	close(stop)
-	wg.Wait()
-	g.Expect(wrong.Load()).To(BeNil())
+	g.Eventually(cr.served.Load, 2*time.Minute, 10*time.Millisecond).Should(BeNumerically(">", 0))
+	cr.stop()
+	g.Expect(cr.wrong.Load()).To(BeNil())
 	g.Expect(up.peak.Load()).To(Equal(int64(n)), "the most requests of the key in progress at once")
-	t.Logf("peak %d (limit %d); %d refused, %d served after the streams ended", up.peak.Load(), n, refused.Load(), served.Load())
+	t.Logf("peak %d (limit %d); %d refused, %d served after the streams ended", up.peak.Load(), n, cr.refused.Load(), cr.served.Load())
 	g.Eventually(func() int64 { return rc.ZCard(ctx, key).Val() }, time.Minute, 50*time.Millisecond).Should(BeZero(), "every slot went back")
-}
-
-// cutClusterReplica keeps the cluster replica rc from catching up with its master mc: the
-// replica authenticates to its master as a user that does not exist, its link is killed, and
-// this waits until the master has no replica and the replica reports its link down.
-func cutClusterReplica(ctx context.Context, mc, rc *redis.Client) error {
-	if err := rc.ConfigSet(ctx, "masteruser", "nobody").Err(); err != nil {
-		return fmt.Errorf("setting masteruser on the replica: %w", err)
-	}
-	if err := rc.ConfigSet(ctx, "masterauth", "wrong").Err(); err != nil {
-		return fmt.Errorf("setting masterauth on the replica: %w", err)
-	}
-	if err := mc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
-		return fmt.Errorf("killing the replication link: %w", err)
-	}
-	for {
-		mi, merr := mc.Info(ctx, "replication").Result()
-		ri, rerr := rc.Info(ctx, "replication").Result()
-		if merr == nil && rerr == nil && strings.Contains(mi, "connected_slaves:0") &&
-			strings.Contains(ri, "master_link_status:down") {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the replica to lose its link: %w (master: %v, replica: %v)", ctx.Err(), merr, rerr)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }

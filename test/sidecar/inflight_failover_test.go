@@ -2,6 +2,7 @@ package sidecar_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -50,40 +51,8 @@ func TestInFlightThroughASentinelFailover(t *testing.T) {
 	}
 	g.Expect(up.cur.Load()).To(Equal(int64(n)))
 
-	stop := make(chan struct{})
-	var served, refused atomic.Int64
-	var wrong atomic.Value
-	var wg sync.WaitGroup
-	for i := range 12 {
-		s := scs[i%3]
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				resp, err := get(ctx, s.proxy+"/", "k")
-				if err != nil {
-					wrong.Store(err.Error())
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				switch resp.StatusCode {
-				case http.StatusOK:
-					served.Add(1)
-				case http.StatusTooManyRequests:
-					refused.Add(1)
-					time.Sleep(20 * time.Millisecond)
-				default:
-					wrong.Store(fmt.Sprintf("status %d", resp.StatusCode))
-					return
-				}
-			}
-		})
-	}
-	g.Eventually(refused.Load, time.Minute, 10*time.Millisecond).Should(BeNumerically(">", 12))
+	cr := newCrowd(ctx, scs)
+	g.Eventually(cr.refused.Load, time.Minute, 10*time.Millisecond).Should(BeNumerically(">", 12))
 
 	g.Expect(sg.Master().Stop()).To(Succeed())
 	switched := time.Now()
@@ -102,15 +71,14 @@ func TestInFlightThroughASentinelFailover(t *testing.T) {
 	key := keyscheme.Key(e.namespace, "p", "slots", "k")
 	g.Expect(nc.ZCard(ctx, key).Val()).To(Equal(int64(n)), "the promoted replica counts the running streams")
 	g.Expect(up.cur.Load()).To(Equal(int64(n)), "the streams ran on through the switch")
-	g.Expect(served.Load()).To(BeZero(), "no request took a running stream's place")
+	g.Expect(cr.served.Load()).To(BeZero(), "no request took a running stream's place")
 
 	up.release()
-	g.Eventually(served.Load, 2*time.Minute, 10*time.Millisecond).Should(BeNumerically(">", 0))
-	close(stop)
-	wg.Wait()
-	g.Expect(wrong.Load()).To(BeNil())
+	g.Eventually(cr.served.Load, 2*time.Minute, 10*time.Millisecond).Should(BeNumerically(">", 0))
+	cr.stop()
+	g.Expect(cr.wrong.Load()).To(BeNil())
 	g.Expect(up.peak.Load()).To(Equal(int64(n)), "the most requests of the key in progress at once")
-	t.Logf("peak %d (limit %d); %d refused, %d served after the streams ended", up.peak.Load(), n, refused.Load(), served.Load())
+	t.Logf("peak %d (limit %d); %d refused, %d served after the streams ended", up.peak.Load(), n, cr.refused.Load(), cr.served.Load())
 	g.Eventually(func() int64 { return nc.ZCard(ctx, key).Val() }, time.Minute, 50*time.Millisecond).Should(BeZero(), "every slot went back")
 }
 
@@ -168,4 +136,53 @@ func TestInFlightStoppedSidecarEndsItsRequests(t *testing.T) {
 	g.Expect(a.metric(t, "redline_sidecar_in_flight_slots_lost_total")).To(BeNumerically("==", 1))
 	g.Expect(a.metric(t, "redline_sidecar_in_flight_slots_reasserted_total")).To(BeZero(), "its place was taken")
 	g.Expect(b.metric(t, `redline_sidecar_in_flight{policy="p",rule="slots"}`)).To(BeNumerically("==", 1))
+}
+
+// crowd is 12 clients asking for key k through scs in turn, each again at once after a 200
+// and 20ms after a 429, until stop; anything else is wrong.
+type crowd struct {
+	served, refused atomic.Int64
+	wrong           atomic.Value
+	quit            chan struct{}
+	wg              sync.WaitGroup
+}
+
+func newCrowd(ctx context.Context, scs []*sidecar) *crowd {
+	c := &crowd{quit: make(chan struct{})}
+	for i := range 12 {
+		s := scs[i%len(scs)]
+		c.wg.Go(func() {
+			for {
+				select {
+				case <-c.quit:
+					return
+				default:
+				}
+				resp, err := get(ctx, s.proxy+"/", "k")
+				if err != nil {
+					c.wrong.Store(err.Error())
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case http.StatusOK:
+					c.served.Add(1)
+				case http.StatusTooManyRequests:
+					c.refused.Add(1)
+					time.Sleep(20 * time.Millisecond)
+				default:
+					c.wrong.Store(fmt.Sprintf("status %d", resp.StatusCode))
+					return
+				}
+			}
+		})
+	}
+	return c
+}
+
+// stop ends the clients and waits for them.
+func (c *crowd) stop() {
+	close(c.quit)
+	c.wg.Wait()
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -158,7 +157,7 @@ func clusterFailover(mc, rc *redis.Client, msrv *redistest.Server, takeover bool
 		if err := l.waitHot(ctx, t.CutAt); err != nil {
 			return err
 		}
-		if err := cutClusterReplica(ctx, mc, rc); err != nil {
+		if err := redistest.CutClusterReplica(ctx, mc, rc); err != nil {
 			return err
 		}
 		*atCut = l.totals()
@@ -237,32 +236,6 @@ func shardKeys(ctx context.Context, cl *redistest.Cluster, rules []string, probe
 		}
 	}
 	return master, hot, probes, nil
-}
-
-// cutClusterReplica keeps a cluster replica from catching up: it makes the replica
-// authenticate to its master as a user that does not exist, kills its link, and waits until
-// the master has no replica and the replica reports its link down.
-func cutClusterReplica(ctx context.Context, mc, rc *redis.Client) error {
-	if err := rc.ConfigSet(ctx, "masteruser", "nobody").Err(); err != nil {
-		return fmt.Errorf("setting masteruser on the replica: %w", err)
-	}
-	if err := rc.ConfigSet(ctx, "masterauth", "wrong").Err(); err != nil {
-		return fmt.Errorf("setting masterauth on the replica: %w", err)
-	}
-	if err := mc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
-		return fmt.Errorf("killing the replication link: %w", err)
-	}
-	for {
-		mi, merr := mc.Info(ctx, "replication").Result()
-		ri, rerr := rc.Info(ctx, "replication").Result()
-		if merr == nil && rerr == nil && strings.Contains(mi, "connected_slaves:0") &&
-			strings.Contains(ri, "master_link_status:down") {
-			return nil
-		}
-		if err := sleep(ctx, 20*time.Millisecond); err != nil {
-			return fmt.Errorf("waiting for the replica to lose its link: %w (master: %v, replica: %v)", err, merr, rerr)
-		}
-	}
 }
 
 // Restart is a standalone Redis under n sidecars, SIGKILLed when every one-key rule of rules

@@ -226,3 +226,29 @@ func (c *Cluster) ReplicaOf(addr string) (*Server, error) {
 	}
 	return nil, fmt.Errorf("no replica of %s in sync", addr)
 }
+
+// CutClusterReplica keeps a cluster replica from catching up: it makes the replica
+// authenticate to its master as a user that does not exist, kills its link, and waits until
+// the master has no replica and the replica reports its link down.
+func CutClusterReplica(ctx context.Context, mc, rc *redis.Client) error {
+	if err := rc.ConfigSet(ctx, "masteruser", "nobody").Err(); err != nil {
+		return fmt.Errorf("setting masteruser on the replica: %w", err)
+	}
+	if err := rc.ConfigSet(ctx, "masterauth", "wrong").Err(); err != nil {
+		return fmt.Errorf("setting masterauth on the replica: %w", err)
+	}
+	if err := mc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
+		return fmt.Errorf("killing the replication link: %w", err)
+	}
+	for {
+		mi, merr := mc.Info(ctx, "replication").Result()
+		ri, rerr := rc.Info(ctx, "replication").Result()
+		if merr == nil && rerr == nil && strings.Contains(mi, "connected_slaves:0") &&
+			strings.Contains(ri, "master_link_status:down") {
+			return nil
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return fmt.Errorf("waiting for the replica to lose its link: %w (master: %v, replica: %v)", err, merr, rerr)
+		}
+	}
+}
