@@ -222,7 +222,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	resp := render(&d)
 	resp.Hold, resp.DryRun = hold, req.DryRun
 	resp.Slot = slot
-	slotOutcomes(resp, slots, d.Fields())
+	slotOutcomes(resp, slots, d.Fields()) // and the headers, rules per window's and in-flight's
 	writeJSON(w, resp)
 }
 
@@ -232,14 +232,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Whichever refuses, what the other took goes back. slots is never nil.
 func (h *Handler) decideAll(r *http.Request, set *ruleset.Set, req *Request) (d decide.Decision, hold *Hold, slots *decide.Slots, err error) {
 	ctx := r.Context()
-	slots = &decide.Slots{}
 	plan, err := h.plan(set, req)
 	if err != nil {
-		return d, nil, slots, err
+		return d, nil, &decide.Slots{}, err
 	}
 	if req.DryRun {
 		d, err = h.Engine.DryRun(ctx, &plan)
-		return d, nil, slots, err
+		return d, nil, &decide.Slots{}, err
 	}
 	if req.Reserve != nil {
 		if slots = h.Engine.AcquireSlots(ctx, &plan); slots.Refused != nil {
@@ -252,7 +251,7 @@ func (h *Handler) decideAll(r *http.Request, set *ruleset.Set, req *Request) (d 
 		return d, hold, slots, err
 	}
 	if d = h.Engine.Decide(ctx, &plan); !d.Allowed {
-		return d, nil, slots, nil
+		return d, nil, &decide.Slots{}, nil
 	}
 	if slots = h.Engine.AcquireSlots(ctx, &plan); slots.Refused != nil {
 		d.GiveBack(ctx)
@@ -446,7 +445,6 @@ func render(d *decide.Decision) *Response {
 	for _, o := range d.WaitCandidates() {
 		resp.Candidates = append(resp.Candidates, result(o))
 	}
-	resp.Headers = headersOf(d.Fields())
 	return resp
 }
 

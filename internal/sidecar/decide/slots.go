@@ -130,6 +130,9 @@ func (s *Slots) keyed() (keys []string, limits []int64) {
 // Held says how many slots the request holds.
 func (s *Slots) Held() int { return len(s.held) }
 
+// Refuses says whether an in-flight rule refused the request; false for nil (no in-flight rule).
+func (s *Slots) Refuses() bool { return s != nil && s.Refused != nil }
+
 // Release gives back every slot the request holds (one ZREM each). Later calls do nothing.
 func (s *Slots) Release(ctx context.Context) {
 	for i, sl := range s.held {
