@@ -212,7 +212,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var slot *Slot
-	if d.Allowed && slots.Refused == nil {
+	if d.Allowed && !slots.Refuses() {
 		if slot, err = h.keepSlots(slots); err != nil {
 			h.undo(r.Context(), &d, hold, slots)
 			refuseNoRoom(w, err)
@@ -222,24 +222,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	resp := render(&d)
 	resp.Hold, resp.DryRun = hold, req.DryRun
 	resp.Slot = slot
-	slotOutcomes(resp, slots, d.Fields())
+	slotOutcomes(resp, slots, d.Fields()) // and the headers, rules per window's and in-flight's
 	writeJSON(w, resp)
 }
 
 // decideAll decides a check by its rules per window and its in-flight rules, matched once
 // (plan), in the proxy's order: a token budget's request takes its slots first, then its holds;
 // any other decides its rules per window first, so a request they refuse takes no slot.
-// Whichever refuses, what the other took goes back. slots is never nil.
+// Whichever refuses, what the other took goes back. slots is nil when none was asked for (a
+// plain check allocates none).
 func (h *Handler) decideAll(r *http.Request, set *ruleset.Set, req *Request) (d decide.Decision, hold *Hold, slots *decide.Slots, err error) {
 	ctx := r.Context()
-	slots = &decide.Slots{}
 	plan, err := h.plan(set, req)
 	if err != nil {
-		return d, nil, slots, err
+		return d, nil, nil, err
 	}
 	if req.DryRun {
 		d, err = h.Engine.DryRun(ctx, &plan)
-		return d, nil, slots, err
+		return d, nil, nil, err
 	}
 	if req.Reserve != nil {
 		if slots = h.Engine.AcquireSlots(ctx, &plan); slots.Refused != nil {
@@ -251,8 +251,8 @@ func (h *Handler) decideAll(r *http.Request, set *ruleset.Set, req *Request) (d 
 		}
 		return d, hold, slots, err
 	}
-	if d = h.Engine.Decide(ctx, &plan); !d.Allowed {
-		return d, nil, slots, nil
+	if d = h.Engine.Decide(ctx, &plan); !d.Allowed || !plan.InFlight() {
+		return d, nil, nil, nil
 	}
 	if slots = h.Engine.AcquireSlots(ctx, &plan); slots.Refused != nil {
 		d.GiveBack(ctx)
@@ -446,7 +446,6 @@ func render(d *decide.Decision) *Response {
 	for _, o := range d.WaitCandidates() {
 		resp.Candidates = append(resp.Candidates, result(o))
 	}
-	resp.Headers = headersOf(d.Fields())
 	return resp
 }
 

@@ -89,8 +89,13 @@ func (h *Handler) keepSlots(slots *decide.Slots) (*Slot, error) {
 }
 
 // slotOutcomes adds the in-flight rules' results to resp, and when they refused, makes resp the
-// refusal (with what the rules per window said of the request in fields).
+// refusal (with what the rules per window said of the request in fields); then it sets resp's
+// headers from fields and the in-flight rules' own, once per check (render leaves them out).
 func slotOutcomes(resp *Response, slots *decide.Slots, f decide.Fields) {
+	if slots == nil {
+		resp.Headers = headersOf(f)
+		return
+	}
 	for _, o := range slots.Outcomes {
 		mode := "Enforce"
 		if o.Rule.Shadow {

@@ -47,10 +47,19 @@ type Outcome struct {
 	Rule   *ruleset.Rule
 	Result limiter.Result
 
-	// key and lim are what the decision was made under, which GiveBack gives back to (the
-	// rule set may have been swapped since).
-	key string
-	lim limiter.Limit
+	// key, replicas and peers are what the decision was made under, which GiveBack gives back
+	// to (the rule set may have been swapped since; Rule.Limit never changes): the limit is
+	// Rule.Limit with the policy's replicas and peers as they were then (see limitOf), kept as
+	// two numbers rather than a copy of the whole limit, which every outcome would carry.
+	key             string
+	replicas, peers int64
+}
+
+// limit is the limit o was decided under.
+func (o *Outcome) limit() limiter.Limit {
+	lim := o.Rule.Limit
+	lim.Replicas, lim.Peers = o.replicas, o.peers
+	return lim
 }
 
 // Refuses says whether this outcome refuses the request: an Enforce rule over its limit.
@@ -252,7 +261,7 @@ func (e *Engine) outcome(c call, lim limiter.Limit, res limiter.Result, err erro
 			useQuota(t, lim, hash, label, res)
 		}
 	}
-	return Outcome{Rule: c.rule, Result: res, key: c.key, lim: lim}
+	return Outcome{Rule: c.rule, Result: res, key: c.key, replicas: lim.Replicas, peers: lim.Peers}
 }
 
 // failureResult decides by the limit's failure mode without any limiter. LocalFallback admits:

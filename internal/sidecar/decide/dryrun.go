@@ -36,7 +36,7 @@ func (e *Engine) peek(ctx context.Context, calls []call) (Decision, error) {
 		wg.Go(func() {
 			lim := limitOf(c.rule)
 			res, err := e.Limiter.Peek(ctx, c.key, lim, c.cost)
-			results[i], errs[i] = Outcome{Rule: c.rule, Result: res, key: c.key, lim: lim}, err
+			results[i], errs[i] = Outcome{Rule: c.rule, Result: res, key: c.key, replicas: lim.Replicas, peers: lim.Peers}, err
 		})
 	}
 	wg.Wait()

@@ -77,7 +77,7 @@ func appendRefund(refunds []limiter.Refund, o *Outcome, why *refusal) []limiter.
 	if o.Result.Counted() == 0 || why.keeps(o) {
 		return refunds
 	}
-	return append(refunds, limiter.Refund{Key: o.key, Limit: o.lim, Result: o.Result})
+	return append(refunds, limiter.Refund{Key: o.key, Limit: o.limit(), Result: o.Result})
 }
 
 // giveBack gives refunds back, bounded by giveBackTimeout.

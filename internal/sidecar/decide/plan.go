@@ -117,6 +117,10 @@ func repeatedKeyHeader(r *ruleset.Rule, req *Request) error {
 	return nil
 }
 
+// InFlight says whether the plan has in-flight rules (AcquireSlots and WaitSlots then take
+// slots); a face whose request has none may skip them and hold nil Slots.
+func (p *Plan) InFlight() bool { return len(p.slots) > 0 }
+
 // Costed is the first rule of the plan whose cost comes from the response (nil: none): such a
 // request is read, held for and settled (Reserve) rather than decided at one unit, and this
 // rule's Cost names the API whose bodies are read and the cost header. Rules with costs of

@@ -140,11 +140,23 @@ func (s *Slots) keyed() (keys []string, limits []int64) {
 	return keys, limits
 }
 
-// Held says how many slots the request holds.
-func (s *Slots) Held() int { return len(s.held) }
+// Held says how many slots the request holds (0 for nil: no in-flight rule).
+func (s *Slots) Held() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.held)
+}
 
-// Release gives back every slot the request holds (one ZREM each). Later calls do nothing.
+// Refuses says whether an in-flight rule refused the request; false for nil (no in-flight rule).
+func (s *Slots) Refuses() bool { return s != nil && s.Refused != nil }
+
+// Release gives back every slot the request holds (one ZREM each). Later calls do nothing,
+// and so does a call on nil.
 func (s *Slots) Release(ctx context.Context) {
+	if s == nil {
+		return
+	}
 	for i, sl := range s.held {
 		s.slotter.Release(ctx, sl)
 		if s.onSlots != nil {

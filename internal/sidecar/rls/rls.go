@@ -129,7 +129,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		return nil, status.Error(codes.Internal, fmt.Sprintf("deciding: %v", err))
 	}
-	kept = full == nil && d.Allowed && slots != nil && slots.Refused == nil
+	kept = full == nil && d.Allowed && !slots.Refuses()
 	writeDecision(resp, d, c.at, slots, c.slotHits)
 	if full != nil {
 		refuseNoRoom(set, resp, c.hits, c.at, full)

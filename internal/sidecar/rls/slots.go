@@ -99,7 +99,8 @@ func slotStatuses(resp *rlsv3.RateLimitResponse, slots *decide.Slots, hits []slo
 // (one plan), in the proxy's order: with token budgets' holds, the slots first, then the
 // holds; otherwise the rules per window first, so a request they refuse takes no slot.
 // Whichever refuses, what the other took goes back. When the registry has no room for a slot
-// or hold, full says so and the request is refused as a whole.
+// or hold, full says so and the request is refused as a whole. slots is nil when no in-flight
+// rule was asked.
 func (s *Server) decideAll(ctx context.Context, set *ruleset.Set, hits []decide.Hit, slotHits []slotHit, holds bool) (d decide.Decision, full *noRoom, slots *decide.Slots, err error) {
 	all := hits
 	if len(slotHits) > 0 {
@@ -115,7 +116,7 @@ func (s *Server) decideAll(ctx context.Context, set *ruleset.Set, hits []decide.
 	}
 	var ids []string
 	if holds {
-		if slots, ids, full, err = s.slotsOf(ctx, &plan, len(slotHits)); err != nil || full != nil || slots.Refused != nil {
+		if slots, ids, full, err = s.slotsOf(ctx, &plan, len(slotHits)); err != nil || full != nil || slots.Refuses() {
 			return decide.Decision{}, full, slots, err
 		}
 		d, full, err = s.reserve(ctx, &plan)
@@ -127,16 +128,17 @@ func (s *Server) decideAll(ctx context.Context, set *ruleset.Set, hits []decide.
 	if d = s.Engine.Decide(ctx, &plan); !d.Allowed {
 		return d, nil, nil, nil
 	}
-	if slots, _, full, err = s.slotsOf(ctx, &plan, len(slotHits)); err != nil || full != nil || slots.Refused != nil {
+	if slots, _, full, err = s.slotsOf(ctx, &plan, len(slotHits)); err != nil || full != nil || slots.Refuses() {
 		d.GiveBack(ctx)
 	}
 	return d, full, slots, err
 }
 
-// slotsOf is takeSlots of plan's n in-flight rules with the registry's refusal as a noRoom.
+// slotsOf is takeSlots of plan's n in-flight rules with the registry's refusal as a noRoom;
+// nil slots when there are none (a request of rules per window only allocates nothing here).
 func (s *Server) slotsOf(ctx context.Context, plan *decide.Plan, n int) (*decide.Slots, []string, *noRoom, error) {
 	if n == 0 {
-		return &decide.Slots{}, nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	slots, ids, err := s.takeSlots(ctx, plan)
 	if re, ok := errors.AsType[*decide.RefusedError](err); ok {

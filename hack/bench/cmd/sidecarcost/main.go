@@ -5,8 +5,10 @@
 // (utime+stime of the process over the load, from /proc/<pid>/stat, divided by the decisions
 // answered) and Redis's (used_cpu_sys+used_cpu_user of INFO cpu over the same load, the scripts,
 // their parsing and replies included), and the sidecar's resident memory under load (the largest
-// VmRSS sampled every 50 ms, and VmHWM at the end). The budget: within 10% of the base for the
-// sidecar's CPU and RSS.
+// VmRSS sampled every 50 ms, and VmHWM at the end), and the Go heap's allocations per decision
+// (go_memstats_mallocs_total; the progress lines add their bytes, the collections per 1,000
+// decisions and the heap goal: where the live heap is under 4 MiB, every 4 MiB allocated costs
+// a collection). The budget: within 10% of the base for the sidecar's CPU and RSS.
 //
 //	go run ./cmd/sidecarcost -root ../.. [-base REV] [-rounds 5] [-ops 20000] [-faces check,rls]
 //
@@ -73,7 +75,8 @@ type options struct {
 	keys        []int
 	timeout     time.Duration
 	// pprofDir, when set, gets a CPU profile of every run (the sidecar's --pprof, fetched over
-	// the first pprofSeconds of the measured load), named <version>-<cell>-r<round>.pprof.
+	// the first pprofSeconds of the measured load), named <version>-<cell>-r<round>.pprof, and
+	// a heap profile after the load beside it (.heap.pprof).
 	pprofDir     string
 	pprofSeconds int
 }
@@ -162,6 +165,11 @@ type sample struct {
 	hwmMiB           float64
 	perSec           float64
 	degraded         float64
+	// allocs and allocBytes are the Go heap's allocations per decision (the metrics scrapes
+	// before and after the load add their own, a few hundred in all).
+	allocs, allocBytes float64
+	// gcsPer1k is the collections per 1,000 decisions, nextGCMiB the heap goal at the end.
+	gcsPer1k, nextGCMiB float64
 }
 
 func run(o options, command string) error {
@@ -222,8 +230,8 @@ func run(o options, command string) error {
 				if err != nil {
 					return fmt.Errorf("round %d, %s, %s: %w", r+1, versions[i].name, c, err)
 				}
-				progress("round %d %-4s %s: %.1f µs/decision, Redis %.1f µs/decision, RSS peak %.1f MiB, HWM %.1f MiB, %.0f/s, degraded %.0f",
-					r+1, versions[i].name, c, float64(s.cpuPerDecision)/1e3, float64(s.redisPerDecision)/1e3, s.rssPeakMiB, s.hwmMiB, s.perSec, s.degraded)
+				progress("round %d %-4s %s: %.1f µs/decision, Redis %.1f µs/decision, %.1f allocs (%.0f B)/decision, %.2f GCs/1k decisions, heap goal %.1f MiB, RSS peak %.1f MiB, HWM %.1f MiB, %.0f/s, degraded %.0f",
+					r+1, versions[i].name, c, float64(s.cpuPerDecision)/1e3, float64(s.redisPerDecision)/1e3, s.allocs, s.allocBytes, s.gcsPer1k, s.nextGCMiB, s.rssPeakMiB, s.hwmMiB, s.perSec, s.degraded)
 				results[c][i] = append(results[c][i], s)
 			}
 		}

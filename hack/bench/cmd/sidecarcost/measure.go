@@ -25,7 +25,8 @@ import (
 )
 
 // measure runs cell c once on version v: a fresh redis-server with v's scripts, a fresh sidecar.
-// With profile set, the sidecar serves pprof and a CPU profile of the load is written there.
+// With profile set, the sidecar serves pprof, a CPU profile of the load is written there and
+// a heap profile after it beside it (.heap.pprof).
 func measure(ctx context.Context, o options, v *version, c cell, f sidecarproc.Files, upstream, logs, profile string) (sample, error) {
 	srv, err := redistest.Start()
 	if err != nil {
@@ -61,15 +62,7 @@ func measure(ctx context.Context, o options, v *version, c cell, f sidecarproc.F
 			return sample{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	before, err := sc.degraded(ctx)
-	if err != nil {
-		return sample{}, err
-	}
-	cpu0, err := sidecarproc.CPUTime(sc.Pid())
-	if err != nil {
-		return sample{}, fmt.Errorf("reading the sidecar's CPU time: %w", err)
-	}
-	redis0, err := machine.RedisCPU(ctx, rc)
+	before, err := read(ctx, sc, rc)
 	if err != nil {
 		return sample{}, err
 	}
@@ -85,14 +78,13 @@ func measure(ctx context.Context, o options, v *version, c cell, f sidecarproc.F
 	if perr := <-profiled; err == nil && perr != nil {
 		err = perr
 	}
+	if err == nil && profile != "" {
+		err = fetchHeap(ctx, sc.Admin, strings.TrimSuffix(profile, ".pprof")+".heap.pprof")
+	}
 	if err != nil {
 		return sample{}, err
 	}
-	cpu1, err := sidecarproc.CPUTime(sc.Pid())
-	if err != nil {
-		return sample{}, fmt.Errorf("reading the sidecar's CPU time: %w", err)
-	}
-	redis1, err := machine.RedisCPU(ctx, rc)
+	after, err := read(ctx, sc, rc)
 	if err != nil {
 		return sample{}, err
 	}
@@ -100,12 +92,34 @@ func measure(ctx context.Context, o options, v *version, c cell, f sidecarproc.F
 	if err != nil {
 		return sample{}, err
 	}
-	after, err := sc.degraded(ctx)
+	n := float64(ops)
+	return sample{cpuPerDecision: (after.cpu - before.cpu) / time.Duration(ops), redisPerDecision: (after.redis - before.redis) / time.Duration(ops),
+		rssPeakMiB: peak, hwmMiB: hwm, perSec: n / elapsed.Seconds(), degraded: after.degraded - before.degraded,
+		allocs: (after.mallocs - before.mallocs) / n, allocBytes: (after.allocBytes - before.allocBytes) / n,
+		gcsPer1k: (after.gcs - before.gcs) * 1000 / n, nextGCMiB: after.nextGC / (1 << 20)}, nil
+}
+
+// reading is what is read before and after a load: the sidecar's counters and CPU time, and
+// the redis-server's CPU time.
+type reading struct {
+	counters
+	cpu, redis time.Duration
+}
+
+func read(ctx context.Context, sc *sidecar, rc *redis.Client) (reading, error) {
+	c, err := sc.counters(ctx)
 	if err != nil {
-		return sample{}, err
+		return reading{}, err
 	}
-	return sample{cpuPerDecision: (cpu1 - cpu0) / time.Duration(ops), redisPerDecision: (redis1 - redis0) / time.Duration(ops), rssPeakMiB: peak, hwmMiB: hwm,
-		perSec: float64(ops) / elapsed.Seconds(), degraded: after - before}, nil
+	cpu, err := sidecarproc.CPUTime(sc.Pid())
+	if err != nil {
+		return reading{}, fmt.Errorf("reading the sidecar's CPU time: %w", err)
+	}
+	red, err := machine.RedisCPU(ctx, rc)
+	if err != nil {
+		return reading{}, err
+	}
+	return reading{counters: c, cpu: cpu, redis: red}, nil
 }
 
 func leasesWord(on bool) string {

@@ -45,7 +45,15 @@ func startUpstream() (string, func(), error) {
 
 // fetchProfile writes the sidecar's CPU profile over the next seconds to file.
 func fetchProfile(ctx context.Context, admin string, seconds int, file string) error {
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, seconds)
+	return fetch(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, seconds), seconds, file)
+}
+
+// fetchHeap writes the sidecar's heap profile, after a collection (what is live), to file.
+func fetchHeap(ctx context.Context, admin, file string) error {
+	return fetch(ctx, fmt.Sprintf("http://%s/debug/pprof/heap?gc=1", admin), 0, file)
+}
+
+func fetch(ctx context.Context, url string, seconds int, file string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return fmt.Errorf("building the profile request: %w", err)
@@ -88,11 +96,21 @@ func startSidecar(ctx context.Context, bin, logs, name string, f sidecarproc.Fil
 	return &sidecar{s}, nil
 }
 
-// degraded is the sidecar's count of decisions its failure mode made.
-func (s *sidecar) degraded(ctx context.Context) (float64, error) {
-	m, err := sidecarproc.Scrape(ctx, "http://"+s.Admin+"/metrics", "redline_sidecar_degraded_decisions_total")
+// counters are what the sidecar's metrics count, read before and after a load.
+type counters struct {
+	// degraded is the decisions its failure mode made; mallocs and allocBytes are the Go heap's
+	// objects and bytes allocated, gcs its collections and nextGC the heap size of the next
+	// (twice the heap live after the last, at least 4 MiB; every build registers the Go
+	// collector).
+	degraded, mallocs, allocBytes, gcs, nextGC float64
+}
+
+func (s *sidecar) counters(ctx context.Context) (counters, error) {
+	const degraded, mallocs, allocBytes = "redline_sidecar_degraded_decisions_total", "go_memstats_mallocs_total", "go_memstats_alloc_bytes_total"
+	const gcs, nextGC = "go_gc_duration_seconds_count", "go_memstats_next_gc_bytes"
+	m, err := sidecarproc.Scrape(ctx, "http://"+s.Admin+"/metrics", degraded, mallocs, allocBytes, gcs, nextGC)
 	if err != nil {
-		return 0, err
+		return counters{}, err
 	}
-	return m["redline_sidecar_degraded_decisions_total"], nil
+	return counters{degraded: m[degraded], mallocs: m[mallocs], allocBytes: m[allocBytes], gcs: m[gcs], nextGC: m[nextGC]}, nil
 }
