@@ -10,7 +10,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
@@ -119,10 +118,12 @@ func refuseNoRoom(set *ruleset.Set, resp *rlsv3.RateLimitResponse, hits []decide
 // settle ends the oldest open hold of hit's key with the usage of a stream that is done, or
 // charges it where there is none. A stream-done call that reports no usage pays back a
 // refusal owed under the key first (decide.Registry.Owe): a refused request reports none, and
-// must not end a running request's hold. A stream that is done is never refused: st stays OK.
+// must not end a running request's hold. A stream that is done is never refused: st stays OK,
+// with the rule's limit and no duration_until_reset: Envoy discards the answer to a
+// stream-done call, and the time to the window's end (a calendar period's, in its zone) is
+// Redis's to say, which a settle does not ask.
 func (s *Server) settle(ctx context.Context, set *ruleset.Set, st *rlsv3.RateLimitResponse_DescriptorStatus, r *ruleset.Rule, hit decide.Hit, used int64) {
 	st.CurrentLimit = currentLimit(r)
-	st.DurationUntilReset = durationpb.New(r.Limit.Window)
 	key, _, ok := decide.HitKey(set, hit)
 	if !ok {
 		return
