@@ -18,10 +18,18 @@ import (
 // excess. A refusal whose stream-done call never comes (an Envoy restarted, a route without
 // apply_on_stream_done) is forgotten at its deadline.
 
-// MaxOwed bounds the refusals remembered over all keys, per registry (24 bytes each, plus the
-// key's map entry). Past it a refusal is not remembered, and its stream-done call ends a
-// running request's entry as if none were owed.
-const MaxOwed = 65_536
+// MaxOwed bounds the refusals an in-flight registry remembers over all keys, and MaxOwedHolds a
+// hold registry's: measured at 120 bytes each on keys of their own, plus the key (a limiter
+// key, about 60 bytes), so at most about 11 MiB and 3 MiB. Past it a refusal is not remembered,
+// and its stream-done call ends a running request's entry as if none were owed. A refusal's
+// stream-done call comes right after its answer, so only refusals whose call Envoy dropped
+// wait long (a token budget's, when the usage format does not resolve: they are never paid,
+// and are forgotten at the hold's timeout); a bound well below the refusals of a timeout is
+// enough.
+const (
+	MaxOwed      = 65_536
+	MaxOwedHolds = 16_384
+)
 
 // debts is the refusals owed per key, each with the time it is forgotten.
 type debts struct {
@@ -31,15 +39,15 @@ type debts struct {
 	lastSweep time.Time
 }
 
-// add records a refusal under key until until, unless MaxOwed are remembered (after the ones
+// add records a refusal under key until until, unless most are remembered (after the ones
 // past their time are forgotten, at most once a second: a full scan).
-func (d *debts) add(key string, now, until time.Time) {
+func (d *debts) add(key string, now, until time.Time, most int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.n >= MaxOwed && now.Sub(d.lastSweep) >= time.Second {
+	if d.n >= most && now.Sub(d.lastSweep) >= time.Second {
 		d.sweepLocked(now)
 	}
-	if d.n >= MaxOwed {
+	if d.n >= most {
 		return
 	}
 	if d.owed == nil {

@@ -12,7 +12,7 @@ func TestDebtsAreBounded(t *testing.T) {
 	var d debts
 	now := time.Unix(1_000_000, 0)
 	for i := range MaxOwed + 100 {
-		d.add("k"+strconv.Itoa(i%1000), now, now.Add(time.Minute))
+		d.add("k"+strconv.Itoa(i%1000), now, now.Add(time.Minute), MaxOwed)
 	}
 	if n := d.len(); n != MaxOwed {
 		t.Fatalf("%d remembered, want the bound %d", n, MaxOwed)
@@ -26,11 +26,26 @@ func TestDebtsAreBounded(t *testing.T) {
 	}
 	fills := 0
 	for d.len() < MaxOwed {
-		d.add("fill", later, later.Add(time.Minute))
+		d.add("fill", later, later.Add(time.Minute), MaxOwed)
 		fills++
 	}
-	d.add("new", later, later.Add(time.Minute)) // full, mostly of debts past their time: they give way
+	d.add("new", later, later.Add(time.Minute), MaxOwed) // full, mostly of debts past their time: they give way
 	if n := d.len(); n != fills+1 {
 		t.Fatalf("%d remembered after the old debts passed their time, want the %d newer ones", n, fills+1)
+	}
+}
+
+// A hold registry remembers at most MaxOwedHolds refusals, however many keys a client names.
+func TestHoldRegistryOwesBounded(t *testing.T) {
+	g := &Registry{}
+	until := time.Now().Add(time.Hour)
+	for i := range MaxOwedHolds + 100 {
+		g.Owe("k"+strconv.Itoa(i), until)
+	}
+	if n := g.Owed(); n != MaxOwedHolds {
+		t.Fatalf("%d refusals remembered, want the bound %d", n, MaxOwedHolds)
+	}
+	if !g.PayOwed("k1") || g.PayOwed("k1") {
+		t.Fatal("one refusal owed under k1 is paid once")
 	}
 }
