@@ -47,7 +47,7 @@ type budgetStart struct {
 func (s *Server) oweHolds(set *ruleset.Set, starts []budgetStart) {
 	for _, b := range starts {
 		if key, _, ok := decide.HitKey(set, b.hit); ok {
-			s.Holds.Owe(key, time.Now().Add(holdTimeout(b.rule)))
+			s.Holds.Owe(key, holdTimeout(b.rule))
 		}
 	}
 }
