@@ -49,13 +49,13 @@ func checkInBackground(ctx context.Context, s *sidecar, body string) <-chan stri
 // at most 2 checks wait). A check past the face's share is refused at once while a proxied
 // request still waits; a check whose client goes away leaves the queue; each release lets the
 // next in line in, check or proxied request, in the order they came. Every step waits on the
-// sidecar's gauge and the upstream's channels, never on a clock.
+// sidecar's gauge and the upstream's channels; one sleep lets the face's read timeout pass.
 func TestInFlightQueueThroughCheck(t *testing.T) {
 	g := NewWithT(t)
 	e := newEnv(t, "web")
 	e.write(t, queueDocument(e.namespace, 1, 4, 10*time.Minute))
 	up := newGate(t)
-	a := start(t, "pod-a", e, shared.URL(), up.Listener.Addr().String(), true, "--max-check-conns", "4")
+	a := start(t, "pod-a", e, shared.URL(), up.Listener.Addr().String(), true, "--max-check-conns", "4", "--read-header-timeout", "1s")
 	ctx := ctxTimeout(t, 5*time.Minute)
 	const gauge = `redline_sidecar_in_flight_queued{policy="p",rule="slots"}`
 	waitQueued := func(n float64) {
@@ -76,6 +76,12 @@ func TestInFlightQueueThroughCheck(t *testing.T) {
 
 	second := checkInBackground(ctx, a, hit)
 	waitQueued(1)
+	// The check face reads a request within --read-header-timeout (1s here: its ReadTimeout);
+	// a check that waits past it still waits (net/http lifts the deadline once the body is
+	// read). The sleep lets that time pass; it synchronizes nothing.
+	time.Sleep(2 * time.Second)
+	g.Expect(a.metric(t, gauge)).To(Equal(1.0), "a check waiting past the face's read timeout")
+	g.Expect(second).NotTo(Receive(), "a check waiting past the face's read timeout")
 	proxied := queued(ctx, a.proxy, "p1")
 	waitQueued(2)
 	goneCtx, gone := context.WithCancel(ctx)
