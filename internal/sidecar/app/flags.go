@@ -80,7 +80,7 @@ type Config struct {
 	// InFlightEnvoyHold is how long a slot taken for Envoy's rate limit service is kept
 	// without its stream-done call (decide.SlotRegistry.Lease of that face).
 	InFlightEnvoyHold time.Duration
-	// InFlightQueueMax bounds the proxy's requests waiting for a slot, over every key.
+	// InFlightQueueMax bounds the requests waiting for a slot, over every key and face.
 	InFlightQueueMax int
 	// InFlightMaxRenew bounds how long one slot the decision API keeps may be renewed.
 	InFlightMaxRenew time.Duration
@@ -178,7 +178,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) *string 
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep serving (unready) this long before closing listeners, while endpoints update")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", fleet.DefaultInterval, "time between heartbeats in Redis; a replica counts as live for 3 intervals")
 	fs.DurationVar(&c.InFlightExpiry, "in-flight-expiry", limiter.DefaultSlotExpiry, "how long an in-flight rule's slot counts without a renewal (2s to 10m), renewed every quarter of it: a dead sidecar's slots return this long after their last renewal at most")
-	fs.IntVar(&c.InFlightQueueMax, "in-flight-queue-max", slotqueue.DefaultMax, "most requests waiting for a slot of an in-flight rule's queue in this sidecar, over every key (1 to 1000000), and at most half of --max-conns (each holds a proxy connection); each also draws on the memory budget")
+	fs.IntVar(&c.InFlightQueueMax, "in-flight-queue-max", slotqueue.DefaultMax, "most requests waiting for a slot of an in-flight rule's queue in this sidecar, over every key and both faces (1 to 1000000); the proxy's at most half of --max-conns and /v1/check's at most half of --max-check-conns (each holds a connection of its face); each also draws on the memory budget")
 	fs.DurationVar(&c.InFlightMaxRenew, "in-flight-max-renew", time.Hour, "longest a slot /v1/check keeps may be renewed, from its acquire (1m to 168h): a renew past it answers 410 and the slot goes back")
 	fs.DurationVar(&c.InFlightEnvoyHold, "in-flight-envoy-hold", 10*time.Minute, "how long a slot taken for an Envoy descriptor of an in-flight rule is kept without its stream-done call (2s to 24h): Envoy cannot renew, so this bounds what an Envoy that never comes back holds, and a stream running longer loses its slot")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "re-read the policies even without a change event this often")

@@ -240,10 +240,11 @@ func (s *sidecar) decisions(conns *redisconn.ConnStats) error {
 	})
 	s.memory = memoryBudget(cfg, log)
 	s.engine = &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld,
-		Queue: &slotqueue.Queue{Max: queueMax(cfg), Memory: s.memory}, OnQueued: m.SlotsQueued, Log: decisionLog}
+		Queue: &slotqueue.Queue{Max: cfg.InFlightQueueMax, Memory: s.memory}, OnQueued: m.SlotsQueued, Log: decisionLog}
 	m.WatchMemory(s.memory.Stats)
 	s.ph, err = proxy.New(proxy.Options{
 		Upstream: cfg.Upstream, UpstreamProtocol: cfg.UpstreamProtocol, MaxStreams: cfg.MaxConns, Engine: s.engine, Store: s.store, Headers: cfg.RateLimitHeaders,
+		QueueShare:            queueShare(cfg.MaxConns),
 		ResponseHeaderTimeout: cfg.RequestTimeout, Memory: s.memory, OnUnsized: m.UnsizedRefused, Log: log,
 	})
 	return err
@@ -270,7 +271,8 @@ func (s *sidecar) servers() error {
 		checkSlots.Expired = s.m.WatchSlotRegistry(metrics.FaceCheck, checkSlots)
 		s.slotRegs = append(s.slotRegs, checkSlots)
 		check := http.NewServeMux()
-		check.Handle(checkapi.Path, &checkapi.Handler{Engine: s.engine, Store: s.store, Holds: &decide.Registry{Memory: s.memory, Refused: s.m.RegistryRefused(metrics.FaceCheck)}, OnUnsized: s.m.UnsizedRefused, Slots: checkSlots})
+		check.Handle(checkapi.Path, &checkapi.Handler{Engine: s.engine, Store: s.store, Holds: &decide.Registry{Memory: s.memory, Refused: s.m.RegistryRefused(metrics.FaceCheck)}, OnUnsized: s.m.UnsizedRefused, Slots: checkSlots,
+			QueueShare: queueShare(cfg.MaxCheckConns)})
 		check.Handle(checkapi.TopKeysPath, &checkapi.TopKeysHandler{Store: s.store})
 		s.checkSrv = newServer(check)
 		s.checkSrv.ConnState = s.checkIdle.ConnState
@@ -378,9 +380,9 @@ func sweepSlots(ctx context.Context, wg *sync.WaitGroup, regs []*decide.SlotRegi
 	}
 }
 
-// queueMax bounds the proxy's waiters for a slot: --in-flight-queue-max, and at most half the
-// proxy's connections, since each waiter holds one. A flood of waiters on full keys (a tenant
-// may allow 10,000 a key for 10 minutes) then leaves the other half to the other keys' requests:
-// the waiters beyond it are refused at once, and their idle keep-alive connections can be
-// closed for new ones.
-func queueMax(cfg *Config) int { return max(1, min(cfg.InFlightQueueMax, cfg.MaxConns/2)) }
+// queueShare bounds a face's waiters for a slot: at most half the face's connections (conns),
+// since each waiter holds one. A flood of waiters on full keys (a tenant may allow 10,000 a
+// key for 10 minutes) then leaves the other half to the other keys' requests: the waiters
+// beyond it are refused at once, and their idle keep-alive connections can be closed for new
+// ones. --in-flight-queue-max bounds the waiters of both faces together.
+func queueShare(conns int) *slotqueue.Share { return &slotqueue.Share{Max: max(1, conns/2)} }

@@ -25,6 +25,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/reqpath"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
 )
 
 // Path is where the API is served.
@@ -150,6 +151,8 @@ type Handler struct {
 	// Slots keeps the slots of in-flight rules until their release (nil: a check that takes
 	// one is answered 503).
 	Slots *decide.SlotRegistry
+	// QueueShare bounds the checks waiting in the engine's queue for a slot (slots.go).
+	QueueShare *slotqueue.Share
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -242,7 +245,7 @@ func (h *Handler) decideAll(r *http.Request, set *ruleset.Set, req *Request) (d 
 		return d, nil, nil, err
 	}
 	if req.Reserve != nil {
-		if slots = h.Engine.AcquireSlots(ctx, &plan); slots.Refused != nil {
+		if slots = h.Engine.WaitSlots(ctx, &plan, h.QueueShare); slots.Refused != nil {
 			return d, nil, slots, nil
 		}
 		d, hold, err = h.reserve(r, &plan, req)
@@ -254,7 +257,7 @@ func (h *Handler) decideAll(r *http.Request, set *ruleset.Set, req *Request) (d 
 	if d = h.Engine.Decide(ctx, &plan); !d.Allowed || !plan.InFlight() {
 		return d, nil, nil, nil
 	}
-	if slots = h.Engine.AcquireSlots(ctx, &plan); slots.Refused != nil {
+	if slots = h.Engine.WaitSlots(ctx, &plan, h.QueueShare); slots.Refused != nil {
 		d.GiveBack(ctx)
 	}
 	return d, nil, slots, nil

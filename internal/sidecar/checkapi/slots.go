@@ -22,6 +22,14 @@ import (
 //	POST /v1/check {"release":{"slot":"..."}}
 //	→ {"allowed":true,"results":[],"released":{"slots":1}}
 //
+// A check of a rule with limit.queue whose key is full waits for a slot before it is answered,
+// in the sidecar's one queue (the proxy's requests of the key wait in the same line, first
+// come first served), up to the rule's timeout, as a proxied request does: the rules per
+// window decide first, and a check they refuse never waits. Each waiting check holds one of
+// the face's connections, so at most half of --max-check-conns wait (Handler.QueueShare),
+// beside the rule's size per key, --in-flight-queue-max and the memory budget; a check that
+// finds no room is answered at once, refused. A client that goes away leaves the queue.
+//
 // A slot not renewed within its lease (the flag --in-flight-expiry) is released by the sidecar:
 // a gateway that crashed frees its slots within a lease and a second. A renew that finds the
 // slot lost (410) means another request may hold its place: end the request.

@@ -71,6 +71,7 @@ type Registry struct {
 	// counts them.
 	lateBytes int64
 	shares    map[string]int // open holds per limiter key
+	owed      debts          // refused Envoy starts whose stream-done call is to come (Owe)
 }
 
 type entry struct {

@@ -57,10 +57,8 @@ type SlotRegistry struct {
 	mu    sync.Mutex
 	byID  map[string]*slotEntry
 	byKey map[string]*list.List // of *slotEntry, oldest first; entries put with a key only
-	// owed is, per key, the deadlines of refused start calls whose stream-done call is still
-	// to come, oldest first; owedN counts them all (see Owe).
-	owed  map[string][]time.Time
-	owedN int
+	// owed is the refused start calls whose stream-done call is still to come (see Owe).
+	owed debts
 	// slots and bytes are what all entries keep and draw; perKey counts the slots kept of
 	// each limiter key.
 	slots  int

@@ -8,6 +8,7 @@ import (
 	"github.com/redline-dev/redline/internal/keyscheme"
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
 )
 
 // SlotOutcome is one in-flight rule's decision.
@@ -41,7 +42,7 @@ type Slots struct {
 func (e *Engine) AcquireSlots(ctx context.Context, plan *Plan) *Slots {
 	s := &Slots{}
 	for _, c := range plan.slots {
-		if !e.acquire(ctx, s, c, false) {
+		if !e.acquire(ctx, s, c, false, nil) {
 			return s
 		}
 	}
@@ -50,8 +51,8 @@ func (e *Engine) AcquireSlots(ctx context.Context, plan *Plan) *Slots {
 
 // acquire takes a slot of c's rule under its key into s, and says whether the request may go on;
 // when it may not, s.Refused is set and every slot s held went back. With wait, a rule with a
-// queue waits in e.Queue for a slot of a full key (see WaitSlots).
-func (e *Engine) acquire(ctx context.Context, s *Slots, c call, wait bool) bool {
+// queue waits in e.Queue, within sh, for a slot of a full key (see WaitSlots).
+func (e *Engine) acquire(ctx context.Context, s *Slots, c call, wait bool, sh *slotqueue.Share) bool {
 	sl, r, key := e.Limiter, c.rule, c.key
 	s.slotter, s.onSlots = sl, e.OnSlots
 	if e.Queue != nil {
@@ -60,7 +61,7 @@ func (e *Engine) acquire(ctx context.Context, s *Slots, c call, wait bool) bool 
 	var res limiter.SlotResult
 	var slot *limiter.Slot
 	if wait && r.Queue != nil && e.Queue != nil {
-		res, slot = e.waitSlot(ctx, sl, key, r)
+		res, slot = e.waitSlot(ctx, sl, key, r, sh)
 	} else {
 		res, slot = takeSlot(ctx, sl, key, r)
 	}

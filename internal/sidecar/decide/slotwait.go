@@ -6,6 +6,7 @@ import (
 
 	"github.com/redline-dev/redline/internal/limiter"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
 )
 
 // WaitSlots is AcquireSlots, except that an in-flight rule with a queue whose key is full lets
@@ -14,11 +15,12 @@ import (
 // finds the key's queue (or the sidecar's) full, or whose timeout passes, is refused as it
 // would be without a queue; one whose ctx ends (its client went away) leaves the queue and is
 // refused. While it waits for one rule's slot it holds those of the rules before it: every
-// request takes its rules' slots in the same order, so no two wait for each other's.
-func (e *Engine) WaitSlots(ctx context.Context, plan *Plan) *Slots {
+// request takes its rules' slots in the same order, so no two wait for each other's. sh is
+// the share of the queue of the face the request came through (nil: none but the queue's).
+func (e *Engine) WaitSlots(ctx context.Context, plan *Plan, sh *slotqueue.Share) *Slots {
 	s := &Slots{}
 	for _, c := range plan.slots {
-		if !e.acquire(ctx, s, c, true) {
+		if !e.acquire(ctx, s, c, true, sh) {
 			return s
 		}
 	}
@@ -40,7 +42,7 @@ func takeSlot(ctx context.Context, sl Limiter, key string, r *ruleset.Rule) (lim
 // slots, a failover's settling) and a shadow rule's are final at once. The Redis calls run under ctx, not the wait's
 // timeout, so a timeout passing mid-call never makes a failure mode admit; a refusal for a
 // timeout or a full queue is the key's last refusal, Full.
-func (e *Engine) waitSlot(ctx context.Context, sl Limiter, key string, r *ruleset.Rule) (limiter.SlotResult, *limiter.Slot) {
+func (e *Engine) waitSlot(ctx context.Context, sl Limiter, key string, r *ruleset.Rule, sh *slotqueue.Share) (limiter.SlotResult, *limiter.Slot) {
 	res := limiter.SlotResult{Full: true, InUse: r.InFlight.Max, RetryAfter: time.Second}
 	var slot *limiter.Slot
 	wctx, cancel := context.WithTimeout(ctx, r.Queue.Timeout)
@@ -58,7 +60,7 @@ func (e *Engine) waitSlot(ctx context.Context, sl Limiter, key string, r *rulese
 	}
 	// Wait's error (no room to wait, the timeout, the client gone) leaves res the key's last
 	// refusal, Full.
-	_ = e.Queue.Wait(wctx, key, r.Queue.Size, func() bool {
+	_ = e.Queue.Wait(wctx, key, r.Queue.Size, sh, func() bool {
 		res, slot = takeSlot(ctx, sl, key, r)
 		return res.Allowed || !res.Full || res.Err != nil
 	}, queued)

@@ -26,6 +26,7 @@ import (
 	"github.com/redline-dev/redline/internal/sidecar/membudget"
 	"github.com/redline-dev/redline/internal/sidecar/reqpath"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
+	"github.com/redline-dev/redline/internal/sidecar/slotqueue"
 )
 
 // contentTypeJSON is the type of every answer the proxy writes itself.
@@ -49,6 +50,9 @@ type Options struct {
 	MaxStreams int
 	Engine     *decide.Engine
 	Store      *ruleset.Store
+	// QueueShare bounds the proxy's requests waiting in the engine's queue for a slot (nil:
+	// only the queue's bounds): each holds one of the proxy's connections.
+	QueueShare *slotqueue.Share
 	// Headers adds the RateLimit fields to admitted responses too (refusals always carry them).
 	Headers bool
 	// ResponseHeaderTimeout bounds the wait for the application's response headers (0: none).

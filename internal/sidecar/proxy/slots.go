@@ -30,7 +30,7 @@ import (
 // takeSlots takes the slots of plan's in-flight rules, or answers the refusal (giving back what d counted, when
 // d is not nil) and returns nil.
 func (h *Handler) takeSlots(w http.ResponseWriter, r *http.Request, plan *decide.Plan, d *decide.Decision) *decide.Slots {
-	slots := h.opts.Engine.WaitSlots(r.Context(), plan)
+	slots := h.opts.Engine.WaitSlots(r.Context(), plan, h.opts.QueueShare)
 	if slots.Refused == nil {
 		return slots
 	}

@@ -5,28 +5,60 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
-// streamDone says whether a token budget's descriptor reports its stream's usage (a
-// hits_addend above 0, the descriptor's or else the request's) rather than starting a request,
-// and the usage, bounded as a hold's settle bounds it.
+// streamDone says whether a token budget's descriptor is a stream-done call (Envoy's
+// apply_on_stream_done) rather than a request's start, and the usage it reports, bounded as
+// a hold's settle bounds it. Envoy sets a descriptor's hits_addend only when its rate_limits
+// entry configures one, and then even when it is 0: the entry sent when the stream is done
+// configures it (the usage from the response's metadata), the entry sent at the start does
+// not. So a descriptor with hits_addend set, 0 included, is a stream-done call; one without
+// is a start, unless the request's hits_addend (from the stream's filter state, for a setup
+// without a per-descriptor one) is above 0. A request-level usage of 0 cannot be told from a
+// start: the package documentation says what configuration avoids it.
 func streamDone(req *rlsv3.RateLimitRequest, desc *rlv3.RateLimitDescriptor) (int64, bool) {
-	n := uint64(req.GetHitsAddend())
 	if v := desc.GetHitsAddend(); v != nil {
-		n = v.GetValue()
+		return int64(min(v.GetValue(), math.MaxInt64)), true
 	}
-	if n == 0 {
-		return 0, false
+	if n := req.GetHitsAddend(); n > 0 {
+		return int64(n), true
 	}
-	return int64(min(n, math.MaxInt64)), true
+	return 0, false
+}
+
+// budgetStart is a token budget's start descriptor: when its request keeps no hold (refused
+// by any rule, or for want of room or a size), its key owes the request's stream-done call.
+type budgetStart struct {
+	hit  decide.Hit
+	rule *ruleset.Rule
+}
+
+// oweHolds records, for each token budget's start descriptor of a request that keeps no
+// hold, that a stream-done call under its key reporting no usage settles no hold (see
+// decide.Registry.Owe), until the hold's timeout it would have had.
+func (s *Server) oweHolds(set *ruleset.Set, starts []budgetStart) {
+	for _, b := range starts {
+		if key, _, ok := decide.HitKey(set, b.hit); ok {
+			s.Holds.Owe(key, holdTimeout(b.rule))
+		}
+	}
+}
+
+// holdTimeout is how long a rule's hold waits for its settle, so how long a refusal's
+// stream-done call is waited for.
+func holdTimeout(r *ruleset.Rule) time.Duration {
+	if r.Cost != nil && r.Cost.Timeout > 0 {
+		return r.Cost.Timeout
+	}
+	return decide.DefaultGrace
 }
 
 // noRoom is a request whose holds the registry had no room for: Key names the limiter key
@@ -84,17 +116,26 @@ func refuseNoRoom(set *ruleset.Set, resp *rlsv3.RateLimitResponse, hits []decide
 }
 
 // settle ends the oldest open hold of hit's key with the usage of a stream that is done, or
-// charges it where there is none. A stream that is done is never refused: st stays OK.
+// charges it where there is none. A stream-done call that reports no usage pays back a
+// refusal owed under the key first (decide.Registry.Owe): a refused request reports none, and
+// must not end a running request's hold. A stream that is done is never refused: st stays OK,
+// with the rule's limit and no duration_until_reset: Envoy discards the answer to a
+// stream-done call, and the time to the window's end (a calendar period's, in its zone) is
+// Redis's to say, which a settle does not ask.
 func (s *Server) settle(ctx context.Context, set *ruleset.Set, st *rlsv3.RateLimitResponse_DescriptorStatus, r *ruleset.Rule, hit decide.Hit, used int64) {
 	st.CurrentLimit = currentLimit(r)
-	st.DurationUntilReset = durationpb.New(r.Limit.Window)
 	key, _, ok := decide.HitKey(set, hit)
 	if !ok {
+		return
+	}
+	if used == 0 && s.Holds.PayOwed(key) {
 		return
 	}
 	if hs := s.Holds.TakeOldest(key); hs != nil {
 		_, _ = hs.Settle(ctx, used, true, false)
 		return
 	}
-	_, _ = s.Engine.Charge(ctx, set, hit, used)
+	if used > 0 {
+		_, _ = s.Engine.Charge(ctx, set, hit, used)
+	}
 }

@@ -101,3 +101,69 @@ func TestDescriptorUnderRefuseIsOverLimit(t *testing.T) {
 		t.Fatalf("a stream done: %v; it is never refused", got)
 	}
 }
+
+// done sends the stream-done descriptor of user's budget as Envoy does for a rate_limits
+// entry with apply_on_stream_done and a hits_addend: set, even when the usage is 0.
+func done(t *testing.T, s *rls.Server, user string, used uint64) rlsv3.RateLimitResponse_Code {
+	t.Helper()
+	d := desc("policy", "llm", "rule", "tokens", "user", user)
+	d.HitsAddend = wrapperspb.UInt64(used)
+	resp, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{d}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.OverallCode
+}
+
+// A stream-done call reporting no usage settles its request's hold with 0 (it is not a new
+// request's start), and a refused request's stream-done call, which reports none, ends no
+// running request's hold: the refusal owes it.
+func TestZeroUsageStreamDone(t *testing.T) {
+	s := budgetServer(t)
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	if got := call(t, s, "a", 0); got != ok {
+		t.Fatalf("a first request: %v", got)
+	}
+	if got := done(t, s, "a", 0); got != ok {
+		t.Fatalf("its stream done with no usage: %v", got)
+	}
+	if n := s.Holds.Len(); n != 0 {
+		t.Fatalf("%d holds open after the only request's stream was done with no usage, want 0", n)
+	}
+
+	for i := range 10 {
+		if got := call(t, s, "a", 0); got != ok {
+			t.Fatalf("request %d of 10 holding 100 of 1000 (nothing used before): %v", i, got)
+		}
+	}
+	for i := range 3 {
+		if got := call(t, s, "a", 0); got != over {
+			t.Fatalf("refusal %d while ten hold the whole budget: %v, want OVER_LIMIT", i, got)
+		}
+	}
+	if n := s.Holds.Owed(); n != 3 {
+		t.Fatalf("%d refusals owed, want 3", n)
+	}
+	for i := range 3 {
+		if got := done(t, s, "a", 0); got != ok {
+			t.Fatalf("refusal %d's stream done: %v", i, got)
+		}
+	}
+	if n, o := s.Holds.Len(), s.Holds.Owed(); n != 10 || o != 0 {
+		t.Fatalf("after the refusals' stream-done calls: %d holds open, %d owed; want the ten running requests' holds and nothing owed", n, o)
+	}
+	if got := call(t, s, "a", 0); got != over {
+		t.Fatalf("a request while the ten running requests still hold the budget: %v, want OVER_LIMIT", got)
+	}
+	for i := range 10 { // the refusal just made is paid back first: it reports no usage
+		if got := done(t, s, "a", 10); got != ok {
+			t.Fatalf("stream %d done: %v", i, got)
+		}
+	}
+	if n := s.Holds.Len(); n != 0 {
+		t.Fatalf("%d holds open after every running stream was done with its usage", n)
+	}
+	if n := s.Holds.Owed(); n != 1 {
+		t.Fatalf("%d refusals owed: a usage above 0 is never a refusal's, want the last refusal's still owed", n)
+	}
+}

@@ -23,14 +23,32 @@
 // counting.
 //
 // A rule whose cost comes from the response (a token budget) follows Envoy's
-// apply_on_stream_done: the descriptor sent when the request starts, without hits_addend (or
-// with 0), holds the rule's defaultHold (the service never sees the body to size it; a rule
-// with cost.unsizedBody Refuse answers it OVER_LIMIT, holding nothing); the same
-// descriptor sent when the stream is done, with hits_addend the usage (Envoy's
-// RateLimit.hits_addend from the response's metadata), settles the oldest open hold of its key
-// with it. A usage that finds no hold of its key here (its request reached another replica, or
-// its hold was forgotten) is charged as it is; the hold elsewhere goes back at its deadline. See
-// budgets.go.
+// apply_on_stream_done. Envoy sends the descriptors of a route's rate_limits entries without
+// apply_on_stream_done when the request starts, and those of the entries with it when the
+// stream is done (for every request whose start call it made, refused ones included); a
+// descriptor's hits_addend is set only when its entry configures one, and then even when it
+// is 0, and an entry whose hits_addend format does not resolve (no usage in the metadata) is
+// not sent. The sidecar expects two entries with the same actions: the start entry without
+// hits_addend, and the stream-done entry with apply_on_stream_done and hits_addend the
+// response's usage (a format on its metadata). So:
+//
+//   - a descriptor without hits_addend (and a request-level one of 0) starts a request: it
+//     holds the rule's defaultHold (the service never sees the body to size it; a rule with
+//     cost.unsizedBody Refuse answers it OVER_LIMIT, holding nothing);
+//   - a descriptor with hits_addend set, 0 included (or without one, in a request whose
+//     hits_addend is above 0), is a stream-done call with that usage: it settles the oldest
+//     open hold of its key with it (0 gives the whole hold back), and is never refused;
+//   - a start that keeps no hold (refused by any rule, for want of room or of a size) owes its
+//     stream-done call, which reports no usage: a stream-done call of 0 pays a refusal owed
+//     under its key back before it settles anything (decide.Registry.Owe), so a refusal never
+//     ends a running request's hold; a usage above 0 is never a refusal's and never pays. A
+//     refusal owed is forgotten after the rule's hold timeout (its stream-done call was
+//     dropped by Envoy, or never came).
+//
+// A usage that finds no hold of its key here (its request reached another replica, or its
+// hold was forgotten) is charged as it is; the hold elsewhere goes back at its deadline. A
+// setup whose usage is only the request-level hits_addend (the stream's filter state) cannot
+// tell a usage of 0 from a start: such a call is read as a start. See budgets.go.
 //
 // The service runs on grpc-go with go-control-plane's generated types (server.go), next to
 // grpc's standard health service.
@@ -108,10 +126,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
 	}
 	c := s.collectHits(ctx, set, req, resp)
-	kept := false // whether this request's in-flight descriptors keep slots
+	kept, held := false, false // whether this request's descriptors keep their slots, holds
 	defer func() {
 		if !kept {
 			s.oweSlots(set, c.slotHits)
+		}
+		if !held {
+			s.oweHolds(set, c.starts)
 		}
 	}()
 	if c.unsized {
@@ -129,7 +150,8 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		return nil, status.Error(codes.Internal, fmt.Sprintf("deciding: %v", err))
 	}
-	kept = full == nil && d.Allowed && !slots.Refuses()
+	held = full == nil && d.Allowed && !slots.Refuses()
+	kept = held && slots != nil
 	writeDecision(resp, d, c.at, slots, c.slotHits)
 	if full != nil {
 		refuseNoRoom(set, resp, c.hits, c.at, full)
@@ -138,12 +160,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 }
 
 // collected is what collectHits read of a request's descriptors: hits per window (at[i] is
-// the descriptor of hits[i]), in-flight hits, whether a hit opens a hold, and whether a token
-// budget's descriptor was refused for want of a size.
+// the descriptor of hits[i]), in-flight hits, the token budgets' start descriptors (whether a
+// hit opens a hold), and whether a token budget's descriptor was refused for want of a size.
 type collected struct {
 	hits     []decide.Hit
 	at       []int
 	slotHits []slotHit
+	starts   []budgetStart
 	holds    bool
 	unsized  bool
 }
@@ -178,6 +201,7 @@ func (s *Server) collectHits(ctx context.Context, set *ruleset.Set, req *rlsv3.R
 				s.settle(ctx, set, resp.Statuses[i], r, hit, used)
 				continue
 			}
+			c.starts = append(c.starts, budgetStart{hit: hit, rule: r})
 			if r.Cost.RefuseUnsized && !r.Shadow {
 				// the filter never sends the body: the rule cannot size this request
 				resp.Statuses[i].Code = rlsv3.RateLimitResponse_OVER_LIMIT

@@ -10,8 +10,10 @@
 // is decided; the next in line becomes the head and asks at once.
 //
 // Bounds: a key has at most the size its rule says of waiters, the sidecar at most Max in all,
-// and each draws WaiterBytes from the sidecar's memory budget (Memory) while it waits. A
-// request that finds no room is refused at once (ErrFull, ErrNoMemory).
+// each face at most its Share (a waiter holds one of its face's connections), and each draws
+// WaiterBytes from the sidecar's memory budget (Memory) while it waits. A request that finds
+// no room is refused at once (ErrFull, ErrNoMemory). The faces share one queue per key: their
+// waiters of a key are served in the order they came, whichever face they came through.
 package slotqueue
 
 import (
@@ -55,6 +57,15 @@ type Queue struct {
 	total int
 }
 
+// Share bounds the waiters that came through one face, within every key: each holds one of
+// the face's connections while it waits, so a face lets at most half of them wait, and the
+// other half stays for the other keys' requests. A Share belongs to one Queue.
+type Share struct {
+	// Max is the most waiters of the face (0: no bound but the Queue's).
+	Max int
+	n   int // guarded by the Queue's mu
+}
+
 type waiter struct {
 	wake chan struct{} // cap 1: a wake while the head is busy is kept for its next turn
 }
@@ -63,16 +74,17 @@ type waiter struct {
 // it does not decide (done false), or others wait already, the request joins the key's queue,
 // of at most size, and waits its turn: the head runs try when a slot of key is Released here,
 // and every Poll. Wait returns nil once a try decided, ctx's error when ctx ended first, and
-// ErrFull or ErrNoMemory when there was no room to wait. queued, if set, hears +1 when the
-// request joins the queue and -1 when it leaves.
-func (q *Queue) Wait(ctx context.Context, key string, size int, try func() (done bool), queued func(delta int)) error {
+// ErrFull or ErrNoMemory when there was no room to wait (sh, if set, is the share of the face
+// the request came through). queued, if set, hears +1 when the request joins the queue and -1
+// when it leaves.
+func (q *Queue) Wait(ctx context.Context, key string, size int, sh *Share, try func() (done bool), queued func(delta int)) error {
 	q.mu.Lock()
 	empty := q.keys[key] == nil
 	q.mu.Unlock()
 	if empty && try() {
 		return nil
 	}
-	w, el, err := q.join(key, size)
+	w, el, err := q.join(key, size, sh)
 	if err != nil {
 		return err
 	}
@@ -80,7 +92,7 @@ func (q *Queue) Wait(ctx context.Context, key string, size int, try func() (done
 		queued(1)
 		defer queued(-1)
 	}
-	defer q.leave(key, el)
+	defer q.leave(key, el, sh)
 	poll := q.Poll
 	if poll <= 0 {
 		poll = DefaultPoll
@@ -106,7 +118,7 @@ func (q *Queue) Wait(ctx context.Context, key string, size int, try func() (done
 }
 
 // join adds a waiter at the back of key's queue, or says why there is no room.
-func (q *Queue) join(key string, size int) (*waiter, *list.Element, error) {
+func (q *Queue) join(key string, size int, sh *Share) (*waiter, *list.Element, error) {
 	limit := q.Max
 	if limit <= 0 {
 		limit = DefaultMax
@@ -114,7 +126,7 @@ func (q *Queue) join(key string, size int) (*waiter, *list.Element, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := q.keys[key]
-	if l != nil && l.Len() >= size || q.total >= limit {
+	if l != nil && l.Len() >= size || q.total >= limit || sh != nil && sh.Max > 0 && sh.n >= sh.Max {
 		return nil, nil, ErrFull
 	}
 	if !q.Memory.Draw(WaiterBytes, nil) {
@@ -130,19 +142,25 @@ func (q *Queue) join(key string, size int) (*waiter, *list.Element, error) {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	el := l.PushBack(w)
 	q.total++
+	if sh != nil {
+		sh.n++
+	}
 	// A slot given back between the caller's try and its joining wakes nobody: the next Poll
 	// finds it, rather than every first waiter asking Redis twice.
 	return w, el, nil
 }
 
 // leave takes el out of key's queue; the next in line, now the head, asks at once.
-func (q *Queue) leave(key string, el *list.Element) {
+func (q *Queue) leave(key string, el *list.Element, sh *Share) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := q.keys[key]
 	wasHead := l.Front() == el
 	l.Remove(el)
 	q.total--
+	if sh != nil {
+		sh.n--
+	}
 	q.Memory.Return(WaiterBytes)
 	if l.Len() == 0 {
 		delete(q.keys, key)

@@ -40,7 +40,7 @@ func (s *slots) give(q *slotqueue.Queue, key string) {
 func waitInBackground(g Gomega, ctx context.Context, q *slotqueue.Queue, key string, size int, s *slots) <-chan error {
 	done := make(chan error, 1)
 	before := q.Len()
-	go func() { done <- q.Wait(ctx, key, size, s.try, nil) }()
+	go func() { done <- q.Wait(ctx, key, size, nil, s.try, nil) }()
 	g.Eventually(func() bool { return q.Len() > before || len(done) > 0 }, time.Minute, time.Millisecond).Should(BeTrue())
 	return done
 }
@@ -58,7 +58,7 @@ func TestWaitersOfAKeyAreServedInOrder(t *testing.T) {
 		done := make(chan error, 1)
 		before := q.Len()
 		go func() {
-			err := q.Wait(context.Background(), "k", 4, s.try, nil)
+			err := q.Wait(context.Background(), "k", 4, nil, s.try, nil)
 			mu.Lock()
 			order = append(order, i)
 			mu.Unlock()
@@ -84,9 +84,9 @@ func TestQueueBoundsAndLeaving(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	first := waitInBackground(g, ctx, q, "a", 2, s)
 	second := waitInBackground(g, context.Background(), q, "a", 2, s)
-	g.Expect(q.Wait(context.Background(), "a", 2, s.try, nil)).To(MatchError(slotqueue.ErrFull), "the key's queue is full")
+	g.Expect(q.Wait(context.Background(), "a", 2, nil, s.try, nil)).To(MatchError(slotqueue.ErrFull), "the key's queue is full")
 	third := waitInBackground(g, context.Background(), q, "b", 2, s)
-	g.Expect(q.Wait(context.Background(), "c", 2, s.try, nil)).To(MatchError(slotqueue.ErrFull), "the sidecar's queue is full")
+	g.Expect(q.Wait(context.Background(), "c", 2, nil, s.try, nil)).To(MatchError(slotqueue.ErrFull), "the sidecar's queue is full")
 
 	cancel()
 	g.Expect(<-first).To(MatchError(context.Canceled))
@@ -113,7 +113,7 @@ func TestWaitersDrawOnTheMemoryBudget(t *testing.T) {
 	s := &slots{}
 	ctx, cancel := context.WithCancel(context.Background())
 	first := waitInBackground(g, ctx, q, "a", 10, s)
-	g.Expect(q.Wait(context.Background(), "b", 10, s.try, nil)).To(MatchError(slotqueue.ErrNoMemory))
+	g.Expect(q.Wait(context.Background(), "b", 10, nil, s.try, nil)).To(MatchError(slotqueue.ErrNoMemory))
 	cancel()
 	g.Expect(<-first).To(MatchError(context.Canceled))
 	g.Expect(budget.Stats().InUse).To(BeZero())
@@ -130,4 +130,29 @@ func TestTheHeadPolls(t *testing.T) {
 	s.free = 1 // given back elsewhere: no Released
 	s.mu.Unlock()
 	g.Expect(<-done).To(Succeed())
+}
+
+// A face's Share bounds its waiters over every key, beside the queue's bounds: a request of
+// that face past it is refused at once, while another face's still waits; a waiter that
+// leaves frees its place in its share.
+func TestShareBoundsAFace(t *testing.T) {
+	g := NewWithT(t)
+	q := &slotqueue.Queue{Poll: time.Hour}
+	check := &slotqueue.Share{Max: 1}
+	s := &slots{}
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() { first <- q.Wait(ctx, "a", 10, check, s.try, nil) }()
+	g.Eventually(q.Len, time.Minute, time.Millisecond).Should(Equal(1))
+	g.Expect(q.Wait(context.Background(), "b", 10, check, s.try, nil)).To(MatchError(slotqueue.ErrFull), "the face's share is full")
+	other := waitInBackground(g, context.Background(), q, "b", 10, s)
+	cancel()
+	g.Expect(<-first).To(MatchError(context.Canceled))
+	again := make(chan error, 1)
+	go func() { again <- q.Wait(context.Background(), "a", 10, check, s.try, nil) }()
+	g.Eventually(q.Len, time.Minute, time.Millisecond).Should(Equal(2), "the place the cancelled waiter left in its share is taken")
+	s.give(q, "a")
+	g.Expect(<-again).To(Succeed())
+	s.give(q, "b")
+	g.Expect(<-other).To(Succeed())
 }

@@ -1,0 +1,50 @@
+package decide
+
+import (
+	"strconv"
+	"testing"
+	"time"
+)
+
+// A registry remembers at most MaxOwed refusals over all keys, forgets each at its time, and
+// pays a key's back only under that key.
+func TestDebtsAreBounded(t *testing.T) {
+	var d debts
+	now := time.Unix(1_000_000, 0)
+	for i := range MaxOwed + 100 {
+		d.add("k"+strconv.Itoa(i%1000), now, now.Add(time.Minute), MaxOwed)
+	}
+	if n := d.len(); n != MaxOwed {
+		t.Fatalf("%d remembered, want the bound %d", n, MaxOwed)
+	}
+	if !d.pay("k1", now) || d.pay("other", now) {
+		t.Fatal("a debt is paid under its own key only")
+	}
+	later := now.Add(2 * time.Minute)
+	if d.pay("k2", later) {
+		t.Fatal("a debt past its time was paid")
+	}
+	fills := 0
+	for d.len() < MaxOwed {
+		d.add("fill", later, later.Add(time.Minute), MaxOwed)
+		fills++
+	}
+	d.add("new", later, later.Add(time.Minute), MaxOwed) // full, mostly of debts past their time: they give way
+	if n := d.len(); n != fills+1 {
+		t.Fatalf("%d remembered after the old debts passed their time, want the %d newer ones", n, fills+1)
+	}
+}
+
+// A hold registry remembers at most MaxOwedHolds refusals, however many keys a client names.
+func TestHoldRegistryOwesBounded(t *testing.T) {
+	g := &Registry{}
+	for i := range MaxOwedHolds + 100 {
+		g.Owe("k"+strconv.Itoa(i), time.Hour)
+	}
+	if n := g.Owed(); n != MaxOwedHolds {
+		t.Fatalf("%d refusals remembered, want the bound %d", n, MaxOwedHolds)
+	}
+	if !g.PayOwed("k1") || g.PayOwed("k1") {
+		t.Fatal("one refusal owed under k1 is paid once")
+	}
+}
