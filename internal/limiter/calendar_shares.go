@@ -68,14 +68,17 @@ func (s *shares) addCalendar(key string, cal *calendar.Calendar, policy string, 
 		e = &share{}
 		sh.m[key] = e
 	}
+	// Not by the calendar's identity: every reload of the policies makes a new one, and a share
+	// dropped then would leave the period's units before it unrestorable. A new period starts
+	// afresh; the calendar kept is the latest, for re-assertions.
 	switch {
-	case e.cal != cal || start > e.start:
+	case e.cal == nil || start > e.start:
 		_, end := cal.PeriodMS(start)
-		e.cal, e.window, e.start, e.cur, e.prev = cal, msDuration(end-start), start, 0, 0
+		e.window, e.start, e.cur, e.prev = msDuration(end-start), start, 0, 0
 	case start < e.start:
 		return true // its period is over
 	}
-	e.alg, e.policy, e.hold = FixedWindow, policy, hold
+	e.cal, e.alg, e.policy, e.hold = cal, FixedWindow, policy, hold
 	e.cur = max(e.cur+units, 0)
 	return true
 }
