@@ -28,5 +28,10 @@ if id ~= '' and (add + restored > 0 or hold_changed) then
       end
     end
   end
-  redis.call('PEXPIREAT', skey, b[i + 1])
+  if fresh then
+    -- The replica's first write in the period's hash: the hash may be new. Later writes find
+    -- the expiry set (only a script writes the key), and a call that sets it again costs
+    -- Redis a tenth more.
+    redis.call('PEXPIREAT', skey, b[i + 1])
+  end
 end
