@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/redline-dev/redline/internal/calendar"
 	"github.com/redline-dev/redline/internal/limiter/scripts"
 )
 
@@ -22,7 +23,7 @@ import (
 type call struct {
 	alg    Algorithm
 	policy string // the limit's Policy, for OnRestore
-	cal    bool   // a calendar window's (see calendar.go): no lease, no share
+	cal    bool   // a calendar window's (see calendar.go): no lease; a share of its period
 	window time.Duration
 	hold   int64    // ms grants wait in a state where a share was restored (ARGV[10])
 	args   []any    // the whole EVALSHA command
@@ -41,6 +42,9 @@ type call struct {
 	// unacked says why the wait that followed the call's script did not acknowledge it, ""
 	// when it did or there was none.
 	unacked string
+	// calendar is a calendar window's, for the period its grant was counted in (recordShare).
+	calendar *calendar.Calendar
+	skey     string // the state key, which names its share
 }
 
 // decisionScripts are the algorithms' scripts, for scripts.Exec to load after NOSCRIPT.
@@ -65,6 +69,7 @@ const (
 
 func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *shares, ask *holdAsk) {
 	c.alg, c.policy, c.window, c.cal, c.dur, c.unacked = limit.Algorithm, limit.Policy, limit.Window, false, limit.Durability, ""
+	c.skey = stateKey
 	c.state.Store(callPending)
 	c.ask, c.dlArg, c.known = ask, deadlineArg, 0
 	if ask == nil {
@@ -102,7 +107,7 @@ func (c *call) prepare(stateKey string, limit Limit, cost, want int64, sh *share
 func (c *call) reset() {
 	clear(c.args)
 	c.args = c.args[:0]
-	c.res, c.g, c.err, c.self[0], c.cmd[0], c.shard, c.ask = Result{}, grant{}, nil, nil, nil, nil, nil
+	c.res, c.g, c.err, c.self[0], c.cmd[0], c.shard, c.ask, c.calendar = Result{}, grant{}, nil, nil, nil, nil, nil, nil
 }
 
 // flusher sends queued decisions to Redis. It takes whatever has queued up while the previous
@@ -288,7 +293,7 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 		if c.known > 0 {
 			// Read as late as it can be: a share lowered (a settle, a return) after a call read
 			// it, and in Redis before the call runs, would have the call restore what went back.
-			start, cur, prev, lv := l.shares.known(c.args[3].(string))
+			start, cur, prev, lv := l.shares.known(c.skey)
 			c.args[c.known], c.args[c.known+1], c.args[c.known+2], c.args[c.known+5] = start, cur, prev, lv
 		}
 		cmd := redis.NewIntSliceCmd(ctx, c.args...)
@@ -362,7 +367,11 @@ func isOutage(err error) bool {
 // when its reply shows that Redis lacked some of the shares: where one key lost counts, others
 // did too.
 func (l *Limiter) recordShare(c *call) {
-	if l.shares == nil || !c.alg.leases() || c.cal {
+	if l.shares == nil || !c.alg.leases() {
+		return
+	}
+	if c.cal {
+		l.recordCalendarShare(c)
 		return
 	}
 	if c.g.units > 0 {

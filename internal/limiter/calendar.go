@@ -27,10 +27,10 @@ import (
 // What a period's key holds is only what was admitted in it, and it expires at the period's end:
 // no roll, nothing of the period before, so none of the machinery of windows that roll applies.
 // A calendar window takes no leases (a lease's units would be counted in a period they might not
-// be admitted in, near a boundary the two clocks disagree on), keeps no shares (a period's count
-// lost with a Redis is for the rule's durability to prevent, not for shares that a month of pods
-// coming and going would not hold anyway). It takes holds and charges, a token budget per day or
-// month, in its periods: see calendar_hold.go.
+// be admitted in, near a boundary the two clocks disagree on). Its decisions keep shares, with
+// the period as the share's window (see calendar_shares.go): a failover or a restart loses only
+// what replicas that are gone admitted. It takes holds and charges, a token budget per day or
+// month, in its periods (see calendar_hold.go), which keep no shares.
 
 // calendarSuffix names the state of a calendar window: <key>:cal:<unit>:<period start, ms>.
 // Apart from every other algorithm's, so a rule moving to or from a calendar starts afresh; and
@@ -67,14 +67,25 @@ const (
 var calendarSHA, calendarReserveSHA any = scripts.CalendarWindow().SHA, scripts.CalendarReserve().SHA
 
 // prepareCalendar makes c the calendar call of cost units of sk, around atMS on Redis's clock:
-// the periods before, at and after it. Its deadline is ARGV[4], two keys after a plain call's.
+// the periods before, at and after it. Its deadline is ARGV[4], two keys after a plain call's
+// (five with shares: the periods' share hashes).
 // A Reserve's call (c.ask set) holds up to its want (lua/calendar_reserve.lua): one key more,
 // its hold records, and the hold's arguments after the periods'.
-func (c *call) prepareCalendar(sk string, limit Limit, cost, atMS int64) {
+func (c *call) prepareCalendar(sk string, limit Limit, cost, atMS int64, sh *shares) {
 	keys, args := calendarArgs(sk, limit, cost, atMS)
-	c.cal, c.known, c.hold = true, 0, 0
+	c.cal, c.calendar, c.known, c.hold = true, limit.Calendar, 0, 0
 	c.dlArg = deadlineArg + 2
 	sha := calendarSHA
+	if sh != nil && c.ask == nil {
+		// Shares (lua/calendar_shares_open.lua): the periods' share hashes, and what this
+		// replica knows, read as the call leaves (pipeline), at ARGV[10..15].
+		keys = append(keys, shareHashKey(keys[0]), shareHashKey(keys[1]), shareHashKey(keys[2]))
+		var hold any
+		c.hold, hold = sh.holdFor(limit)
+		c.known = 3 + len(keys) + len(args) + 1
+		c.dlArg += 3
+		args = append(args, sh.idArg, nil, nil, nil, hold, limit.Peers, nil)
+	}
 	if c.ask != nil {
 		keys = append(keys, holdKey(sk))
 		args = append(args, c.ask.want, c.ask.tag, c.ask.ttlMS, c.ask.maxOpen)
@@ -146,11 +157,4 @@ func (l *Limiter) askCalendar(ctx context.Context, sk string, limit Limit, cost,
 		return l.degraded(sk, limit, cost, now, err, h), grant{}, false, nil
 	}
 	return res, g, answered, err
-}
-
-// calendarBackCmd builds the call that gives sp back to its period of the calendar state sk.
-func calendarBackCmd(ctx context.Context, sk string, lim Limit, sp spent) *pendingBack {
-	_, end := lim.Calendar.PeriodMS(sp.startMS)
-	return &pendingBack{key: sk, limit: lim, sp: sp,
-		cmd: scripts.EvalSha(ctx, scripts.CalendarReturn(), []string{periodKey(sk, sp.startMS)}, sp.units, end)}
 }

@@ -130,7 +130,7 @@ type pendingBack struct {
 // giveBackCmd builds the script call that gives sp back to sk in Redis.
 func (l *Limiter) giveBackCmd(ctx context.Context, sk string, lim Limit, sp spent) *pendingBack {
 	if lim.Calendar != nil {
-		return calendarBackCmd(ctx, sk, lim, sp)
+		return l.calendarBackCmd(ctx, sk, lim, sp)
 	}
 	p := &pendingBack{key: sk, limit: lim, sp: sp}
 	switch lim.Algorithm {
@@ -180,7 +180,11 @@ func (p *pendingBack) done(l *Limiter, cmd redis.Cmder) (int64, error) {
 		// Never more than was lowered: a share above what this replica knows it was granted
 		// would restore units in Redis.
 		hold, _ := l.shares.holdFor(p.limit)
-		l.shares.add(p.key, p.limit.Algorithm, p.limit.Policy, p.limit.Window, hold, p.sp.startMS, d)
+		if p.limit.Calendar != nil {
+			l.shares.addCalendar(p.key, p.limit.Calendar, p.limit.Policy, hold, p.sp.startMS, d)
+		} else {
+			l.shares.add(p.key, p.limit.Algorithm, p.limit.Policy, p.limit.Window, hold, p.sp.startMS, d)
+		}
 	}
 	if err == nil && len(vals) >= 4 && p.share && vals[3] > 0 {
 		l.restored(p.limit.Policy, vals[3])

@@ -282,7 +282,7 @@ func (l *Limiter) askAt(ctx context.Context, sk string, limit Limit, cost, want 
 	c := l.calls.Get().(*call)
 	c.prepare(sk, limit, cost, want, l.shares, h)
 	if limit.Calendar != nil {
-		c.prepareCalendar(sk, limit, cost, atMS)
+		c.prepareCalendar(sk, limit, cost, atMS, l.shares)
 	}
 	c.shard = sh
 	if m != nil && !m.arrived && ctx.Err() != nil {

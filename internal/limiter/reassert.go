@@ -109,6 +109,10 @@ func (l *Limiter) reassertBatch(batch []liveShare) error {
 	defer cancel()
 	cmds := make([]redis.Cmder, len(batch))
 	for i, s := range batch {
+		if s.cal != nil {
+			cmds[i] = l.calendarReassertCmd(ctx, s)
+			continue
+		}
 		cmd := redis.NewIntSliceCmd(ctx, "evalsha", shaArgs[s.alg], 1, s.key,
 			1, s.window.Milliseconds(), 0, 0, 0, l.shares.id, s.start, s.cur, s.prev, s.hold, 0, s.lv)
 		cmd.SetFirstKeyPos(3)

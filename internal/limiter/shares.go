@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redline-dev/redline/internal/calendar"
 )
 
 // Shares let the replicas restore what a Redis lost.
@@ -65,6 +67,9 @@ type share struct {
 	hold      int64  // ARGV[10] of its calls
 	start     int64  // ms on Redis's clock
 	cur, prev int64  // units granted in the window starting at start, and in the one before
+	// cal is a calendar window's, whose share is of one period: start, window long (see
+	// calendar_shares.go).
+	cal *calendar.Calendar
 }
 
 // NewReplicaID returns a random id for Options.ReplicaID: 8 characters, short because every
@@ -195,13 +200,14 @@ func (s *shares) holdFor(limit Limit) (int64, any) {
 	return s.hold.Milliseconds(), s.holdArg
 }
 
-// sweep frees the keys whose last two windows have ended by nowMS (Redis's clock).
+// sweep frees the keys whose last two windows (a calendar's: its period) have ended by nowMS
+// (Redis's clock).
 func (s *shares) sweep(nowMS int64) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.m {
-			if e.start+2*e.window.Milliseconds() <= nowMS {
+			if e.ended(nowMS) {
 				delete(sh.m, k)
 				s.n.Add(-1)
 			}
@@ -220,6 +226,7 @@ type liveShare struct {
 	start     int64
 	cur, prev int64
 	lv        int64
+	cal       *calendar.Calendar
 }
 
 // live lists every key with a share in a window not ended by nowMS.
@@ -230,8 +237,8 @@ func (s *shares) live(nowMS int64) []liveShare {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.m {
-			if e.start+2*e.window.Milliseconds() > nowMS && (e.cur > 0 || e.prev > 0) {
-				out = append(out, liveShare{key: k, alg: e.alg, policy: e.policy, hold: e.hold, window: e.window, start: e.start, cur: e.cur, prev: e.prev, lv: s.lowerings.Load()})
+			if !e.ended(nowMS) && (e.cur > 0 || e.prev > 0) {
+				out = append(out, liveShare{key: k, alg: e.alg, policy: e.policy, hold: e.hold, window: e.window, start: e.start, cur: e.cur, prev: e.prev, lv: s.lowerings.Load(), cal: e.cal})
 			}
 		}
 		sh.mu.Unlock()

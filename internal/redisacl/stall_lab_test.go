@@ -278,6 +278,23 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 	add("CalendarReturn", []string{l.tat}, 5, 1)                       // a period that ended
 	add("CalendarReturn", []string{l.tat + ":cal:0"}, 5, l.start+hour) // a period with no count
 	add("HoldSettleSlidingWindowLog", []string{l.log, l.logHolds}, 100, hour, "0:5:r1:a", 3, 0)
+	// Calendar shares: share hashes that are the 64 MiB string, the stuffed hold records or
+	// fresh, with hostile shares (a restore of 1e15 starts a hold; the rest is refused).
+	calShares := []string{l.tat + ":cal:4", l.tat + ":cal:5", l.tat + ":cal:6", l.tat, l.tat, l.tat}
+	calSharesFresh := []string{l.tat + ":cal:7", l.tat + ":cal:8", l.tat + ":cal:9", l.tat + ":cal:7:r", l.tat + ":cal:8:r", l.tat + ":cal:9:r"}
+	shareAt := func(keys []string, tail ...any) {
+		add("CalendarWindow", keys, append([]any{100, 2 * hour, 1, 0, l.start - hour, l.start, l.start + hour, l.start + 2*hour}, tail...)...)
+	}
+	shareAt(calShares, "r1", l.start, 5, 0, 2000, 3, 1)
+	shareAt(calSharesFresh, "r1", l.start, "1e15", 0, 2000, 3, 1)
+	shareAt(calSharesFresh, "r2", "nan", "1e300", "inf", "-inf", "nan", "1e300")
+	shareAt(calSharesFresh, strings.Repeat("r", 101), l.start, 1, 0, 1, 1, 1)
+	shareAt(calSharesFresh[:3], "r3", l.start, 1, 0, 1, 1, 1) // no share hashes
+	shareAt([]string{l.tat + ":cal:7", l.tat + ":cal:8", l.tat + ":cal:9", l.holds, l.holds, l.holds}, "r4", l.start, 1, 0, 1, 1, 1)
+	add("CalendarReturn", []string{l.tat + ":cal:8", l.tat}, 5, l.start+hour, "r1", l.start, 5, 1)
+	add("CalendarReturn", []string{l.tat + ":cal:8", l.holds}, 5, l.start+hour, "r1", l.start, 5, 1)
+	add("CalendarReturn", []string{l.tat + ":cal:8", l.tat + ":cal:8:r"}, 5, l.start+hour, "r1", "nan", "1e300", "inf")
+	add("CalendarReturn", []string{l.tat + ":cal:8"}, 5, l.start+hour, "r1", l.start, 5, 1) // no share hash
 	// Calendar holds: reserves and settles over the stuffed hold records, on periods of no
 	// count and on the 64 MiB string, with hostile arguments where the hold's part parses.
 	fresh := []string{l.tat + ":cal:1", l.tat + ":cal:2", l.tat + ":cal:3", l.holds}

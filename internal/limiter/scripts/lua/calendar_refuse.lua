@@ -1,5 +1,5 @@
--- Fragment of calendar_window.lua and peek_calendar_window.lua (included in place, see
--- scripts.go), after calendar_open.lua: answers every outcome of a decision but a grant.
+-- Fragment of peek_calendar_window.lua (included in place, see
+-- scripts.go), after calendar_open.lua: answers every outcome of a dry run but a grant.
 if cost > limit then
   return {0, left, -1, reset, now_us, 0}
 elseif cost == 0 then
