@@ -99,13 +99,10 @@ type Limiter struct {
 	holdSeq   atomic.Uint64
 	slotBook  *slotBook // the in-flight slots this replica holds (see slots.go)
 	slotStats slotCounters
-	// slotMarks counts the times Redis was found suspect for slots (a failed slot call, a
-	// node that changed, a loss signalled); slotCleared is the count a complete renewal began
-	// at. Suspect while slotMarks > slotCleared (see reassertSlots). slotRenewMu lets one
-	// renewal run at a time; slotLineages are the nodes' histories (see lineage.go).
-	slotMarks, slotCleared atomic.Uint64
-	slotRenewMu            sync.Mutex
-	slotLineages           *lineages
+	// slotsSuspect says Redis failed a slot call since the last complete renewal (see
+	// reassertSlots); slotRenewMu lets one renewal run at a time.
+	slotsSuspect atomic.Bool
+	slotRenewMu  sync.Mutex
 	// slotFence is when new slots may be taken again after a renewal that followed a failure
 	// (UnixNano on the local clock).
 	slotFence atomic.Int64
@@ -131,18 +128,17 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		return nil, fmt.Errorf("creating limiter: replica id %q: want 2-64 bytes, not starting with @ (NewReplicaID makes one)", id)
 	}
 	l := &Limiter{
-		client:       client,
-		opts:         o,
-		queue:        make(chan *call, o.MaxBatch*flushers),
-		slots:        make(chan struct{}, flushers),
-		detached:     make(chan struct{}, o.maxDetached),
-		quit:         make(chan struct{}),
-		clock:        newRedisClock(),
-		holdTag:      NewReplicaID(),
-		slotBook:     newSlotBook(MaxSlots),
-		slotLineages: newLineages(),
-		waitSem:      make(chan struct{}, waitConcurrency(client)),
-		stopped:      make(chan struct{}),
+		client:   client,
+		opts:     o,
+		queue:    make(chan *call, o.MaxBatch*flushers),
+		slots:    make(chan struct{}, flushers),
+		detached: make(chan struct{}, o.maxDetached),
+		quit:     make(chan struct{}),
+		clock:    newRedisClock(),
+		holdTag:  NewReplicaID(),
+		slotBook: newSlotBook(MaxSlots),
+		waitSem:  make(chan struct{}, waitConcurrency(client)),
+		stopped:  make(chan struct{}),
 	}
 	l.wg.Go(l.slotRenewer)
 	if o.ReplicaID != "" {

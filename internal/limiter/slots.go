@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,9 +44,7 @@ import (
 //     (two renewal intervals, in which every live replica's renewer re-asserts its own) its
 //     new requests are decided by the failure mode, not by a count that may lack the slots of
 //     other replicas. Closed refuses them: no instant over N after a failover, at the cost of
-//     SlotExpiry/2 of refusals once Redis answers again. A reply from a node with another
-//     history of writes than its shard had (lineage.go: a failover or a restart that no call
-//     saw fail) counts as such a failure, and the call that met it is undone.
+//     SlotExpiry/2 of refusals once Redis answers again.
 //   - A slot whose renewals fail (Redis unreachable, a partition) is given up on the local
 //     clock before Redis lets it go: when its expiry would pass before the next renewal, its
 //     Lost channel closes. A SIGKILLed replica renews nothing: its slots return at most
@@ -119,10 +118,6 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 	if l.closed.Load() {
 		return SlotResult{}, nil, ErrClosed
 	}
-	// The shard's history is read before the checks below: a node change recorded after this
-	// read is seen in the reply, one recorded before it set the fence and the suspicion first.
-	shard := l.slotShard(ctx, key)
-	before := l.slotLineages.of(shard)
 	if err := l.reassertSlots(); err != nil {
 		return l.slotFailure(lim, fmt.Errorf("re-asserting this replica's slots before taking another: %w", err)), nil, nil
 	}
@@ -143,24 +138,19 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 	sent := scripts.Exec(ctx, l.client, cmds, slotScripts)
 	l.stats.pipelines.Add(sent.RoundTrips)
 	l.stats.scriptLoads.Add(sent.Loads)
-	reply, err := parseSlotAcquire(cmd)
+	vals, err := cmds[0].(*redis.Cmd).Int64Slice()
+	if err == nil && len(vals) != 3 {
+		err = fmt.Errorf("%w: slot acquire answered %d values", errBadReply, len(vals))
+	}
 	if err != nil {
 		l.slotBook.untake()
-		l.markSlotsSuspect()
+		l.slotsSuspect.Store(true)
 		// The script may have run: take the slot off in case it did.
 		l.releaseID(ctx, key, s.id)
 		return l.slotFailure(lim, fmt.Errorf("taking an in-flight slot: %w", err)), nil, nil
 	}
 	l.stats.redis.Add(1)
-	if l.slotLineages.observe(shard, before, reply.lineage, reply.lineage2, l.slotNodeChanged) {
-		l.slotBook.untake()
-		if reply.taken {
-			l.releaseID(ctx, key, s.id)
-		}
-		l.Reassert() // the shares of the node's keys too
-		return l.slotFailure(lim, ErrSlotsNodeChanged), nil, nil
-	}
-	res := SlotResult{Allowed: reply.taken, InUse: reply.live}
+	res := SlotResult{Allowed: vals[0] == 1, InUse: vals[1]}
 	if !res.Allowed {
 		l.slotBook.untake()
 		res.Full, res.RetryAfter = true, time.Second
@@ -169,31 +159,6 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 	}
 	l.slotBook.put(s)
 	return res, s, nil
-}
-
-// slotAcquireReply is lua/slot_acquire.lua's answer.
-type slotAcquireReply struct {
-	taken             bool
-	live              int64
-	lineage, lineage2 string // the node's master_replid and master_replid2 (see lineage.go)
-}
-
-func parseSlotAcquire(cmd *redis.Cmd) (slotAcquireReply, error) {
-	vals, err := cmd.Slice()
-	if err != nil {
-		return slotAcquireReply{}, err
-	}
-	if len(vals) != 5 {
-		return slotAcquireReply{}, fmt.Errorf("%w: slot acquire answered %d values", errBadReply, len(vals))
-	}
-	taken, ok1 := vals[0].(int64)
-	live, ok2 := vals[1].(int64)
-	id, ok3 := vals[3].(string)
-	id2, ok4 := vals[4].(string)
-	if !ok1 || !ok2 || !ok3 || !ok4 || id == "" {
-		return slotAcquireReply{}, fmt.Errorf("%w: slot acquire answered %v", errBadReply, vals)
-	}
-	return slotAcquireReply{taken: taken == 1, live: live, lineage: id, lineage2: id2}, nil
 }
 
 // slotFailure is the failure mode's decision without a slot.
@@ -221,12 +186,12 @@ func (l *Limiter) releaseID(ctx context.Context, key, id string) {
 	defer cancel()
 	if err := l.client.ZRem(ctx, key, id).Err(); err != nil {
 		l.slotStats.releaseErrors.Add(1)
-		l.markSlotsSuspect()
+		l.slotsSuspect.Store(true)
 	}
 }
 
 type slotCounters struct {
-	renewals, renewErrors, lost, releaseErrors, reasserted, nodeChanges atomic.Uint64
+	renewals, renewErrors, lost, releaseErrors, reasserted atomic.Uint64
 }
 
 // SlotStats returns the slots' counters.
@@ -234,8 +199,127 @@ func (l *Limiter) SlotStats() SlotStats {
 	return SlotStats{
 		Held: l.slotBook.len(), Renewals: l.slotStats.renewals.Load(), RenewErrors: l.slotStats.renewErrors.Load(),
 		Lost: l.slotStats.lost.Load(), ReleaseErrors: l.slotStats.releaseErrors.Load(), Reasserted: l.slotStats.reasserted.Load(),
-		NodeChanges: l.slotStats.nodeChanges.Load(),
 	}
+}
+
+// slotRenewer renews every slot this replica holds each SlotExpiry/4, until Close.
+func (l *Limiter) slotRenewer() {
+	every := l.opts.SlotExpiry / 4
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.quit:
+			return
+		case <-t.C:
+			_ = l.renewSlots(every) // counted; a failure makes the next Acquire renew first
+		}
+	}
+}
+
+// reassertSlots renews every slot this replica holds when it saw Redis fail since its last
+// complete renewal (slotsSuspect): the node that answers now may be a promoted replica, or the
+// same one restarted, without some of them, and a slot taken before they are re-asserted could
+// take a place a running request of this replica holds. Callers that find it running wait for
+// it. Its error says the renewal did not reach every key.
+func (l *Limiter) reassertSlots() error {
+	if !l.slotsSuspect.Load() {
+		return nil
+	}
+	return l.renewSlots(l.opts.SlotExpiry / 4)
+}
+
+// renewSlots renews every held slot in one pipeline, re-asserts those Redis no longer counted
+// where their key has room, and loses the others and those whose expiry would pass before the
+// next round. One runs at a time. Its error is the first of a call that failed; when none did,
+// Redis is no longer suspect.
+func (l *Limiter) renewSlots(every time.Duration) error {
+	l.slotRenewMu.Lock()
+	defer l.slotRenewMu.Unlock()
+	suspect := l.slotsSuspect.Load()
+	byKey := l.slotBook.snapshot()
+	if len(byKey) == 0 {
+		l.settled(suspect)
+		return nil
+	}
+	l.slotStats.renewals.Add(1)
+	ttl := l.opts.SlotExpiry
+	ctx, cancel := context.WithTimeout(context.Background(), every)
+	defer cancel()
+	var cmds []redis.Cmder
+	var sent [][]*Slot
+	for key, slots := range byKey {
+		for len(slots) > 0 {
+			n := min(len(slots), slotRenewIDs)
+			args := make([]any, 0, n+2)
+			limit := slots[0].max
+			for _, s := range slots {
+				limit = min(limit, s.max) // a reload may have lowered it: re-assert under the least
+			}
+			args = append(args, ttl.Milliseconds(), limit)
+			for _, s := range slots[:n] {
+				args = append(args, s.id)
+			}
+			cmds = append(cmds, scripts.EvalSha(ctx, scripts.SlotRenew(), []string{key}, args...))
+			sent = append(sent, slots[:n])
+			slots = slots[n:]
+		}
+	}
+	start := time.Now()
+	l.stats.scriptLoads.Add(scripts.Exec(ctx, l.client, cmds, slotScripts).Loads)
+	var first error
+	for i, cmd := range cmds {
+		out, err := cmd.(*redis.Cmd).Slice()
+		if err == nil && len(out) == 0 {
+			err = fmt.Errorf("%w: slot renewal answered nothing", errBadReply)
+		}
+		if err != nil {
+			l.slotStats.renewErrors.Add(1)
+			first = cmp.Or(first, err)
+			continue
+		}
+		if n, ok := out[0].(int64); ok && n > 0 {
+			l.slotStats.reasserted.Add(uint64(n))
+		}
+		gone := make(map[string]bool, len(out)-1)
+		for _, id := range out[1:] {
+			if s, ok := id.(string); ok {
+				gone[s] = true
+			}
+		}
+		for _, s := range sent[i] {
+			if gone[s.id] {
+				l.loseSlot(s)
+				continue
+			}
+			s.deadline.Store(start.Add(ttl).UnixNano())
+		}
+	}
+	// A slot not renewed in time is given up before Redis lets it go: its expiry would pass
+	// before the next round could renew it.
+	horizon := time.Now().Add(every + every/2).UnixNano()
+	for _, slots := range byKey {
+		for _, s := range slots {
+			if s.deadline.Load() < horizon {
+				l.loseSlot(s)
+			}
+		}
+	}
+	if first != nil {
+		l.slotsSuspect.Store(true)
+		return fmt.Errorf("renewing in-flight slots: %w", first)
+	}
+	l.settled(suspect)
+	return nil
+}
+
+// settled records a complete renewal; after one that followed a failure, new slots wait
+// SlotExpiry/2 for the other replicas to re-assert theirs (see the top of this file).
+func (l *Limiter) settled(suspect bool) {
+	if suspect {
+		l.slotFence.Store(time.Now().Add(l.opts.SlotExpiry / 2).UnixNano())
+	}
+	l.slotsSuspect.Store(false)
 }
 
 // loseSlot ends a slot that stopped counting before its release.

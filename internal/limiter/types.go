@@ -368,9 +368,6 @@ type SlotStats struct {
 	// Reasserted counts slots a renewal added back: Redis no longer counted them (a failover,
 	// a restart) and their key had room.
 	Reasserted uint64
-	// NodeChanges counts slot replies from a Redis node with another history of writes than
-	// the one before it (a failover, a restart): see ErrSlotsNodeChanged.
-	NodeChanges uint64
 }
 
 // ShardState is one shard's circuit breaker.

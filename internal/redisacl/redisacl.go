@@ -24,9 +24,7 @@
 // BenchmarkTenantStall):
 //   - O(1) or O(log N) whatever the key: TIME, TYPE, HLEN, ZCARD, ZSCORE, ZCOUNT, UNLINK (frees
 //     a large value in the background), INCRBY and DECRBY (a value longer than 20 bytes is
-//     refused as not an integer before it is read), PING and the connection's own, and INFO
-//     for its replication section only (the node's role, replication IDs and replicas'
-//     addresses; the slot scripts read the replication ID to see a failover or a restart);
+//     refused as not an integer before it is read), PING and the connection's own;
 //   - as long as the arguments: HSET, HDEL, HINCRBY, HMGET, HGET, ZADD, ZREM, SET (one ZADD of
 //     a million members held every tenant 2 to 6 s); no ACL bounds an argument count;
 //   - as long as the key: HGETALL, ZRANGE and ZRANGEBYSCORE over all of it, GETRANGE 0 -1 (each
@@ -86,15 +84,8 @@ var connectionCommands = []string{
 // Commands, and Ensure leaves them out on a node whose ACL SETUSER refuses them.
 var newCommands = []string{"waitaof"}
 
-// scriptCall finds the commands a script calls: redis.call('NAME', ...) or redis.pcall, and
-// the first argument when it is a literal.
-var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*['"]([A-Za-z]+)['"](?:\s*,\s*['"]([A-Za-z]+)['"])?`)
-
-// firstArgOnly are commands a sidecar's scripts may call with one first argument only: INFO's
-// replication section (the slot scripts read the node's replication ID), never the sections
-// that describe the whole server and every tenant's use of it. Redis allows a command for one
-// first argument as "command|arg".
-var firstArgOnly = map[string]string{"info": "replication"}
+// scriptCall finds the commands a script calls: redis.call('NAME', ...) or redis.pcall.
+var scriptCall = regexp.MustCompile(`redis\.p?call\(\s*['"]([A-Za-z]+)['"]`)
 
 // anyCall counts every call, literal command name or not.
 var anyCall = regexp.MustCompile(`redis\.p?call\(`)
@@ -122,14 +113,7 @@ var Commands = sync.OnceValues(func() ([]string, error) {
 			return nil, fmt.Errorf("script %s makes %d redis calls, %d of them with a literal command name: every command must be known to be allowed", s.Name, n, len(calls))
 		}
 		for _, m := range calls {
-			c := strings.ToLower(m[1])
-			if arg, only := firstArgOnly[c]; only {
-				if !strings.EqualFold(m[2], arg) {
-					return nil, fmt.Errorf("script %s calls %s with %q: it may call it with %q only", s.Name, c, m[2], arg)
-				}
-				c += "|" + arg
-			}
-			set[c] = true
+			set[strings.ToLower(m[1])] = true
 		}
 	}
 	out := make([]string, 0, len(set))

@@ -38,10 +38,6 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 			Help: "In-flight slots a renewal added back because Redis no longer counted them (a failover to a replica that had not received them, a restart) and their key had room: their requests ran on.",
 		}, func() float64 { return float64(stats().Reasserted) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: ns, Name: "in_flight_node_changes_total",
-			Help: "In-flight slot replies from a Redis node with another history of writes than the one before it (a failover, a restart): the call was undone and new slots waited for every sidecar to re-assert its own.",
-		}, func() float64 { return float64(stats().NodeChanges) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: ns, Name: "in_flight_renewal_errors_total",
 			Help: "Renewal calls of in-flight slots that failed (one call renews a key's slots); a slot not renewed before its expiry is lost.",
 		}, func() float64 { return float64(stats().RenewErrors) }),

@@ -8,10 +8,7 @@
 -- its own key only): a sweep of at most 16 expired members (ZRANGEBYSCORE ... LIMIT, ZREM), one
 -- ZCOUNT of the live ones, O(log n), and at most one ZADD.
 -- In: KEYS[1] the slots' zset; ARGV id, n (1..cap), ttl (ms, 1..600000), cap.
--- Out: {taken (1/0), live slots after the call, expiry (ms on Redis's clock), master_replid,
--- master_replid2}: the node's history of writes, which tells its caller when the node changed
--- under it (a failover, a restart; see lineage.go). INFO's replication section only: the
--- namespace's ACL user may run that one.
+-- Out: {taken (1/0), live slots after the call, expiry (ms on Redis's clock)}.
 -- A number that is not one (nan, or missing) takes the least: these are the caller's own.
 local function bounded(v, lo, hi)
   v = tonumber(v)
@@ -28,9 +25,6 @@ local ttl = bounded(ARGV[3], 1, 600000)
 if id == '' or string.len(id) > 128 then
   return redis.error_reply('slot id empty or too long')
 end
-local info = redis.call('INFO', 'replication')
-local rid = string.match(info, 'master_replid:(%x+)') or ''
-local rid2 = string.match(info, 'master_replid2:(%x+)') or ''
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local dead = redis.call('ZRANGEBYSCORE', k, '-inf', now, 'LIMIT', 0, 16)
@@ -39,7 +33,7 @@ if #dead > 0 then
 end
 local live = redis.call('ZCOUNT', k, string.format('(%d', now), '+inf')
 if live >= n then
-  return {0, live, 0, rid, rid2}
+  return {0, live, 0}
 end
 redis.call('ZADD', k, now + ttl, id)
 -- The key outlives its latest member (one ZRANGE of the last, O(log n)), whatever expiry the
@@ -51,4 +45,4 @@ if top[2] and tonumber(top[2]) then
   keep = math.max(keep, math.min(math.floor(tonumber(top[2]) - now), 600000))
 end
 redis.call('PEXPIRE', k, keep)
-return {1, live + 1, now + ttl, rid, rid2}
+return {1, live + 1, now + ttl}

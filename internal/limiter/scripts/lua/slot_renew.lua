@@ -9,8 +9,7 @@
 -- Bounded: at most 512 ids a call (the caller sends more in several calls), each one ZSCORE,
 -- O(1), and one ZADD or ZREM, O(log n); one ZCOUNT, O(log n).
 -- In: KEYS[1] the slots' zset; ARGV ttl (ms, 1..600000), n (1..1000000), then the ids.
--- Out: {re-asserted count, master_replid, master_replid2, then the ids lost}: as
--- lua/slot_acquire.lua, the node's history of writes (INFO's replication section only).
+-- Out: {re-asserted count, then the ids lost}.
 local function bounded(v, lo, hi)
   v = tonumber(v)
   if not v or v ~= v then
@@ -21,11 +20,10 @@ end
 local k = KEYS[1]
 local ttl = bounded(ARGV[1], 1, 600000)
 local n = bounded(ARGV[2], 1, 1000000)
-local info = redis.call('INFO', 'replication')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = redis.call('ZCOUNT', k, string.format('(%d', now), '+inf')
-local out = {0, string.match(info, 'master_replid:(%x+)') or '', string.match(info, 'master_replid2:(%x+)') or ''}
+local out = {0}
 local last = math.min(#ARGV, 514)
 for i = 3, last do
   local id = ARGV[i]
@@ -43,7 +41,7 @@ for i = 3, last do
     out[#out + 1] = id
   end
 end
-if #out - 3 < last - 2 then
+if #out - 1 < last - 2 then
   -- As lua/slot_acquire.lua: the key outlives its latest member, at most 10 minutes on.
   local top = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
   local keep = ttl
