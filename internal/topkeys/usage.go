@@ -34,6 +34,8 @@ func (u *Usage) Use(key, label string, used uint64, end, now int64) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	switch {
+	case end == 0 && u.end != 0:
+		u.end, u.keys = 0, u.keys[:0] // the rule rolls now (a reload changed its window)
 	case end < u.end:
 		return // a decision of a period that ended
 	case end > u.end:

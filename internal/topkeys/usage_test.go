@@ -70,6 +70,11 @@ func TestUsageKeepsTheHeaviestUsersOfThePeriod(t *testing.T) {
 	if _, top := u.Take(8, 0, 2*end); len(top) != 0 || u.Most(0, 2*end) != 0 {
 		t.Fatalf("a period that ended is still reported: %+v", top)
 	}
+	// The rule reloaded from a calendar period to a rolling window: its counts are kept again.
+	u.Use("rolled", "", 7, 0, 5)
+	if e, top := u.Take(8, 0, 6); e != 0 || len(top) != 1 || top[0].Key != "rolled" {
+		t.Fatalf("after a change to a rolling window: end %d, top %+v", e, top)
+	}
 	// A rolling window: the latest count, and keys not decided since are dropped.
 	var r Usage
 	r.Use("a", "", 50, 0, 100)
