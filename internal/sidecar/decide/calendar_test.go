@@ -33,20 +33,8 @@ func calendarBudgetSet(t *testing.T) *ruleset.Set {
 	tokens.Calendar, tokens.WindowMS = day, longest(day.Spec())
 	calls := sidecartest.WindowRule("calls", "x-key", 1000)
 	calls.Candidate = &policydoc.Candidate{Algorithm: "FixedWindow", Requests: 3, WindowMS: longest(month.Spec()), Calendar: month}
-	_, data, err := policydoc.Build("tok", []policydoc.Policy{{Name: "llm", Generation: 1, FailureMode: "Closed",
-		Rules: []policydoc.Rule{tokens, calls}}}, map[string]string{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := policydoc.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := ruleset.NewBuilder("").Build(doc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
+	return buildSet(t, "tok", []policydoc.Policy{{Name: "llm", Generation: 1, FailureMode: "Closed",
+		Rules: []policydoc.Rule{tokens, calls}}})
 }
 
 // TestCalendarTokenBudgetAndCandidate: on Berlin's 23-hour day (DST began that night), a token

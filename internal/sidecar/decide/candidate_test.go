@@ -39,19 +39,7 @@ func candidateSet(t *testing.T, alg, policy string) *ruleset.Set {
 		"same": pol("same", rule("r", 60, nil)),
 		"half": pol("half", rule("r", 30, nil)),
 	}
-	_, data, err := policydoc.Build("cand", []policydoc.Policy{pols[policy]}, map[string]string{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := policydoc.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := ruleset.NewBuilder("").Build(doc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
+	return buildSet(t, "cand", []policydoc.Policy{pols[policy]})
 }
 
 // TestCandidateCountsWhatEnforcingItWouldRefuse: on the same live traffic, a candidate at half

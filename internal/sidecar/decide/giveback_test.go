@@ -22,19 +22,7 @@ import (
 // "org" keyed on X-Org, each rule as given.
 func stackedSet(t *testing.T, rules ...policydoc.Rule) *ruleset.Set {
 	t.Helper()
-	_, data, err := policydoc.Build("ns", []policydoc.Policy{{Name: "p", Generation: 1, FailureMode: "Closed", Rules: rules}}, map[string]string{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := policydoc.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := ruleset.NewBuilder("").Build(doc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
+	return buildSet(t, "ns", []policydoc.Policy{{Name: "p", Generation: 1, FailureMode: "Closed", Rules: rules}})
 }
 
 func stackedRule(name, header, alg string, requests int64) policydoc.Rule {

@@ -2,7 +2,9 @@ package decide_test
 
 import (
 	"context"
+	"testing"
 
+	"github.com/redline-dev/redline/internal/policydoc"
 	"github.com/redline-dev/redline/internal/sidecar/decide"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
@@ -58,4 +60,22 @@ func acquireReq(ctx context.Context, e *decide.Engine, set *ruleset.Set, rq *dec
 		panic(err)
 	}
 	return e.AcquireSlots(ctx, &p)
+}
+
+// buildSet is the rule set a sidecar builds from the document of policies in namespace.
+func buildSet(t testing.TB, namespace string, policies []policydoc.Policy) *ruleset.Set {
+	t.Helper()
+	_, data, err := policydoc.Build(namespace, policies, map[string]string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := policydoc.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := ruleset.NewBuilder("").Build(doc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
 }

@@ -18,25 +18,13 @@ import (
 // (algorithm alg), and a plain rule of plain requests per minute on the same requests.
 func budgetSet(t *testing.T, alg string, requests, plain int64) *ruleset.Set {
 	t.Helper()
-	_, data, err := policydoc.Build("tok", []policydoc.Policy{{
+	return buildSet(t, "tok", []policydoc.Policy{{
 		Name: "llm", Generation: 1, FailureMode: "Closed",
 		Rules: []policydoc.Rule{
 			sidecartest.BudgetRule("tokens", "x-key", alg, requests, 100, 10, policydoc.OnErrorUsed),
 			{Name: "calls", Key: []policydoc.KeyPart{{Header: "x-key"}}, Algorithm: alg, Requests: plain, WindowMS: time.Minute.Milliseconds(), Mode: "Enforce"},
 		},
-	}}, map[string]string{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := policydoc.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := ruleset.NewBuilder("").Build(doc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
+	}})
 }
 
 func budgetReq(key string) *decide.Request {

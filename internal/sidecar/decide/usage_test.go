@@ -22,23 +22,11 @@ import (
 func usageSet(t *testing.T) *ruleset.Set {
 	t.Helper()
 	key := []policydoc.KeyPart{{Header: "x-key"}}
-	_, data, err := policydoc.Build("ns", []policydoc.Policy{{Name: "api", Generation: 1, FailureMode: "Closed", Rules: []policydoc.Rule{
+	return buildSet(t, "ns", []policydoc.Policy{{Name: "api", Generation: 1, FailureMode: "Closed", Rules: []policydoc.Rule{
 		{Name: "slots", Key: key, InFlight: 4, Mode: "Enforce", ReportValues: true},
 		{Name: "monthly", Key: key, Algorithm: "FixedWindow", Requests: 100, WindowMS: 2685600000, Mode: "Enforce",
 			Calendar: &policydoc.Calendar{Unit: "Month", Zone: "Europe/Berlin"}, ReportValues: true},
-	}}}, map[string]string{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc, err := policydoc.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := ruleset.NewBuilder("").Build(doc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
+	}}})
 }
 
 func rule(t *testing.T, s fleet.PolicySummary, name string) fleet.RuleSummary {
