@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/redline-dev/redline/api/v1alpha1"
 )
@@ -53,5 +54,30 @@ var _ = Describe("In-flight rules", func() {
 		Entry("a queue too large", func(p *v1alpha1.RateLimitPolicy) {
 			p.Spec.Rules[0].Limit = v1alpha1.Limit{InFlight: ptr.To[int64](4), Queue: &v1alpha1.InFlightQueue{Size: 10_001, Timeout: metav1.Duration{Duration: time.Second}}}
 		}, "should be less than or equal to 10000"),
+		Entry("onSlotLost on a limit per window", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Limit.OnSlotLost = v1alpha1.SlotLostFinish
+		}, "limit.onSlotLost needs limit.inFlight"),
+		Entry("onSlotLost on a candidate's limit", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Candidate = &v1alpha1.CandidateLimit{Limit: v1alpha1.Limit{Requests: 5, Window: metav1.Duration{Duration: time.Minute}, OnSlotLost: v1alpha1.SlotLostEnd}}
+		}, "limit.onSlotLost needs limit.inFlight"),
+		Entry("an unknown onSlotLost", func(p *v1alpha1.RateLimitPolicy) {
+			p.Spec.Rules[0].Limit = v1alpha1.Limit{InFlight: ptr.To[int64](4), OnSlotLost: "Linger"}
+		}, `supported values: "End", "Finish"`),
+	)
+
+	DescribeTable("the API server keeps what an in-flight rule does with a lost slot",
+		func(limit v1alpha1.Limit, want v1alpha1.SlotLostAction) {
+			ns := newNamespace(ctx)
+			p := policy(ns, "valid", 100)
+			p.Spec.Rules[0].Limit = limit
+			Expect(k8s.Create(ctx, p)).To(Succeed())
+			got := &v1alpha1.RateLimitPolicy{}
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(p), got)).To(Succeed())
+			Expect(got.Spec.Rules[0].Limit.OnSlotLost).To(Equal(want))
+		},
+		Entry("left out: End, the default, without writing it", v1alpha1.Limit{InFlight: ptr.To[int64](4)}, v1alpha1.SlotLostAction("")),
+		Entry("End", v1alpha1.Limit{InFlight: ptr.To[int64](4), OnSlotLost: v1alpha1.SlotLostEnd}, v1alpha1.SlotLostEnd),
+		Entry("Finish beside a queue", v1alpha1.Limit{InFlight: ptr.To[int64](4), OnSlotLost: v1alpha1.SlotLostFinish,
+			Queue: &v1alpha1.InFlightQueue{Size: 4, Timeout: metav1.Duration{Duration: time.Second}}}, v1alpha1.SlotLostFinish),
 	)
 })

@@ -22,3 +22,15 @@ type InFlightQueue struct {
 	// +required
 	Timeout metav1.Duration `json:"timeout"`
 }
+
+// SlotLostAction is what becomes of a request whose in-flight slot is lost before it ends.
+// +kubebuilder:validation:Enum=End;Finish
+type SlotLostAction string
+
+// The actions on a lost slot.
+const (
+	// SlotLostEnd ends the request: another may hold its place.
+	SlotLostEnd SlotLostAction = "End"
+	// SlotLostFinish lets the request run to its end, no longer counted.
+	SlotLostFinish SlotLostAction = "Finish"
+)

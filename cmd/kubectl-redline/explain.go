@@ -206,13 +206,19 @@ func topRefused(ctx context.Context, cl client.Client, ns string, set *ruleset.S
 
 // limitText is a rule's limit as the table shows it: requests per window and algorithm, per
 // calendar period in its zone, or requests in progress at once and, when the rule queues, how
-// many requests of a full key wait for a slot and for how long at most.
+// many requests of a full key wait for a slot and for how long at most, and when it lets a
+// request whose slot is lost finish, that choice (it may run the key over its limit).
 func limitText(r *ruleset.Rule) string {
 	switch c := r.Limit.Calendar; {
-	case r.InFlight != nil && r.Queue != nil:
-		return fmt.Sprintf("%d in flight, queue %d for %s", r.InFlight.Max, r.Queue.Size, r.Queue.Timeout)
 	case r.InFlight != nil:
-		return fmt.Sprintf("%d in flight", r.InFlight.Max)
+		text := fmt.Sprintf("%d in flight", r.InFlight.Max)
+		if r.Queue != nil {
+			text += fmt.Sprintf(", queue %d for %s", r.Queue.Size, r.Queue.Timeout)
+		}
+		if r.LetFinish {
+			text += ", onSlotLost: Finish"
+		}
+		return text
 	case c != nil:
 		spec := c.Spec()
 		return fmt.Sprintf("%d/%s %s", r.Limit.Requests, spec.Unit, cmp.Or(spec.Zone, "UTC"))

@@ -10,7 +10,8 @@ import (
 )
 
 // The explain table names each kind of limit as its policy does: per window, per calendar
-// period in its zone, in flight with or without a queue.
+// period in its zone, in flight with or without a queue, and the choice to let a request
+// whose slot is lost finish.
 func TestLimitText(t *testing.T) {
 	month, err := calendar.New(calendar.Spec{Unit: calendar.Month, Zone: "Europe/Berlin"})
 	if err != nil {
@@ -30,6 +31,8 @@ func TestLimitText(t *testing.T) {
 		{ruleset.Rule{InFlight: &limiter.InFlight{Max: 8}}, "8 in flight"},
 		{ruleset.Rule{InFlight: &limiter.InFlight{Max: 8}, Queue: &ruleset.Queue{Size: 4, Timeout: 30 * time.Second}}, "8 in flight, queue 4 for 30s"},
 		{ruleset.Rule{InFlight: &limiter.InFlight{Max: 2}, Queue: &ruleset.Queue{Size: 1, Timeout: 1500 * time.Millisecond}}, "2 in flight, queue 1 for 1.5s"},
+		{ruleset.Rule{InFlight: &limiter.InFlight{Max: 8}, LetFinish: true}, "8 in flight, onSlotLost: Finish"},
+		{ruleset.Rule{InFlight: &limiter.InFlight{Max: 8}, Queue: &ruleset.Queue{Size: 4, Timeout: 30 * time.Second}, LetFinish: true}, "8 in flight, queue 4 for 30s, onSlotLost: Finish"},
 	} {
 		if got := limitText(&tc.rule); got != tc.want {
 			t.Errorf("limitText = %q, want %q", got, tc.want)

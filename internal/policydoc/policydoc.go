@@ -109,6 +109,12 @@ type Rule struct {
 	// one of them refuses a document with it and keeps its last good one, rather than refuse
 	// at once what the rule says should wait.
 	Queue *Queue `json:"queue,omitempty"`
+	// OnSlotLost, with InFlight only, is SlotLostFinish when a request whose slot is lost
+	// runs to its end uncounted, rather than being ended. Omitted for the default (End), so a
+	// document without it stays readable by sidecars that do not know the field; one of them
+	// refuses a document with it and keeps its last good one, rather than end what the rule
+	// says to let finish.
+	OnSlotLost string `json:"onSlotLost,omitempty"`
 	// Calendar, when set, makes a FixedWindow count the periods of a calendar (see package
 	// calendar); WindowMS is then the longest a period can be. Omitted when not set, so a
 	// document without calendar windows stays readable by sidecars that do not know the field;
@@ -144,6 +150,9 @@ const (
 	MaxQueueSize      = 10_000
 	MaxQueueTimeoutMS = 10 * 60 * 1000
 )
+
+// SlotLostFinish is Rule.OnSlotLost for a rule whose requests run on when their slot is lost.
+const SlotLostFinish = "Finish"
 
 // Queue is how requests of an in-flight rule's full key wait for a slot in a sidecar: at most
 // Size of a key at once, each at most TimeoutMS.
@@ -288,6 +297,9 @@ func Parse(data []byte) (*Document, error) {
 			if r.Queue != nil {
 				return nil, fmt.Errorf("policy %s rule %s: a queue without inFlight", p.Name, r.Name)
 			}
+			if r.OnSlotLost != "" {
+				return nil, fmt.Errorf("policy %s rule %s: onSlotLost without inFlight", p.Name, r.Name)
+			}
 			if r.Requests < 1 || r.WindowMS < 1000 || len(r.Key) == 0 {
 				return nil, fmt.Errorf("policy %s rule %s: invalid limit or key", p.Name, r.Name)
 			}
@@ -373,6 +385,8 @@ func (r *Rule) validInFlight() error {
 		return fmt.Errorf("queue size %d not in 1..%d", r.Queue.Size, MaxQueueSize)
 	case r.Queue != nil && (r.Queue.TimeoutMS < 1 || r.Queue.TimeoutMS > MaxQueueTimeoutMS):
 		return fmt.Errorf("queue timeoutMs %d not in 1..%d", r.Queue.TimeoutMS, MaxQueueTimeoutMS)
+	case r.OnSlotLost != "" && r.OnSlotLost != SlotLostFinish:
+		return fmt.Errorf("onSlotLost %q: only %q is written (the default ends the request)", r.OnSlotLost, SlotLostFinish)
 	}
 	return r.Match.validPath()
 }

@@ -30,10 +30,15 @@ func compileInFlight(r v1alpha1.Rule) (policydoc.Rule, error) {
 	if err != nil {
 		return policydoc.Rule{}, err
 	}
+	onLost, err := compileOnSlotLost(r.Limit.OnSlotLost)
+	if err != nil {
+		return policydoc.Rule{}, err
+	}
 	return policydoc.Rule{
 		Name:         r.Name,
 		InFlight:     n,
 		Queue:        queue,
+		OnSlotLost:   onLost,
 		Mode:         string(orDefault(r.Mode, v1alpha1.Enforce)),
 		ReportValues: r.TopKeys == v1alpha1.TopKeysValues,
 	}, nil
@@ -51,4 +56,16 @@ func compileQueue(q *v1alpha1.InFlightQueue) (*policydoc.Queue, error) {
 		return nil, errors.New("limit.queue.timeout must be between 1ms and 10m: a request waits no longer than that for a slot")
 	}
 	return &policydoc.Queue{Size: int64(q.Size), TimeoutMS: q.Timeout.Milliseconds()}, nil
+}
+
+// compileOnSlotLost compiles limit.onSlotLost: Finish is written, the default (End) left out so
+// that a document of rules that end their requests stays readable by earlier sidecars.
+func compileOnSlotLost(a v1alpha1.SlotLostAction) (string, error) {
+	switch a {
+	case "", v1alpha1.SlotLostEnd:
+		return "", nil
+	case v1alpha1.SlotLostFinish:
+		return policydoc.SlotLostFinish, nil
+	}
+	return "", fmt.Errorf("limit.onSlotLost %q must be End or Finish", a)
 }

@@ -48,13 +48,14 @@ func TestCompileInFlightRefuses(t *testing.T) {
 		edit func(*v1alpha1.Rule)
 		want string
 	}{
-		"zero":          {func(r *v1alpha1.Rule) { *r.Limit.InFlight = 0 }, "limit.inFlight 0"},
-		"too many":      {func(r *v1alpha1.Rule) { *r.Limit.InFlight = v1alpha1.MaxInFlight + 1 }, "limit.inFlight 100001"},
-		"with requests": {func(r *v1alpha1.Rule) { r.Limit.Requests = 10 }, "not both"},
-		"with window":   {func(r *v1alpha1.Rule) { r.Limit.Window = metav1.Duration{Duration: time.Minute} }, "not both"},
-		"with burst":    {func(r *v1alpha1.Rule) { r.Limit.Burst = &requests }, "not both"},
-		"with cost":     {func(r *v1alpha1.Rule) { r.Cost = &v1alpha1.Cost{From: v1alpha1.CostFromResponse} }, "cannot go with cost"},
-		"with refused":  {func(r *v1alpha1.Rule) { r.Refused = v1alpha1.RefusedCounted }, "cannot go with refused"},
+		"zero":                  {func(r *v1alpha1.Rule) { *r.Limit.InFlight = 0 }, "limit.inFlight 0"},
+		"too many":              {func(r *v1alpha1.Rule) { *r.Limit.InFlight = v1alpha1.MaxInFlight + 1 }, "limit.inFlight 100001"},
+		"with requests":         {func(r *v1alpha1.Rule) { r.Limit.Requests = 10 }, "not both"},
+		"with window":           {func(r *v1alpha1.Rule) { r.Limit.Window = metav1.Duration{Duration: time.Minute} }, "not both"},
+		"with burst":            {func(r *v1alpha1.Rule) { r.Limit.Burst = &requests }, "not both"},
+		"with cost":             {func(r *v1alpha1.Rule) { r.Cost = &v1alpha1.Cost{From: v1alpha1.CostFromResponse} }, "cannot go with cost"},
+		"with refused":          {func(r *v1alpha1.Rule) { r.Refused = v1alpha1.RefusedCounted }, "cannot go with refused"},
+		"an unknown onSlotLost": {func(r *v1alpha1.Rule) { r.Limit.OnSlotLost = "Linger" }, `limit.onSlotLost "Linger" must be End or Finish`},
 		"with candidate": {func(r *v1alpha1.Rule) {
 			r.Candidate = &v1alpha1.CandidateLimit{Limit: v1alpha1.Limit{Requests: 10, Window: metav1.Duration{Duration: time.Minute}}}
 		}, "cannot have a candidate"},
@@ -82,4 +83,22 @@ func TestInFlightBoundsAgree(t *testing.T) {
 	g := NewWithT(t)
 	g.Expect(int64(v1alpha1.MaxInFlight)).To(BeEquivalentTo(policydoc.MaxInFlight))
 	g.Expect(int64(v1alpha1.MaxInFlight)).To(BeEquivalentTo(limiter.MaxInFlight))
+}
+
+// onSlotLost compiles to the document's Finish, or to nothing for the default spelled out or
+// left out, so that a document of rules that end their requests keeps its earlier bytes.
+func TestCompileOnSlotLost(t *testing.T) {
+	g := NewWithT(t)
+	for action, want := range map[v1alpha1.SlotLostAction]string{"": "", v1alpha1.SlotLostEnd: "", v1alpha1.SlotLostFinish: policydoc.SlotLostFinish} {
+		p := inFlightRule(4)
+		p.Spec.Rules[0].Limit.OnSlotLost = action
+		cp, err := Policy(p)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(cp.Rules[0].OnSlotLost).To(Equal(want), string(action))
+		_, data, err := policydoc.Build("shop", []policydoc.Policy{cp}, map[string]string{})
+		g.Expect(err).NotTo(HaveOccurred())
+		doc, err := policydoc.Parse(data)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(doc.Policies[0].Rules[0].OnSlotLost).To(Equal(want), string(action))
+	}
 }

@@ -100,6 +100,9 @@ type Rule struct {
 	// Queue, when not nil (an in-flight rule only), lets the proxy's requests of a full key
 	// wait for a slot.
 	Queue *Queue
+	// LetFinish (an in-flight rule only): a request whose slot is lost runs to its end,
+	// uncounted, instead of being ended (limit.onSlotLost: Finish).
+	LetFinish bool
 	// Cost, when not nil, says the rule's cost comes from the response: Limit counts units
 	// (such as tokens) that a request holds before it is forwarded and settles after. Nil:
 	// every request costs one unit. A rule with a Cost has no Candidate.
@@ -380,6 +383,7 @@ func buildRule(p *Policy, cr policydoc.Rule) (*Rule, error) {
 		}
 		r.Limit, r.WindowSeconds = limiter.Limit{}, 0
 		r.InFlight = &limiter.InFlight{Max: cr.InFlight, FailureMode: p.FailureMode, Shadow: r.Shadow}
+		r.LetFinish = cr.OnSlotLost == policydoc.SlotLostFinish
 		if q := cr.Queue; q != nil {
 			r.Queue = &Queue{Size: int(q.Size), Timeout: time.Duration(q.TimeoutMS) * time.Millisecond}
 		}
