@@ -100,6 +100,7 @@ func SidecarRegistry() (*prometheus.Registry, error) {
 	m.ObserveSlot(set.Rules[0], limiter.SlotResult{Allowed: true})
 	m.SlotsHeld(set.Rules[0], 0)
 	m.SlotsQueued(set.Rules[0], 0)
+	m.SlotLetFinish(set.Rules[0])
 	m.WatchSlotRegistry(sidecarmetrics.FaceCheck, &decide.SlotRegistry{})
 	// Serving /metrics registers the handler's own error counter.
 	_ = m.Handler()

@@ -240,7 +240,7 @@ func (s *sidecar) decisions(conns *redisconn.ConnStats) error {
 	})
 	s.memory = memoryBudget(cfg, log)
 	s.engine = &decide.Engine{Limiter: lim, TrustedHops: cfg.TrustedHops, Observe: m.Observe, ObserveSettle: m.Settled, ObserveSlot: m.ObserveSlot, OnSlots: m.SlotsHeld,
-		Queue: &slotqueue.Queue{Max: cfg.InFlightQueueMax, Memory: s.memory}, OnQueued: m.SlotsQueued, Log: decisionLog}
+		OnLetFinish: m.SlotLetFinish, Queue: &slotqueue.Queue{Max: cfg.InFlightQueueMax, Memory: s.memory}, OnQueued: m.SlotsQueued, Log: decisionLog}
 	m.WatchMemory(s.memory.Stats)
 	s.ph, err = proxy.New(proxy.Options{
 		Upstream: cfg.Upstream, UpstreamProtocol: cfg.UpstreamProtocol, MaxStreams: cfg.MaxConns, Engine: s.engine, Store: s.store, Headers: cfg.RateLimitHeaders,

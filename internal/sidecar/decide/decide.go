@@ -114,6 +114,9 @@ type Engine struct {
 	// OnSlots, if set, hears of every slot a request takes (+1) and gives back (-1), by rule
 	// (the per-rule gauge of requests in progress).
 	OnSlots func(r *ruleset.Rule, delta int)
+	// OnLetFinish, if set, hears of every slot lost before its request ended whose rule lets
+	// the request finish (Slots.WatchLost).
+	OnLetFinish func(r *ruleset.Rule)
 	// Queue, if set, is where the proxy's requests of a full key wait for a slot of a rule
 	// with a queue (WaitSlots); a slot given back wakes its key's waiters.
 	Queue *slotqueue.Queue

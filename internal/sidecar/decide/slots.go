@@ -32,7 +32,8 @@ type Slots struct {
 	held     []*limiter.Slot
 	rules    []*ruleset.Rule // of each held slot
 	onSlots  func(r *ruleset.Rule, delta int)
-	released func(key string) // wakes the key's waiters (Engine.Queue)
+	released func(key string)      // wakes the key's waiters (Engine.Queue)
+	finished func(r *ruleset.Rule) // Engine.OnLetFinish
 }
 
 // AcquireSlots takes a slot of every in-flight rule of plan, in its order (one Redis call
@@ -54,7 +55,7 @@ func (e *Engine) AcquireSlots(ctx context.Context, plan *Plan) *Slots {
 // queue waits in e.Queue, within sh, for a slot of a full key (see WaitSlots).
 func (e *Engine) acquire(ctx context.Context, s *Slots, c call, wait bool, sh *slotqueue.Share) bool {
 	sl, r, key := e.Limiter, c.rule, c.key
-	s.slotter, s.onSlots = sl, e.OnSlots
+	s.slotter, s.onSlots, s.finished = sl, e.OnSlots, e.OnLetFinish
 	if e.Queue != nil {
 		s.released = e.Queue.Released
 	}
@@ -99,7 +100,7 @@ func (e *Engine) acquire(ctx context.Context, s *Slots, c call, wait bool, sh *s
 func (s *Slots) Split() []KeyedSlots {
 	out := make([]KeyedSlots, len(s.held))
 	for i, sl := range s.held {
-		out[i] = KeyedSlots{Key: sl.Key(), Slots: &Slots{slotter: s.slotter, held: []*limiter.Slot{sl}, rules: s.rules[i : i+1], onSlots: s.onSlots, released: s.released}}
+		out[i] = KeyedSlots{Key: sl.Key(), Slots: &Slots{slotter: s.slotter, held: []*limiter.Slot{sl}, rules: s.rules[i : i+1], onSlots: s.onSlots, released: s.released, finished: s.finished}}
 	}
 	s.held, s.rules = nil, nil
 	return out
@@ -123,14 +124,27 @@ func (s *Slots) LostAny() bool {
 	return false
 }
 
-// Lost is the channels that close when a held slot stops counting before the request ends
-// (see limiter.Slot.Lost): the face ends the request then.
-func (s *Slots) Lost() []<-chan struct{} {
-	out := make([]<-chan struct{}, len(s.held))
+// WatchLost watches, until ctx ends, the slots s holds for one that stops counting before the
+// request ends (see limiter.Slot.Lost). Of a rule that ends its requests then (the default),
+// it calls end: another request may hold its place. Of a rule that lets them finish
+// (LetFinish), the request runs on uncounted, and the engine's OnLetFinish hears of it. One
+// goroutine per slot held, each gone when ctx ends.
+func (s *Slots) WatchLost(ctx context.Context, end func()) {
 	for i, sl := range s.held {
-		out[i] = sl.Lost()
+		r := s.rules[i]
+		go func() {
+			select {
+			case <-sl.Lost():
+			case <-ctx.Done():
+				return
+			}
+			if !r.LetFinish {
+				end()
+			} else if s.finished != nil {
+				s.finished(r)
+			}
+		}()
 	}
-	return out
 }
 
 // keyed is the limiter key of each slot s holds, and the limit of its rule.

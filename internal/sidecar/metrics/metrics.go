@@ -66,8 +66,11 @@ type Metrics struct {
 	// slotsQueued is the per-rule gauge of requests waiting for a slot, once WatchSlots
 	// registered it.
 	slotsQueued *prometheus.GaugeVec
-	policyMu    sync.Mutex
-	policies    map[string]bool // the policies whose restoration counters show
+	// slotsLetFinish counts, per rule, the slots lost whose request ran on, once WatchSlots
+	// registered it.
+	slotsLetFinish *prometheus.CounterVec
+	policyMu       sync.Mutex
+	policies       map[string]bool // the policies whose restoration counters show
 }
 
 // New registers the collectors. stats reads the limiter's counters and store the set in force

@@ -24,14 +24,18 @@ func (m *Metrics) WatchSlots(stats func() limiter.SlotStats) {
 		Namespace: ns, Name: "in_flight_queued",
 		Help: "Requests of an in-flight rule waiting in this sidecar for a slot of their full key now, by policy and rule (rules with a queue).",
 	}, []string{labelPolicy, labelRule})
-	m.Registry.MustRegister(m.slotDecisions, m.slotsHeld, m.slotsQueued,
+	m.slotsLetFinish = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "in_flight_slots_lost_let_finish_total",
+		Help: "In-flight slots lost before their request ended, of rules with onSlotLost: Finish, by policy and rule: their requests ran on to their end, no longer counted, so their key may have had more requests in progress than its limit meanwhile.",
+	}, []string{labelPolicy, labelRule})
+	m.Registry.MustRegister(m.slotDecisions, m.slotsHeld, m.slotsQueued, m.slotsLetFinish,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Name: "in_flight_slots",
 			Help: "In-flight slots this sidecar holds now: requests of in-flight rules in progress through it.",
 		}, func() float64 { return float64(stats().Held) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: ns, Name: "in_flight_slots_lost_total",
-			Help: "In-flight slots lost before their request ended (found expired in Redis at a renewal, or not renewed before their expiry): their requests were ended.",
+			Help: "In-flight slots lost before their request ended (found expired in Redis at a renewal, or not renewed before their expiry): their requests were ended, unless their rule lets them finish (in_flight_slots_lost_let_finish_total).",
 		}, func() float64 { return float64(stats().Lost) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: ns, Name: "in_flight_slots_reasserted_total",
@@ -59,8 +63,9 @@ func (m *Metrics) SlotsQueued(r *ruleset.Rule, delta int) {
 	}
 }
 
-// slotRulesLoaded shows the gauge of requests in progress of every in-flight rule of s, and
-// of requests waiting for every rule with a queue, at 0 until first used, so that a sidecar
+// slotRulesLoaded shows the gauge of requests in progress of every in-flight rule of s, of
+// requests waiting for every rule with a queue, and the count of slots let finish of every
+// rule with onSlotLost: Finish, at 0 until first used, so that a sidecar
 // through which none runs yet says 0 rather than nothing. Those of rules no longer in force
 // stay: requests taken under them may still run or wait, and their ends move the gauges back
 // to 0.
@@ -73,6 +78,17 @@ func (m *Metrics) slotRulesLoaded(s *ruleset.Set) {
 		if r.Queue != nil && m.slotsQueued != nil {
 			m.slotsQueued.WithLabelValues(r.Policy.Name, r.Name)
 		}
+		if r.LetFinish && m.slotsLetFinish != nil {
+			m.slotsLetFinish.WithLabelValues(r.Policy.Name, r.Name)
+		}
+	}
+}
+
+// SlotLetFinish counts a slot of rule r lost before its request ended, the request let run
+// on (decide.Engine.OnLetFinish).
+func (m *Metrics) SlotLetFinish(r *ruleset.Rule) {
+	if m.slotsLetFinish != nil {
+		m.slotsLetFinish.WithLabelValues(r.Policy.Name, r.Name).Inc()
 	}
 }
 

@@ -25,7 +25,8 @@ import (
 //
 // A slot lost before its request ends (not renewed in time, or gone from Redis) cancels the
 // request's context: ReverseProxy stops forwarding and cuts the response, since another
-// request may hold its place.
+// request may hold its place. A rule with onSlotLost: Finish lets the request run on instead,
+// no longer counted: its key may then have more than its limit in progress until it ends.
 
 // takeSlots takes the slots of plan's in-flight rules, or answers the refusal (giving back what d counted, when
 // d is not nil) and returns nil.
@@ -63,21 +64,14 @@ func (h *Handler) takeSlots(w http.ResponseWriter, r *http.Request, plan *decide
 	return nil
 }
 
-// endOnLost returns r with a context cancelled when one of the request's slots is lost, and
-// the function that lets go of the watch (call it when the request is done).
+// endOnLost returns r with a context cancelled when one of the request's slots is lost (of a
+// rule that ends its requests then), and the function that lets go of the watch (call it when
+// the request is done).
 func endOnLost(r *http.Request, slots *decide.Slots) (*http.Request, context.CancelFunc) {
 	if slots.Held() == 0 {
 		return r, func() {}
 	}
 	ctx, cancel := context.WithCancel(r.Context())
-	for _, lost := range slots.Lost() {
-		go func() {
-			select {
-			case <-lost:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-	}
+	slots.WatchLost(ctx, cancel)
 	return r.WithContext(ctx), cancel
 }
