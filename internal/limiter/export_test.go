@@ -18,6 +18,7 @@ type TestOptions struct {
 	FallbackReplicas int64
 	RestoreHold      time.Duration
 	OnRestore        func(policy string, units int64)
+	NodeChanges      func() uint64
 
 	MaxBatch, MaxDetached, PrecheckSize, MaxHolds, MaxOpenHolds int
 	BreakerFailures                                             uint32
@@ -31,7 +32,7 @@ func NewWith(client redis.UniversalClient, o TestOptions) (*Limiter, error) {
 	return New(client, Options{
 		LeaseHorizon: o.LeaseHorizon, LeaseSize: o.LeaseSize, CallDeadline: o.CallDeadline,
 		SlotExpiry: o.SlotExpiry, ReplicaID: o.ReplicaID, ShareKeys: o.ShareKeys,
-		FallbackReplicas: o.FallbackReplicas, RestoreHold: o.RestoreHold, OnRestore: o.OnRestore,
+		FallbackReplicas: o.FallbackReplicas, RestoreHold: o.RestoreHold, OnRestore: o.OnRestore, NodeChanges: o.NodeChanges,
 		MaxBatch: o.MaxBatch, maxDetached: o.MaxDetached, PrecheckSize: o.PrecheckSize,
 		maxHolds: o.MaxHolds, maxOpenHolds: o.MaxOpenHolds, breakerFailures: o.BreakerFailures,
 		breakerOpenFor: o.BreakerOpenFor, maxLease: o.MaxLease, now: o.Now,

@@ -99,10 +99,14 @@ type Limiter struct {
 	holdSeq   atomic.Uint64
 	slotBook  *slotBook // the in-flight slots this replica holds (see slots.go)
 	slotStats slotCounters
-	// slotsSuspect says Redis failed a slot call since the last complete renewal (see
-	// reassertSlots); slotRenewMu lets one renewal run at a time.
-	slotsSuspect atomic.Bool
-	slotRenewMu  sync.Mutex
+	// slotMarks counts what made Redis suspect for slots (a failed call, a loss another
+	// replica signalled); with Options.NodeChanges it is the suspicion's generation, and
+	// slotCleared the generation the last complete renewal started at: Redis is suspect while
+	// they differ (see reassertSlots). A count, not a flag, so that a renewal never clears a
+	// suspicion raised while it ran. slotRenewMu lets one renewal run at a time.
+	slotMarks   atomic.Uint64
+	slotCleared atomic.Uint64
+	slotRenewMu sync.Mutex
 	// slotFence is when new slots may be taken again after a renewal that followed a failure
 	// (UnixNano on the local clock).
 	slotFence atomic.Int64

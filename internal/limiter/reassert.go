@@ -21,7 +21,7 @@ const reassertBatch = 256
 // loss and when Redis answers again after failing.
 func (l *Limiter) Reassert() {
 	// Slots too: the next Acquire renews them first (see slots.go).
-	l.slotsSuspect.Store(true)
+	l.slotMarks.Add(1)
 	if l.reassert == nil {
 		return
 	}

@@ -38,13 +38,17 @@ import (
 //     had not received it, a restart) is added back by the renewal when its key has room, so
 //     its request runs on. Without room another request holds its place: the slot is lost, and
 //     its Slot's Lost channel closes: the face ends its request. After this replica saw Redis
-//     fail (a call or a renewal, or a loss another replica signalled through Reassert), it
-//     renews all its slots before it takes another, so that it never grants a place its own
+//     fail (a call or a renewal, or a loss another replica signalled through Reassert) or its
+//     client saw the node change (Options.NodeChanges: a Cluster slot moved, a Sentinel master
+//     switched, which the client follows without failing a call), it renews all its slots
+//     before it takes another, so that it never grants a place its own
 //     running requests held on the node that failed; and for SlotExpiry/2 after that renewal
 //     (two renewal intervals, in which every live replica's renewer re-asserts its own) its
 //     new requests are decided by the failure mode, not by a count that may lack the slots of
 //     other replicas. Closed refuses them: no instant over N after a failover, at the cost of
-//     SlotExpiry/2 of refusals once Redis answers again.
+//     SlotExpiry/2 of refusals once Redis answers again. An Acquire during which Redis failed
+//     another call or changed is undone and decided the same way: its count may be the new
+//     node's.
 //   - A slot whose renewals fail (Redis unreachable, a partition) is given up on the local
 //     clock before Redis lets it go: when its expiry would pass before the next renewal, its
 //     Lost channel closes. A SIGKILLed replica renews nothing: its slots return at most
@@ -124,6 +128,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 	if time.Now().UnixNano() < l.slotFence.Load() {
 		return l.slotFailure(lim, ErrSlotsSettling), nil, nil
 	}
+	gen := l.slotGen()
 	s := &Slot{key: key, max: lim.Max, book: l.slotBook, lost: make(chan struct{}),
 		id: l.opts.ReplicaID + ":" + l.holdTag + strconv.FormatUint(l.holdSeq.Add(1), 36)}
 	// Counted against MaxSlots at once, but in the book (which the renewals read) only once
@@ -142,9 +147,14 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 	if err == nil && len(vals) != 3 {
 		err = fmt.Errorf("%w: slot acquire answered %d values", errBadReply, len(vals))
 	}
+	if err == nil && l.slotGen() != gen {
+		// Redis failed another call meanwhile, or the node changed under this one: the count
+		// it answered may lack slots other replicas hold.
+		err = errNodeChanged
+	}
 	if err != nil {
 		l.slotBook.untake()
-		l.slotsSuspect.Store(true)
+		l.slotMarks.Add(1)
 		// The script may have run: take the slot off in case it did.
 		l.releaseID(ctx, key, s.id)
 		return l.slotFailure(lim, fmt.Errorf("taking an in-flight slot: %w", err)), nil, nil
@@ -186,7 +196,7 @@ func (l *Limiter) releaseID(ctx context.Context, key, id string) {
 	defer cancel()
 	if err := l.client.ZRem(ctx, key, id).Err(); err != nil {
 		l.slotStats.releaseErrors.Add(1)
-		l.slotsSuspect.Store(true)
+		l.slotMarks.Add(1)
 	}
 }
 
@@ -217,29 +227,42 @@ func (l *Limiter) slotRenewer() {
 	}
 }
 
-// reassertSlots renews every slot this replica holds when it saw Redis fail since its last
-// complete renewal (slotsSuspect): the node that answers now may be a promoted replica, or the
-// same one restarted, without some of them, and a slot taken before they are re-asserted could
-// take a place a running request of this replica holds. Callers that find it running wait for
-// it. Its error says the renewal did not reach every key.
+// reassertSlots renews every slot this replica holds when it saw Redis fail or change since
+// the start of its last complete renewal: the node that answers now may be a promoted replica,
+// or the same one restarted, without some of them, and a slot taken before they are
+// re-asserted could take a place a running request of this replica holds. Callers that find
+// it running wait for it. Its error says the renewal did not reach every key.
 func (l *Limiter) reassertSlots() error {
-	if !l.slotsSuspect.Load() {
+	if l.slotGen() == l.slotCleared.Load() {
 		return nil
 	}
 	return l.renewSlots(l.opts.SlotExpiry / 4)
 }
 
+// errNodeChanged is a slot call's error when it succeeded while Redis failed or changed.
+var errNodeChanged = errors.New("the Redis node changed or failed during the call")
+
+// slotGen is the suspicion's generation: what this limiter saw fail, plus the node changes
+// its client saw.
+func (l *Limiter) slotGen() uint64 {
+	g := l.slotMarks.Load()
+	if l.opts.NodeChanges != nil {
+		g += l.opts.NodeChanges()
+	}
+	return g
+}
+
 // renewSlots renews every held slot in one pipeline, re-asserts those Redis no longer counted
 // where their key has room, and loses the others and those whose expiry would pass before the
 // next round. One runs at a time. Its error is the first of a call that failed; when none did,
-// Redis is no longer suspect.
+// Redis is no longer suspect for what it saw before the renewal started.
 func (l *Limiter) renewSlots(every time.Duration) error {
 	l.slotRenewMu.Lock()
 	defer l.slotRenewMu.Unlock()
-	suspect := l.slotsSuspect.Load()
+	gen := l.slotGen()
 	byKey := l.slotBook.snapshot()
 	if len(byKey) == 0 {
-		l.settled(suspect)
+		l.settled(gen)
 		return nil
 	}
 	l.slotStats.renewals.Add(1)
@@ -306,20 +329,22 @@ func (l *Limiter) renewSlots(every time.Duration) error {
 		}
 	}
 	if first != nil {
-		l.slotsSuspect.Store(true)
+		l.slotMarks.Add(1)
 		return fmt.Errorf("renewing in-flight slots: %w", first)
 	}
-	l.settled(suspect)
+	l.settled(gen)
 	return nil
 }
 
-// settled records a complete renewal; after one that followed a failure, new slots wait
-// SlotExpiry/2 for the other replicas to re-assert theirs (see the top of this file).
-func (l *Limiter) settled(suspect bool) {
-	if suspect {
+// settled records a complete renewal that started at generation gen: what made Redis suspect
+// before it is cleared (a failure or a change during it is not). After one that followed a
+// failure, new slots wait SlotExpiry/2 for the other replicas to re-assert theirs (see the top
+// of this file). Only renewSlots calls it, under slotRenewMu.
+func (l *Limiter) settled(gen uint64) {
+	if gen != l.slotCleared.Load() {
 		l.slotFence.Store(time.Now().Add(l.opts.SlotExpiry / 2).UnixNano())
 	}
-	l.slotsSuspect.Store(false)
+	l.slotCleared.Store(gen)
 }
 
 // loseSlot ends a slot that stopped counting before its release.

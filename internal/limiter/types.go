@@ -28,6 +28,12 @@ type Options struct {
 	// DefaultSlotExpiry, 2s to 10m): the bound on how long a dead replica's slots stay taken.
 	// See slots.go.
 	SlotExpiry time.Duration
+	// NodeChanges, when set, counts the times the client saw the Redis it speaks to change
+	// without a failed call (redisconn.ConnStats.NodeChanges: a Cluster slot moved to another
+	// node, a Sentinel master switched): the client follows such a change by itself, so a
+	// command that succeeds may have run on a node lacking the last writes. In-flight slots
+	// treat a change as they treat a failed call (see slots.go).
+	NodeChanges func() uint64
 	// ReplicaID names this replica's shares in Redis (see shares.go; NewReplicaID makes one).
 	// Empty keeps none: counts a Redis loses in a failover or a restart stay lost.
 	ReplicaID string

@@ -21,6 +21,7 @@ import (
 // concurrent use; the zero value is ready.
 type ConnStats struct {
 	open, dialed, reaped atomic.Int64
+	nodeChanges          atomic.Uint64 // see changes.go
 }
 
 // Open is the number of sockets open to Redis now, idle or busy: what Redis counts as this

@@ -41,7 +41,8 @@ type Options struct {
 	// 32 KiB each). Decisions are scripts of a few arguments answered by six integers, so a
 	// pipeline of tens of them fits, and a larger one only takes another read.
 	BufferSize int
-	// Stats, when set, counts the client's sockets: open now, dialed, closed for being idle.
+	// Stats, when set, counts the client's sockets (open now, dialed, closed for being idle)
+	// and the node changes it saw (changes.go).
 	Stats *ConnStats
 	// PoolTimeout is how long a call waits for a free connection (default 50ms).
 	PoolTimeout time.Duration
@@ -209,5 +210,6 @@ func NewClient(rawURL string, opts Options) (redis.UniversalClient, error) {
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		cc.AddHook(clusterFailover{cc})
 	}
+	watchNodes(c, o.Stats)
 	return c, nil
 }

@@ -8,13 +8,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redline-dev/redline/internal/limiter"
+	"github.com/redline-dev/redline/internal/redisconn"
 	"github.com/redline-dev/redline/internal/sidecar/metrics"
 	"github.com/redline-dev/redline/internal/sidecar/ruleset"
 )
 
 // newLimiter makes the sidecar's limiter. Its shares' restorations are counted in the
 // metrics m will hold, and start a heartbeat at once (beat), which tells the other replicas.
-func newLimiter(client redis.UniversalClient, cfg *Config, store *ruleset.Store, beat chan<- struct{},
+func newLimiter(client redis.UniversalClient, conns *redisconn.ConnStats, cfg *Config, store *ruleset.Store, beat chan<- struct{},
 	m *atomic.Pointer[metrics.Metrics]) (*limiter.Limiter, error) {
 	leaseHorizon := cfg.LeaseHorizon
 	if leaseHorizon <= 0 {
@@ -27,6 +28,8 @@ func newLimiter(client redis.UniversalClient, cfg *Config, store *ruleset.Store,
 		// A fresh id per process: a restarted sidecar knows none of its old grants anyway.
 		ReplicaID: limiter.NewReplicaID(), ShareKeys: cfg.ShareKeys, SlotExpiry: cfg.InFlightExpiry,
 		FallbackReplicas: cfg.FallbackReplicas,
+		// In-flight slots take a node the client switched to as they take a failed call.
+		NodeChanges: conns.NodeChanges,
 		// The other replicas hear of a loss at their next heartbeat (the restoring one beats
 		// at once) and re-assert within a round trip: a second beyond the interval.
 		RestoreHold: cfg.HeartbeatInterval + time.Second,

@@ -198,7 +198,7 @@ func newRedisClient(cfg *Config, log *slog.Logger, conns *redisconn.ConnStats) (
 func (s *sidecar) decisions(conns *redisconn.ConnStats) error {
 	cfg, log := s.cfg, s.log
 	var restoredTo atomic.Pointer[metrics.Metrics] // set once the metrics exist, before any decision
-	lim, err := newLimiter(s.client, cfg, s.store, s.beat, &restoredTo)
+	lim, err := newLimiter(s.client, conns, cfg, s.store, s.beat, &restoredTo)
 	if err != nil {
 		return err
 	}

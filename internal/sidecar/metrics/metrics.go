@@ -280,6 +280,7 @@ var (
 	descConnsIdle   = prometheus.NewDesc(ns+"_redis_pool_idle_connections", "Idle connections in go-redis's pool (closed sockets included until the pool next looks at them).", nil, nil)
 	descConnsDialed = prometheus.NewDesc(ns+"_redis_connections_dialed_total", "Connections opened to Redis, refused ones included.", nil, nil)
 	descConnsReaped = prometheus.NewDesc(ns+"_redis_connections_idle_closed_total", "Connections closed after --redis-idle-timeout unused.", nil, nil)
+	descNodeChanges = prometheus.NewDesc(ns+"_redis_node_changes_total", "Times the Redis client followed a change of node without a failed call (a Cluster MOVED or a retried node, a new address): in-flight slots are re-asserted after one.", nil, nil)
 	descPoolHits    = prometheus.NewDesc(ns+"_redis_pool_hits_total", "Calls that found an idle connection in the pool.", nil, nil)
 	descPoolMisses  = prometheus.NewDesc(ns+"_redis_pool_misses_total", "Calls that found no idle connection and dialed or waited.", nil, nil)
 	descPoolWaits   = prometheus.NewDesc(ns+"_redis_pool_waits_total", "Calls that waited for a connection: the pool was at its bound.", nil, nil)
@@ -293,7 +294,7 @@ type poolCollector struct {
 }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConns, descConnsMax, descConnsIdle, descConnsDialed, descConnsReaped, descPoolHits, descPoolMisses, descPoolWaits, descPoolTimeout} {
+	for _, d := range []*prometheus.Desc{descConns, descConnsMax, descConnsIdle, descConnsDialed, descConnsReaped, descNodeChanges, descPoolHits, descPoolMisses, descPoolWaits, descPoolTimeout} {
 		ch <- d
 	}
 }
@@ -303,6 +304,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descConnsMax, prometheus.GaugeValue, float64(c.size))
 	ch <- prometheus.MustNewConstMetric(descConnsDialed, prometheus.CounterValue, float64(c.conns.Dialed()))
 	ch <- prometheus.MustNewConstMetric(descConnsReaped, prometheus.CounterValue, float64(c.conns.Reaped()))
+	ch <- prometheus.MustNewConstMetric(descNodeChanges, prometheus.CounterValue, float64(c.conns.NodeChanges()))
 	s := c.client.PoolStats()
 	ch <- prometheus.MustNewConstMetric(descConnsIdle, prometheus.GaugeValue, float64(s.IdleConns))
 	ch <- prometheus.MustNewConstMetric(descPoolHits, prometheus.CounterValue, float64(s.Hits))
