@@ -2,6 +2,8 @@ package decide
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/redline-dev/redline/internal/limiter"
@@ -14,17 +16,62 @@ import (
 // among this sidecar's requests of the key, instead of refusing it at once. A request that
 // finds the key's queue (or the sidecar's) full, or whose timeout passes, is refused as it
 // would be without a queue; one whose ctx ends (its client went away) leaves the queue and is
-// refused. While it waits for one rule's slot it holds those of the rules before it: every
-// request takes its rules' slots in the same order, so no two wait for each other's. sh is
-// the share of the queue of the face the request came through (nil: none but the queue's).
+// refused. While it waits for one key's slot it holds those it took before: every request
+// takes its slots in the order of their keys, whatever order its plan gives (a /v1/check
+// names its hits in its client's order), so no two wait for each other's. Outcomes stay in
+// the plan's order. sh is the share of the queue of the face the request came through (nil:
+// none but the queue's).
 func (e *Engine) WaitSlots(ctx context.Context, plan *Plan, sh *slotqueue.Share) *Slots {
 	s := &Slots{}
-	for _, c := range plan.slots {
-		if !e.acquire(ctx, s, c, true, sh) {
-			return s
+	order := keyOrder(plan.slots)
+	for k := range plan.slots {
+		i := k
+		if order != nil {
+			i = order[k]
+		}
+		if !e.acquire(ctx, s, plan.slots[i], true, sh) {
+			break
 		}
 	}
+	s.planOrder(order)
 	return s
+}
+
+// keyOrder is the indexes of calls in the order of their keys (equal keys in plan order), or
+// nil when that is the plan's order.
+func keyOrder(calls []call) []int {
+	if slices.IsSortedFunc(calls, func(a, b call) int { return strings.Compare(a.key, b.key) }) {
+		return nil
+	}
+	order := make([]int, len(calls))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(calls[a].key, calls[b].key) })
+	return order
+}
+
+// planOrder puts s's outcomes, decided in order (keyOrder's), back in the plan's order.
+func (s *Slots) planOrder(order []int) {
+	if order == nil {
+		return
+	}
+	decided := make([]int, len(s.Outcomes)) // the plan index of each outcome
+	copy(decided, order)
+	out := make([]SlotOutcome, 0, len(s.Outcomes))
+	at := -1 // the refusal's place in out: the last outcome decided is the one that refused
+	for i := range len(order) {
+		if j := slices.Index(decided, i); j >= 0 {
+			if s.Refused != nil && j == len(decided)-1 {
+				at = len(out)
+			}
+			out = append(out, s.Outcomes[j])
+		}
+	}
+	s.Outcomes = out
+	if at >= 0 {
+		s.Refused = &s.Outcomes[at]
+	}
 }
 
 // takeSlot asks the limiter for a slot of r under key, once. An invalid limit or a closed
