@@ -1,8 +1,11 @@
 package decide
 
 import (
+	"crypto/sha256"
 	"sync"
 	"time"
+
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 )
 
 // Envoy sends the stream-done call of apply_on_stream_done for every request whose start call
@@ -19,9 +22,11 @@ import (
 // apply_on_stream_done) is forgotten at its deadline.
 
 // MaxOwed bounds the refusals an in-flight registry remembers over all keys, and MaxOwedHolds a
-// hold registry's: measured at 120 bytes each on keys of their own, plus the key (a limiter
-// key, about 60 bytes), so at most about 11 MiB and 3 MiB. Past it a refusal is not remembered,
-// and its stream-done call ends a running request's entry as if none were owed. A refusal's
+// hold registry's. A key is remembered by a 16-byte hash, whatever its length, and a refusal
+// by an 8-byte time: measured at 112 bytes a refusal on keys of its own, however long
+// (hack/bench debtsize), so at most about 7 MiB and 2 MiB, drawn from the sidecar's memory
+// budget (DebtBytes each). Past either a refusal is not remembered, and its
+// stream-done call ends a running request's entry as if none were owed. A refusal's
 // stream-done call comes right after its answer, so only refusals whose call Envoy dropped
 // wait long (a token budget's, when the usage format does not resolve: they are never paid,
 // and are forgotten at the hold's timeout); a bound well below the refusals of a timeout is
@@ -31,41 +36,59 @@ const (
 	MaxOwedHolds = 16_384
 )
 
-// debts is the refusals owed per key, each with the time it is forgotten.
+// DebtBytes is what a remembered refusal draws from the sidecar's memory budget: its measured
+// 112 bytes, rounded up.
+const DebtBytes = 128
+
+// debts is the refusals owed per key, each with the time it is forgotten. Each draws DebtBytes
+// from mem (the registry's budget, nil: none) while remembered.
 type debts struct {
 	mu        sync.Mutex
-	owed      map[string][]time.Time // per key, oldest first
+	mem       *membudget.Budget
+	owed      map[debtKey][]int64 // per key, UnixNano, oldest first
 	n         int
 	lastSweep time.Time
 }
 
+// debtKey names a limiter key in debts by a fixed-size hash: a map entry's size does not grow
+// with the key's (a policy's and a rule's names are a tenant's to choose).
+type debtKey [16]byte
+
+func keyOf(key string) debtKey {
+	sum := sha256.Sum256([]byte(key))
+	return debtKey(sum[:16])
+}
+
 // add records a refusal under key until until, unless most are remembered (after the ones
-// past their time are forgotten, at most once a second: a full scan).
-func (d *debts) add(key string, now, until time.Time, most int) {
+// past their time are forgotten, at most once a second: a full scan) or mem has no room.
+func (d *debts) add(key string, now, until time.Time, most int, mem *membudget.Budget) {
+	k := keyOf(key)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.mem = mem
 	if d.n >= most && now.Sub(d.lastSweep) >= time.Second {
 		d.sweepLocked(now)
 	}
-	if d.n >= most {
+	if d.n >= most || !d.mem.Draw(DebtBytes, nil) {
 		return
 	}
 	if d.owed == nil {
-		d.owed = map[string][]time.Time{}
+		d.owed = map[debtKey][]int64{}
 	}
-	d.owed[key] = append(d.owed[key], until)
+	d.owed[k] = append(d.owed[k], until.UnixNano())
 	d.n++
 }
 
 // pay pays back one refusal owed under key, if there is one not past its time.
 func (d *debts) pay(key string, now time.Time) bool {
+	k := keyOf(key)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	q := d.payable(key, now)
+	q := d.payable(k, now)
 	if len(q) == 0 {
 		return false
 	}
-	d.set(key, q[1:])
+	d.set(k, q[1:])
 	return true
 }
 
@@ -85,33 +108,37 @@ func (d *debts) sweep(now time.Time) {
 
 func (d *debts) sweepLocked(now time.Time) {
 	d.lastSweep = now
-	for key := range d.owed {
-		d.payable(key, now)
+	for k := range d.owed {
+		d.payable(k, now)
 	}
 }
 
-// payable is what is owed under key, those past their time dropped; d.mu is held. A key's
+// payable is what is owed under k, those past their time dropped; d.mu is held. A key's
 // refusals are forgotten in the order they were owed: their times may differ (rules of
 // different timeouts under one key never share it, as a key names its rule).
-func (d *debts) payable(key string, now time.Time) []time.Time {
-	q := d.owed[key]
+func (d *debts) payable(k debtKey, now time.Time) []int64 {
+	q := d.owed[k]
+	t := now.UnixNano()
 	i := 0
-	for i < len(q) && !now.Before(q[i]) {
+	for i < len(q) && t >= q[i] {
 		i++
 	}
 	if i > 0 {
 		q = q[i:]
-		d.set(key, q)
+		d.set(k, q)
 	}
 	return q
 }
 
-// set makes q what is owed under key, keeping n; d.mu is held.
-func (d *debts) set(key string, q []time.Time) {
-	d.n += len(q) - len(d.owed[key])
+// set makes q, no longer than what is owed under k, what is owed under k, keeping n and giving
+// back what the refusals dropped drew; d.mu is held.
+func (d *debts) set(k debtKey, q []int64) {
+	dropped := len(d.owed[k]) - len(q)
+	d.n -= dropped
+	d.mem.Return(int64(dropped) * DebtBytes)
 	if len(q) == 0 {
-		delete(d.owed, key)
+		delete(d.owed, k)
 		return
 	}
-	d.owed[key] = q
+	d.owed[k] = q
 }

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redline-dev/redline/internal/sidecar/membudget"
 )
 
 // A registry remembers at most MaxOwed refusals over all keys, forgets each at its time, and
@@ -12,7 +14,7 @@ func TestDebtsAreBounded(t *testing.T) {
 	var d debts
 	now := time.Unix(1_000_000, 0)
 	for i := range MaxOwed + 100 {
-		d.add("k"+strconv.Itoa(i%1000), now, now.Add(time.Minute), MaxOwed)
+		d.add("k"+strconv.Itoa(i%1000), now, now.Add(time.Minute), MaxOwed, nil)
 	}
 	if n := d.len(); n != MaxOwed {
 		t.Fatalf("%d remembered, want the bound %d", n, MaxOwed)
@@ -26,10 +28,10 @@ func TestDebtsAreBounded(t *testing.T) {
 	}
 	fills := 0
 	for d.len() < MaxOwed {
-		d.add("fill", later, later.Add(time.Minute), MaxOwed)
+		d.add("fill", later, later.Add(time.Minute), MaxOwed, nil)
 		fills++
 	}
-	d.add("new", later, later.Add(time.Minute), MaxOwed) // full, mostly of debts past their time: they give way
+	d.add("new", later, later.Add(time.Minute), MaxOwed, nil) // full, mostly of debts past their time: they give way
 	if n := d.len(); n != fills+1 {
 		t.Fatalf("%d remembered after the old debts passed their time, want the %d newer ones", n, fills+1)
 	}
@@ -46,5 +48,30 @@ func TestHoldRegistryOwesBounded(t *testing.T) {
 	}
 	if !g.PayOwed("k1") || g.PayOwed("k1") {
 		t.Fatal("one refusal owed under k1 is paid once")
+	}
+}
+
+// Remembered refusals draw on the sidecar's memory budget: no more are remembered than it has
+// room for, and what is paid back or forgotten gives its bytes back.
+func TestDebtsDrawOnTheMemoryBudget(t *testing.T) {
+	const room = 10
+	mem := membudget.New(room * DebtBytes)
+	var d debts
+	now := time.Unix(1_000_000, 0)
+	for i := range room + 5 {
+		d.add("k"+strconv.Itoa(i), now, now.Add(time.Minute), MaxOwed, mem)
+	}
+	if n, used := d.len(), mem.Stats().InUse; n != room || used != room*DebtBytes {
+		t.Fatalf("%d remembered drawing %d bytes, want %d drawing %d", n, used, room, room*DebtBytes)
+	}
+	if !d.pay("k0", now) {
+		t.Fatal("k0's refusal is owed")
+	}
+	if used := mem.Stats().InUse; used != (room-1)*DebtBytes {
+		t.Fatalf("%d bytes drawn after a payment, want %d", used, (room-1)*DebtBytes)
+	}
+	d.sweep(now.Add(2 * time.Minute))
+	if n, used := d.len(), mem.Stats().InUse; n != 0 || used != 0 {
+		t.Fatalf("%d remembered drawing %d bytes after every refusal passed its time, want none", n, used)
 	}
 }

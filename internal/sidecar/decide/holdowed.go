@@ -10,7 +10,7 @@ import "time"
 // would have had); at most MaxOwedHolds are remembered.
 func (g *Registry) Owe(key string, wait time.Duration) {
 	now := g.now()
-	g.owed.add(key, now, now.Add(wait), MaxOwedHolds)
+	g.owed.add(key, now, now.Add(wait), MaxOwedHolds, g.Memory)
 }
 
 // PayOwed pays back a refusal owed under key: true when there was one, and the stream-done

@@ -2,6 +2,7 @@
 // past the moment it arrives: the bytes of a request body buffered to size it today, and any
 // other per-request state that draws from it: the open holds a request keeps until its settle
 // (decide.HoldBytes each), the registries' entries that wait for a settle from a later call,
+// the refusals the Envoy face remembers until their stream-done call (decide.DebtBytes each),
 // and the limiter's table of open holds (limiter.OpenHoldBytes each).
 //
 // The budget is a weighted semaphore (golang.org/x/sync/semaphore) sized in bytes. A draw is
