@@ -36,6 +36,11 @@ const (
 	MaxOwedHolds = 16_384
 )
 
+// debtShare is how many keys it takes to fill a registry's refusals: one key is remembered at
+// most 1/debtShare of them, so that a client refusing itself on one key cannot leave no room
+// for the others'.
+const debtShare = 8
+
 // DebtBytes is what a remembered refusal draws from the sidecar's memory budget: its measured
 // 112 bytes, rounded up.
 const DebtBytes = 128
@@ -60,7 +65,8 @@ func keyOf(key string) debtKey {
 }
 
 // add records a refusal under key until until, unless most are remembered (after the ones
-// past their time are forgotten, at most once a second: a full scan) or mem has no room.
+// past their time are forgotten, at most once a second: a full scan), or most/debtShare under
+// key, or mem has no room.
 func (d *debts) add(key string, now, until time.Time, most int, mem *membudget.Budget) {
 	k := keyOf(key)
 	d.mu.Lock()
@@ -69,7 +75,7 @@ func (d *debts) add(key string, now, until time.Time, most int, mem *membudget.B
 	if d.n >= most && now.Sub(d.lastSweep) >= time.Second {
 		d.sweepLocked(now)
 	}
-	if d.n >= most || !d.mem.Draw(DebtBytes, nil) {
+	if d.n >= most || len(d.owed[k]) >= most/debtShare || !d.mem.Draw(DebtBytes, nil) {
 		return
 	}
 	if d.owed == nil {

@@ -14,7 +14,7 @@ func TestDebtsAreBounded(t *testing.T) {
 	var d debts
 	now := time.Unix(1_000_000, 0)
 	for i := range MaxOwed + 100 {
-		d.add("k"+strconv.Itoa(i%1000), now, now.Add(time.Minute), MaxOwed, nil)
+		d.add("k"+strconv.Itoa(i%10000), now, now.Add(time.Minute), MaxOwed, nil)
 	}
 	if n := d.len(); n != MaxOwed {
 		t.Fatalf("%d remembered, want the bound %d", n, MaxOwed)
@@ -73,5 +73,24 @@ func TestDebtsDrawOnTheMemoryBudget(t *testing.T) {
 	d.sweep(now.Add(2 * time.Minute))
 	if n, used := d.len(), mem.Stats().InUse; n != 0 || used != 0 {
 		t.Fatalf("%d remembered drawing %d bytes after every refusal passed its time, want none", n, used)
+	}
+}
+
+// One key is remembered at most an eighth of the bound: a client refusing itself on one key
+// leaves room for the others' refusals.
+func TestDebtsOfOneKeyLeaveRoomForOthers(t *testing.T) {
+	var d debts
+	now := time.Unix(1_000_000, 0)
+	for range MaxOwed {
+		d.add("flood", now, now.Add(time.Minute), MaxOwed, nil)
+	}
+	if n := d.len(); n != MaxOwed/debtShare {
+		t.Fatalf("%d remembered under one key, want %d", n, MaxOwed/debtShare)
+	}
+	for i := range 1000 {
+		d.add("k"+strconv.Itoa(i), now, now.Add(time.Minute), MaxOwed, nil)
+	}
+	if n := d.len(); n != MaxOwed/debtShare+1000 {
+		t.Fatalf("%d remembered, want the other keys' 1000 beside the flood's %d", n, MaxOwed/debtShare)
 	}
 }
