@@ -220,6 +220,26 @@ func TestAppendOnlyFileDurability(t *testing.T) {
 	g.Expect(countedNow(t, s.URL(), key)).To(BeEquivalentTo(durableAdmits))
 }
 
+// On a server that has WAITAOF (Valkey 8, as Redis 7.2+) with appendfsync everysec, every
+// grant of a rule asking for the append-only file is acknowledged once fsynced, so a SIGKILL
+// right after the last grant loses none of them; without the wait the same kill may lose what
+// sat in the buffer (TestRestartWithAppendOnlyFileEverysec).
+func TestWaitAOFKeepsEveryAcknowledgedGrant(t *testing.T) {
+	g := NewWithT(t)
+	const waitAOFAdmits = 40 // each waits for the next fsync: a tenth of a second or so
+	s, err := redistest.StartValkey("--appendonly", "yes", "--appendfsync", "everysec")
+	g.Expect(err).NotTo(HaveOccurred(), "the test needs valkey-server")
+	t.Cleanup(func() { _ = s.Close() })
+	key := uniqueKey(t)
+	lim := durableLimit
+	lim.Durability = limiter.Durability{Mode: limiter.DurabilityAppendOnlyFile, Timeout: 2 * time.Second}
+	st := admitDurable(t, s.URL(), key, lim, waitAOFAdmits)
+	g.Expect(st.AckedGrants).To(BeEquivalentTo(waitAOFAdmits), "Valkey %s acknowledges WAITAOF", infoField(t, s, "server", "valkey_version"))
+	g.Expect(st.Unacked).To(BeZero())
+	restartServer(t, s) // SIGKILL right after the last acknowledgement
+	g.Expect(countedNow(t, s.URL(), key)).To(BeEquivalentTo(waitAOFAdmits), "every acknowledged grant survives")
+}
+
 // waitAOFKnown says whether Redis version v (INFO server's redis_version) has WAITAOF (7.2+).
 func waitAOFKnown(v string) bool {
 	f := strings.SplitN(v, ".", 3)

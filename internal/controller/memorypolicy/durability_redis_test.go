@@ -73,3 +73,33 @@ func TestReadNodeDurabilitySnapshots(t *testing.T) {
 		condition(t, n, v1alpha1.ReasonCountsLostOnRestart, "its last RDB snapshot failed (rdb_last_bgsave_status:err")
 	})
 }
+
+// What the check makes of a rule asking for the append-only file, on each server this machine's
+// packages give: Redis 7.0 has no WAITAOF and is said so; Valkey 8 (as Redis 7.2+) has it and,
+// with appendonly yes, is durable.
+func TestAppendOnlyFileRuleOnEachServer(t *testing.T) {
+	aof := []v1alpha1.Rule{{Name: "billed", Limit: v1alpha1.Limit{Requests: 1, Calendar: &v1alpha1.CalendarWindow{Unit: v1alpha1.CalendarMonth}},
+		Durability: &v1alpha1.Durability{Mode: v1alpha1.DurabilityAppendOnlyFile}}}
+	for _, tc := range []struct {
+		name   string
+		start  func(...string) (*redistest.Server, error)
+		status metav1.ConditionStatus
+		reason string
+	}{
+		{"redis-server 7.0", redistest.Start, metav1.ConditionFalse, v1alpha1.ReasonDurabilityUnsupported},
+		{"valkey-server 8", redistest.StartValkey, metav1.ConditionTrue, v1alpha1.ReasonDurable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			srv, err := tc.start("--appendonly", "yes")
+			g.Expect(err).NotTo(HaveOccurred())
+			t.Cleanup(func() { _ = srv.Close() })
+			c := srv.Client("")
+			t.Cleanup(func() { _ = c.Close() })
+			n, err := ReadNodeDurability(context.Background(), c)
+			g.Expect(err).NotTo(HaveOccurred())
+			status, reason, msg := durabilityCondition(aof, []NodeDurability{n}, nil)
+			g.Expect([]string{string(status), reason}).To(Equal([]string{string(tc.status), tc.reason}), "%s (version %s): %s", tc.name, n.Version, msg)
+		})
+	}
+}

@@ -31,6 +31,7 @@ type Server struct {
 	proc *proc.Process // nil while it is not running
 	args []string
 	env  []string // the process's environment beyond none (StartAt's clock shift)
+	bin  string   // the server binary (StartValkey); empty: Binary's redis-server
 	// tls is how the helper's own clients reach a TLS server (StartTLS); nil for plaintext.
 	tls *tls.Config
 }
@@ -126,9 +127,32 @@ func Binary() (string, error) {
 	return p, nil
 }
 
+// ValkeyBinary returns the path of valkey-server, or an error that says how to install it.
+// Valkey 8 is the server of this machine's packages that has what Redis 7.2 added (WAITAOF):
+// Debian 12's redis-server is 7.0.
+func ValkeyBinary() (string, error) {
+	if p := os.Getenv("VALKEY_SERVER"); p != "" {
+		return p, nil
+	}
+	p, err := exec.LookPath("valkey-server")
+	if err != nil {
+		return "", errors.New("valkey-server not found on PATH: install it (apt-get install -t bookworm-backports valkey-server) or set VALKEY_SERVER; .ci/run does this")
+	}
+	return p, nil
+}
+
 // Start launches a redis-server on a free loopback port with no persistence. Extra arguments
 // are passed as config directives (e.g. "--cluster-enabled", "yes").
 func Start(extra ...string) (*Server, error) { return start(nil, extra) }
+
+// StartValkey is Start with valkey-server (ValkeyBinary) instead of redis-server.
+func StartValkey(extra ...string) (*Server, error) {
+	bin, err := ValkeyBinary()
+	if err != nil {
+		return nil, err
+	}
+	return startBin(bin, nil, nil, extra)
+}
 
 // TLSServer is the TLS setup of a server StartTLS starts: its certificate, which it also
 // presents when it dials another node (replication, Sentinel), and the CA it verifies clients
@@ -184,6 +208,11 @@ func start(t *TLSServer, extra []string) (*Server, error) { return startTLSEnv(t
 func startEnv(env, extra []string) (*Server, error) { return startTLSEnv(nil, env, extra) }
 
 func startTLSEnv(t *TLSServer, env, extra []string) (*Server, error) {
+	return startBin("", t, env, extra)
+}
+
+// startBin starts bin (empty: Binary's redis-server).
+func startBin(bin string, t *TLSServer, env, extra []string) (*Server, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
@@ -192,7 +221,7 @@ func startTLSEnv(t *TLSServer, env, extra []string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Port: port, dir: dir, env: env}
+	s := &Server{Port: port, dir: dir, env: env, bin: bin}
 	portArgs := []string{"--port", strconv.Itoa(port)}
 	if t != nil {
 		if s.tls, err = t.clientConfig(); err != nil {
@@ -217,9 +246,12 @@ func (s *Server) Start() error {
 	if s.proc != nil {
 		return errors.New("redis-server already running")
 	}
-	bin, err := Binary()
-	if err != nil {
-		return err
+	bin := s.bin
+	if bin == "" {
+		var err error
+		if bin, err = Binary(); err != nil {
+			return err
+		}
 	}
 	// Killed with the test binary, even by a timeout's SIGKILL: no servers left behind. The log
 	// (redis.log) is appended to, so a restarted server's keeps the earlier runs'.

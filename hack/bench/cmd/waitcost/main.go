@@ -53,7 +53,17 @@ func main() {
 	rounds := flag.Int("rounds", 3, "runs of each cell with the replica healthy, EVALSHA alone and with WAIT alternating")
 	flag.StringVar(&conc, "concurrency", "1,16,64", "concurrent callers")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
+	server := flag.String("server", "redis-server", "the master's and the replica's server: redis-server, or valkey-server (which has WAITAOF, as Redis 7.2+)")
 	flag.Parse()
+	start := redistest.Start
+	switch *server {
+	case "redis-server":
+	case "valkey-server":
+		start = redistest.StartValkey
+	default:
+		fmt.Fprintf(os.Stderr, "waitcost: -server: %q is neither redis-server nor valkey-server\n", *server)
+		os.Exit(2)
+	}
 	var concs []int
 	for f := range strings.SplitSeq(conc, ",") {
 		n, err := strconv.Atoi(f)
@@ -67,7 +77,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "waitcost: -rounds must be positive")
 		os.Exit(2)
 	}
-	if err := run(concs, *rounds, *cellTime, *cellOps, *timeout, strings.TrimSpace("go run ./cmd/waitcost "+strings.Join(os.Args[1:], " "))); err != nil {
+	if err := run(start, concs, *rounds, *cellTime, *cellOps, *timeout, strings.TrimSpace("go run ./cmd/waitcost "+strings.Join(os.Args[1:], " "))); err != nil {
 		fmt.Fprintln(os.Stderr, "waitcost:", err)
 		os.Exit(1)
 	}
@@ -106,18 +116,18 @@ func progress(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%s] %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
-func run(concs []int, rounds int, cellTime time.Duration, cellOps int64, timeout time.Duration, command string) error {
+func run(start func(...string) (*redistest.Server, error), concs []int, rounds int, cellTime time.Duration, cellOps int64, timeout time.Duration, command string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	load := machine.LoadAverage()
-	master, err := redistest.Start()
+	master, err := start()
 	if err != nil {
 		return fmt.Errorf("starting the master: %w", err)
 	}
 	defer func() { _ = master.Close() }()
-	replica, err := redistest.Start("--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+	replica, err := start("--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
 	if err != nil {
 		return fmt.Errorf("starting the replica: %w", err)
 	}
@@ -186,7 +196,7 @@ func run(concs []int, rounds int, cellTime time.Duration, cellOps int64, timeout
 	if err := replica.Resume(); err != nil {
 		return fmt.Errorf("resuming the replica: %w", err)
 	}
-	printTable(command, load, rounds, cellTime, cellOps, concs, results)
+	printTable(command, serverVersion(ctx, c), load, rounds, cellTime, cellOps, concs, results)
 	return nil
 }
 
@@ -364,10 +374,10 @@ func summarize(rs []result) summary {
 	return s
 }
 
-func printTable(command, load string, rounds int, cellTime time.Duration, cellOps int64, concs []int, results map[cellKey][]result) {
-	fmt.Printf("`%s`: one master and one replica (redis-server, loopback, `replicaof`), each run at most %s or %d decisions; "+
+func printTable(command, server, load string, rounds int, cellTime time.Duration, cellOps int64, concs []int, results map[cellKey][]result) {
+	fmt.Printf("`%s`: one master and one replica (%s, loopback, `replicaof`), each run at most %s or %d decisions; "+
 		"with the replica healthy, %d runs per cell, the modes alternating; %s, %d cores; load average %s at start, %s at end.\n\n",
-		command, cellTime, cellOps, rounds, runtime.Version(), runtime.NumCPU(), load, machine.LoadAverage())
+		command, server, cellTime, cellOps, rounds, runtime.Version(), runtime.NumCPU(), load, machine.LoadAverage())
 	fmt.Println("A decision is the limiter's Allow of one unit on a FixedWindow rule, leases off, so every one is a grant in Redis; " +
 		"with durability the limiter sends `WAIT 1 <ms>` or `WAITAOF 1 0 <ms>` after the EVALSHA in the same pipeline. " +
 		"\"plain\" rows set the master's append-only file (CONFIG SET appendonly, appendfsync) with no durability on the rule. " +
@@ -401,4 +411,23 @@ func fmtDur(d time.Duration) string {
 		return fmt.Sprintf("%.2f ms", float64(d)/1e6)
 	}
 	return fmt.Sprintf("%d µs", d.Microseconds())
+}
+
+// serverVersion names the master's server and version from INFO server: "Valkey 8.0.1" or
+// "Redis 7.0.15".
+func serverVersion(ctx context.Context, c *redis.Client) string {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "version unknown: " + err.Error()
+	}
+	fields := map[string]string{}
+	for line := range strings.Lines(info) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
+		}
+	}
+	if v := fields["valkey_version"]; v != "" {
+		return "Valkey " + v
+	}
+	return "Redis " + fields["redis_version"]
 }
