@@ -75,7 +75,7 @@ func TestSentinelSwitchIsANodeChange(t *testing.T) {
 	g.Expect(stats.NodeChanges()).To(BeZero(), "no change while the master stays")
 
 	sc := grp.SentinelClient(grp.Sentinels[0])
-	defer sc.Close()
+	defer func() { _ = sc.Close() }()
 	g.Expect(sc.Failover(ctx, redistest.SentinelMasterName).Err()).To(Succeed())
 	g.Expect(grp.WaitMaster(ctx, grp.Replica())).To(Succeed())
 	g.Eventually(func() error { return c.Set(ctx, "k", "w", 0).Err() }, time.Minute, 50*time.Millisecond).Should(Succeed(),
