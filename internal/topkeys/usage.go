@@ -13,14 +13,16 @@ const UsageKeys = 16
 
 // Usage keeps, for one rule with a long window (a calendar period, or a rolling window over a
 // day), the keys that used the most of the current period's quota, as Redis answered this
-// sidecar's decisions of them: each key's latest count. A period is named by its end (ms): a
-// count of a later period starts the keys again, one of an earlier period is ignored. A
-// rolling window has no end (0): its counts are replaced, and a key not decided for a window
-// goes (Take's since). Memory is fixed (UsageKeys entries); it is safe for concurrent use.
+// sidecar's decisions of them: each key's latest count. A period is named by its start and
+// end (ms): a count of a later period starts the keys again, one of an earlier period (which
+// started and ended before) is ignored, and one of a period that started no earlier but ends
+// sooner (a reload made a month's rule a day's) starts the keys again too. A rolling window has
+// no period (0, 0): its counts are replaced, and a key not decided for a window goes (Take's
+// since). Memory is fixed (UsageKeys entries); it is safe for concurrent use.
 type Usage struct {
-	mu   sync.Mutex
-	end  int64
-	keys []usageEntry
+	mu         sync.Mutex
+	start, end int64
+	keys       []usageEntry
 }
 
 type usageEntry struct {
@@ -28,18 +30,18 @@ type usageEntry struct {
 	seen int64 // ms of the latest count
 }
 
-// Use records that key has used used units of the period ending at end (ms, 0 for a rolling
-// window), as counted at now (ms).
-func (u *Usage) Use(key, label string, used uint64, end, now int64) {
+// Use records that key has used used units of the period from start to end (ms; 0 and 0 for a
+// rolling window), as counted at now (ms).
+func (u *Usage) Use(key, label string, used uint64, start, end, now int64) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	switch {
 	case end == 0 && u.end != 0:
-		u.end, u.keys = 0, u.keys[:0] // the rule rolls now (a reload changed its window)
-	case end < u.end:
+		u.start, u.end, u.keys = 0, 0, u.keys[:0] // the rule rolls now (a reload changed its window)
+	case end < u.end && start < u.start:
 		return // a decision of a period that ended
-	case end > u.end:
-		u.end, u.keys = end, u.keys[:0]
+	case end != u.end:
+		u.start, u.end, u.keys = start, end, u.keys[:0] // a later period, or a reload's shorter one
 	}
 	for i := range u.keys {
 		e := &u.keys[i]

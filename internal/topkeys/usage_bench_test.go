@@ -18,7 +18,7 @@ func BenchmarkUsageUse(b *testing.B) {
 		i := 0
 		for pb.Next() {
 			i++
-			u.Use(keys[i%len(keys)], "", uint64(i), 1, int64(i))
+			u.Use(keys[i%len(keys)], "", uint64(i), 0, 1, int64(i))
 		}
 	})
 }

@@ -21,7 +21,7 @@ func useQuota(t *topkeys.Tracker, lim limiter.Limit, hash, label string, res lim
 	}
 	used := uint64(max(lim.Requests-max(res.Remaining, 0), 0))
 	now := time.Now().UnixMilli()
-	var end int64
+	var start, end int64
 	if lim.Calendar != nil {
 		// now+ResetAfter is the period's end, give or take the time since Redis decided and
 		// the two clocks' skew: it can fall just past the boundary. Half a period before it is
@@ -30,7 +30,7 @@ func useQuota(t *topkeys.Tracker, lim limiter.Limit, hash, label string, res lim
 		if res.Period > 0 {
 			at += (res.ResetAfter - res.Period/2).Milliseconds()
 		}
-		_, end = lim.Calendar.PeriodMS(at)
+		start, end = lim.Calendar.PeriodMS(at)
 	}
-	t.Quota.Use(hash, label, used, end, now)
+	t.Quota.Use(hash, label, used, start, end, now)
 }
