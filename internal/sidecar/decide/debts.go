@@ -21,20 +21,17 @@ import (
 // excess. A refusal whose stream-done call never comes (an Envoy restarted, a route without
 // apply_on_stream_done) is forgotten at its deadline.
 
-// MaxOwed bounds the refusals an in-flight registry remembers over all keys, and MaxOwedHolds a
-// hold registry's. A key is remembered by a 16-byte hash, whatever its length, and a refusal
-// by an 8-byte time: measured at 112 bytes a refusal on keys of its own, however long
-// (hack/bench debtsize), so at most about 7 MiB and 2 MiB, drawn from the sidecar's memory
-// budget (DebtBytes each). Past either a refusal is not remembered, and its
-// stream-done call ends a running request's entry as if none were owed. A refusal's
-// stream-done call comes right after its answer, so only refusals whose call Envoy dropped
-// wait long (a token budget's, when the usage format does not resolve: they are never paid,
-// and are forgotten at the hold's timeout); a bound well below the refusals of a timeout is
-// enough.
-const (
-	MaxOwed      = 65_536
-	MaxOwedHolds = 16_384
-)
+// MaxOwed bounds the refusals a registry (of slots or of holds) remembers over all keys. A key
+// is remembered by a 16-byte hash, whatever its length, and a refusal by an 8-byte time:
+// measured at 112 bytes a refusal on keys of its own, however long (hack/bench debtsize), so
+// at most about 2 MiB a registry, drawn from the sidecar's memory budget (DebtBytes each),
+// where they compete with the requests' bodies and holds. Past either bound a refusal is not
+// remembered, and its stream-done call ends a running request's entry as if none were owed.
+// A refusal's stream-done call comes right after its answer, so only refusals whose call
+// Envoy dropped wait long (a token budget's, when the usage format does not resolve: they are
+// never paid, and are forgotten at the hold's timeout); a bound well below the refusals of a
+// timeout is enough.
+const MaxOwed = 16_384
 
 // debtShare is how many keys it takes to fill a registry's refusals: one key is remembered at
 // most 1/debtShare of them, so that a client refusing itself on one key cannot leave no room
@@ -64,18 +61,18 @@ func keyOf(key string) debtKey {
 	return debtKey(sum[:16])
 }
 
-// add records a refusal under key until until, unless most are remembered (after the ones
-// past their time are forgotten, at most once a second: a full scan), or most/debtShare under
-// key, or mem has no room.
-func (d *debts) add(key string, now, until time.Time, most int, mem *membudget.Budget) {
+// add records a refusal under key until until, unless MaxOwed are remembered (after the ones
+// past their time are forgotten, at most once a second: a full scan), or MaxOwed/debtShare
+// under key, or mem has no room (TryDraw: a refusal not remembered refuses nobody).
+func (d *debts) add(key string, now, until time.Time, mem *membudget.Budget) {
 	k := keyOf(key)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.mem = mem
-	if d.n >= most && now.Sub(d.lastSweep) >= time.Second {
+	if d.n >= MaxOwed && now.Sub(d.lastSweep) >= time.Second {
 		d.sweepLocked(now)
 	}
-	if d.n >= most || len(d.owed[k]) >= most/debtShare || !d.mem.Draw(DebtBytes, nil) {
+	if d.n >= MaxOwed || len(d.owed[k]) >= MaxOwed/debtShare || !d.mem.TryDraw(DebtBytes) {
 		return
 	}
 	if d.owed == nil {

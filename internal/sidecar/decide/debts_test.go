@@ -14,7 +14,7 @@ func TestDebtsAreBounded(t *testing.T) {
 	var d debts
 	now := time.Unix(1_000_000, 0)
 	for i := range MaxOwed + 100 {
-		d.add("k"+strconv.Itoa(i%10000), now, now.Add(time.Minute), MaxOwed, nil)
+		d.add("k"+strconv.Itoa(i%10000), now, now.Add(time.Minute), nil)
 	}
 	if n := d.len(); n != MaxOwed {
 		t.Fatalf("%d remembered, want the bound %d", n, MaxOwed)
@@ -28,23 +28,23 @@ func TestDebtsAreBounded(t *testing.T) {
 	}
 	fills := 0
 	for d.len() < MaxOwed {
-		d.add("fill", later, later.Add(time.Minute), MaxOwed, nil)
+		d.add("fill", later, later.Add(time.Minute), nil)
 		fills++
 	}
-	d.add("new", later, later.Add(time.Minute), MaxOwed, nil) // full, mostly of debts past their time: they give way
+	d.add("new", later, later.Add(time.Minute), nil) // full, mostly of debts past their time: they give way
 	if n := d.len(); n != fills+1 {
 		t.Fatalf("%d remembered after the old debts passed their time, want the %d newer ones", n, fills+1)
 	}
 }
 
-// A hold registry remembers at most MaxOwedHolds refusals, however many keys a client names.
+// A hold registry remembers at most MaxOwed refusals, however many keys a client names.
 func TestHoldRegistryOwesBounded(t *testing.T) {
 	g := &Registry{}
-	for i := range MaxOwedHolds + 100 {
+	for i := range MaxOwed + 100 {
 		g.Owe("k"+strconv.Itoa(i), time.Hour)
 	}
-	if n := g.Owed(); n != MaxOwedHolds {
-		t.Fatalf("%d refusals remembered, want the bound %d", n, MaxOwedHolds)
+	if n := g.Owed(); n != MaxOwed {
+		t.Fatalf("%d refusals remembered, want the bound %d", n, MaxOwed)
 	}
 	if !g.PayOwed("k1") || g.PayOwed("k1") {
 		t.Fatal("one refusal owed under k1 is paid once")
@@ -59,7 +59,7 @@ func TestDebtsDrawOnTheMemoryBudget(t *testing.T) {
 	var d debts
 	now := time.Unix(1_000_000, 0)
 	for i := range room + 5 {
-		d.add("k"+strconv.Itoa(i), now, now.Add(time.Minute), MaxOwed, mem)
+		d.add("k"+strconv.Itoa(i), now, now.Add(time.Minute), mem)
 	}
 	if n, used := d.len(), mem.Stats().InUse; n != room || used != room*DebtBytes {
 		t.Fatalf("%d remembered drawing %d bytes, want %d drawing %d", n, used, room, room*DebtBytes)
@@ -82,13 +82,13 @@ func TestDebtsOfOneKeyLeaveRoomForOthers(t *testing.T) {
 	var d debts
 	now := time.Unix(1_000_000, 0)
 	for range MaxOwed {
-		d.add("flood", now, now.Add(time.Minute), MaxOwed, nil)
+		d.add("flood", now, now.Add(time.Minute), nil)
 	}
 	if n := d.len(); n != MaxOwed/debtShare {
 		t.Fatalf("%d remembered under one key, want %d", n, MaxOwed/debtShare)
 	}
 	for i := range 1000 {
-		d.add("k"+strconv.Itoa(i), now, now.Add(time.Minute), MaxOwed, nil)
+		d.add("k"+strconv.Itoa(i), now, now.Add(time.Minute), nil)
 	}
 	if n := d.len(); n != MaxOwed/debtShare+1000 {
 		t.Fatalf("%d remembered, want the other keys' 1000 beside the flood's %d", n, MaxOwed/debtShare)

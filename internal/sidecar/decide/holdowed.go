@@ -7,10 +7,10 @@ import "time"
 // PayOwed lets it end no hold. A usage above 0 is never a refusal's, and never pays a debt.
 
 // Owe records that a start call under key was refused, for wait (the hold's timeout the start
-// would have had); at most MaxOwedHolds are remembered.
+// would have had); at most MaxOwed are remembered.
 func (g *Registry) Owe(key string, wait time.Duration) {
 	now := g.now()
-	g.owed.add(key, now, now.Add(wait), MaxOwedHolds, g.Memory)
+	g.owed.add(key, now, now.Add(wait), g.Memory)
 }
 
 // PayOwed pays back a refusal owed under key: true when there was one, and the stream-done

@@ -8,7 +8,7 @@ package decide
 // ends no slot.
 func (g *SlotRegistry) Owe(key string) {
 	now := g.now()
-	g.owed.add(key, now, now.Add(g.Lease), MaxOwed, g.Memory)
+	g.owed.add(key, now, now.Add(g.Lease), g.Memory)
 }
 
 // EndOne is a stream-done call under key: it pays back a refusal owed under key, or else takes

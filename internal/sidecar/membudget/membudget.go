@@ -94,6 +94,21 @@ func (b *Budget) Draw(n int64, free func() bool) bool {
 	return true
 }
 
+// TryDraw takes n bytes when the budget has room for them now, and says whether it did. Unlike
+// Draw, a draw that does not fit is not counted as a refused request: it is for what the
+// sidecar keeps on its own account (a refusal remembered for its stream-done call), whose
+// caller is not refused for it.
+func (b *Budget) TryDraw(n int64) bool {
+	if b == nil || n <= 0 {
+		return true
+	}
+	if !b.sem.TryAcquire(n) {
+		return false
+	}
+	b.inUse.Add(n)
+	return true
+}
+
 // Return gives back n bytes of an earlier Draw, once nothing keeps what they stood for.
 func (b *Budget) Return(n int64) {
 	if b == nil || n <= 0 {

@@ -130,3 +130,18 @@ func TestDrawAndReturn(t *testing.T) {
 	}
 	none.Return(1 << 40)
 }
+
+// TryDraw takes what fits and never counts a refused request.
+func TestTryDrawCountsNoRefusal(t *testing.T) {
+	b := New(100)
+	if !b.TryDraw(60) || b.TryDraw(60) {
+		t.Fatal("60 of 100 fits once")
+	}
+	if s := b.Stats(); s.InUse != 60 || s.Refused != 0 {
+		t.Fatalf("stats %+v, want 60 in use and no refusal", s)
+	}
+	b.Return(60)
+	if !b.TryDraw(100) {
+		t.Fatal("the whole budget fits once given back")
+	}
+}

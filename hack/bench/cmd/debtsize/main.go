@@ -1,5 +1,5 @@
 // Command debtsize measures the memory of the refusals the Envoy face remembers (the in-flight
-// registry's MaxOwed, the hold registry's MaxOwedHolds): each registry filled to its bound with
+// registry's and the hold registry's MaxOwed): each registry filled to its bound with
 // refusals of keys of their own, on keys as short as they come and as long as a tenant's names
 // make them (a 63-character namespace, a 253-character policy and a 63-character rule), the
 // live heap measured after a collection.
@@ -29,14 +29,14 @@ func main() {
 		name string
 		key  func(int) string
 	}{{"short", short}, {"long", long}} {
-		measure("in-flight (MaxOwed)", decide.MaxOwed, k.key, func(n int, key func(int) string) any {
+		measure("in-flight", decide.MaxOwed, k.key, func(n int, key func(int) string) any {
 			g := &decide.SlotRegistry{Lease: time.Hour}
 			for i := range n {
 				g.Owe(key(i))
 			}
 			return g
 		})
-		measure("hold (MaxOwedHolds)", decide.MaxOwedHolds, k.key, func(n int, key func(int) string) any {
+		measure("hold", decide.MaxOwed, k.key, func(n int, key func(int) string) any {
 			g := &decide.Registry{}
 			for i := range n {
 				g.Owe(key(i), time.Hour)
