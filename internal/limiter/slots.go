@@ -29,7 +29,10 @@ import (
 //   - Acquire takes a slot in one script (lua/slot_acquire.lua): sweep up to 16 expired
 //     members, count the live ones (ZCOUNT, O(log n) whatever the key holds), and add the
 //     slot scored by now + SlotExpiry when fewer than N are live. Atomic in Redis, on Redis's
-//     clock: in_flight(key) <= N at every instant, over every replica.
+//     clock: in_flight(key) <= N at every instant, over every replica. The same call keeps
+//     the key's line of waiting requests (slotline.go): the live slots plus the waiters ahead
+//     must be fewer than N, so a freed slot goes to the replicas' waiters in turn. A renewal
+//     does not look at the line: the slot it re-asserts is a request running already.
 //   - Release takes it off with one ZREM: the slot is free at once.
 //   - Every SlotExpiry/4 the replica renews all its slots (slotRenewer): one EVALSHA of
 //     lua/slot_renew.lua per key (512 ids a call at most), all of them in one pipeline (one per
@@ -114,8 +117,18 @@ func (s *Slot) lose() { s.lostOnce.Do(func() { close(s.lost) }) }
 
 // Acquire takes a slot of key under lim. Refused (Full, not Shadow): no Slot. While Redis cannot
 // be asked, the failure mode decides without a slot: Closed refuses, Open and LocalFallback
-// admit (LocalFallback keeps no local in-flight count yet).
+// admit (LocalFallback keeps no local in-flight count yet). It never passes a waiter of the
+// key's line (see slotline.go): it is granted only when the live slots and every waiter leave
+// room.
 func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotResult, *Slot, error) {
+	return l.AcquireInTurn(ctx, key, lim, nil)
+}
+
+// AcquireInTurn is Acquire for w, the oldest request of this replica that waits for a slot of
+// key: it is granted only when the live slots and the waiters ahead of w in the key's line
+// leave room, and leaves the line with it; refused, w joins the line, or stays in it until
+// its next try or its Expiry (see slotline.go). A nil w is Acquire's try without a waiter.
+func (l *Limiter) AcquireInTurn(ctx context.Context, key string, lim InFlight, w *Waiter) (SlotResult, *Slot, error) {
 	if lim.Max < 1 || lim.Max > MaxInFlight {
 		return SlotResult{}, nil, fmt.Errorf("%w: in-flight max %d not in 1..%d", ErrInvalidLimit, lim.Max, MaxInFlight)
 	}
@@ -138,7 +151,9 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 	}
 	ttl := l.opts.SlotExpiry
 	s.deadline.Store(time.Now().Add(ttl).UnixNano())
-	cmd := scripts.EvalSha(ctx, scripts.SlotAcquire(), []string{key}, s.id, lim.Max, ttl.Milliseconds(), MaxInFlight)
+	wid, wttl := w.try(l)
+	line, due := lineKeys(key)
+	cmd := scripts.EvalSha(ctx, scripts.SlotAcquire(), []string{key, line, due}, s.id, lim.Max, ttl.Milliseconds(), MaxInFlight, wid, wttl.Milliseconds())
 	cmds := []redis.Cmder{cmd}
 	sent := scripts.Exec(ctx, l.client, cmds, slotScripts)
 	l.stats.pipelines.Add(sent.RoundTrips)
@@ -161,6 +176,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotRe
 	}
 	l.stats.redis.Add(1)
 	res := SlotResult{Allowed: vals[0] == 1, InUse: vals[1]}
+	w.granted(vals[0] == 1) // a grant took w out of the line; a refusal put it in
 	if !res.Allowed {
 		l.slotBook.untake()
 		res.Full, res.RetryAfter = true, time.Second

@@ -330,6 +330,16 @@ func (l *lab) hostile(t testing.TB) map[string][]call {
 	} {
 		add("SlotAcquire", slotted, a...)
 	}
+	// The same records as the line of waiters and its deadlines: a waiter joins it or is
+	// refreshed, a try without one counts it, with every bound hostile.
+	lined := []string{l.holds, l.holds, l.holds}
+	for _, a := range [][]any{
+		{"r1:s", 1, 60000, 100000, "r1:w", 2000}, {"r1:s", 1, 60000, 100000, "", 2000},
+		{"r1:s", "1e300", "1e300", "1e300", "r1:w", "1e300"}, {"r1:s", "nan", "nan", "nan", "r1:w", "nan"},
+		{"r1:s", 1, 1, 1, strings.Repeat("w", 129), -1},
+	} {
+		add("SlotAcquire", lined, a...)
+	}
 	ids := []any{60000}
 	for i := range 600 {
 		ids = append(ids, fmt.Sprintf("%d:999999999999:r1:x%d", l.start, i))

@@ -27,8 +27,12 @@ type Limiter interface {
 	Settle(ctx context.Context, h *limiter.Hold, used int64) (limiter.Settled, error)
 	// Charge counts units used on a key without a hold for them (past the limit: debt).
 	Charge(ctx context.Context, key string, limit limiter.Limit, units int64) (limiter.Settled, error)
-	// Acquire takes a slot of an in-flight limit; Release gives it back.
+	// Acquire takes a slot of an in-flight limit; Release gives it back. AcquireInTurn takes
+	// one for a waiter, in its turn among the waiters of every replica; LeaveLine takes a
+	// waiter that got none off the line.
 	Acquire(ctx context.Context, key string, lim limiter.InFlight) (limiter.SlotResult, *limiter.Slot, error)
+	AcquireInTurn(ctx context.Context, key string, lim limiter.InFlight, w *limiter.Waiter) (limiter.SlotResult, *limiter.Slot, error)
+	LeaveLine(ctx context.Context, key string, w *limiter.Waiter)
 	Release(ctx context.Context, s *limiter.Slot)
 }
 

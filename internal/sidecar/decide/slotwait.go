@@ -77,11 +77,23 @@ func (s *Slots) planOrder(order []int) {
 // takeSlot asks the limiter for a slot of r under key, once. An invalid limit or a closed
 // limiter is decided as a Redis failure would be.
 func takeSlot(ctx context.Context, sl Limiter, key string, r *ruleset.Rule) (limiter.SlotResult, *limiter.Slot) {
-	res, slot, err := sl.Acquire(ctx, key, *r.InFlight)
-	if err != nil {
-		res = limiter.SlotResult{Allowed: r.InFlight.FailureMode != limiter.FailureModeClosed || r.Shadow, Err: err}
+	return slotVerdict(r)(sl.Acquire(ctx, key, *r.InFlight))
+}
+
+// takeSlotInTurn is takeSlot for w, the head of this sidecar's queue of key.
+func takeSlotInTurn(ctx context.Context, sl Limiter, key string, r *ruleset.Rule, w *limiter.Waiter) (limiter.SlotResult, *limiter.Slot) {
+	return slotVerdict(r)(sl.AcquireInTurn(ctx, key, *r.InFlight, w))
+}
+
+// slotVerdict decides an acquisition that failed (an invalid limit, a closed limiter) as a
+// Redis failure would be.
+func slotVerdict(r *ruleset.Rule) func(limiter.SlotResult, *limiter.Slot, error) (limiter.SlotResult, *limiter.Slot) {
+	return func(res limiter.SlotResult, slot *limiter.Slot, err error) (limiter.SlotResult, *limiter.Slot) {
+		if err != nil {
+			res = limiter.SlotResult{Allowed: r.InFlight.FailureMode != limiter.FailureModeClosed || r.Shadow, Err: err}
+		}
+		return res, slot
 	}
-	return res, slot
 }
 
 // waitSlot takes a slot of r under key, waiting in e.Queue while the key is full. Only a full
@@ -105,11 +117,32 @@ func (e *Engine) waitSlot(ctx context.Context, sl Limiter, key string, r *rulese
 			}
 		}
 	}
+	// The head of this sidecar's queue takes its turn in the key's line across replicas; a
+	// first try, with nobody waiting here, does not join it (joining the queue, the request
+	// becomes the head and joins at its next try).
+	w := &limiter.Waiter{Expiry: waiterExpiry(e.Queue.PollEvery())}
 	// Wait's error (no room to wait, the timeout, the client gone) leaves res the key's last
 	// refusal, Full.
-	_ = e.Queue.Wait(wctx, key, r.Queue.Size, sh, func() bool {
-		res, slot = takeSlot(ctx, sl, key, r)
+	_ = e.Queue.Wait(wctx, key, r.Queue.Size, sh, func(head bool) bool {
+		if head {
+			res, slot = takeSlotInTurn(ctx, sl, key, r, w)
+		} else {
+			res, slot = takeSlot(ctx, sl, key, r)
+		}
 		return res.Allowed || !res.Full || res.Err != nil
 	}, queued)
+	// Whatever ended the wait without a slot, its place in the line goes at once, not at its
+	// deadline.
+	sl.LeaveLine(ctx, key, w)
 	return res, slot
+}
+
+// waiterTries is how many of its polls a head may miss before the key's line lets it go: a
+// sidecar that died or stalled holds up the other replicas' waiters at most that long.
+const waiterTries = 8
+
+// waiterExpiry is how long the key's line keeps a head that polls every poll: waiterTries
+// polls, and at least a second, so that a busy sidecar's head keeps its place.
+func waiterExpiry(poll time.Duration) time.Duration {
+	return max(waiterTries*poll, time.Second)
 }

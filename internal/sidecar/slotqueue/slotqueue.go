@@ -3,11 +3,12 @@
 //
 // Only the oldest waiter of a key (its head) asks Redis for a slot. It asks when a slot of its
 // key is given back in this sidecar (Released wakes it at once) and otherwise every Poll, since
-// a slot given back by another replica is not heard of here: so the order holds among the
-// waiters of one sidecar, not across replicas, and a key costs one Redis call per Poll per
-// sidecar while it has waiters, whatever their number. A waiter leaves when it got its slot,
-// when its context ends (its client went away, or its timeout passed) or when its try says it
-// is decided; the next in line becomes the head and asks at once.
+// a slot given back by another replica is not heard of here: a key costs one Redis call per
+// Poll per sidecar while it has waiters, whatever their number. Across replicas the heads take
+// turns in the key's line in Redis (see limiter.Waiter): a head's tries keep its place there,
+// so it must try at least every Poll. A waiter leaves when it got its slot, when its context
+// ends (its client went away, or its timeout passed) or when its try says it is decided; the
+// next in line becomes the head and asks at once.
 //
 // Bounds: a key has at most the size its rule says of waiters, the sidecar at most Max in all,
 // each face at most its Share (a waiter holds one of its face's connections), and each draws
@@ -70,18 +71,18 @@ type waiter struct {
 	wake chan struct{} // cap 1: a wake while the head is busy is kept for its next turn
 }
 
-// Wait takes a slot of key with try, in turn. When nobody waits for key, try runs at once; when
-// it does not decide (done false), or others wait already, the request joins the key's queue,
-// of at most size, and waits its turn: the head runs try when a slot of key is Released here,
-// and every Poll. Wait returns nil once a try decided, ctx's error when ctx ended first, and
+// Wait takes a slot of key with try, in turn. When nobody waits for key, try(false) runs at once;
+// when it does not decide (done false), or others wait already, the request joins the key's
+// queue, of at most size, and waits its turn: the head runs try(true) when a slot of key is
+// Released here, and every Poll. Wait returns nil once a try decided, ctx's error when ctx ended first, and
 // ErrFull or ErrNoMemory when there was no room to wait (sh, if set, is the share of the face
 // the request came through). queued, if set, hears +1 when the request joins the queue and -1
 // when it leaves.
-func (q *Queue) Wait(ctx context.Context, key string, size int, sh *Share, try func() (done bool), queued func(delta int)) error {
+func (q *Queue) Wait(ctx context.Context, key string, size int, sh *Share, try func(head bool) (done bool), queued func(delta int)) error {
 	q.mu.Lock()
 	empty := q.keys[key] == nil
 	q.mu.Unlock()
-	if empty && try() {
+	if empty && try(false) {
 		return nil
 	}
 	w, el, err := q.join(key, size, sh)
@@ -93,10 +94,7 @@ func (q *Queue) Wait(ctx context.Context, key string, size int, sh *Share, try f
 		defer queued(-1)
 	}
 	defer q.leave(key, el, sh)
-	poll := q.Poll
-	if poll <= 0 {
-		poll = DefaultPoll
-	}
+	poll := q.PollEvery()
 	// Only the head polls: a waiter behind it lets its first timer lapse and waits for the
 	// wake that makes it the head, so the waiters of a key cost one timer, not one each.
 	t := time.NewTimer(poll)
@@ -109,12 +107,20 @@ func (q *Queue) Wait(ctx context.Context, key string, size int, sh *Share, try f
 		case <-t.C:
 		}
 		if q.head(key, el) {
-			if try() {
+			if try(true) {
 				return nil
 			}
 			t.Reset(poll)
 		}
 	}
+}
+
+// PollEvery is how often a head asks again unwoken: Poll, or DefaultPoll.
+func (q *Queue) PollEvery() time.Duration {
+	if q.Poll <= 0 {
+		return DefaultPoll
+	}
+	return q.Poll
 }
 
 // join adds a waiter at the back of key's queue, or says why there is no room.

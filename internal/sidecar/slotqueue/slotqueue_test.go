@@ -18,7 +18,7 @@ type slots struct {
 	free int
 }
 
-func (s *slots) try() bool {
+func (s *slots) try(bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.free == 0 {
@@ -155,4 +155,43 @@ func TestShareBoundsAFace(t *testing.T) {
 	g.Expect(<-again).To(Succeed())
 	s.give(q, "b")
 	g.Expect(<-other).To(Succeed())
+}
+
+// A request that finds nobody waiting tries as a newcomer (head false); once in the queue it
+// tries only as its head (head true), the one try of the key that keeps a place in the line
+// across replicas.
+func TestOnlyTheHeadTriesAsHead(t *testing.T) {
+	g := NewWithT(t)
+	q := &slotqueue.Queue{Poll: time.Hour}
+	s := &slots{}
+	var mu sync.Mutex
+	var tries []string
+	try := func(name string) func(bool) bool {
+		return func(head bool) bool {
+			mu.Lock()
+			if head {
+				tries = append(tries, name+" as head")
+			} else {
+				tries = append(tries, name+" as newcomer")
+			}
+			mu.Unlock()
+			return s.try(head)
+		}
+	}
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { first <- q.Wait(context.Background(), "a", 4, nil, try("first"), nil) }()
+	g.Eventually(q.Len, time.Minute, time.Millisecond).Should(Equal(1))
+	go func() { second <- q.Wait(context.Background(), "a", 4, nil, try("second"), nil) }()
+	g.Eventually(q.Len, time.Minute, time.Millisecond).Should(Equal(2))
+	s.give(q, "a")
+	g.Expect(<-first).To(Succeed())
+	s.give(q, "a")
+	g.Expect(<-second).To(Succeed())
+	mu.Lock()
+	defer mu.Unlock()
+	// The second joined behind the first without a try; when the first left, the second,
+	// now the head, asked at once (finding the slot given back for it, or not yet and then
+	// woken by it), always as the head.
+	g.Expect(tries[:2]).To(Equal([]string{"first as newcomer", "first as head"}))
+	g.Expect(tries[2:]).To(And(Not(BeEmpty()), HaveEach("second as head")))
 }

@@ -74,5 +74,13 @@ func (FakeLimiter) Acquire(context.Context, string, limiter.InFlight) (limiter.S
 	return limiter.SlotResult{}, nil, ErrFake
 }
 
+// AcquireInTurn fails.
+func (FakeLimiter) AcquireInTurn(context.Context, string, limiter.InFlight, *limiter.Waiter) (limiter.SlotResult, *limiter.Slot, error) {
+	return limiter.SlotResult{}, nil, ErrFake
+}
+
+// LeaveLine does nothing: a fake keeps no line.
+func (FakeLimiter) LeaveLine(context.Context, string, *limiter.Waiter) {}
+
 // Release does nothing: a fake gives out no slots.
 func (FakeLimiter) Release(context.Context, *limiter.Slot) {}
