@@ -63,7 +63,9 @@ func (l *Limiter) settleCalendar(ctx context.Context, h *Hold, used int64) (Sett
 			// Tracked: the share counts the hold, in the table or lapsed (spent in Redis).
 			l.shares.holds.remove(h.entry)
 			base = h.Units
-			pre = l.shares.lower(h.key, period, h.start, max(h.Units-used, 0))
+			if back := h.Units - used; back > 0 {
+				pre = l.shares.lower(h.key, period, h.start, back)
+			}
 		}
 	}
 	vals, sent, err := l.runCalendarSettle(ctx, h, used, period, pre)
