@@ -3,7 +3,6 @@ package limiter_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -45,10 +44,10 @@ func untilRedisAnswers(t *testing.T, ls []*limiter.Limiter, key string, lim limi
 	}
 }
 
-// periodCount is what Redis counts in the period of key starting at start.
-func periodCount(t *testing.T, c redis.UniversalClient, key string, unit calendar.Unit, start int64) int64 {
+// dayCount is what Redis counts in the day of key (a Day calendar) starting at start.
+func dayCount(t *testing.T, c redis.UniversalClient, key string, start int64) int64 {
 	t.Helper()
-	n, err := c.Get(context.Background(), fmt.Sprintf("%s:cal:%s:%d", key, strings.ToLower(string(unit)), start)).Int64()
+	n, err := c.Get(context.Background(), fmt.Sprintf("%s:cal:day:%d", key, start)).Int64()
 	if err == redis.Nil {
 		return 0
 	}
@@ -97,7 +96,7 @@ func TestCalendarHoldSharesRestoreARestartedRedis(t *testing.T) {
 			lim, start := dayAwayFromMidnight(t, c, 100_000)
 			lim.FailureMode = limiter.FailureModeClosed
 			key := uniqueKey(t)
-			count := func() int64 { return periodCount(t, c, key, calendar.Day, start) }
+			count := func() int64 { return dayCount(t, c, key, start) }
 
 			var spent [3]int64 // what each replica used, or holds still open
 			open := make([]*limiter.Hold, 3)
@@ -185,7 +184,7 @@ func TestCalendarHoldSharesAcrossTheReset(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(r.Allowed).To(BeTrue())
 	day, _ := lim.Calendar.PeriodMS(redisNow(t, s).UnixMilli())
-	g.Expect(periodCount(t, c, key, calendar.Day, day)).To(BeEquivalentTo(100))
+	g.Expect(dayCount(t, c, key, day)).To(BeEquivalentTo(100))
 
 	move(t, s, "2028-10-30T00:00:30+01:00") // the next day, on a Redis restarted empty
 	untilRedisAnswers(t, []*limiter.Limiter{l}, key, lim)
@@ -193,7 +192,7 @@ func TestCalendarHoldSharesAcrossTheReset(t *testing.T) {
 	g.Expect(next).To(BeNumerically(">", day))
 	g.Expect(settle(t, l, a, 60)).To(Equal(limiter.Settled{Debt: 10}), "the overrun, in the new day")
 	g.Expect(settle(t, l, b, 5)).To(Equal(limiter.Settled{}), "its unused units ended with their day")
-	g.Expect(periodCount(t, c, key, calendar.Day, next)).To(BeEquivalentTo(10))
+	g.Expect(dayCount(t, c, key, next)).To(BeEquivalentTo(10))
 
 	g.Expect(s.Stop()).To(Succeed()) // and once more, in the new day
 	g.Expect(s.Start()).To(Succeed())
@@ -201,7 +200,7 @@ func TestCalendarHoldSharesAcrossTheReset(t *testing.T) {
 	r, err = l.Allow(ctx, key, lim, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(r.Allowed).To(BeTrue())
-	g.Expect(periodCount(t, c, key, calendar.Day, next)).To(BeEquivalentTo(11), "the overrun restored, and the new grant")
+	g.Expect(dayCount(t, c, key, next)).To(BeEquivalentTo(11), "the overrun restored, and the new grant")
 	g.Expect(l.Stats().RestoredUnits).To(BeEquivalentTo(10))
 }
 
@@ -228,7 +227,7 @@ func TestCalendarHoldSharesSettleRacingARestore(t *testing.T) {
 		}
 		total += 10 * perReplica
 	}
-	g.Expect(periodCount(t, c, key, calendar.Day, start)).To(Equal(total))
+	g.Expect(dayCount(t, c, key, start)).To(Equal(total))
 	g.Expect(srv.Stop()).To(Succeed())
 	g.Expect(srv.Start()).To(Succeed())
 	untilRedisAnswers(t, ls, key, lim)
@@ -274,7 +273,7 @@ func TestCalendarHoldSharesSettleRacingARestore(t *testing.T) {
 		g.Expect(r.Allowed).To(BeTrue())
 		total++
 	}
-	got := periodCount(t, c, key, calendar.Day, start)
+	got := dayCount(t, c, key, start)
 	t.Logf("the day counts %d, %d used and admitted", got, total)
 	g.Expect(got).To(Equal(total))
 	g.Expect(remaining(t, ls[0], key, lim)).To(Equal(lim.Requests - total))

@@ -128,6 +128,21 @@ func oldSource(root, commit, file string) (string, error) {
 	return b.String(), nil
 }
 
+// cellRun is one cell's redis-server, scripts and day, and what each replica knows.
+type cellRun struct {
+	rc              *redis.Client
+	reserve, settle string // SHAs
+	bounds          []any  // the three periods around Redis's clock: four boundaries
+	span            int64
+	known           map[string]int64 // key/id: the replica's share
+	lv              map[string]int64 // id: its count of lowerings, from 1
+}
+
+type hold struct {
+	key, id, record string
+	deadline        int64
+}
+
 func measure(c cell, ops, nkeys int) (sample, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -136,108 +151,126 @@ func measure(c cell, ops, nkeys int) (sample, error) {
 		return sample{}, err
 	}
 	defer srv.Close()
-	rc := srv.Client("")
-	defer rc.Close()
-	reserve, err := rc.ScriptLoad(ctx, c.reserve).Result()
+	r := &cellRun{rc: srv.Client(""), known: map[string]int64{}, lv: map[string]int64{}}
+	defer r.rc.Close()
+	if err := r.setup(ctx, c); err != nil {
+		return sample{}, err
+	}
+	holds, err := r.reserveAll(ctx, c, ops, nkeys)
 	if err != nil {
 		return sample{}, err
 	}
-	settle, err := rc.ScriptLoad(ctx, c.settle).Result()
+	rUS, err := evalshaUS(ctx, r.rc)
 	if err != nil {
 		return sample{}, err
 	}
-	cal, err := calendar.New(calendar.Spec{Unit: calendar.Day, Zone: "UTC"})
-	if err != nil {
+	if err := r.settleAll(ctx, holds); err != nil {
 		return sample{}, err
 	}
-	now, err := rc.Time(ctx).Result()
-	if err != nil {
-		return sample{}, err
-	}
-	s1, e1 := cal.PeriodMS(now.UnixMilli())
-	s0, _ := cal.PeriodMS(s1 - 1)
-	_, e2 := cal.PeriodMS(e1)
-	bounds := []any{s0, s1, e1, e2}
-	span := cal.MaxLength().Milliseconds()
-	type hold struct {
-		key, id, record string
-		deadline        int64
-	}
-	known := map[string]int64{} // key/id: the replica's share
-	lv := map[string]int64{}    // id: its count of lowerings, from 1
-	for _, id := range c.ids {
-		lv[id] = 1
-	}
-	keysOf := func(key string, shares bool) []string {
-		ks := []string{}
-		for _, b := range []int64{s0, s1, e1} {
-			ks = append(ks, key+":"+strconv.FormatInt(b, 10))
-		}
-		ks = append(ks, key+":h")
-		if shares {
-			for _, b := range []int64{s0, s1, e1} {
-				ks = append(ks, key+":"+strconv.FormatInt(b, 10)+":r")
-			}
-		}
-		return ks
-	}
-	if err := rc.ConfigResetStat(ctx).Err(); err != nil {
-		return sample{}, err
-	}
-	holds := make([]hold, 0, ops)
-	for i := range ops {
-		key := fmt.Sprintf("rl:{bench/%d}:cal:day", i%nkeys)
-		args := append([]any{int64(1e12), span, 1, 0}, bounds...)
-		tag := fmt.Sprintf("x:%d", i)
-		args = append(args, 10, tag, span, 1_000_000)
-		id := ""
-		if len(c.ids) > 0 {
-			id = c.ids[i%len(c.ids)]
-			args = append(args, id, s1, known[key+"/"+id], 0, 0, 0, lv[id])
-		}
-		v, err := rc.EvalSha(ctx, reserve, keysOf(key, id != ""), args...).Int64Slice()
-		if err != nil {
-			return sample{}, err
-		}
-		if len(v) < 7 || v[5] != 10 {
-			return sample{}, fmt.Errorf("reserve %d: %v, want 10 units held", i, v)
-		}
-		known[key+"/"+id] += 10
-		holds = append(holds, hold{key: key, id: id, record: fmt.Sprintf("%d:10:%s", s1, tag), deadline: v[len(v)-1]})
-	}
-	rUS, err := evalshaUS(ctx, rc)
-	if err != nil {
-		return sample{}, err
-	}
-	if err := rc.ConfigResetStat(ctx).Err(); err != nil {
-		return sample{}, err
-	}
-	for i, h := range holds {
-		used := []int64{7, 12, 10}[i%3]
-		args := append([]any{int64(1e12), span, 0, 0}, bounds...)
-		args = append(args, h.record, used, h.deadline)
-		k := h.key + "/" + h.id
-		if h.id != "" {
-			// What the limiter sends: its share before its own lowering, stamped after it.
-			if used < 10 {
-				lv[h.id]++
-			}
-			args = append(args, h.id, s1, known[k], 0, 0, 0, lv[h.id])
-		}
-		v, err := rc.EvalSha(ctx, settle, keysOf(h.key, h.id != ""), args...).Int64Slice()
-		if err != nil {
-			return sample{}, err
-		}
-		if len(v) != 6 || v[0]-v[1] != 10-used {
-			return sample{}, fmt.Errorf("settle %d of %d used: %v", i, used, v)
-		}
-		known[k] += used - 10
-	}
-	sUS, err := evalshaUS(ctx, rc)
+	sUS, err := evalshaUS(ctx, r.rc)
 	if err != nil {
 		return sample{}, err
 	}
 	return sample{reserveUS: rUS, settleUS: sUS}, nil
+}
+
+// setup loads c's scripts and reads the day around Redis's clock.
+func (r *cellRun) setup(ctx context.Context, c cell) error {
+	var err error
+	if r.reserve, err = r.rc.ScriptLoad(ctx, c.reserve).Result(); err != nil {
+		return err
+	}
+	if r.settle, err = r.rc.ScriptLoad(ctx, c.settle).Result(); err != nil {
+		return err
+	}
+	cal, err := calendar.New(calendar.Spec{Unit: calendar.Day, Zone: "UTC"})
+	if err != nil {
+		return err
+	}
+	now, err := r.rc.Time(ctx).Result()
+	if err != nil {
+		return err
+	}
+	s1, e1 := cal.PeriodMS(now.UnixMilli())
+	s0, _ := cal.PeriodMS(s1 - 1)
+	_, e2 := cal.PeriodMS(e1)
+	r.bounds, r.span = []any{s0, s1, e1, e2}, cal.MaxLength().Milliseconds()
+	for _, id := range c.ids {
+		r.lv[id] = 1
+	}
+	return nil
+}
+
+// keysOf are a call's keys: the periods, the hold records, and with shares the share hashes.
+func (r *cellRun) keysOf(key string, shares bool) []string {
+	var ks, hs []string
+	for _, b := range r.bounds[:3] {
+		pk := fmt.Sprintf("%s:%d", key, b)
+		ks, hs = append(ks, pk), append(hs, pk+":r")
+	}
+	ks = append(ks, key+":h")
+	if shares {
+		ks = append(ks, hs...)
+	}
+	return ks
+}
+
+// reserveAll holds 10 units ops times, over nkeys keys and c's replica ids in turn, with
+// Redis's stats reset first.
+func (r *cellRun) reserveAll(ctx context.Context, c cell, ops, nkeys int) ([]hold, error) {
+	if err := r.rc.ConfigResetStat(ctx).Err(); err != nil {
+		return nil, err
+	}
+	holds := make([]hold, 0, ops)
+	for i := range ops {
+		key := fmt.Sprintf("rl:{bench/%d}:cal:day", i%nkeys)
+		tag := fmt.Sprintf("x:%d", i)
+		args := append(append([]any{int64(1e12), r.span, 1, 0}, r.bounds...), 10, tag, r.span, 1_000_000)
+		id := ""
+		if len(c.ids) > 0 {
+			id = c.ids[i%len(c.ids)]
+			args = append(args, id, r.bounds[1], r.known[key+"/"+id], 0, 0, 0, r.lv[id])
+		}
+		v, err := r.rc.EvalSha(ctx, r.reserve, r.keysOf(key, id != ""), args...).Int64Slice()
+		if err != nil {
+			return nil, err
+		}
+		if len(v) < 7 || v[5] != 10 {
+			return nil, fmt.Errorf("reserve %d: %v, want 10 units held", i, v)
+		}
+		r.known[key+"/"+id] += 10
+		holds = append(holds, hold{key: key, id: id, record: fmt.Sprintf("%d:10:%s", r.bounds[1], tag), deadline: v[len(v)-1]})
+	}
+	return holds, nil
+}
+
+// settleAll settles holds, a third giving 3 back, a third overrunning by 2, a third exact,
+// with Redis's stats reset first.
+func (r *cellRun) settleAll(ctx context.Context, holds []hold) error {
+	if err := r.rc.ConfigResetStat(ctx).Err(); err != nil {
+		return err
+	}
+	for i, h := range holds {
+		used := []int64{7, 12, 10}[i%3]
+		args := append(append([]any{int64(1e12), r.span, 0, 0}, r.bounds...), h.record, used, h.deadline)
+		k := h.key + "/" + h.id
+		if h.id != "" {
+			// What the limiter sends: its share before its own lowering, stamped after it.
+			if used < 10 {
+				r.lv[h.id]++
+			}
+			args = append(args, h.id, r.bounds[1], r.known[k], 0, 0, 0, r.lv[h.id])
+		}
+		v, err := r.rc.EvalSha(ctx, r.settle, r.keysOf(h.key, h.id != ""), args...).Int64Slice()
+		if err != nil {
+			return err
+		}
+		if len(v) != 6 || v[0]-v[1] != 10-used {
+			return fmt.Errorf("settle %d of %d used: %v", i, used, v)
+		}
+		r.known[k] += used - 10
+	}
+	return nil
 }
 
 // evalshaUS is Redis's time per EVALSHA since the last CONFIG RESETSTAT, in µs.
