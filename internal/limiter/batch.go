@@ -320,7 +320,7 @@ func (l *Limiter) pipeline(batch []*call, cmds []redis.Cmder) ([]redis.Cmder, er
 			continue
 		}
 		if c.ask != nil {
-			vals = c.ask.cut(c.alg, c.cal, vals)
+			vals = c.ask.cut(c.alg, vals)
 		}
 		c.res, c.g, err = decodeReply(vals)
 		l.clock.observe(c.g.nowUS, read)

@@ -30,7 +30,7 @@ import (
 // be admitted in, near a boundary the two clocks disagree on). Its decisions keep shares, with
 // the period as the share's window (see calendar_shares.go): a failover or a restart loses only
 // what replicas that are gone admitted. It takes holds and charges, a token budget per day or
-// month, in its periods (see calendar_hold.go), which keep no shares.
+// month, in its periods (see calendar_hold.go), which keep shares too.
 
 // calendarSuffix names the state of a calendar window: <key>:cal:<unit>:<period start, ms>.
 // Apart from every other algorithm's, so a rule moving to or from a calendar starts afresh; and
@@ -68,30 +68,28 @@ var calendarSHA, calendarReserveSHA any = scripts.CalendarWindow().SHA, scripts.
 
 // prepareCalendar makes c the calendar call of cost units of sk, around atMS on Redis's clock:
 // the periods before, at and after it. Its deadline is ARGV[4], two keys after a plain call's
-// (five with shares: the periods' share hashes).
-// A Reserve's call (c.ask set) holds up to its want (lua/calendar_reserve.lua): one key more,
-// its hold records, and the hold's arguments after the periods'.
+// (one more for a hold's records, three more with shares: the periods' share hashes).
+// A Reserve's call (c.ask set) holds up to its want (lua/calendar_reserve.lua): its hold
+// records, and the hold's arguments after the periods'. With shares, the share hashes and what
+// this replica knows come last, read as the call leaves (pipeline).
 func (c *call) prepareCalendar(sk string, limit Limit, cost, atMS int64, sh *shares) {
 	keys, args := calendarArgs(sk, limit, cost, atMS)
 	c.cal, c.calendar, c.known, c.hold = true, limit.Calendar, 0, 0
-	c.dlArg = deadlineArg + 2
 	sha := calendarSHA
-	if sh != nil && c.ask == nil {
-		// Shares (lua/calendar_shares_open.lua): the periods' share hashes, and what this
-		// replica knows, read as the call leaves (pipeline), at ARGV[10..15].
+	if c.ask != nil {
+		keys = append(keys, holdKey(sk))
+		args = append(args, c.ask.want, c.ask.tag, c.ask.ttlMS, c.ask.maxOpen)
+		sha = calendarReserveSHA
+	}
+	if sh != nil {
+		// lua/calendar_shares_open.lua: a decision's ARGV[9..15], a reserve's ARGV[13..19].
 		keys = append(keys, shareHashKey(keys[0]), shareHashKey(keys[1]), shareHashKey(keys[2]))
 		var hold any
 		c.hold, hold = sh.holdFor(limit)
 		c.known = 3 + len(keys) + len(args) + 1
-		c.dlArg += 3
 		args = append(args, sh.idArg, nil, nil, nil, hold, limit.Peers, nil)
 	}
-	if c.ask != nil {
-		keys = append(keys, holdKey(sk))
-		args = append(args, c.ask.want, c.ask.tag, c.ask.ttlMS, c.ask.maxOpen)
-		c.dlArg++
-		sha = calendarReserveSHA
-	}
+	c.dlArg = deadlineArg - 1 + len(keys)
 	c.args = append(c.args[:0], "evalsha", sha, len(keys))
 	for _, k := range keys {
 		c.args = append(c.args, k)

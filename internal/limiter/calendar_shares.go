@@ -25,8 +25,8 @@ import (
 //   - The hold (grants wait for the other replicas to re-assert once one restored a share) is
 //     the windows' own, on the hash's field s.
 //
-// Holds and charges (Reserve, Settle, Charge) on a calendar window keep no shares: what a
-// failover loses of them is admitted again.
+// Holds and charges (Reserve, Settle, Charge) keep shares of the same periods, as on windows
+// that roll (see calendar_hold.go).
 
 // shareHashKey is the share hash beside the count of the period named pk.
 func shareHashKey(pk string) string { return pk + ":r" }
@@ -34,13 +34,17 @@ func shareHashKey(pk string) string { return pk + ":r" }
 // recordCalendarShare is recordShare for a calendar decision: its grant goes to the share of
 // the period holding Redis's clock when the script ran.
 func (l *Limiter) recordCalendarShare(c *call) {
-	if c.ask != nil {
-		return // a hold keeps no share
-	}
 	if c.g.units > 0 {
-		start, _ := c.calendar.PeriodMS(c.g.nowUS / 1000)
-		if !l.shares.addCalendar(c.skey, c.calendar, c.policy, c.hold, start, c.g.units) {
+		start, end := c.calendar.PeriodMS(c.g.nowUS / 1000)
+		switch {
+		case c.ask != nil && !l.trackHold(c.ask, c.skey, msDuration(end-start), c.g.units):
 			l.stats.unkept.Add(uint64(c.g.units))
+		case !l.shares.addCalendar(c.skey, c.calendar, c.policy, c.hold, start, c.g.units):
+			l.stats.unkept.Add(uint64(c.g.units))
+			if c.ask != nil && c.ask.entry != nil {
+				l.shares.holds.remove(c.ask.entry)
+				c.ask.entry = nil
+			}
 		}
 	}
 	if c.g.restored > 0 {

@@ -82,7 +82,7 @@ const maxUsed = 1 << 50
 //   - Every reserve and settle first sweeps up to 16 expired records of the key
 //     (lua/hold_sweep.lua): a hold nobody settled, whose units stay spent (below).
 //   - A calendar window (Limit.Calendar) reserves and settles in its periods, with scripts of
-//     its own and no share (see calendar_hold.go).
+//     its own, its shares being of its periods (see calendar_hold.go).
 //
 // A hold nobody settles by its deadline counts as spent: its holder died (or lost the settle),
 // and its request may have been served in full, so no unit of it goes back to the budget. Its
@@ -133,10 +133,10 @@ func holdKey(stateKey string) string { return stateKey + ":h" }
 func heldKey(stateKey string) string { return stateKey + ":held" }
 
 // cut takes the hold's deadline off a reply: the algorithms' scripts append it to their own.
-func (a *holdAsk) cut(alg Algorithm, cal bool, vals []int64) []int64 {
+func (a *holdAsk) cut(alg Algorithm, vals []int64) []int64 {
 	n := 7
-	if !alg.leases() || cal {
-		n = 6 // TokenBucket's, SlidingWindowLog's and calendars' replies carry no restored units
+	if !alg.leases() {
+		n = 6 // TokenBucket's and SlidingWindowLog's replies carry no restored units
 	}
 	if len(vals) == n+1 {
 		a.deadlineMS = vals[n]
@@ -151,7 +151,10 @@ func (a *holdAsk) granted(c *call, local time.Time) error {
 	if a.deadlineMS <= 0 {
 		return fmt.Errorf("%w: a hold granted without a deadline", errBadReply)
 	}
-	if c.alg.leases() && !c.cal {
+	switch {
+	case c.cal:
+		a.start, _ = c.calendar.PeriodMS(c.g.nowUS / 1000) // the period the script counted in
+	case c.alg.leases():
 		a.start, _ = c.g.window(c.window) // the others' holds are of no window: start 0
 	}
 	left := time.Duration(a.deadlineMS*1000-c.g.nowUS) * time.Microsecond
@@ -212,9 +215,6 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit, least, w
 		return Result{}, nil, err
 	}
 	res = finish(res, limit)
-	if limit.Calendar != nil && answered {
-		a.start, _ = limit.Calendar.PeriodMS(g.nowUS / 1000) // the period the script counted in
-	}
 	var h *Hold
 	switch {
 	case answered && g.units > 0:

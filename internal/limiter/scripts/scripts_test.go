@@ -150,6 +150,13 @@ func TestScriptsIncludeTheirFragments(t *testing.T) {
 		g.Expect(strings.Count(s.Source, "local hb_retry, hb_open = 0, 0")).To(Equal(1), "%s bounds its open holds once", s.Name)
 		g.Expect(strings.Count(s.Source, "local hs_recs = ")).To(Equal(1), "%s sweeps once", s.Name)
 	}
+	// A calendar window's decision, reserve and settle keep its periods' shares, opened and
+	// closed once each.
+	for _, s := range []scripts.Script{scripts.CalendarWindow(), scripts.CalendarReserve(), scripts.CalendarSettle()} {
+		g.Expect(s.Source).NotTo(ContainSubstring("--!include"), s.Name)
+		g.Expect(strings.Count(s.Source, "local hold_changed, marked, held, fresh, stamp = ")).To(Equal(1), "%s opens the shares once", s.Name)
+		g.Expect(strings.Count(s.Source, "if add + restored ~= 0 then")).To(Equal(1), "%s closes them once", s.Name)
+	}
 	for _, s := range []scripts.Script{scripts.HoldSettle(), scripts.HoldSettleTokenBucket(), scripts.HoldSettleSlidingWindowLog()} {
 		g.Expect(s.Source).NotTo(ContainSubstring("--!include"), s.Name)
 		g.Expect(strings.Count(s.Source, "local hs_recs = ")).To(Equal(1), "%s sweeps once", s.Name)

@@ -3,16 +3,23 @@
 -- KEYS[1..3] the periods' counts and ARGV[1..8] as calendar_window.lua, with cost 0 and no
 -- deadline; KEYS[4] the hold records, ARGV[9] the hold's record (<period start>:<units>:<tag>;
 -- 0 units for a charge), ARGV[10] units used, ARGV[11] the hold's deadline (ms on Redis's clock).
--- Returns {returned, debt, expired, 0, now_us, counted} as hold_settle.lua, or calendar_open.lua's
--- miss ({0, 0, -4, 0, now_us, 0}: nothing was done, the caller asks again around now_us).
+-- Shares (see calendar_shares_open.lua), when ARGV[12] (the replica's id) is not empty: KEYS[5..7]
+-- the periods' share hashes and ARGV[12..18] as calendar_window.lua's ARGV[9..15] (a settle
+-- starts no hold: ARGV[16] is 0), the known share being what the replica knew before this
+-- settle's own lowering, and the stamp counting that lowering (see hold_settle.lua).
+-- Returns {returned, debt, expired, restored, now_us, counted} as hold_settle.lua, or
+-- calendar_open.lua's miss ({0, 0, -4, 0, now_us, 0}: nothing was done, the caller asks again
+-- around now_us).
 --
--- The record decides, removed first:
+-- The replica's share of the period is restored first, as by a decision; then the record
+-- decides, removed first:
 --   - of the period holding Redis's clock: used < units gives units - used back to it (at most
---     what it counts: a count lost with a Redis gives nothing back it did not hold);
---     used > units counts the excess in it, past the limit if need be (debt);
+--     what it counts, and what this Redis holds of the replica's share: a count lost with a
+--     Redis gives nothing back it did not hold), out of the share too;
+--     used > units counts the excess in it, past the limit if need be (debt), in the share too;
 --   - of a period that has ended (a hold taken before the reset, settled after it): its units
 --     ended with that period and nothing goes back to the new one, which never counted them;
---     the excess counts in the new period, the one the settle ran in.
+--     the excess counts in the new period, the one the settle ran in, and in its share.
 -- Debt is counted up to a count of 2^40 (counted says how much) and stays in its period: a
 -- period's key is its own, and the next starts from nothing (no carry, unlike fixed_window.lua).
 --!include calendar_open.lua
@@ -31,26 +38,26 @@ end
 if hstart > b[i] then
   return redis.error_reply('ERR calendar settle: the record names a period that has not begun')
 end
+local sk, so = 4, 11
+--!include calendar_shares_open.lua
 local present = redis.call('ZSCORE', hk, member)
 if present then
   redis.call('ZREM', hk, member)
 end
 --!include hold_sweep.lua
-local returned, debt, expired, counted = 0, 0, 0, 0
+local returned, debt, expired, add = 0, 0, 0, 0
 if not present and now >= hdl then
   expired = 1
 end
 if hstart == b[i] and used < units then
   returned = math.min(units - used, cur)
-  if returned > 0 then
-    redis.call('DECRBY', key, returned)
+  if id ~= '' then
+    returned = math.min(returned, mine)
   end
+  add = -returned
 else
   debt = math.max(used - units, 0)
-  counted = math.min(debt, math.max(2^40 - cur, 0))
-  if counted > 0 then
-    redis.call('INCRBY', key, counted)
-    redis.call('PEXPIREAT', key, b[i + 1])
-  end
+  add = math.min(debt, math.max(2^40 - cur, 0))
 end
-return {returned, debt, expired, 0, now_us, counted}
+--!include calendar_shares_close.lua
+return {returned, debt, expired, restored, now_us, math.max(add, 0)}

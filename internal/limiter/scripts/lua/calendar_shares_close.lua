@@ -1,13 +1,18 @@
--- Fragment of calendar_window.lua (included in place, see scripts.go), after
+-- Fragment of the calendar window's scripts that write (calendar_window.lua,
+-- calendar_reserve.lua, calendar_settle.lua; included in place, see scripts.go), after
 -- calendar_shares_open.lua, whose names it uses: counts add units (and what the opening
 -- restored) in the period, and writes the replica's share and what changed of the hold. Both
 -- keys expire at the period's end: a share of a period that ended holds nothing.
-if add + restored > 0 then
+-- A negative add is a settle's give-back, at most mine and cur (restored): a lowering, which
+-- stamps ~<id> with the call's lv (see calendar_shares_open.lua) unless a later one did.
+if add + restored ~= 0 then
   redis.call('INCRBY', key, add + restored)
   redis.call('PEXPIREAT', key, b[i + 1])
 end
-if id ~= '' and (add + restored > 0 or hold_changed) then
-  if add + restored > 0 then
+if id ~= '' and (add ~= 0 or restored > 0 or hold_changed) then
+  if add < 0 and lv > stamp then
+    redis.call('HSET', skey, id, mine + add, '~' .. id, lv)
+  elseif add ~= 0 or restored > 0 then
     redis.call('HSET', skey, id, mine + add)
   end
   if hold > now then

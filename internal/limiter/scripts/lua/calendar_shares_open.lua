@@ -19,8 +19,8 @@
 -- index before the replica's part in ARGV: id ('' keeps no share), ms, m1, (unused), hold_ms,
 -- peers_seen, lv, as fixed_window.lua's ARGV[6..12].
 -- Out: id, skey, mine (the replica's share, restored), restored, hold, since, marks, peers,
--- hold_changed, marked, held (grants wait), fresh (the replica has no field in the hash yet);
--- cur and left restored.
+-- hold_changed, marked, held (grants wait), fresh (the replica has no field in the hash yet),
+-- stamp (the replica's last lowering here, ~<id>), lv; cur and left restored.
 local id = ARGV[so + 1] or ''
 local ms, m1 = tonumber(ARGV[so + 2]) or 0, tonumber(ARGV[so + 3]) or 0
 local hold_ms, peers_seen, lv = tonumber(ARGV[so + 5]) or 0, tonumber(ARGV[so + 6]) or 0, tonumber(ARGV[so + 7]) or 0
@@ -31,7 +31,7 @@ if id ~= '' and not (skey and #id <= 100 and whole(ms, 0, 1e16) and whole(m1, 0,
   return redis.error_reply('ERR calendar shares: KEYS for the share hashes, an id of 100 bytes at most, and whole start, share, hold, peers and stamp')
 end
 local mine, restored, hold, since, marks, peers = 0, 0, 0, 0, 0, 0
-local hold_changed, marked, held, fresh = false, false, false, false
+local hold_changed, marked, held, fresh, stamp = false, false, false, false, 0
 if id ~= '' then
   local h = redis.call('HMGET', skey, 's', id, '~' .. id)
   fresh = not h[2]
@@ -39,9 +39,9 @@ if id ~= '' then
     local a, c, d, e = string.match(h[1], '^(%d+):(%d+):(%d+):(%d+)$')
     hold, since, marks, peers = tonumber(a) or 0, tonumber(c) or 0, tonumber(d) or 0, tonumber(e) or 0
   end
-  mine = tonumber(h[2]) or 0
+  mine, stamp = tonumber(h[2]) or 0, tonumber(h[3]) or 0
   local known = 0
-  if ms == b[i] and not (lv > 0 and (tonumber(h[3]) or 0) > lv) then
+  if ms == b[i] and not (lv > 0 and stamp > lv) then
     known = m1
   end
   if known > mine then
