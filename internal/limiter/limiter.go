@@ -97,7 +97,8 @@ type Limiter struct {
 	reassert  chan struct{} // a re-assertion of every share is due
 	holdTag   string        // names this limiter's holds beside their sequence (see hold.go)
 	holdSeq   atomic.Uint64
-	slotBook  *slotBook // the in-flight slots this replica holds (see slots.go)
+	slotBook  *slotBook  // the in-flight slots this replica holds (see slots.go)
+	local     localSlots // LocalFallback's slots, per key (see slots_fallback.go)
 	slotStats slotCounters
 	// slotMarks counts what made Redis suspect for slots (a failed call, a loss another
 	// replica signalled); with Options.NodeChanges it is the suspicion's generation, and

@@ -103,6 +103,7 @@ type Slot struct {
 	lostOnce sync.Once
 	done     atomic.Bool
 	deadline atomic.Int64 // UnixNano on the local clock by which it must be renewed
+	local    bool         // taken by LocalFallback in this process, not in Redis
 }
 
 // Lost is closed when the slot stopped counting before its release: Redis found it expired at
@@ -116,8 +117,9 @@ func (s *Slot) Key() string { return s.key }
 func (s *Slot) lose() { s.lostOnce.Do(func() { close(s.lost) }) }
 
 // Acquire takes a slot of key under lim. Refused (Full, not Shadow): no Slot. While Redis cannot
-// be asked, the failure mode decides without a slot: Closed refuses, Open and LocalFallback
-// admit (LocalFallback keeps no local in-flight count yet). It never passes a waiter of the
+// be asked, the failure mode decides: Closed refuses, Open admits without a slot,
+// LocalFallback admits this replica's share of the limit with local slots (see
+// slots_fallback.go). It never passes a waiter of the
 // key's line (see slotline.go): it is granted only when the live slots and every waiter leave
 // room.
 func (l *Limiter) Acquire(ctx context.Context, key string, lim InFlight) (SlotResult, *Slot, error) {
@@ -136,10 +138,12 @@ func (l *Limiter) AcquireInTurn(ctx context.Context, key string, lim InFlight, w
 		return SlotResult{}, nil, ErrClosed
 	}
 	if err := l.reassertSlots(); err != nil {
-		return l.slotFailure(lim, fmt.Errorf("re-asserting this replica's slots before taking another: %w", err)), nil, nil
+		res, local := l.slotFailure(key, lim, fmt.Errorf("re-asserting this replica's slots before taking another: %w", err))
+		return res, local, nil
 	}
 	if time.Now().UnixNano() < l.slotFence.Load() {
-		return l.slotFailure(lim, ErrSlotsSettling), nil, nil
+		res, local := l.slotFailure(key, lim, ErrSlotsSettling)
+		return res, local, nil
 	}
 	gen := l.slotGen()
 	s := &Slot{key: key, max: lim.Max, book: l.slotBook, lost: make(chan struct{}),
@@ -147,7 +151,8 @@ func (l *Limiter) AcquireInTurn(ctx context.Context, key string, lim InFlight, w
 	// Counted against MaxSlots at once, but in the book (which the renewals read) only once
 	// Redis holds it: a renewal before the ZADD would find it missing and lose it.
 	if !l.slotBook.take() {
-		return l.slotFailure(lim, ErrSlotsFull), nil, nil
+		res, local := l.slotFailure(key, lim, ErrSlotsFull)
+		return res, local, nil
 	}
 	ttl := l.opts.SlotExpiry
 	s.deadline.Store(time.Now().Add(ttl).UnixNano())
@@ -172,7 +177,8 @@ func (l *Limiter) AcquireInTurn(ctx context.Context, key string, lim InFlight, w
 		l.slotMarks.Add(1)
 		// The script may have run: take the slot off in case it did.
 		l.releaseID(ctx, key, s.id)
-		return l.slotFailure(lim, fmt.Errorf("taking an in-flight slot: %w", err)), nil, nil
+		res, local := l.slotFailure(key, lim, fmt.Errorf("taking an in-flight slot: %w", err))
+		return res, local, nil
 	}
 	l.stats.redis.Add(1)
 	res := SlotResult{Allowed: vals[0] == 1, InUse: vals[1]}
@@ -187,20 +193,14 @@ func (l *Limiter) AcquireInTurn(ctx context.Context, key string, lim InFlight, w
 	return res, s, nil
 }
 
-// slotFailure is the failure mode's decision without a slot.
-func (l *Limiter) slotFailure(lim InFlight, err error) SlotResult {
-	l.stats.degraded.Add(1)
-	r := SlotResult{Allowed: true, Err: err}
-	if lim.FailureMode == FailureModeClosed || errors.Is(err, ErrSlotsFull) {
-		r = SlotResult{Allowed: lim.Shadow, Full: true, RetryAfter: time.Second, Err: err}
-	}
-	return r
-}
-
 // Release gives the slot back at once (one ZREM). It never fails: a slot that cannot be taken
 // off stops being renewed and returns at its expiry. Later calls do nothing.
 func (l *Limiter) Release(ctx context.Context, s *Slot) {
 	if s == nil || !s.done.CompareAndSwap(false, true) {
+		return
+	}
+	if s.local {
+		l.releaseLocal(s)
 		return
 	}
 	s.book.remove(s)

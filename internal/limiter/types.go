@@ -179,6 +179,9 @@ type InFlight struct {
 	FailureMode FailureMode
 	// Shadow takes slots and reports a full key, but never refuses.
 	Shadow bool
+	// Replicas is the live replica count LocalFallback divides Max by (0: the limiter's
+	// FallbackReplicas, then 1).
+	Replicas int64
 }
 
 // Ask is one decision of AllowAll.

@@ -77,12 +77,22 @@ func (s *Slots) planOrder(order []int) {
 // takeSlot asks the limiter for a slot of r under key, once. An invalid limit or a closed
 // limiter is decided as a Redis failure would be.
 func takeSlot(ctx context.Context, sl Limiter, key string, r *ruleset.Rule) (limiter.SlotResult, *limiter.Slot) {
-	return slotVerdict(r)(sl.Acquire(ctx, key, *r.InFlight))
+	return slotVerdict(r)(sl.Acquire(ctx, key, inFlightOf(r)))
 }
 
 // takeSlotInTurn is takeSlot for w, the head of this sidecar's queue of key.
 func takeSlotInTurn(ctx context.Context, sl Limiter, key string, r *ruleset.Rule, w *limiter.Waiter) (limiter.SlotResult, *limiter.Slot) {
-	return slotVerdict(r)(sl.AcquireInTurn(ctx, key, *r.InFlight, w))
+	return slotVerdict(r)(sl.AcquireInTurn(ctx, key, inFlightOf(r), w))
+}
+
+// inFlightOf is the rule's in-flight limit with the live replica count its LocalFallback
+// divides by.
+func inFlightOf(r *ruleset.Rule) limiter.InFlight {
+	lim := *r.InFlight
+	if r.Policy != nil && r.Policy.Replicas != nil {
+		lim.Replicas = r.Policy.Replicas.Load()
+	}
+	return lim
 }
 
 // slotVerdict decides an acquisition that failed (an invalid limit, a closed limiter) as a
