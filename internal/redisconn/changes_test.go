@@ -33,6 +33,23 @@ func TestClusterFailoverIsANodeChange(t *testing.T) {
 	}
 	g.Expect(stats.NodeChanges()).To(BeZero(), "no change on a steady cluster")
 
+	// Timeouts are not changes: a caller's deadline, a read timeout on a paused node.
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	g.Expect(c.Do(short, "blpop", "changes-list", "1").Err()).To(HaveOccurred())
+	cancelShort()
+	m0, err := cc.MasterForKey(ctx, key)
+	g.Expect(err).NotTo(HaveOccurred())
+	paused := cl.Client(m0.Options().Addr)
+	defer func() { _ = paused.Close() }()
+	slow, err := NewClient(cl.URL(), Options{Stats: stats, ReadTimeout: 100 * time.Millisecond})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = slow.Close() }()
+	g.Expect(slow.Get(ctx, key).Err()).To(Succeed())
+	g.Expect(paused.Do(ctx, "client", "pause", 500).Err()).To(Succeed())
+	g.Expect(slow.Get(ctx, key).Err()).To(HaveOccurred(), "a read timeout")
+	g.Eventually(func() error { return slow.Get(ctx, key).Err() }, 10*time.Second, 50*time.Millisecond).Should(Succeed())
+	g.Expect(stats.NodeChanges()).To(BeZero(), "timeouts are not node changes")
+
 	m, err := cc.MasterForKey(ctx, key)
 	g.Expect(err).NotTo(HaveOccurred())
 	replica, err := cl.ReplicaOf(m.Options().Addr)
