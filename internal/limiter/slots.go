@@ -146,6 +146,11 @@ func (l *Limiter) AcquireInTurn(ctx context.Context, key string, lim InFlight, w
 		return res, local, nil
 	}
 	gen := l.slotGen()
+	if gen != l.slotCleared.Load() {
+		// Redis failed or changed since the renewal above: renew first, at the next call.
+		res, local := l.slotFailure(key, lim, errNodeChanged)
+		return res, local, nil
+	}
 	s := &Slot{key: key, max: lim.Max, book: l.slotBook, lost: make(chan struct{}),
 		id: l.opts.ReplicaID + ":" + l.holdTag + strconv.FormatUint(l.holdSeq.Add(1), 36)}
 	// Counted against MaxSlots at once, but in the book (which the renewals read) only once
@@ -318,7 +323,12 @@ func (l *Limiter) renewSlots(every time.Duration) error {
 			continue
 		}
 		if n, ok := out[0].(int64); ok && n > 0 {
+			// Redis had lost them (a failover, a restart in place at the same address, which
+			// the client may not see): as after a failed call, new slots wait for the other
+			// replicas to re-assert theirs, and the heartbeat tells them (Stats.Restorations).
 			l.slotStats.reasserted.Add(uint64(n))
+			l.slotMarks.Add(1)
+			l.stats.restorations.Add(1)
 		}
 		gone := make(map[string]bool, len(out)-1)
 		for _, id := range out[1:] {
