@@ -69,9 +69,7 @@ func (d *debts) add(key string, now, until time.Time, mem *membudget.Budget) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.mem = mem
-	if d.n >= MaxOwed && now.Sub(d.lastSweep) >= time.Second {
-		d.sweepLocked(now)
-	}
+	d.tickLocked(now)
 	if d.n >= MaxOwed || len(d.owed[k]) >= MaxOwed/debtShare || !d.mem.TryDraw(DebtBytes) {
 		return
 	}
@@ -87,6 +85,7 @@ func (d *debts) pay(key string, now time.Time) bool {
 	k := keyOf(key)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.tickLocked(now)
 	q := d.payable(k, now)
 	if len(q) == 0 {
 		return false
@@ -100,6 +99,21 @@ func (d *debts) len() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.n
+}
+
+// tick forgets the refusals past their time, at most once a second (a full scan): their bytes
+// go back to the memory budget within a second of the registry's next use. The registries call
+// it on every use, the in-flight one also every second (SlotRegistry.Run).
+func (d *debts) tick(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.tickLocked(now)
+}
+
+func (d *debts) tickLocked(now time.Time) {
+	if d.n > 0 && now.Sub(d.lastSweep) >= time.Second {
+		d.sweepLocked(now)
+	}
 }
 
 // sweep forgets the refusals past their time.

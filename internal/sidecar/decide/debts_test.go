@@ -26,14 +26,9 @@ func TestDebtsAreBounded(t *testing.T) {
 	if d.pay("k2", later) {
 		t.Fatal("a debt past its time was paid")
 	}
-	fills := 0
-	for d.len() < MaxOwed {
-		d.add("fill", later, later.Add(time.Minute), nil)
-		fills++
-	}
-	d.add("new", later, later.Add(time.Minute), nil) // full, mostly of debts past their time: they give way
-	if n := d.len(); n != fills+1 {
-		t.Fatalf("%d remembered after the old debts passed their time, want the %d newer ones", n, fills+1)
+	d.add("new", later, later.Add(time.Minute), nil) // the old ones passed their time: they gave way
+	if n := d.len(); n != 1 {
+		t.Fatalf("%d remembered after the old debts passed their time, want the newer one", n)
 	}
 }
 
@@ -92,5 +87,23 @@ func TestDebtsOfOneKeyLeaveRoomForOthers(t *testing.T) {
 	}
 	if n := d.len(); n != MaxOwed/debtShare+1000 {
 		t.Fatalf("%d remembered, want the other keys' 1000 beside the flood's %d", n, MaxOwed/debtShare)
+	}
+}
+
+// Refusals past their time give their bytes back on the registry's next use, not only once
+// the table is full.
+func TestStaleDebtsGiveTheirBytesBack(t *testing.T) {
+	mem := membudget.New(1 << 20)
+	var d debts
+	now := time.Unix(1_000_000, 0)
+	for i := range 100 {
+		d.add("k"+strconv.Itoa(i), now, now.Add(time.Millisecond), mem)
+	}
+	if used := mem.Stats().InUse; used != 100*DebtBytes {
+		t.Fatalf("%d bytes drawn, want %d", used, 100*DebtBytes)
+	}
+	d.pay("other", now.Add(time.Hour)) // any use of the registry, a second on
+	if n, used := d.len(), mem.Stats().InUse; n != 0 || used != 0 {
+		t.Fatalf("%d refusals drawing %d bytes an hour after their time, want none", n, used)
 	}
 }

@@ -363,6 +363,7 @@ func (g *Registry) now() time.Time {
 // first, and forgets late holds past their grace or beyond Late, oldest first: O(log n) for
 // each hold moved.
 func (g *Registry) sweep(now time.Time) {
+	g.owed.tick(now)
 	for len(g.order) > 0 && !now.Before(g.order[0].deadline) {
 		e := heap.Pop(&g.order).(*entry)
 		g.unshare(e)
