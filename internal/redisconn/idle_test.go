@@ -114,8 +114,10 @@ func TestIdleConnectionsClose(t *testing.T) {
 			g.Expect(stats.Open()).To(BeNumerically("==", tc.rest))
 			if tc.every == 0 {
 				// go-redis looks at an idle connection only when a call takes it: these were
-				// closed by the reaper or by nothing.
-				g.Expect(stats.Reaped()).To(Equal(openAfter))
+				// closed by the reaper or by nothing. At least those open after the burst (on a
+				// starved machine the reaper may have closed some before they were counted), and
+				// never more than the pool kept idle.
+				g.Expect(stats.Reaped()).To(And(BeNumerically(">=", openAfter), BeNumerically("<=", maxIdle)))
 			}
 
 			// The pool still holds the closed ones; calls skip them.
